@@ -1,0 +1,1 @@
+"""kvtier: a tiered store for the KV-cache blocks of LLM serving engines."""

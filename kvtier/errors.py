@@ -1,0 +1,75 @@
+"""The one exception hierarchy of kvtier.
+
+Every error kvtier raises on purpose derives from `KvtierError`, so an embedder can catch
+kvtier's failures in one place. Where an error is also a classic Python category (bad value,
+bad key), it derives from that builtin too, so idiomatic `except ValueError` keeps working.
+
+"Cannot" is not an error on the hot path: a miss, or a store that finds no space, is a value
+(`None` / `False`). These exceptions mean a caller broke a contract or gave bad input.
+"""
+
+from __future__ import annotations
+
+
+class KvtierError(Exception):
+    """Base class of every error kvtier raises on purpose."""
+
+
+class ConfigError(KvtierError, ValueError):
+    """A configuration is invalid. The message names each offending key path and value."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            message = f"{where}{self.problems[0]}"
+        else:
+            lines = "\n".join(f"  {problem}" for problem in self.problems)
+            message = f"{where}{len(self.problems)} problems:\n{lines}"
+        super().__init__(message)
+
+
+class UnknownPolicyError(KvtierError, KeyError):
+    """A cache policy name is not registered; the message lists the valid names."""
+
+    def __init__(self, name: str, valid: list[str]) -> None:
+        self.name = name
+        self.valid = sorted(valid)
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"unknown cache policy {self.name!r}; valid policies: {', '.join(self.valid)}"
+
+
+class InvalidValueError(KvtierError, ValueError):
+    """An argument has a value outside its domain (a capacity below 1, a negative count, ...)."""
+
+
+class SpecError(KvtierError, ValueError):
+    """A LoadStoreSpec was built from inconsistent data."""
+
+
+class KeyFormatError(KvtierError, ValueError):
+    """An offload key or block hash has the wrong type or length."""
+
+
+class AllocationError(KvtierError):
+    """A backend was asked for more slots than it has free; nothing was allocated."""
+
+
+class DoubleFreeError(KvtierError):
+    """A slot was freed that is not allocated; nothing was changed."""
+
+
+class BlockStateError(KvtierError):
+    """A block was used against its lifecycle: loading an absent or unready block, unpinning a
+    block that is not pinned, completing a store that was never prepared, ..."""
+
+
+class ManagerClosedError(KvtierError):
+    """An operation was attempted on a manager after `shutdown()`."""
+
+
+class TraceFormatError(KvtierError, ValueError):
+    """A request trace is malformed; the message names the file and line."""

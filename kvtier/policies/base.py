@@ -1,0 +1,103 @@
+"""`CachePolicy`: which blocks a tier keeps and which it evicts.
+
+Policies are pure data structures: no I/O, no clock reads, no knowledge of tiers or bytes.
+They hold each resident block's `BlockStatus` and may only evict blocks that are ready and
+unpinned (`ref_cnt == 0`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator, Sequence
+from typing import ClassVar
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import InvalidValueError
+from kvtier.keys import OffloadKey
+
+
+class CachePolicy(ABC):
+    """Organizes a tier's resident blocks and chooses eviction victims.
+
+    The protocol a tier follows (and `simulate` replays):
+      - a hit: `touch(keys)`;
+      - a miss: `on_store_miss(keys)`, then `evict(n, protected)` if space is short, then
+        `insert(key, block)` for each key;
+      - a failed store: `remove(key)`.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, cache_capacity: int) -> None:
+        if (
+            isinstance(cache_capacity, bool)
+            or not isinstance(cache_capacity, int)
+            or cache_capacity < 1
+        ):
+            raise InvalidValueError(
+                f"cache_capacity must be a positive int, got {cache_capacity!r}"
+            )
+        self.cache_capacity = cache_capacity
+
+    @abstractmethod
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        """The resident block of `key`, or None."""
+
+    @abstractmethod
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        """Make a newly allocated block resident. Raises BlockStateError if `key` is resident."""
+
+    @abstractmethod
+    def remove(self, key: OffloadKey) -> None:
+        """Forget a resident block without recording it as evicted (a failed store leaves no
+        trace). Raises BlockStateError if `key` is not resident."""
+
+    @abstractmethod
+    def touch(self, keys: Sequence[OffloadKey]) -> None:
+        """Record an access to each resident key; absent keys are ignored.
+
+        Keys are taken as one request's prefix, head first: the head ends up the most recently
+        used, so a prefix's tail is evicted before its head (a block is only useful when every
+        block before it is cached).
+        """
+
+    def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
+        """Announce that `keys` (not resident) were requested and are about to be stored.
+
+        Called before `evict` makes room for them. A policy that learns from misses (ARC's
+        ghost hits) reads this; the default ignores it. Must not change what `get`, `evict` or
+        `len` would observe if no store follows.
+        """
+        return
+
+    @abstractmethod
+    def evict(
+        self, n: int, protected: Collection[OffloadKey] = ()
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """Evict exactly `n` ready, unpinned blocks (`ref_cnt == 0`) whose keys are not in
+        `protected`, and return them; or return None and change nothing when fewer than `n`
+        such blocks exist. Costs O(n + blocks skipped)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every block (whatever its ref_cnt) and all learned state."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of resident blocks."""
+
+    @abstractmethod
+    def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
+        """Every resident (key, block), in no promised order."""
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(capacity={self.cache_capacity}, resident={len(self)})"
+
+
+def check_evict_count(n: int) -> None:
+    """Reject a negative or non-integer eviction count."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidValueError(f"evict: n must be a non-negative int, got {n!r}")

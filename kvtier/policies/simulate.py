@@ -1,0 +1,65 @@
+"""Replay an access sequence through a fresh policy, exactly as a tier drives it."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import cast
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import InvalidValueError, KvtierError
+from kvtier.keys import OffloadKey
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """Outcome of one replay: `hits` of `accesses`, and how many blocks were evicted."""
+
+    policy: str
+    capacity: int
+    accesses: int
+    hits: int
+    evictions: int
+
+    @property
+    def misses(self) -> int:
+        return self.accesses - self.hits
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+
+def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationResult:
+    """Drive a fresh `name` policy of `capacity` blocks over `keys`, one access per key.
+
+    A hit is `touch`ed; a miss is announced (`on_store_miss`), one block is evicted if the
+    cache is full, and a ready block is inserted. Keys may be any hashable values (offload
+    keys, trace hash ids, ...). Cold start; every miss is admitted.
+    """
+    from kvtier.policies import get_policy_class
+
+    policy_class = get_policy_class(name)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise InvalidValueError(f"simulate: capacity must be a positive int, got {capacity!r}")
+    policy = policy_class(capacity)
+    get, touch, announce = policy.get, policy.touch, policy.on_store_miss
+    evict, insert = policy.evict, policy.insert
+    accesses = hits = evictions = 0
+    for raw_key in keys:
+        key = cast(OffloadKey, raw_key)
+        accesses += 1
+        one = (key,)
+        if get(key) is not None:
+            hits += 1
+            touch(one)
+            continue
+        announce(one)
+        if len(policy) >= capacity:
+            if evict(1) is None:
+                raise KvtierError(f"{name}: a full cache of ready blocks could not evict one")
+            evictions += 1
+        block = BlockStatus(0)
+        block.ref_cnt = 0
+        insert(key, block)
+    return SimulationResult(name, capacity, accesses, hits, evictions)

@@ -1,0 +1,23 @@
+"""LoadStoreSpec family: plain data that says where blocks live in one medium.
+
+The manager (bookkeeping) produces specs; the transfer engine consumes them. A spec carries no
+behaviour beyond validating that its own fields agree with each other.
+"""
+
+from kvtier.specs.base import (
+    BlockIDsLoadStoreSpec,
+    CPULoadStoreSpec,
+    DiskLoadStoreSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    Medium,
+)
+
+__all__ = [
+    "BlockIDsLoadStoreSpec",
+    "CPULoadStoreSpec",
+    "DiskLoadStoreSpec",
+    "GPULoadStoreSpec",
+    "LoadStoreSpec",
+    "Medium",
+]

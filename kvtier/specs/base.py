@@ -1,0 +1,145 @@
+"""The LoadStoreSpec classes, one per medium."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.errors import SpecError
+
+
+class Medium(enum.StrEnum):
+    """Where a tier keeps its blocks."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    DISK = "disk"
+
+
+class LoadStoreSpec(ABC):
+    """Says where a batch of blocks lives (or is to be written) in one medium."""
+
+    @classmethod
+    @abstractmethod
+    def medium(cls) -> Medium:
+        """The medium this kind of spec addresses."""
+
+
+def _as_block_ids(block_ids: Iterable[int] | npt.ArrayLike) -> npt.NDArray[np.int64]:
+    if not isinstance(block_ids, np.ndarray | list | tuple):
+        block_ids = list(block_ids)  # type: ignore[arg-type]
+    array = np.asarray(block_ids)
+    if array.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if array.ndim != 1:
+        raise SpecError(f"block_ids must be one-dimensional, got shape {array.shape}")
+    if array.dtype.kind not in "iu":
+        raise SpecError(f"block_ids must be integers, got dtype {array.dtype}")
+    array = array.astype(np.int64, copy=True)
+    if array.size and int(array.min()) < 0:
+        raise SpecError(f"block_ids must be non-negative, got {int(array.min())}")
+    array.flags.writeable = False
+    return array
+
+
+class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
+    """Blocks addressed by slot ids within one medium's pool (an int64 numpy array)."""
+
+    __slots__ = ("block_ids",)
+
+    def __init__(self, block_ids: Iterable[int] | npt.ArrayLike) -> None:
+        self.block_ids: npt.NDArray[np.int64] = _as_block_ids(block_ids)
+
+    def __len__(self) -> int:
+        return int(self.block_ids.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockIDsLoadStoreSpec) or type(other) is not type(self):
+            return NotImplemented
+        return bool(np.array_equal(self.block_ids, other.block_ids)) and self._extra() == (
+            other._extra()
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.block_ids.tobytes(), self._extra()))
+
+    def _extra(self) -> tuple[object, ...]:
+        return ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.block_ids.tolist()})"
+
+
+class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
+    """Blocks of the GPU pool, possibly spanning several KV-cache groups.
+
+    Block ids are ordered by group; `group_sizes[i]` blocks belong to group i (None: one group
+    holding every block). `block_indices[i]`, when given, is the logical index (within the
+    request) of group i's first block, so a worker can skip the unaligned head of an offloaded
+    block that is larger than a GPU block.
+    """
+
+    __slots__ = ("block_indices", "group_sizes")
+
+    def __init__(
+        self,
+        block_ids: Iterable[int] | npt.ArrayLike,
+        group_sizes: Sequence[int] | None = None,
+        block_indices: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__(block_ids)
+        sizes = (len(self),) if group_sizes is None else tuple(int(s) for s in group_sizes)
+        if any(size < 0 for size in sizes):
+            raise SpecError(f"group_sizes must be non-negative, got {list(sizes)}")
+        if sum(sizes) != len(self):
+            raise SpecError(
+                f"sum(group_sizes) must equal len(block_ids): {sum(sizes)} != {len(self)}"
+            )
+        indices = None if block_indices is None else tuple(int(i) for i in block_indices)
+        if indices is not None:
+            if len(indices) != len(sizes):
+                raise SpecError(
+                    "len(block_indices) must equal len(group_sizes): "
+                    f"{len(indices)} != {len(sizes)}"
+                )
+            if any(index < 0 for index in indices):
+                raise SpecError(f"block_indices must be non-negative, got {list(indices)}")
+        self.group_sizes: tuple[int, ...] = sizes
+        self.block_indices: tuple[int, ...] | None = indices
+
+    @classmethod
+    def medium(cls) -> Medium:
+        return Medium.GPU
+
+    def _extra(self) -> tuple[object, ...]:
+        return (self.group_sizes, self.block_indices)
+
+    def __repr__(self) -> str:
+        return (
+            f"GPULoadStoreSpec({self.block_ids.tolist()}, group_sizes={list(self.group_sizes)}, "
+            f"block_indices={None if self.block_indices is None else list(self.block_indices)})"
+        )
+
+
+class CPULoadStoreSpec(BlockIDsLoadStoreSpec):
+    """Slots of a (pinned) host-memory pool."""
+
+    __slots__ = ()
+
+    @classmethod
+    def medium(cls) -> Medium:
+        return Medium.CPU
+
+
+class DiskLoadStoreSpec(BlockIDsLoadStoreSpec):
+    """Slots of a disk tier's slab files (slot i lives at offset i * block_size)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def medium(cls) -> Medium:
+        return Medium.DISK

@@ -1,0 +1,136 @@
+"""`Backend`: slot allocation for one tier, and `SlotPoolBackend`, a pool of N fixed slots."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import AllocationError, DoubleFreeError, InvalidValueError
+from kvtier.keys import OffloadKey
+from kvtier.specs import (
+    BlockIDsLoadStoreSpec,
+    CPULoadStoreSpec,
+    DiskLoadStoreSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    Medium,
+)
+
+SPEC_TYPES: dict[Medium, type[BlockIDsLoadStoreSpec]] = {
+    Medium.GPU: GPULoadStoreSpec,
+    Medium.CPU: CPULoadStoreSpec,
+    Medium.DISK: DiskLoadStoreSpec,
+}
+"""The LoadStoreSpec type that addresses each medium's slots."""
+
+
+class Backend(ABC):
+    """Allocates the slots of one tier and describes them as a LoadStoreSpec.
+
+    A backend knows nothing of keys' recency or of bytes; the policy decides what to evict and
+    the transfer handlers move bytes. Allocated blocks start being written (`ref_cnt == -1`).
+    """
+
+    def __init__(self, block_size: int, medium: Medium) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise InvalidValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self.medium = Medium(medium)
+
+    @property
+    @abstractmethod
+    def num_blocks(self) -> int:
+        """Total number of slots."""
+
+    @abstractmethod
+    def get_num_free_blocks(self) -> int:
+        """Number of slots that `allocate_blocks` can hand out now."""
+
+    @abstractmethod
+    def allocate_blocks(self, block_hashes: Sequence[OffloadKey]) -> list[BlockStatus]:
+        """One new block (ref_cnt -1) per hash. Raises AllocationError, allocating nothing,
+        when fewer slots are free than asked for."""
+
+    @abstractmethod
+    def free(self, block: BlockStatus) -> None:
+        """Return a block's slot. Raises DoubleFreeError, changing nothing, if it is not
+        allocated."""
+
+    @abstractmethod
+    def get_load_store_spec(
+        self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
+    ) -> LoadStoreSpec:
+        """Where `blocks` (of `block_hashes`) live in this medium."""
+
+
+class SlotPoolBackend(Backend):
+    """A tier of `num_blocks` fixed-size slots, numbered 0..num_blocks-1.
+
+    Fresh slots are handed out in increasing order before freed ones are reused (last freed,
+    first reused), so a new tier fills its storage front to back.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        medium: Medium,
+        spec_type: type[BlockIDsLoadStoreSpec] | None = None,
+    ) -> None:
+        super().__init__(block_size, medium)
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise InvalidValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        self._num_blocks = num_blocks
+        self._spec_type = spec_type if spec_type is not None else SPEC_TYPES[self.medium]
+        self._num_fresh_used = 0  # slots [0, _num_fresh_used) have been handed out once
+        self._free_list: list[int] = []
+        self._allocated = bytearray(num_blocks)  # 1 where the slot is allocated
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    def get_num_free_blocks(self) -> int:
+        return len(self._free_list) + self._num_blocks - self._num_fresh_used
+
+    def allocate_blocks(self, block_hashes: Sequence[OffloadKey]) -> list[BlockStatus]:
+        wanted = len(block_hashes)
+        free = self.get_num_free_blocks()
+        if wanted > free:
+            raise AllocationError(
+                f"{self.medium} backend: asked for {wanted} blocks, only {free} of "
+                f"{self._num_blocks} are free"
+            )
+        num_fresh = min(wanted, self._num_blocks - self._num_fresh_used)
+        blocks = [BlockStatus(self._num_fresh_used + i) for i in range(num_fresh)]
+        self._num_fresh_used += num_fresh
+        free_list = self._free_list
+        blocks.extend(BlockStatus(free_list.pop()) for _ in range(wanted - num_fresh))
+        allocated = self._allocated
+        for block in blocks:
+            allocated[block.block_id] = 1
+        return blocks
+
+    def free(self, block: BlockStatus) -> None:
+        slot = block.block_id
+        if not 0 <= slot < self._num_blocks:
+            raise DoubleFreeError(
+                f"{self.medium} backend: block id {slot} is not a slot of this pool "
+                f"(0..{self._num_blocks - 1})"
+            )
+        if not self._allocated[slot]:
+            raise DoubleFreeError(f"{self.medium} backend: block id {slot} is already free")
+        self._allocated[slot] = 0
+        self._free_list.append(slot)
+
+    def get_load_store_spec(
+        self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
+    ) -> LoadStoreSpec:
+        return self._spec_type([block.block_id for block in blocks])
+
+    def __repr__(self) -> str:
+        return (
+            f"SlotPoolBackend(medium={self.medium.value!r}, num_blocks={self._num_blocks}, "
+            f"block_size={self.block_size}, free={self.get_num_free_blocks()})"
+        )

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the project's virtual environment and prints its path.
+#
+# Idempotent and quick when nothing changed: a stamp of the install inputs is kept in the
+# environment, so the README's commands can call this every time.
+#
+# PyTorch: a torch already importable in the environment is kept as it is. Otherwise
+# KVTIER_TORCH (a pip requirement) is installed when set; else, with no NVIDIA GPU visible,
+# the pinned CPU build (torch==2.13.0); with a GPU, the registry's default (CUDA) build.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${KVTIER_VENV:-"$root/.venv"}
+cpu_torch="torch==2.13.0"
+
+find_python() {
+    for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+        [ -n "$candidate" ] || continue
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    echo "setup: kvtier needs Python >= 3.11; none found on PATH (set PYTHON=...)" >&2
+    return 1
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+    python=$(find_python)
+    echo "setup: creating virtual environment $venv" >&2
+    "$python" -m venv "$venv"
+fi
+py="$venv/bin/python"
+pip=("$py" -m pip --disable-pip-version-check -q)
+
+stamp="$venv/.kvtier-setup-stamp"
+want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, torch' 2>/dev/null; then
+    echo "$venv"
+    exit 0
+fi
+
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    if [ -n "${KVTIER_TORCH:-}" ]; then
+        torch_req=$KVTIER_TORCH
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        torch_req=torch
+    else
+        torch_req=$cpu_torch
+    fi
+    echo "setup: installing $torch_req" >&2
+    "${pip[@]}" install "$torch_req" >&2
+fi
+
+echo "setup: installing kvtier (editable) with its test tools" >&2
+"${pip[@]}" install -e "$root[test,torch]" >&2
+echo "$want" >"$stamp"
+echo "$venv"
