@@ -219,7 +219,9 @@ class ARCCachePolicy(CachePolicy):
         if len(incoming) >= n:
             free_slot_keys, paying_keys = incoming[:-n], incoming[-n:]
         else:
-            free_slot_keys, paying_keys = [], [None] * (n - len(incoming)) + incoming
+            # More evictions than announced keys: the unannounced ones are plain misses.
+            unannounced: list[OffloadKey | None] = [None] * (n - len(incoming))
+            free_slot_keys, paying_keys = [], unannounced + incoming
         t1_entries: _Entries = iter(self._t1.items())
         t2_entries: _Entries = iter(self._t2.items())
         steps: list[_Step] = []

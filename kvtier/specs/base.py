@@ -30,9 +30,10 @@ class LoadStoreSpec(ABC):
 
 
 def _as_block_ids(block_ids: Iterable[int] | npt.ArrayLike) -> npt.NDArray[np.int64]:
-    if not isinstance(block_ids, np.ndarray | list | tuple):
-        block_ids = list(block_ids)  # type: ignore[arg-type]
-    array = np.asarray(block_ids)
+    if isinstance(block_ids, np.ndarray | list | tuple):
+        array = np.asarray(block_ids)
+    else:
+        array = np.asarray(list(block_ids))  # type: ignore[arg-type]
     if array.size == 0:
         return np.empty(0, dtype=np.int64)
     if array.ndim != 1:

@@ -1,0 +1,106 @@
+"""The bookkeeping interface every tier manager (and the chained manager) implements.
+
+Bookkeeping is synchronous and does no I/O: it decides where blocks go and hands the decision
+to the transfer engine as LoadStoreSpecs. It runs inside a serving engine's scheduler, so it
+must never block.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from kvtier.keys import OffloadKey
+from kvtier.specs import LoadStoreSpec, Medium
+
+
+@dataclass(slots=True)
+class ReqContext:
+    """Per-request context passed through the manager (the request id, for now)."""
+
+    req_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareStoreOutput:
+    """What `prepare_store` decided.
+
+    `keys_to_store`: the keys not already present, to be written, in call order.
+    `store_spec`: where to write them (one slot per key, same order).
+    `evicted_keys`: the keys evicted to make room.
+    """
+
+    keys_to_store: list[OffloadKey]
+    store_spec: LoadStoreSpec
+    evicted_keys: list[OffloadKey]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadingEvent:
+    """A batch of blocks that became readable (`removed=False`) or left (`removed=True`)
+    one medium."""
+
+    keys: tuple[OffloadKey, ...]
+    block_size: int
+    medium: Medium
+    removed: bool
+    tier: str = field(default="")
+
+
+class OffloadingManager(ABC):
+    """Tracks which blocks a tier (or chain of tiers) holds, and where.
+
+    The two-phase protocol: `prepare_store` reserves slots (blocks being written, not
+    readable, not evictable) and `complete_store` makes them readable or, on failure, frees
+    them; `prepare_load` pins readable blocks against eviction and `complete_load` unpins them.
+    """
+
+    @abstractmethod
+    def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
+        """True if `key` is present and readable, False if absent, None to ask again later
+        (being written, or on its way up from a lower tier)."""
+
+    @abstractmethod
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> LoadStoreSpec:
+        """Pin each key's block against eviction and say where it lives. Raises
+        BlockStateError, pinning nothing, if a key is absent or not readable."""
+
+    @abstractmethod
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
+        """Mark keys as recently used (head of the prefix first); absent keys are ignored."""
+
+    @abstractmethod
+    def complete_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> None:
+        """Unpin blocks pinned by `prepare_load`. Raises BlockStateError, unpinning nothing,
+        if a key is absent or not pinned."""
+
+    @abstractmethod
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> PrepareStoreOutput | None:
+        """Reserve slots for the keys not already present, evicting by policy as needed
+        (never a key of this call, never a pinned or pending block). Returns None, changing
+        nothing, when the space cannot be made."""
+
+    @abstractmethod
+    def complete_store(
+        self,
+        keys: Collection[OffloadKey],
+        success: bool = True,
+        req_context: ReqContext | None = None,
+    ) -> None:
+        """Make prepared blocks readable, or with `success=False` remove the ones not yet
+        readable and free their slots. Keys already readable are left as they are."""
+
+    @abstractmethod
+    def take_events(self) -> list[OffloadingEvent]:
+        """Events (stored / removed batches) since the previous call, oldest first."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release resources; any later call raises ManagerClosedError."""

@@ -1,0 +1,284 @@
+"""`TierManager`: the bookkeeping of one tier, a Backend plus a CachePolicy."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError, ManagerClosedError
+from kvtier.keys import OffloadKey
+from kvtier.manager.base import (
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+    ReqContext,
+)
+from kvtier.policies import CachePolicy, get_policy_class
+from kvtier.specs import LoadStoreSpec, Medium
+from kvtier.tiers.backend import Backend, SlotPoolBackend
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """A snapshot of one tier's occupancy."""
+
+    name: str
+    medium: Medium
+    num_blocks: int
+    free: int
+    pending: int
+    evictable: int
+    pinned: int
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.free
+
+
+class TierManager(OffloadingManager):
+    """Bookkeeping of one tier: which keys it holds, in which slots, in what state.
+
+    Keeps a running count of ready, unpinned blocks so that a store that cannot possibly find
+    room fails in O(1) instead of walking the policy.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        policy: CachePolicy,
+        *,
+        name: str = "",
+        enable_events: bool = True,
+    ) -> None:
+        if policy.cache_capacity != backend.num_blocks:
+            raise BlockStateError(
+                f"policy capacity {policy.cache_capacity} != backend slots {backend.num_blocks}"
+            )
+        self.backend = backend
+        self.policy = policy
+        self.name = name or backend.medium.value
+        self.medium = backend.medium
+        self.block_size = backend.block_size
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._num_pending = 0
+        self._num_evictable = 0
+        self._closed = False
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        block = self.policy.get(key)
+        if block is None:
+            return False
+        return True if block.ref_cnt >= 0 else None
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> LoadStoreSpec:
+        self._check_open()
+        get = self.policy.get
+        blocks: list[BlockStatus] = []
+        for key in keys:
+            block = get(key)
+            if block is None:
+                raise BlockStateError(f"tier {self.name!r}: cannot load {key!r}: not present")
+            if block.ref_cnt < 0:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot load {key!r}: still being written"
+                )
+            blocks.append(block)
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self._num_evictable -= 1
+            block.ref_cnt += 1
+        return self.backend.get_load_store_spec(list(keys), blocks)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
+        self._check_open()
+        self.policy.touch(keys if isinstance(keys, list | tuple) else list(keys))
+
+    def complete_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> None:
+        self._check_open()
+        get = self.policy.get
+        blocks: list[BlockStatus] = []
+        for key in keys:
+            block = get(key)
+            if block is None or block.ref_cnt < 1:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot complete the load of {key!r}: "
+                    + ("not present" if block is None else "not pinned")
+                )
+            blocks.append(block)
+        if len(blocks) > 1 and len(set(keys)) != len(blocks):
+            for key, count in Counter(keys).items():
+                found = get(key)
+                if found is not None and found.ref_cnt < count:
+                    raise BlockStateError(
+                        f"tier {self.name!r}: cannot unpin {key!r} {count} times: "
+                        f"pinned {found.ref_cnt} times"
+                    )
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._num_evictable += 1
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> PrepareStoreOutput | None:
+        self._check_open()
+        policy, backend = self.policy, self.backend
+        unique = list(dict.fromkeys(keys))
+        get = policy.get
+        keys_to_store = [key for key in unique if get(key) is None]
+        if not keys_to_store:
+            return PrepareStoreOutput([], backend.get_load_store_spec([], []), [])
+        if len(keys_to_store) > backend.num_blocks:
+            return None
+        policy.on_store_miss(keys_to_store)
+        num_to_evict = len(keys_to_store) - backend.get_num_free_blocks()
+        evicted_keys: list[OffloadKey] = []
+        if num_to_evict > 0:
+            if num_to_evict > self._num_evictable:
+                return None
+            evicted = policy.evict(num_to_evict, set(unique))
+            if evicted is None:
+                return None
+            self._num_evictable -= len(evicted)
+            for key, block in evicted:
+                backend.free(block)
+                evicted_keys.append(key)
+            if self._events is not None:
+                self._events.append(
+                    OffloadingEvent(
+                        tuple(evicted_keys), self.block_size, self.medium, True, self.name
+                    )
+                )
+        blocks = backend.allocate_blocks(keys_to_store)
+        insert = policy.insert
+        for key, block in zip(keys_to_store, blocks, strict=True):
+            insert(key, block)
+        self._num_pending += len(blocks)
+        return PrepareStoreOutput(
+            keys_to_store, backend.get_load_store_spec(keys_to_store, blocks), evicted_keys
+        )
+
+    def complete_store(
+        self,
+        keys: Collection[OffloadKey],
+        success: bool = True,
+        req_context: ReqContext | None = None,
+    ) -> None:
+        self._check_open()
+        get = self.policy.get
+        pending: dict[OffloadKey, BlockStatus] = {}
+        for key in keys:
+            block = get(key)
+            if block is None:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot complete the store of {key!r}: never prepared"
+                )
+            if block.ref_cnt < 0:
+                pending[key] = block
+        if not pending:
+            return
+        self._num_pending -= len(pending)
+        if success:
+            for block in pending.values():
+                block.ref_cnt = 0
+            self._num_evictable += len(pending)
+            if self._events is not None:
+                self._events.append(
+                    OffloadingEvent(tuple(pending), self.block_size, self.medium, False, self.name)
+                )
+        else:
+            remove, free = self.policy.remove, self.backend.free
+            for key, block in pending.items():
+                remove(key)
+                free(block)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def take_events(self) -> list[OffloadingEvent]:
+        if self._events is None:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def shutdown(self) -> None:
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> TierStats:
+        """Occupancy now: free slots, blocks being written, evictable and pinned blocks."""
+        num_blocks = self.backend.num_blocks
+        free = self.backend.get_num_free_blocks()
+        pinned = num_blocks - free - self._num_pending - self._num_evictable
+        return TierStats(
+            self.name, self.medium, num_blocks, free, self._num_pending, self._num_evictable, pinned
+        )
+
+    def check(self) -> None:
+        """Verify the bookkeeping against itself; raises BlockStateError on the first
+        inconsistency. Walks every block: for tests and `kvtier check`, not the hot path."""
+        resident = list(self.policy.items())
+        slots = [block.block_id for _, block in resident]
+        problems: list[str] = []
+        if len(set(slots)) != len(slots):
+            problems.append("two resident blocks share a slot")
+        if len(resident) + self.backend.get_num_free_blocks() != self.backend.num_blocks:
+            problems.append(
+                f"{len(resident)} resident + {self.backend.get_num_free_blocks()} free != "
+                f"{self.backend.num_blocks} slots"
+            )
+        pending = sum(1 for _, block in resident if block.ref_cnt < 0)
+        evictable = sum(1 for _, block in resident if block.ref_cnt == 0)
+        if pending != self._num_pending:
+            problems.append(f"pending count {self._num_pending} != {pending} pending blocks")
+        if evictable != self._num_evictable:
+            problems.append(f"evictable count {self._num_evictable} != {evictable} ready blocks")
+        if any(block.ref_cnt < -1 for _, block in resident):
+            problems.append("a block has ref_cnt below -1")
+        if len(resident) > self.policy.cache_capacity:
+            problems.append(f"{len(resident)} resident blocks exceed capacity")
+        if problems:
+            raise BlockStateError(f"tier {self.name!r}: " + "; ".join(problems))
+
+    def __len__(self) -> int:
+        return len(self.policy)
+
+    def __repr__(self) -> str:
+        return (
+            f"TierManager(name={self.name!r}, medium={self.medium.value!r}, "
+            f"policy={self.policy.name!r}, blocks={self.backend.num_blocks}, "
+            f"block_size={self.block_size})"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+
+
+def make_tier_manager(
+    num_blocks: int,
+    block_size: int,
+    medium: Medium | str,
+    policy: str = "lru",
+    *,
+    name: str = "",
+    enable_events: bool = True,
+) -> TierManager:
+    """A TierManager over a slot pool of `num_blocks`, with the named policy."""
+    policy_instance = get_policy_class(policy)(num_blocks)
+    backend = SlotPoolBackend(num_blocks, block_size, Medium(medium))
+    return TierManager(backend, policy_instance, name=name, enable_events=enable_events)
