@@ -1,1 +1,112 @@
-"""kvtier: a tiered store for the KV-cache blocks of LLM serving engines."""
+"""kvtier: a tiered store for the KV-cache blocks of LLM serving engines.
+
+Blocks (fixed-size pages of K and V for N tokens, named by a prefix hash) live in a chain of
+tiers (GPU, pinned CPU, disk); each tier is a `Backend` (slots) plus a `CachePolicy`
+(eviction), kept by an `OffloadingManager` whose decisions travel as `LoadStoreSpec`s.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from kvtier.blocks import BlockStatus
+from kvtier.config import HierarchyConfig, load_config, load_default_config, parse_config
+from kvtier.errors import (
+    AllocationError,
+    BlockStateError,
+    ConfigError,
+    DoubleFreeError,
+    InvalidValueError,
+    KeyFormatError,
+    KvtierError,
+    ManagerClosedError,
+    SpecError,
+    TraceFormatError,
+    UnknownPolicyError,
+)
+from kvtier.keys import (
+    OffloadKey,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    key_from_int,
+    make_offload_key,
+    split_offload_key,
+)
+from kvtier.manager import (
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+    ReqContext,
+    TierManager,
+    TierStats,
+    make_tier_manager,
+)
+from kvtier.policies import (
+    POLICIES,
+    ARCCachePolicy,
+    CachePolicy,
+    LRUCachePolicy,
+    SimulationResult,
+    get_policy_class,
+    simulate,
+)
+from kvtier.specs import (
+    BlockIDsLoadStoreSpec,
+    CPULoadStoreSpec,
+    DiskLoadStoreSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    Medium,
+)
+from kvtier.tiers import Backend, SlotPoolBackend
+
+try:
+    __version__ = version("kvtier")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "POLICIES",
+    "ARCCachePolicy",
+    "AllocationError",
+    "Backend",
+    "BlockIDsLoadStoreSpec",
+    "BlockStateError",
+    "BlockStatus",
+    "CPULoadStoreSpec",
+    "CachePolicy",
+    "ConfigError",
+    "DiskLoadStoreSpec",
+    "DoubleFreeError",
+    "GPULoadStoreSpec",
+    "HierarchyConfig",
+    "InvalidValueError",
+    "KeyFormatError",
+    "KvtierError",
+    "LRUCachePolicy",
+    "LoadStoreSpec",
+    "ManagerClosedError",
+    "Medium",
+    "OffloadKey",
+    "OffloadingEvent",
+    "OffloadingManager",
+    "PrepareStoreOutput",
+    "ReqContext",
+    "SimulationResult",
+    "SlotPoolBackend",
+    "SpecError",
+    "TierManager",
+    "TierStats",
+    "TraceFormatError",
+    "UnknownPolicyError",
+    "__version__",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "get_policy_class",
+    "key_from_int",
+    "load_config",
+    "load_default_config",
+    "make_offload_key",
+    "make_tier_manager",
+    "parse_config",
+    "simulate",
+    "split_offload_key",
+]

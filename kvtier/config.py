@@ -1,0 +1,740 @@
+"""Configuration of a tier chain: TOML in, frozen validated objects out.
+
+A config names the block size and an ordered chain of tiers (fastest first: GPU, then pinned
+CPU, then disk). `load_config` reads a TOML file, `parse_config` validates an already-parsed
+mapping; both return a frozen `HierarchyConfig` or raise one `ConfigError` that lists every
+problem found, one line each, as `<key path>: <message>, got <value>`:
+
+    tiers[1].capacity: expected a block count or a size like "8GiB", got "lots"
+
+Validation is done by pydantic models (`extra="forbid"`, `frozen=True`, strict types); this
+module translates pydantic's errors into those lines so users never see pydantic's own
+wording, and checks the rules that span tiers (unique names, medium order, one enabled tier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from kvtier.errors import ConfigError, InvalidValueError, UnknownPolicyError
+from kvtier.policies import get_policy_class
+from kvtier.specs.base import Medium
+
+__all__ = [
+    "MAX_TIERS",
+    "BaseTierConfig",
+    "CPUTierConfig",
+    "DiskTierConfig",
+    "GPUTierConfig",
+    "HierarchyConfig",
+    "TierConfig",
+    "default_cache_dir",
+    "default_config_path",
+    "load_config",
+    "load_default_config",
+    "parse_config",
+    "parse_size",
+]
+
+MAX_TIERS = 8
+"""The most tiers one chain may have."""
+
+# --------------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------------
+
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_PATTERN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_SIZE_EXAMPLE = 'expected a byte count or a size like "8GiB"'
+
+
+class _SizeError(ValueError):
+    """A size string or number was rejected; `reason` has no value in it (callers add it)."""
+
+    def __init__(self, reason: str, *, malformed: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.malformed = malformed  # True: not shaped like a size at all
+
+
+def _size_in_bytes(value: object) -> tuple[int, bool]:
+    """Bytes of `value` and whether a unit was written; raises _SizeError."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _SizeError(_SIZE_EXAMPLE, malformed=True)
+    if isinstance(value, int):
+        if value < 1:
+            raise _SizeError("must be at least 1 byte", malformed=False)
+        return value, False
+    match = _SIZE_PATTERN.fullmatch(value)
+    if match is None:
+        raise _SizeError(_SIZE_EXAMPLE, malformed=True)
+    number, unit = match.groups()
+    multiplier = _SIZE_UNITS.get(unit.lower())
+    if multiplier is None:
+        raise _SizeError(
+            f"unknown size unit {json.dumps(unit)}; use B, KB, MB, GB, TB (powers of 1000) "
+            "or KiB, MiB, GiB, TiB (powers of 1024)",
+            malformed=False,
+        )
+    size = Fraction(number) * multiplier
+    if size.denominator != 1:
+        raise _SizeError("is not a whole number of bytes", malformed=False)
+    if size < 1:
+        raise _SizeError("must be at least 1 byte", malformed=False)
+    return int(size), unit != ""
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes in `value`: an int, or a string like "8GiB", "512 KiB", "64KB", "1.5GiB", "4096".
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB) powers
+    of 1000, "B" or no unit means bytes; units are case-insensitive. The result must be a
+    positive whole number of bytes. Raises InvalidValueError (a ValueError) otherwise.
+    """
+    try:
+        size, _ = _size_in_bytes(value)
+    except _SizeError as error:
+        raise InvalidValueError(f"{error.reason}, got {_show(value)}") from None
+    return size
+
+
+def _format_size(size: int) -> str:
+    """`size` bytes, human-readable in binary units: "256 KiB", "1.5 GiB", "100 B"."""
+    for unit, multiplier in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= multiplier:
+            return f"{size / multiplier:.4g} {unit}"
+    return f"{size} B"
+
+
+# --------------------------------------------------------------------------------------------
+# Paths
+# --------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """The per-user cache directory: `$XDG_CACHE_HOME/kvtier`, else `~/.cache/kvtier`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "kvtier"
+
+
+def default_config_path() -> Path:
+    """The embedded default config file.
+
+    An installed wheel carries it as `kvtier/configs/default.toml` (pyproject force-includes
+    the repository's `configs/` there); a source or editable checkout has it at
+    `<repo>/configs/default.toml`.
+    """
+    with contextlib.suppress(ModuleNotFoundError, NotADirectoryError):
+        packaged = importlib.resources.files("kvtier") / "configs" / "default.toml"
+        if isinstance(packaged, Path) and packaged.is_file():
+            return packaged
+    import kvtier
+
+    return Path(kvtier.__file__).parent.parent / "configs" / "default.toml"
+
+
+def _expand_path(value: str | Path) -> Path:
+    """`value` with "~" and $VARS expanded (unset variables are left as written)."""
+    return Path(os.path.expandvars(os.path.expanduser(str(value))))
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The enclosing HierarchyConfig's block size (None: it is itself invalid)."""
+
+    block_size: int | None
+
+
+# Set while a HierarchyConfig validates its tiers, so that a tier can turn a byte capacity into
+# blocks (and reject one smaller than a block at the right key path). Unset: a standalone tier.
+_SCOPE: ContextVar[_Scope | None] = ContextVar("kvtier_config_scope", default=None)
+
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+_DEVICE_PATTERN = re.compile(r"cuda(:\d+)?|cpu")
+_CAPACITY_EXAMPLE = 'expected a block count or a size like "8GiB"'
+
+
+def _error(kind: str, message: str) -> PydanticCustomError:
+    """A validation error of our own; with no context given, `message` is shown as is."""
+    return PydanticCustomError(kind, message)
+
+
+def _true_false_or_auto(value: object) -> bool | Literal["auto"]:
+    """`value` if it is true, false or "auto"; else a validation error."""
+    if isinstance(value, bool):
+        return value
+    if value == "auto":
+        return "auto"
+    raise _error("true_false_auto", 'expected true, false or "auto"')
+
+
+class _Frozen(BaseModel):
+    """Common pydantic settings: unknown keys rejected, immutable, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class BaseTierConfig(_Frozen):
+    """What every tier has; the medium-specific subclasses add their options.
+
+    `capacity` is kept as written (a block count, or a byte size string); `num_blocks` is it
+    converted with the enclosing config's block size.
+    """
+
+    name: str
+    medium: Medium
+    capacity: int | str
+    policy: str = "lru"
+    enabled: bool | Literal["auto"] = True
+
+    _num_blocks: int = PrivateAttr(default=0)
+
+    @property
+    def num_blocks(self) -> int:
+        """How many blocks the tier holds."""
+        return self._num_blocks
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if _NAME_PATTERN.fullmatch(value) is None:
+            raise _error("tier_name", 'expected a non-empty name of letters, digits, "_" or "-"')
+        return value
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _check_capacity(cls, value: object) -> int | str:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise _error("capacity", _CAPACITY_EXAMPLE)
+        if isinstance(value, int):
+            if value < 1:
+                raise _error("capacity", "a block count must be at least 1")
+            return value
+        try:
+            size, has_unit = _size_in_bytes(value)
+        except _SizeError as error:
+            reason = _CAPACITY_EXAMPLE if error.malformed else error.reason
+            raise _error("capacity", reason) from None
+        if not has_unit:
+            raise _error(
+                "capacity",
+                'a size string needs a unit, like "8GiB"; write a block count as a bare integer',
+            )
+        scope = _SCOPE.get()
+        if scope is None:
+            raise _error(
+                "capacity",
+                "a byte size needs the block_size of a whole config; "
+                "give a block count to build a tier on its own",
+            )
+        if scope.block_size is not None and size < scope.block_size:
+            raise _error(
+                "capacity",
+                f"must hold at least one block of {_format_size(scope.block_size)}",
+            )
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _check_policy(cls, value: str) -> str:
+        try:
+            get_policy_class(value)
+        except UnknownPolicyError as error:
+            raise _error(
+                "unknown_policy",
+                f"unknown cache policy {json.dumps(value)}; "
+                f"valid policies: {', '.join(error.valid)}",
+            ) from None
+        return value
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _check_enabled(cls, value: object, info: ValidationInfo) -> bool | Literal["auto"]:
+        enabled = _true_false_or_auto(value)
+        medium = info.data.get("medium")
+        if enabled == "auto" and medium is not None and medium != Medium.GPU:
+            raise _error(
+                "auto_not_gpu",
+                '"auto" (enabled when CUDA is available) is only allowed on a gpu tier',
+            )
+        return enabled
+
+    @model_validator(mode="after")
+    def _resolve_blocks(self) -> BaseTierConfig:
+        if isinstance(self.capacity, int):
+            self._num_blocks = self.capacity
+        else:
+            scope = _SCOPE.get()
+            if scope is not None and scope.block_size is not None:
+                self._num_blocks = parse_size(self.capacity) // scope.block_size
+        return self
+
+    def options(self) -> dict[str, object]:
+        """The medium-specific settings, by key (for display)."""
+        common = set(BaseTierConfig.model_fields)
+        return {key: getattr(self, key) for key in type(self).model_fields if key not in common}
+
+
+class GPUTierConfig(BaseTierConfig):
+    """A tier in GPU memory."""
+
+    medium: Literal[Medium.GPU]
+    device: str = "cuda"
+    """A torch device: "cuda", "cuda:N", or "cpu" (for testing without a GPU)."""
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if _DEVICE_PATTERN.fullmatch(value) is None:
+            raise _error("device", 'expected "cuda", "cuda:N" or "cpu"')
+        return value
+
+
+class CPUTierConfig(BaseTierConfig):
+    """A tier in host memory."""
+
+    medium: Literal[Medium.CPU]
+    pin_memory: bool = True
+    """Page-lock the pool (only done when CUDA is present) for fast asynchronous copies."""
+
+
+class DiskTierConfig(BaseTierConfig):
+    """A tier of files on a local disk."""
+
+    medium: Literal[Medium.DISK]
+    path: Path = Field(default_factory=default_cache_dir)
+    """Directory of the tier's files; "~" and $VARS are expanded at load."""
+    compression: Literal["none", "zstd"] = "none"
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    direct_io: bool | Literal["auto"] = "auto"
+    """O_DIRECT: true, false, or "auto" (used where the filesystem supports it)."""
+    fsync: bool = True
+    """fsync files before a stored block counts as ready (survives a crash)."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _expand(cls, value: object) -> Path:
+        if not isinstance(value, str | Path):
+            raise _error("path", "expected a directory path string")
+        if str(value) == "":
+            raise _error("path", "must not be empty")
+        return _expand_path(value)
+
+    @field_validator("direct_io", mode="before")
+    @classmethod
+    def _check_direct_io(cls, value: object) -> bool | Literal["auto"]:
+        return _true_false_or_auto(value)
+
+
+TierConfig = Annotated[
+    GPUTierConfig | CPUTierConfig | DiskTierConfig, Field(discriminator="medium")
+]
+"""One tier's config; which class is chosen by its `medium` key."""
+
+_TIER_CLASSES: dict[str, type[BaseTierConfig]] = {
+    Medium.GPU: GPUTierConfig,
+    Medium.CPU: CPUTierConfig,
+    Medium.DISK: DiskTierConfig,
+}
+_MEDIUM_RANK: dict[Medium, int] = {Medium.GPU: 0, Medium.CPU: 1, Medium.DISK: 2}
+
+
+class HierarchyConfig(_Frozen):
+    """A validated tier chain: the block size and the tiers, top (fastest) to bottom."""
+
+    block_size: int
+    """Bytes per block (given as an int or a size string such as "256KiB")."""
+    model_id: str = ""
+    """Namespace of the stored blocks (the disk tier keeps each model's blocks apart)."""
+    write_policy: Literal["write-back", "write-through"] = "write-back"
+    tiers: tuple[TierConfig, ...]
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_chain(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Validates fields with the block size in scope, then the rules across tiers."""
+        token = _SCOPE.set(_Scope(_peek_block_size(data)))
+        try:
+            config = handler(data)
+        finally:
+            _SCOPE.reset(token)
+        if isinstance(config, HierarchyConfig):
+            problems = _chain_problems(
+                [
+                    _TierSummary(index, tier.name, tier.medium, tier.enabled)
+                    for index, tier in enumerate(config.tiers)
+                ]
+            )
+            if problems:
+                raise _error("tier_chain", "\n".join(problems))
+        return config
+
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _parse_block_size(cls, value: object) -> int:
+        try:
+            size, _ = _size_in_bytes(value)
+        except _SizeError as error:
+            raise _error("block_size", error.reason) from None
+        return size
+
+    @field_validator("tiers", mode="before")
+    @classmethod
+    def _check_tier_count(cls, value: object) -> object:
+        if isinstance(value, list | tuple) and not 1 <= len(value) <= MAX_TIERS:
+            raise _error("tier_count", f"expected 1 to {MAX_TIERS} tiers, got {len(value)}")
+        if isinstance(value, list):
+            return tuple(value)  # strict mode takes only a tuple for a tuple field
+        return value
+
+    def active_tiers(self, cuda_available: bool | None = None) -> tuple[TierConfig, ...]:
+        """The tiers to build: enabled ones, and "auto" ones only when CUDA is available.
+
+        `cuda_available=None` asks torch (only if some tier is "auto"); no torch means no CUDA.
+        The result may be empty, e.g. a chain of only "auto" tiers on a host without CUDA.
+        """
+        if cuda_available is None and any(tier.enabled == "auto" for tier in self.tiers):
+            cuda_available = _cuda_available()
+        return tuple(
+            tier
+            for tier in self.tiers
+            if tier.enabled is True or (tier.enabled == "auto" and bool(cuda_available))
+        )
+
+    def describe(self) -> str:
+        """The chain, readable: a header line, then one line per tier, top to bottom."""
+        header = (
+            f"block_size {_format_size(self.block_size)} ({self.block_size} bytes), "
+            f"write_policy {self.write_policy}"
+        )
+        if self.model_id:
+            header += f", model_id {json.dumps(self.model_id)}"
+        width = max(len(tier.name) for tier in self.tiers)
+        lines = [header]
+        for index, tier in enumerate(self.tiers):
+            capacity = tier.num_blocks * self.block_size
+            options = [f"{key}={_show(value, None)}" for key, value in tier.options().items()]
+            if tier.enabled is not True:
+                options.insert(0, f"enabled={_show(tier.enabled)}")
+            lines.append(
+                f"  {index}. {tier.name:<{width}}  {tier.medium.value:<4}  "
+                f"{tier.num_blocks:>9} blocks  {_format_size(capacity):>10}  "
+                f"{tier.policy:<4}  {' '.join(options)}".rstrip()
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device; False when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _peek_block_size(data: object) -> int | None:
+    """The block size in raw config data, or None when it is missing or invalid."""
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        size, _ = _size_in_bytes(data.get("block_size"))
+    except _SizeError:
+        return None
+    return size
+
+
+# --------------------------------------------------------------------------------------------
+# Rules across tiers
+# --------------------------------------------------------------------------------------------
+
+
+class _TierSummary(NamedTuple):
+    """The parts of one tier that the cross-tier rules look at (None: missing or invalid)."""
+
+    position: int
+    name: str | None
+    medium: Medium | None
+    enabled: object
+
+
+def _summaries_of_raw(data: Mapping[str, Any]) -> list[_TierSummary]:
+    """Summaries of the raw tier tables that can be read; used when validation failed, so
+    that cross-tier problems are reported together with the others."""
+    tiers = data.get("tiers")
+    if not isinstance(tiers, list | tuple):
+        return []
+    summaries = []
+    for index, raw in enumerate(tiers):
+        if not isinstance(raw, Mapping):
+            summaries.append(_TierSummary(index, None, None, None))
+            continue
+        name = raw.get("name")
+        medium = raw.get("medium")
+        summaries.append(
+            _TierSummary(
+                index,
+                name if isinstance(name, str) else None,
+                Medium(medium) if isinstance(medium, str) and medium in _TIER_CLASSES else None,
+                raw.get("enabled", True),
+            )
+        )
+    return summaries
+
+
+def _chain_problems(tiers: Sequence[_TierSummary]) -> list[str]:
+    """Problem lines for the rules across tiers: unique names, media ordered gpu, cpu, disk
+    from top to bottom, and at least one enabled tier."""
+    problems = []
+    where: dict[str, list[int]] = {}
+    for tier in tiers:
+        if tier.name is not None:
+            where.setdefault(tier.name, []).append(tier.position)
+    for name, indices in where.items():
+        if len(indices) > 1:
+            places = [f"tiers[{index}]" for index in indices]
+            listed = ", ".join(places[:-1]) + " and " + places[-1]
+            problems.append(
+                f"tiers: tier names must be unique; {json.dumps(name)} appears at {listed}"
+            )
+    lowest: tuple[int, Medium] | None = None  # index and medium of the slowest tier so far
+    for tier in tiers:
+        if tier.medium is None:
+            continue
+        if lowest is None or _MEDIUM_RANK[tier.medium] > _MEDIUM_RANK[lowest[1]]:
+            lowest = (tier.position, tier.medium)
+        elif _MEDIUM_RANK[tier.medium] < _MEDIUM_RANK[lowest[1]]:
+            problems.append(
+                f"tiers[{tier.position}].medium: a {tier.medium.value} tier cannot be below "
+                f"a {lowest[1].value} tier (tiers[{lowest[0]}]); order tiers gpu, cpu, disk "
+                f"from top to bottom, got {_show(tier.medium.value)}"
+            )
+    enabled = [tier.enabled for tier in tiers]
+    readable = all(value is True or value is False or value == "auto" for value in enabled)
+    if enabled and readable and all(value is False for value in enabled):
+        problems.append("tiers: at least one tier must be enabled; every tier has enabled = false")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Error translation
+# --------------------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+# Error types whose message already says all there is; no ", got <value>" is added.
+_NO_VALUE_SHOWN = {
+    "missing",
+    "extra_forbidden",
+    "union_tag_not_found",
+    "unknown_policy",
+    "tier_count",
+    "tier_chain",
+}
+_MESSAGES = {
+    "missing": "required key is missing",
+    "int_type": "expected an integer",
+    "string_type": "expected a string",
+    "bool_type": "expected true or false",
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+    "dict_type": "expected a table",
+    "tuple_type": "expected an array of tables",
+    "list_type": "expected an array of tables",
+}
+
+
+def _show(value: object, limit: int | None = 80) -> str:
+    """`value` as TOML would write it (strings in double quotes), cut to `limit` characters."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, Path):
+        text = json.dumps(str(value), ensure_ascii=False)
+    elif isinstance(value, Mapping):
+        items = ", ".join(f"{_key(str(key))} = {_show(item)}" for key, item in value.items())
+        text = "{ " + items + " }" if items else "{}"
+    elif isinstance(value, list | tuple):
+        text = "[" + ", ".join(_show(item) for item in value) + "]"
+    else:
+        text = str(value)
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key(key: str) -> str:
+    """A TOML key: bare when it can be, else quoted."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    """A TOML-style key path: `tiers[1].capacity`; the top level is `(top level)`."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += ("." if text else "") + _key(part)
+    return text or "(top level)"
+
+
+def _strip_tag(loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], str | None]:
+    """`loc` without the medium tag pydantic inserts after a tier's index, and that medium."""
+    if len(loc) >= 3 and loc[0] == "tiers" and isinstance(loc[1], int):
+        tag = loc[2]
+        if isinstance(tag, str) and tag in _TIER_CLASSES:
+            return loc[:2] + loc[3:], tag
+    return loc, None
+
+
+def _unknown_key_message(key: object, medium: str | None) -> str:
+    """The message for an unknown key, naming the keys that are allowed where it was found."""
+    if medium is None:
+        allowed = ", ".join(HierarchyConfig.model_fields)
+        return f"unknown key; allowed keys at the top level: {allowed}"
+    allowed = ", ".join(_TIER_CLASSES[medium].model_fields)
+    owners = [
+        other
+        for other, model in _TIER_CLASSES.items()
+        if other != medium and key in model.model_fields
+    ]
+    message = "unknown key"
+    if owners:
+        message += f" for a {medium} tier ({_show(key)} is an option of a {owners[0]} tier)"
+    return f"{message}; a {medium} tier takes: {allowed}"
+
+
+def _problem_lines(detail: ErrorDetails) -> list[str]:
+    """One pydantic error as problem lines (a cross-tier error carries several)."""
+    kind = detail["type"]
+    value = detail["input"]
+    ctx = detail.get("ctx") or {}
+    loc, medium = _strip_tag(tuple(detail["loc"]))
+    if kind == "tier_chain":
+        return detail["msg"].splitlines()
+    if kind == "union_tag_invalid":
+        loc += ("medium",)
+        value = value.get("medium") if isinstance(value, Mapping) else ctx.get("tag")
+        message = 'expected one of "gpu", "cpu", "disk"'
+    elif kind == "union_tag_not_found":
+        loc += ("medium",)
+        message = _MESSAGES["missing"]
+    elif kind == "extra_forbidden":
+        message = _unknown_key_message(loc[-1], medium if len(loc) == 3 else None)
+    elif kind == "literal_error":
+        expected = _QUOTED.findall(str(ctx.get("expected", "")))
+        message = "expected one of " + ", ".join(json.dumps(item) for item in expected)
+    elif kind == "greater_than_equal":
+        message = f"must be at least {ctx.get('ge')}"
+    elif kind == "less_than_equal":
+        message = f"must be at most {ctx.get('le')}"
+    else:
+        message = _MESSAGES.get(kind, detail["msg"])
+    line = f"{_path(loc)}: {message}"
+    if kind not in _NO_VALUE_SHOWN:
+        line += f", got {_show(value)}"
+    return [line]
+
+
+def _problems_from(error: ValidationError) -> list[str]:
+    """Every problem in `error`, one line each, in the order pydantic found them."""
+    problems: list[str] = []
+    for detail in error.errors(include_url=False):
+        for line in _problem_lines(detail):
+            if line not in problems:
+                problems.append(line)
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def parse_config(data: Mapping[str, Any], source: str | None = None) -> HierarchyConfig:
+    """Validates already-parsed config data (e.g. from `tomllib`) into a HierarchyConfig.
+
+    All or nothing: every problem found is reported in one ConfigError, whose `source` is
+    `source` (a file name, or None for data built in code).
+    """
+    if isinstance(data, Mapping):
+        data = dict(data)  # strict validation takes a dict, not any mapping
+    try:
+        return HierarchyConfig.model_validate(data)
+    except ValidationError as error:
+        problems = _problems_from(error)
+    if isinstance(data, Mapping):
+        # Cross-tier rules only run once every field is valid; check them on the raw data
+        # too, so that a duplicate name is reported along with a bad capacity.
+        for line in _chain_problems(_summaries_of_raw(data)):
+            if line not in problems:
+                problems.append(line)
+    raise ConfigError(problems, source=source)
+
+
+def load_config(path: str | os.PathLike[str]) -> HierarchyConfig:
+    """Reads and validates a TOML config file; any problem raises ConfigError naming it."""
+    file = Path(path)
+    source = str(file)
+    try:
+        with file.open("rb") as stream:
+            data = tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigError(["config file not found"], source=source) from None
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError([f"cannot read config file: {reason}"], source=source) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError([f"config file is not UTF-8 text: {error}"], source=source) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError([f"invalid TOML: {error}"], source=source) from None
+    return parse_config(data, source=source)
+
+
+def load_default_config() -> HierarchyConfig:
+    """The embedded default config (see `default_config_path`)."""
+    return load_config(default_config_path())
