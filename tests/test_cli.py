@@ -1,0 +1,79 @@
+"""The `kvtier` command line: happy paths and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvtier.cli import main
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_demo_on_the_default_config_prints_chain_replay_and_policies() -> None:
+    code, stdout, stderr = run("demo", "--limit", "300")
+    assert code == 0, stderr
+    assert "Tier chain (embedded default)" in stdout
+    assert "cpu" in stdout and "disk" in stdout
+    assert "300 requests" in stdout
+    assert "Each active tier alone" in stdout
+    assert "Policy hit ratios" in stdout
+    assert "Traceback" not in stdout + stderr
+
+
+def test_demo_with_a_config_file_and_a_trace_file(tmp_path: Path) -> None:
+    config = tmp_path / "chain.toml"
+    config.write_text(
+        'block_size = 4096\n[[tiers]]\nname = "small"\nmedium = "cpu"\ncapacity = 4\n'
+        'policy = "lru"\n'
+    )
+    trace = tmp_path / "trace.jsonl"
+    lines = [
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+        {"timestamp": 1, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3]},
+    ]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, stdout, stderr = run("demo", "--config", str(config), "--trace", str(trace))
+    assert code == 0, stderr
+    assert "small" in stdout and "2 requests, 5 block accesses, 3 unique blocks" in stdout
+    # Request 2 finds blocks 1 and 2 stored by request 1: 2 prefix hits of 5 accesses.
+    assert "0.4000" in stdout
+
+
+def test_bad_config_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        'block_size = 4096\n[[tiers]]\nname = "c"\nmedium = "cpu"\ncapacity = "lots"\n'
+    )
+    code, stdout, stderr = run("demo", "--config", str(config))
+    assert code == 2
+    assert "tiers[0].capacity" in stderr and '"lots"' in stderr
+    assert "Traceback" not in stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    code, _, stderr = run("demo", "--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert "nope.toml" in stderr and stderr.startswith("kvtier: error:")
+
+
+def test_malformed_trace_names_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{oops\n'
+    )
+    code, _, stderr = run("demo", "--trace", str(trace))
+    assert code == 2
+    assert "t.jsonl:2" in stderr
+
+
+def test_help_lists_commands_and_examples() -> None:
+    code, stdout, _ = run("--help")
+    assert code == 0 and "demo" in stdout
+    code, stdout, _ = run("demo", "--help")
+    assert code == 0 and "Examples:" in stdout and "--limit" in stdout
