@@ -50,7 +50,7 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path: Path) -> None:
     config.write_text(
         'block_size = 4096\n[[tiers]]\nname = "c"\nmedium = "cpu"\ncapacity = "lots"\n'
     )
-    code, stdout, stderr = run("demo", "--config", str(config))
+    code, _, stderr = run("demo", "--config", str(config))
     assert code == 2
     assert "tiers[0].capacity" in stderr and '"lots"' in stderr
     assert "Traceback" not in stderr
