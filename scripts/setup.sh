@@ -53,7 +53,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
     "${pip[@]}" install "$torch_req" >&2
 fi
 
-echo "setup: installing kvtier (editable) with its test tools" >&2
-"${pip[@]}" install -e "$root[test,torch]" >&2
+echo "setup: installing kvtier (editable) with its test and plot tools" >&2
+"${pip[@]}" install -e "$root[test,torch,plot]" >&2
 echo "$want" >"$stamp"
 echo "$venv"

@@ -1,0 +1,87 @@
+"""`BlockStorage`: the bytes of one tier, addressed by slot.
+
+The bookkeeping (`TierManager`) decides which slot holds which key; a storage only moves
+bytes in and out of slots. Transfer handlers use it through host buffers: one contiguous
+`block_size`-byte numpy uint8 array per block (a row of a host pool, or a staging buffer), so
+that a disk tier can `pread`/`pwrite` straight into and out of a pinned CPU pool.
+
+Every method that touches a device or a file is a coroutine that keeps blocking work off the
+event loop. Failures are per block and are values, not exceptions: a block that cannot be
+written or read back intact is reported in the returned list, and the rest of the batch goes
+on. Only a broken contract (wrong buffer size, a slot out of range) raises.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.keys import OffloadKey
+
+HostBuffer = npt.NDArray[np.uint8]
+"""One block's bytes in host memory: a contiguous, one-dimensional uint8 array."""
+
+
+class ReadFailure(enum.StrEnum):
+    """Why a block could not be read back intact (the read is then a miss, never data)."""
+
+    CHECKSUM = "checksum"
+    """The bytes read do not match the checksum taken when the block was stored."""
+    SHORT_READ = "short-read"
+    """The file ended before the block did."""
+    IO_ERROR = "io-error"
+    """The operating system reported an error (EIO, ...)."""
+    NOT_INDEXED = "not-indexed"
+    """The index has no record of this key in this slot (never stored, or dropped)."""
+    CODEC = "codec"
+    """The stored bytes could not be decompressed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredBlock:
+    """A block found in a persistent tier when it was opened: `key` lives in `slot`."""
+
+    key: OffloadKey
+    slot: int
+
+
+class BlockStorage(ABC):
+    """`num_blocks` slots of `block_size` bytes each."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    @abstractmethod
+    def persistent(self) -> bool:
+        """Whether blocks survive a restart (and so must be verified when read)."""
+
+    def restore(self) -> list[RestoredBlock]:
+        """Blocks stored by an earlier process, oldest first; [] for a volatile tier."""
+        return []
+
+    @abstractmethod
+    async def write(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[OSError | None]:
+        """Store `buffers[i]` (block `keys[i]`) in `slots[i]`; one result per block: None when
+        it is completely (and, where configured, durably) stored, else the error."""
+
+    @abstractmethod
+    async def read(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[ReadFailure | None]:
+        """Fill `buffers[i]` with block `keys[i]` from `slots[i]`; one result per block: None
+        when the bytes are intact, else why not (the buffer's contents are then undefined)."""
+
+    async def forget(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027 - optional hook
+        """The keys were dropped by the bookkeeping (evicted from the bottom tier, or found
+        bad): a persistent tier removes them from its index. A volatile tier does nothing."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Flush and release files and memory. Idempotent."""
