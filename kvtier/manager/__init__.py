@@ -1,4 +1,4 @@
-"""Bookkeeping, synchronous and I/O-free: per-tier managers (later: the chained manager)."""
+"""Bookkeeping, synchronous and I/O-free: per-tier managers and the chained manager."""
 
 from kvtier.manager.base import (
     OffloadingEvent,
@@ -6,14 +6,22 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
+from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
+from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput
 
 __all__ = [
+    "ChainCounters",
+    "CopyStep",
+    "JobKind",
     "OffloadingEvent",
     "OffloadingManager",
     "PrepareStoreOutput",
     "ReqContext",
     "TierManager",
     "TierStats",
+    "TieredManager",
+    "TieredStoreOutput",
+    "TransferJob",
     "make_tier_manager",
 ]

@@ -29,11 +29,15 @@ class PrepareStoreOutput:
     `keys_to_store`: the keys not already present, to be written, in call order.
     `store_spec`: where to write them (one slot per key, same order).
     `evicted_keys`: the keys evicted to make room.
+    `evicted_spec`: the slots the evicted blocks occupied, in the order of `evicted_keys`. Their
+    bytes stay there until the new keys are written, which is what lets a chained manager
+    demote them to the tier below first (None when nothing was evicted).
     """
 
     keys_to_store: list[OffloadKey]
     store_spec: LoadStoreSpec
     evicted_keys: list[OffloadKey]
+    evicted_spec: LoadStoreSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ class TierManager(OffloadingManager):
         policy.on_store_miss(keys_to_store)
         num_to_evict = len(keys_to_store) - backend.get_num_free_blocks()
         evicted_keys: list[OffloadKey] = []
+        evicted_spec: LoadStoreSpec | None = None
         if num_to_evict > 0:
             if num_to_evict > self._num_evictable:
                 return None
@@ -155,6 +156,9 @@ class TierManager(OffloadingManager):
             for key, block in evicted:
                 backend.free(block)
                 evicted_keys.append(key)
+            evicted_spec = backend.get_load_store_spec(
+                evicted_keys, [block for _, block in evicted]
+            )
             if self._events is not None:
                 self._events.append(
                     OffloadingEvent(
@@ -167,7 +171,10 @@ class TierManager(OffloadingManager):
             insert(key, block)
         self._num_pending += len(blocks)
         return PrepareStoreOutput(
-            keys_to_store, backend.get_load_store_spec(keys_to_store, blocks), evicted_keys
+            keys_to_store,
+            backend.get_load_store_spec(keys_to_store, blocks),
+            evicted_keys,
+            evicted_spec,
         )
 
     def complete_store(
@@ -203,6 +210,47 @@ class TierManager(OffloadingManager):
             for key, block in pending.items():
                 remove(key)
                 free(block)
+
+    def discard(self, keys: Collection[OffloadKey]) -> list[OffloadKey]:
+        """Drop ready, unpinned blocks whose bytes were found bad (a failed checksum, a read
+        error): they leave the tier with a `removed` event and their slots are freed. Keys that
+        are absent, pinned or being written are left alone; returns the keys dropped."""
+        self._check_open()
+        get, remove, free = self.policy.get, self.policy.remove, self.backend.free
+        dropped: list[OffloadKey] = []
+        for key in dict.fromkeys(keys):
+            block = get(key)
+            if block is None or block.ref_cnt != 0:
+                continue
+            remove(key)
+            free(block)
+            self._num_evictable -= 1
+            dropped.append(key)
+        if dropped and self._events is not None:
+            self._events.append(
+                OffloadingEvent(tuple(dropped), self.block_size, self.medium, True, self.name)
+            )
+        return dropped
+
+    def restore(self, blocks: Collection[tuple[OffloadKey, int]]) -> None:
+        """Re-enter blocks that a persistent tier already holds (key, slot), oldest first, as
+        ready blocks; used once, on an empty tier, when a hierarchy is reopened. No events:
+        nothing was stored now. Raises BlockStateError, changing nothing, on a duplicate key or
+        a tier that is not empty."""
+        self._check_open()
+        if len(self.policy) or self.backend.get_num_free_blocks() != self.backend.num_blocks:
+            raise BlockStateError(f"tier {self.name!r}: restore needs an empty tier")
+        keys = [key for key, _ in blocks]
+        if len(set(keys)) != len(keys):
+            raise BlockStateError(f"tier {self.name!r}: restore got a key twice")
+        if not isinstance(self.backend, SlotPoolBackend):
+            raise BlockStateError(f"tier {self.name!r}: its backend cannot restore slots")
+        statuses = self.backend.restore([slot for _, slot in blocks])
+        insert = self.policy.insert
+        for key, block in zip(keys, statuses, strict=True):
+            block.ref_cnt = 0
+            insert(key, block)
+        self._num_evictable += len(statuses)
 
     # -- housekeeping ----------------------------------------------------------------------
 

@@ -112,6 +112,31 @@ class SlotPoolBackend(Backend):
             allocated[block.block_id] = 1
         return blocks
 
+    def restore(self, slots: Sequence[int]) -> list[BlockStatus]:
+        """Allocate exactly these slots (blocks found in a persistent tier at open), on an empty
+        pool. Raises AllocationError, allocating nothing, on a repeated or out-of-range slot or
+        a pool already in use."""
+        if self._num_fresh_used or self._free_list:
+            raise AllocationError(f"{self.medium} backend: restore needs an unused pool")
+        wanted = set(slots)
+        if len(wanted) != len(slots):
+            raise AllocationError(f"{self.medium} backend: restore got a slot twice")
+        bad = [slot for slot in slots if not 0 <= slot < self._num_blocks]
+        if bad:
+            raise AllocationError(
+                f"{self.medium} backend: slot {bad[0]} is not a slot of this pool "
+                f"(0..{self._num_blocks - 1})"
+            )
+        if not slots:
+            return []
+        top = max(slots) + 1
+        self._num_fresh_used = top
+        # The gaps below the highest restored slot are free; lowest handed out first.
+        self._free_list = [slot for slot in range(top - 1, -1, -1) if slot not in wanted]
+        for slot in slots:
+            self._allocated[slot] = 1
+        return [BlockStatus(slot) for slot in slots]
+
     def free(self, block: BlockStatus) -> None:
         slot = block.block_id
         if not 0 <= slot < self._num_blocks:

@@ -1,0 +1,88 @@
+"""Transfer jobs: the chained manager's decisions, as plain data for the transfer engine.
+
+A job is an ordered list of copy steps between tiers. Order matters and is part of the
+decision: a block evicted from a tier is copied down (demoted) *before* the slot it leaves is
+rewritten, so a job that demotes a victim and then writes into its old slot lists the demotion
+first. The engine runs the steps of one job in order and reports which (tier, key) pairs
+failed; the manager then completes the bookkeeping in one call (`complete_job`).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.keys import OffloadKey
+
+_job_ids = itertools.count(1)
+
+
+class JobKind(enum.Enum):
+    """Why a job exists; the engine runs PROMOTE and DEMOTE jobs before CASCADE jobs."""
+
+    PROMOTE = "promote"
+    """Copy a block up from the lower tier that holds it to the top tier (for a read)."""
+    DEMOTE = "demote"
+    """Copy blocks evicted from a tier down to the next tier (before a store reuses slots)."""
+    CASCADE = "cascade"
+    """Write-through: copy newly stored blocks down the chain. May be dropped under load."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStep:
+    """Copy `keys` from slots `src_ids` of tier `src` to slots `dst_ids` of tier `dst`."""
+
+    keys: tuple[OffloadKey, ...]
+    src: int
+    src_ids: npt.NDArray[np.int64]
+    dst: int
+    dst_ids: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(slots=True)
+class TransferJob:
+    """Steps to run in order, and the bookkeeping to complete when they are done.
+
+    `pins`: (tier, keys) pinned for reading until the job completes.
+    `pending`: (tier, keys) being written by the job; they become readable (or are dropped)
+    when it completes.
+    `promoted`: the keys a PROMOTE job brings to the top tier (empty if it cannot reach it).
+    """
+
+    kind: JobKind
+    steps: list[CopyStep] = field(default_factory=list)
+    pins: list[tuple[int, tuple[OffloadKey, ...]]] = field(default_factory=list)
+    pending: list[tuple[int, tuple[OffloadKey, ...]]] = field(default_factory=list)
+    promoted: tuple[OffloadKey, ...] = ()
+    id: int = field(default_factory=lambda: next(_job_ids))
+
+    @property
+    def num_blocks(self) -> int:
+        """Block copies the job makes."""
+        return sum(len(step) for step in self.steps)
+
+    def __repr__(self) -> str:
+        moves = ", ".join(f"{len(s)}x {s.src}->{s.dst}" for s in self.steps)
+        return f"TransferJob(#{self.id} {self.kind.value}: {moves or 'no copies'})"
+
+
+def failed_pairs_of(
+    job: TransferJob, failed: set[tuple[int, OffloadKey]]
+) -> set[tuple[int, OffloadKey]]:
+    """`failed` closed over the job's steps: a copy whose source failed fails too.
+
+    The engine uses this to skip steps whose bytes never arrived (a block that failed its
+    checksum on disk must not be copied on up the chain)."""
+    closed = set(failed)
+    for step in job.steps:
+        for key in step.keys:
+            if (step.src, key) in closed:
+                closed.add((step.dst, key))
+    return closed

@@ -1,0 +1,473 @@
+"""`TieredManager`: the bookkeeping of a chain of tiers, which decides promotions and demotions.
+
+It is itself an `OffloadingManager`, so an engine that drives one tier can drive the chain:
+
+- **Stores** go to the top tier. A block that is already in some tier is not stored again.
+- **Demotion**: when a tier must evict, each victim that the next tier down does not hold yet
+  is copied there (write-back); the bottom tier drops its victims. The copy is a DEMOTE job
+  that must run before the evicted slots are rewritten (`TieredStoreOutput.demotion`).
+- **Write-through** (`write_policy="write-through"`): when a store completes, the new blocks
+  are cascaded down the whole chain (a CASCADE job), so a later eviction finds them below and
+  costs no copy. Cascades are the one kind of job the engine may drop under load.
+- **Promotion**: `lookup` of a block that only a lower tier holds starts a PROMOTE job that
+  copies it up through every tier above (each of which may demote its own victims on the way)
+  and answers None ("ask again"); once the job completes, `lookup` answers True. Promotion
+  that cannot get space is a miss (False), not an error.
+
+Nothing here does I/O or waits: decisions go out as `TransferJob`s (`take_jobs`), the engine
+moves the bytes, and `complete_job` settles the bookkeeping, including failures (a block that
+could not be copied leaves no trace at its destination; a block found corrupt is dropped).
+A block is never evicted while it is read, demoted or promoted: every job pins its sources
+and its destinations are pending until it completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
+from kvtier.keys import OffloadKey
+from kvtier.manager.base import (
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+    ReqContext,
+)
+from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
+from kvtier.manager.tier import TierManager, TierStats
+from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
+
+WritePolicy = Literal["write-back", "write-through"]
+
+
+@dataclass(frozen=True, slots=True)
+class TieredStoreOutput(PrepareStoreOutput):
+    """`PrepareStoreOutput` of the top tier, plus the DEMOTE job (None if no victim needs a
+    copy) that must complete before anything is written into `store_spec`."""
+
+    demotion: TransferJob | None = None
+
+
+@dataclass(slots=True)
+class ChainCounters:
+    """What the chain did since it was built (block counts)."""
+
+    lookups: int = 0
+    hits: list[int] = field(default_factory=list)
+    """Lookups answered from each tier: index 0 ready at the top, i > 0 found in tier i
+    (a promotion started)."""
+    misses: int = 0
+    promotions: int = 0
+    promotions_refused: int = 0
+    demoted: int = 0
+    demotions_dropped: int = 0
+    dropped_at_bottom: int = 0
+    cascaded: int = 0
+    cascades_dropped: int = 0
+    copy_failures: int = 0
+    corrupt_dropped: int = 0
+
+
+def _ids(spec: LoadStoreSpec) -> np.ndarray:
+    if not isinstance(spec, BlockIDsLoadStoreSpec):
+        raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
+    return spec.block_ids
+
+
+class TieredManager(OffloadingManager):
+    """Bookkeeping of an ordered chain of tiers, top (fastest) first."""
+
+    def __init__(
+        self,
+        tiers: Sequence[TierManager],
+        *,
+        write_policy: WritePolicy = "write-back",
+    ) -> None:
+        if not tiers:
+            raise InvalidValueError("a TieredManager needs at least one tier")
+        if write_policy not in ("write-back", "write-through"):
+            raise InvalidValueError(
+                f'write_policy must be "write-back" or "write-through", got {write_policy!r}'
+            )
+        block_sizes = {tier.block_size for tier in tiers}
+        if len(block_sizes) != 1:
+            raise InvalidValueError(f"every tier needs the same block size, got {block_sizes}")
+        names = [tier.name for tier in tiers]
+        if len(set(names)) != len(names):
+            raise InvalidValueError(f"tier names must be unique, got {names}")
+        self.tiers: tuple[TierManager, ...] = tuple(tiers)
+        self.write_policy: WritePolicy = write_policy
+        self.block_size = tiers[0].block_size
+        self.counters = ChainCounters(hits=[0] * len(tiers))
+        self._jobs: list[TransferJob] = []
+        self._promoting: dict[OffloadKey, TransferJob] = {}
+        self._open_jobs: dict[int, TransferJob] = {}
+        self._closed = False
+
+    @property
+    def top(self) -> TierManager:
+        return self.tiers[0]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
+        return self.lookup_many([key], req_context)[0]
+
+    def lookup_many(
+        self, keys: Sequence[OffloadKey], req_context: ReqContext | None = None
+    ) -> list[bool | None]:
+        """`lookup` of a request's prefix, head first, stopping at the first miss (the answer
+        list then ends with that False and is shorter than `keys`). Blocks found below the top
+        are promoted together, one PROMOTE job per source tier, so their reads are batched."""
+        self._check_open()
+        answers: list[bool | None] = []
+        # Source tier -> positions in answers. Each found block is pinned at once: planning
+        # one source tier's promotion may evict in another, and must not take these blocks.
+        found_below: dict[int, list[int]] = {}
+        found: set[OffloadKey] = set()
+        for key in keys:
+            self.counters.lookups += 1
+            state = self.top.lookup(key)
+            if state is True:
+                self.counters.hits[0] += 1
+                answers.append(True)
+                continue
+            if state is None or key in self._promoting or key in found:
+                answers.append(None)
+                continue
+            source = None
+            for index in range(1, len(self.tiers)):
+                state = self.tiers[index].lookup(key)
+                if state is not False:
+                    source = index
+                    break
+            if source is None:
+                self.counters.misses += 1
+                answers.append(False)
+                break
+            if state is None:  # on its way into a lower tier (demotion, cascade): ask again
+                answers.append(None)
+                continue
+            self.counters.hits[source] += 1
+            self.tiers[source].prepare_load([key])
+            found.add(key)
+            found_below.setdefault(source, []).append(len(answers))
+            answers.append(None)
+        for source, positions in found_below.items():
+            promoted = self._start_promotion([keys[i] for i in positions], source)
+            for position in positions:
+                if keys[position] not in promoted:
+                    answers[position] = False
+        # A refused promotion ends the prefix there.
+        for position, answer in enumerate(answers):
+            if answer is False:
+                return answers[: position + 1]
+        return answers
+
+    def locate(self, key: OffloadKey) -> tuple[int, bool] | None:
+        """(index of the highest tier holding `key`, whether it is readable there), or None.
+        Pure inspection: starts nothing and counts nothing."""
+        for index, tier in enumerate(self.tiers):
+            state = tier.lookup(key)
+            if state is not False:
+                return index, state is True
+        return None
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> LoadStoreSpec:
+        """Pin blocks of the top tier (after `lookup` said True) and say where they are."""
+        self._check_open()
+        return self.top.prepare_load(keys, req_context)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
+        self._check_open()
+        self.top.touch(keys, req_context)
+
+    def complete_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> None:
+        self._check_open()
+        self.top.complete_load(keys, req_context)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+    ) -> TieredStoreOutput | None:
+        """Reserve top-tier slots for the keys that no tier holds. Run `demotion` (if any)
+        before writing into `store_spec`; then `complete_store`. None: no room at the top."""
+        self._check_open()
+        unique = list(dict.fromkeys(keys))
+        below = self.tiers[1:]
+        # Keys held only by a lower tier are not stored again; keys at the top stay protected.
+        candidates = [
+            key
+            for key in unique
+            if self.top.lookup(key) is not False or all(tier.lookup(key) is False for tier in below)
+        ]
+        job = TransferJob(JobKind.DEMOTE)
+        out = self._store_into(0, candidates, job)
+        if out is None:
+            return None
+        demotion = self._emit(job, queue=False)
+        return TieredStoreOutput(
+            out.keys_to_store, out.store_spec, out.evicted_keys, out.evicted_spec, demotion
+        )
+
+    def complete_store(
+        self,
+        keys: Collection[OffloadKey],
+        success: bool = True,
+        req_context: ReqContext | None = None,
+    ) -> None:
+        """Settle the top-tier stores of `prepare_store`. With write-through, successfully
+        stored blocks are then cascaded down the chain (a CASCADE job from `take_jobs`)."""
+        self._check_open()
+        newly_ready = [key for key in dict.fromkeys(keys) if self.top.lookup(key) is None]
+        self.top.complete_store(keys, success, req_context)
+        if success and newly_ready and self.write_policy == "write-through":
+            self._plan_cascade(newly_ready)
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def take_jobs(self) -> list[TransferJob]:
+        """Jobs decided since the last call (promotions, cascades), oldest first. DEMOTE jobs
+        of a store are returned by `prepare_store` itself, not here."""
+        jobs, self._jobs = self._jobs, []
+        return jobs
+
+    def complete_job(
+        self,
+        job: TransferJob,
+        failed: Iterable[tuple[int, OffloadKey]] = (),
+        corrupt: Iterable[tuple[int, OffloadKey]] = (),
+    ) -> None:
+        """Settle a job's bookkeeping once the engine is done with it (or gave up on it).
+
+        `failed`: (tier, key) copies that did not arrive intact; those blocks are dropped from
+        that tier (and any copy that read from them is taken to have failed too). `corrupt`:
+        (tier, key) sources whose stored bytes were bad; they are dropped from that tier once
+        unpinned. Every pin and pending block of the job is released exactly once.
+        """
+        self._check_open()
+        if self._open_jobs.pop(job.id, None) is None:
+            raise BlockStateError(f"{job!r} is not open (completed twice, or never emitted)")
+        bad = set(failed)
+        for step in job.steps:
+            for key in step.keys:
+                if (step.src, key) in bad:
+                    bad.add((step.dst, key))
+        for index, keys in job.pending:
+            tier = self.tiers[index]
+            lost = [key for key in keys if (index, key) in bad]
+            kept = [key for key in keys if (index, key) not in bad]
+            if kept:
+                tier.complete_store(kept)
+            if lost:
+                tier.complete_store(lost, success=False)
+                if job.kind is JobKind.CASCADE:
+                    self.counters.cascades_dropped += len(lost)
+                else:
+                    self.counters.copy_failures += len(lost)
+        for index, keys in job.pins:
+            self.tiers[index].complete_load(keys)
+        by_tier: dict[int, list[OffloadKey]] = {}
+        for index, key in corrupt:
+            by_tier.setdefault(index, []).append(key)
+        for index, keys_ in by_tier.items():
+            self.counters.corrupt_dropped += len(self.tiers[index].discard(keys_))
+        for key in job.promoted:
+            if self._promoting.get(key) is job:
+                del self._promoting[key]
+
+    def open_jobs(self) -> list[TransferJob]:
+        """Jobs emitted and not yet completed."""
+        return list(self._open_jobs.values())
+
+    def promotion_of(self, key: OffloadKey) -> TransferJob | None:
+        """The PROMOTE job bringing `key` to the top tier, while it is open."""
+        return self._promoting.get(key)
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _emit(self, job: TransferJob, *, queue: bool = True) -> TransferJob | None:
+        """Register a job (None if it has nothing to do), optionally into the outbox."""
+        if not job.steps and not job.pending and not job.pins:
+            return None
+        self._open_jobs[job.id] = job
+        if queue:
+            self._jobs.append(job)
+        return job
+
+    def _store_into(
+        self, index: int, keys: Sequence[OffloadKey], job: TransferJob
+    ) -> PrepareStoreOutput | None:
+        """prepare_store on one tier; its victims are demoted by steps added to `job` (the
+        deeper demotions first), and its new keys recorded as pending in `job`."""
+        out = self.tiers[index].prepare_store(keys)
+        if out is None:
+            return None
+        if out.keys_to_store and index > 0:
+            job.pending.append((index, tuple(out.keys_to_store)))
+        if out.evicted_keys:
+            if out.evicted_spec is None:
+                raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
+            self._demote(index, out.evicted_keys, _ids(out.evicted_spec), job)
+        return out
+
+    def _demote(
+        self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
+    ) -> None:
+        """Copy victims of tier `index` that the tier below lacks down to it."""
+        if index + 1 == len(self.tiers):
+            self.counters.dropped_at_bottom += len(victims)
+            return
+        below = self.tiers[index + 1]
+        held = [key for key in victims if below.lookup(key) is True]
+        if held:
+            below.touch(held)
+        missing = [
+            (key, slot)
+            for key, slot in zip(victims, slots, strict=True)
+            if below.lookup(key) is False
+        ]
+        if not missing:
+            return
+        keys = [key for key, _ in missing]
+        deeper = TransferJob(job.kind)
+        out = self._store_into(index + 1, keys, deeper)
+        if out is None:
+            self.counters.demotions_dropped += len(keys)
+            return
+        job.steps.extend(deeper.steps)
+        job.pending.extend(deeper.pending)
+        src = np.asarray([slot for _, slot in missing], dtype=np.int64)
+        job.steps.append(CopyStep(tuple(keys), index, src, index + 1, _ids(out.store_spec)))
+        self.counters.demoted += len(keys)
+
+    def _start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
+        """Plan one PROMOTE job for `keys` (pinned in tier `source` by the caller; the job
+        takes over the pins) up to the top; returns the keys that will reach it. The climb
+        stops at a tier that cannot make room (the job still brings the blocks as high as they
+        got, and they are misses for now)."""
+        job = TransferJob(JobKind.PROMOTE)
+        spec = self.tiers[source].backend.get_load_store_spec(
+            keys, [self._block(source, key) for key in keys]
+        )
+        job.pins.append((source, tuple(keys)))
+        climbing, src, src_ids = list(keys), source, _ids(spec)
+        for index in range(source - 1, -1, -1):
+            out = self._store_into(index, climbing, job)
+            if out is None or not out.keys_to_store:
+                break
+            source_slot = dict(zip(climbing, src_ids, strict=True))
+            stored = out.keys_to_store  # call order, minus keys this tier already had
+            dst_ids = _ids(out.store_spec)
+            job.steps.append(
+                CopyStep(
+                    tuple(stored),
+                    src,
+                    np.asarray([source_slot[k] for k in stored], dtype=np.int64),
+                    index,
+                    dst_ids,
+                )
+            )
+            if index == 0:
+                job.pending.append((0, tuple(stored)))
+            climbing, src, src_ids = list(stored), index, dst_ids
+        promoted = set(climbing) if src == 0 else set()
+        if promoted:
+            job.promoted = tuple(climbing)
+            for key in climbing:
+                self._promoting[key] = job
+            self.counters.promotions += len(promoted)
+        self.counters.promotions_refused += len(keys) - len(promoted)
+        if job.steps:
+            self._emit(job)
+        else:
+            self.tiers[source].complete_load(keys)
+        return promoted
+
+    def _block(self, index: int, key: OffloadKey) -> BlockStatus:
+        block = self.tiers[index].policy.get(key)
+        if block is None:
+            raise BlockStateError(f"tier {self.tiers[index].name!r} lost {key!r}")
+        return block
+
+    def _plan_cascade(self, keys: Sequence[OffloadKey]) -> None:
+        """Write-through: copy freshly stored top-tier blocks down every tier below."""
+        if len(self.tiers) == 1:
+            return
+        job = TransferJob(JobKind.CASCADE)
+        spec = self.top.prepare_load(keys)
+        job.pins.append((0, tuple(keys)))
+        src_keys, src_ids, src = list(keys), _ids(spec), 0
+        for index in range(1, len(self.tiers)):
+            tier = self.tiers[index]
+            wanted = [
+                (k, s) for k, s in zip(src_keys, src_ids, strict=True) if tier.lookup(k) is False
+            ]
+            if not wanted:
+                break
+            out = self._store_into(index, [k for k, _ in wanted], job)
+            if out is None:
+                self.counters.cascades_dropped += len(wanted)
+                break
+            # keys_to_store keeps call order; map each stored key to its source slot.
+            source_slot = dict(wanted)
+            stored = out.keys_to_store
+            dst_ids = _ids(out.store_spec)
+            job.steps.append(
+                CopyStep(
+                    tuple(stored),
+                    src,
+                    np.asarray([source_slot[k] for k in stored], dtype=np.int64),
+                    index,
+                    dst_ids,
+                )
+            )
+            self.counters.cascaded += len(stored)
+            src_keys, src_ids, src = list(stored), dst_ids, index
+        self._emit(job)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def take_events(self) -> list[OffloadingEvent]:
+        events: list[OffloadingEvent] = []
+        for tier in self.tiers:
+            events.extend(tier.take_events())
+        return events
+
+    def stats(self) -> list[TierStats]:
+        return [tier.stats() for tier in self.tiers]
+
+    def check(self) -> None:
+        """Every tier's own check, plus: no key is pending in a tier without an open job or
+        an unsettled top-tier store."""
+        for tier in self.tiers:
+            tier.check()
+
+    def shutdown(self) -> None:
+        for tier in self.tiers:
+            tier.shutdown()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("the tiered manager is shut down")
+
+    def __repr__(self) -> str:
+        chain = " -> ".join(
+            f"{t.name}({t.medium.value}, {t.backend.num_blocks})" for t in self.tiers
+        )
+        return f"TieredManager({chain}, {self.write_policy})"
