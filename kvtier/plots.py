@@ -1,0 +1,184 @@
+"""PNG charts for the command line (`kvtier simulate`; the replay can use the same helpers).
+
+matplotlib is the optional `plot` extra, so it is imported only when a chart is drawn and the
+core never needs it; without it, `require_matplotlib()` raises a kvtier error that says how to
+install it. Charts render with the Agg canvas attached to their own `Figure`, never through
+pyplot: no display is needed, and an embedding application's global matplotlib backend is
+left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import KvtierError
+
+INSTALL_HINT = "pip install 'kvtier[plot]'"
+
+_COLORS = {"lru": "tab:blue", "arc": "tab:orange", "opt": "tab:green"}
+_LABELS = {"lru": "LRU", "arc": "ARC", "opt": "OPT (Belady, upper bound at this capacity)"}
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """One line of a chart: y values at x values, under a legend label."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    color: str | None = None
+    style: str = "-"
+    marker: str = "o"
+
+
+def require_matplotlib() -> None:
+    """Raise a kvtier error naming the `plot` extra if matplotlib is not installed.
+
+    Call it before long work whose end product includes a chart, so a missing extra is
+    reported at once rather than after the work.
+    """
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise KvtierError(f"charts need matplotlib, which is not installed: {INSTALL_HINT}")
+
+
+def _new_figure(width: float = 9.0, height: float = 5.5) -> Any:
+    """A matplotlib Figure with an Agg canvas; a kvtier error if matplotlib is missing."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise KvtierError(
+            f"charts need matplotlib, which is not installed: {INSTALL_HINT}"
+        ) from error
+    figure = Figure(figsize=(width, height), dpi=120, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def plot_hit_ratio_vs_capacity(
+    path: str | Path,
+    *,
+    title: str,
+    unique_blocks: int,
+    curves: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    infinite_bound: float | None = None,
+    references: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None,
+) -> Path:
+    """Write a PNG of hit ratio against cache capacity and return its path.
+
+    `curves` maps a policy name ("lru", "arc", "opt", ...) to (capacities in blocks, hit
+    ratios in [0, 1]). The x axis is the capacity as a percentage of the trace's
+    `unique_blocks` (log scale when the capacities span more than a factor of 10), with the
+    block counts on a top axis. `infinite_bound` is drawn as a horizontal line;
+    `references` (same shape as `curves`) as black crosses over the computed points.
+    """
+    figure = _new_figure()
+    axes = figure.add_subplot()
+    scale = 100 / unique_blocks
+    all_x: list[float] = []
+    for name, (blocks, ratios) in curves.items():
+        x = [b * scale for b in blocks]
+        all_x.extend(x)
+        axes.plot(
+            x,
+            ratios,
+            marker="o",
+            linestyle="--" if name == "opt" else "-",
+            color=_COLORS.get(name),
+            label=_LABELS.get(name, name.upper()),
+        )
+    if references:
+        first = True
+        for blocks, ratios in references.values():
+            axes.scatter(
+                [b * scale for b in blocks],
+                ratios,
+                marker="x",
+                s=70,
+                color="black",
+                zorder=5,
+                label="reference figure (libCacheSim)" if first else None,
+            )
+            first = False
+    if infinite_bound is not None:
+        axes.axhline(
+            infinite_bound,
+            color="tab:red",
+            linestyle=":",
+            linewidth=2,
+            label=f"infinite cache (any capacity): {infinite_bound:.1%}",
+        )
+    if all_x and max(all_x) > 10 * min(all_x):
+        axes.set_xscale("log")
+        axes.set_xlabel("cache capacity (% of the trace's unique blocks, log scale)")
+    else:
+        axes.set_xlabel("cache capacity (% of the trace's unique blocks)")
+    if all_x:
+        ticks = sorted(set(all_x))
+        axes.set_xticks(ticks, [f"{t:.3g}%" for t in ticks])
+        axes.minorticks_off()
+        top = axes.secondary_xaxis("top", functions=(lambda v: v / scale, lambda v: v * scale))
+        top.set_xticks([t / scale for t in ticks], [f"{round(t / scale):,}" for t in ticks])
+        top.minorticks_off()
+        top.set_xlabel("cache capacity (blocks)")
+    from matplotlib.ticker import PercentFormatter
+
+    axes.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    axes.set_ylabel("block hit ratio (hits / block accesses)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    axes.set_title(title)
+    axes.legend(loc="lower right")
+    return _save(figure, Path(path))
+
+
+def plot_tier_hits(
+    path: str | Path,
+    *,
+    title: str,
+    tiers: Sequence[str],
+    hit_ratios: Sequence[float],
+    infinite_bound: float | None = None,
+) -> Path:
+    """Write a PNG of one stacked bar: each tier's share of the block accesses it served.
+
+    `tiers` are listed top of the chain first; `hit_ratios[i]` is tier i's hits over all
+    block accesses, so the bar's height is the chain's overall hit ratio.
+    """
+    figure = _new_figure(7.0, 5.5)
+    axes = figure.add_subplot()
+    bottom = 0.0
+    for tier, ratio in zip(tiers, hit_ratios, strict=True):
+        bars = axes.bar(["chain"], [ratio], bottom=bottom, label=f"{tier}: {ratio:.2%}")
+        axes.bar_label(bars, labels=[f"{tier}\n{ratio:.2%}"], label_type="center")
+        bottom += ratio
+    if infinite_bound is not None:
+        axes.axhline(
+            infinite_bound,
+            color="tab:red",
+            linestyle=":",
+            linewidth=2,
+            label=f"infinite cache: {infinite_bound:.1%}",
+        )
+    from matplotlib.ticker import PercentFormatter
+
+    axes.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    axes.set_ylabel("block hit ratio (hits / block accesses)")
+    axes.set_ylim(0, max(bottom, infinite_bound or 0.0) * 1.15 or 1.0)
+    axes.set_title(title)
+    axes.legend(loc="upper right")
+    return _save(figure, Path(path))

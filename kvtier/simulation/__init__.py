@@ -1,0 +1,49 @@
+"""`kvtier simulate`: bookkeeping-only hit-ratio studies of cache policies on a trace.
+
+`run_sweep` replays policies at several capacities next to two bounds (the infinite cache and
+Belady's OPT, in `bounds`); nothing here moves bytes, so a whole trace takes seconds.
+"""
+
+from kvtier.simulation.bounds import (
+    INFINITE_NAME,
+    OPT_NAME,
+    BeladyOracle,
+    belady_opt,
+    infinite_cache_hits,
+)
+from kvtier.simulation.sweep import (
+    DEFAULT_CAPACITIES,
+    DEFAULT_POLICIES,
+    Capacity,
+    CapacitySpec,
+    SimTrace,
+    SweepReport,
+    SweepRow,
+    load_trace,
+    parse_capacities,
+    parse_policies,
+    reference_hit_ratio,
+    run_sweep,
+    write_sweep_outputs,
+)
+
+__all__ = [
+    "DEFAULT_CAPACITIES",
+    "DEFAULT_POLICIES",
+    "INFINITE_NAME",
+    "OPT_NAME",
+    "BeladyOracle",
+    "Capacity",
+    "CapacitySpec",
+    "SimTrace",
+    "SweepReport",
+    "SweepRow",
+    "belady_opt",
+    "infinite_cache_hits",
+    "load_trace",
+    "parse_capacities",
+    "parse_policies",
+    "reference_hit_ratio",
+    "run_sweep",
+    "write_sweep_outputs",
+]
