@@ -73,3 +73,33 @@ class ManagerClosedError(KvtierError):
 
 class TraceFormatError(KvtierError, ValueError):
     """A request trace is malformed; the message names the file and line."""
+
+
+class StorageClosedError(KvtierError):
+    """A block storage (a tier's bytes) was used after it was closed."""
+
+
+class DiskTierError(KvtierError):
+    """The disk tier cannot be opened or used as configured (its directory cannot be created,
+    its files cannot be preallocated, ...). The message names the path and the reason."""
+
+
+class DiskLayoutError(DiskTierError):
+    """The files found on disk do not belong to this store: the fingerprint (block size,
+    layout version, model id) recorded in the index differs from the expected one, or the
+    index's metadata is unreadable. Nothing is served from such a directory."""
+
+
+class DirectIOError(DiskTierError):
+    """O_DIRECT was required (`direct_io = true`) but the block size, the platform or the
+    filesystem does not support it; the message says which."""
+
+
+class DiskLockedError(DiskTierError):
+    """The disk tier's directory is already open in another store (this process or another);
+    two writers would overwrite each other's slots."""
+
+
+class NoFreeBlocksError(AllocationError):
+    """A paged-KV block allocator has no free block and no unused cached block to evict;
+    nothing was allocated. The message names the allocator's size and what it was asked for."""
