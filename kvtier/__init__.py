@@ -35,8 +35,10 @@ from kvtier.manager import (
     OffloadingManager,
     PrepareStoreOutput,
     ReqContext,
+    TieredManager,
     TierManager,
     TierStats,
+    TransferJob,
     make_tier_manager,
 )
 from kvtier.policies import (
@@ -58,6 +60,21 @@ from kvtier.specs import (
 )
 from kvtier.tiers import Backend, SlotPoolBackend
 
+
+def __getattr__(name: str) -> object:
+    """The data path (Hierarchy, SyncHierarchy, TieredManager) needs torch; import it on first
+    use so that the bookkeeping, config and simulate work without torch installed."""
+    if name in ("Hierarchy", "HierarchyStats"):
+        from kvtier import hierarchy
+
+        return getattr(hierarchy, name)
+    if name == "SyncHierarchy":
+        from kvtier.sync import SyncHierarchy
+
+        return SyncHierarchy
+    raise AttributeError(f"module 'kvtier' has no attribute {name!r}")
+
+
 try:
     __version__ = version("kvtier")
 except PackageNotFoundError:  # running from a source tree that was never installed
@@ -77,7 +94,9 @@ __all__ = [
     "DiskLoadStoreSpec",
     "DoubleFreeError",
     "GPULoadStoreSpec",
+    "Hierarchy",
     "HierarchyConfig",
+    "HierarchyStats",
     "InvalidValueError",
     "KeyFormatError",
     "KvtierError",
@@ -93,9 +112,12 @@ __all__ = [
     "SimulationResult",
     "SlotPoolBackend",
     "SpecError",
+    "SyncHierarchy",
     "TierManager",
     "TierStats",
+    "TieredManager",
     "TraceFormatError",
+    "TransferJob",
     "UnknownPolicyError",
     "__version__",
     "get_offload_block_hash",

@@ -1,0 +1,28 @@
+"""The transfer engine: asyncio execution of the chained manager's jobs over the tiers."""
+
+from kvtier.engine.copy import TensorCopier, coalesce
+from kvtier.engine.engine import (
+    CALLER,
+    EngineCounters,
+    PairCounters,
+    Priority,
+    PrioritySemaphore,
+    TransferEngine,
+    finish_even_if_cancelled,
+)
+from kvtier.engine.moves import Endpoint, MoveResult, move
+
+__all__ = [
+    "CALLER",
+    "Endpoint",
+    "EngineCounters",
+    "MoveResult",
+    "PairCounters",
+    "Priority",
+    "PrioritySemaphore",
+    "TensorCopier",
+    "TransferEngine",
+    "coalesce",
+    "finish_even_if_cancelled",
+    "move",
+]
