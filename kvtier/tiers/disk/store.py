@@ -30,7 +30,7 @@ import operator
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -521,6 +521,10 @@ class DiskStore(BlockStorage):
         """The keys indexed now."""
         with self._map_lock:
             return list(self._records)
+
+    def __iter__(self) -> Iterator[OffloadKey]:
+        """The keys indexed now (a snapshot: writes meanwhile do not disturb it)."""
+        return iter(self.keys())
 
     def record(self, key: OffloadKey) -> IndexRecord | None:
         """The index record of `key`, or None."""

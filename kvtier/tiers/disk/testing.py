@@ -1,0 +1,75 @@
+"""Test helpers for the disk store: backdoors that read and plant blocks in the slab files and
+the index without going through `DiskStore.read` / `DiskStore.write` (what `StorageTests`
+needs), byte flipping, and block contents that are a function of the block id (so a process
+that reopens a store can tell right bytes from wrong ones)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from kvtier.keys import OffloadKey
+from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.disk.store import DiskStore
+from kvtier.tiers.storage import HostBuffer
+
+
+def stored_bytes(store: DiskStore, slot: int, length: int) -> bytes:
+    """The first `length` bytes of `slot` in its slab file, read with plain file I/O."""
+    path, offset = store.slot_location(slot)
+    with path.open("rb") as file:
+        file.seek(offset)
+        return file.read(length)
+
+
+def backdoor_read(store: DiskStore, slot: int) -> bytes:
+    """The block that the index says lives in `slot`, read and decoded behind the store's back."""
+    records = [record for key in store if (record := store.record(key))]
+    owners = [record for record in records if record.slot == slot]
+    if len(owners) != 1:
+        raise LookupError(f"slot {slot} is indexed for {len(owners)} keys")
+    record = owners[0]
+    stored = stored_bytes(store, slot, record.length)
+    if xxhash.xxh3_64_intdigest(stored) != record.checksum:
+        raise ValueError(f"slot {slot}: the stored bytes do not match the indexed checksum")
+    block = np.empty(store.block_size, dtype=np.uint8)
+    BlockCodec().decode_into(record.codec, stored, block)
+    return block.tobytes()
+
+
+def backdoor_write(store: DiskStore, key: OffloadKey, slot: int, data: bytes) -> None:
+    """Plant `data` as block `key` in `slot`: encode it with the store's compression, write it
+    into the slab file with plain file I/O, and index it through the store's internals."""
+    codec, stored = BlockCodec(store.compression).encode(np.frombuffer(data, np.uint8).copy())
+    payload = bytes(stored)
+    path, offset = store.slot_location(slot)
+    store._unindex_slots([slot])
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, payload, offset)
+    finally:
+        os.close(fd)
+    checksum = xxhash.xxh3_64_intdigest(payload)
+    store._index_put([(key, slot, len(payload), int(codec), checksum)])
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Invert one byte of a file in place."""
+    with path.open("r+b") as file:
+        file.seek(offset)
+        value = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([value ^ 0xFF]))
+
+
+def deterministic_block(i: int, block_size: int) -> HostBuffer:
+    """The content of block `i`: a deterministic function of `i`, half of them compressible,
+    so a reader can tell whether a block's bytes are the right ones."""
+    rng = np.random.default_rng(i)
+    if i % 2:
+        return rng.integers(0, 256, block_size, dtype=np.uint8)
+    values = rng.integers(0, 4, -(-block_size // 32), dtype=np.uint8)
+    return np.repeat(values, 32)[:block_size].copy()
