@@ -163,18 +163,38 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
 @click.option(
     "--policy",
     "policy_list",
-    default="lru,arc",
-    show_default=True,
-    help="Comma list of cache policies. Belady's OPT and the infinite-cache bound are "
-    "always reported.",
+    default=None,
+    help="Comma list of cache policies [default: lru,arc]. Belady's OPT and the "
+    "infinite-cache bound are always reported. With --tiers: one policy for every tier, "
+    "or one per tier [default: lru].",
 )
 @click.option(
     "--capacity",
     "capacity_list",
-    default="1%,5%,10%,25%,50%",
-    show_default=True,
+    default=None,
     help="Comma list of cache sizes: percentages of the trace's unique blocks (floored) "
-    "or block counts, e.g. 1%,5%,4096.",
+    "or block counts, e.g. 1%,5%,4096 [default: 1%,5%,10%,25%,50%, the reference fractions].",
+)
+@click.option(
+    "--tiers",
+    "tier_list",
+    default=None,
+    help="Chained form: the capacities of a tier chain, top to bottom (same syntax as "
+    "--capacity), e.g. 1%,5%,20%. Reports each tier's hits.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Chained form: take the chain (active tiers, block counts, policies, write policy) "
+    "from a TOML config, as kvtier replay would build it.",
+)
+@click.option(
+    "--write-policy",
+    type=click.Choice(["write-back", "write-through"]),
+    default=None,
+    help="Chained form with --tiers: how lower tiers are written [default: write-back].",
 )
 @click.option(
     "--limit",
@@ -194,8 +214,11 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
 @click.option("--no-plot", is_flag=True, help="Skip the PNG chart (no matplotlib needed).")
 def simulate(
     trace_path: Path | None,
-    policy_list: str,
-    capacity_list: str,
+    policy_list: str | None,
+    capacity_list: str | None,
+    tier_list: str | None,
+    config_path: Path | None,
+    write_policy: str | None,
     limit: int | None,
     out_dir: Path,
     as_json: bool,
@@ -210,28 +233,53 @@ def simulate(
     On the shipped trace each figure is shown next to its independently computed reference.
     Writes simulate.json and a chart of hit ratio against capacity, simulate.png.
 
+    The chained form (--tiers or --config) serves the trace's requests through kvtier's own
+    chained manager with instant copies and reports each tier's prefix hits: the per-tier
+    hit ratios that kvtier replay of the same chain reports.
+
     \b
     Examples:
       kvtier simulate
       kvtier simulate --policy lru --capacity 2%,4096 --limit 2000
       kvtier simulate --trace keys.txt --out /tmp/sim --json
+      kvtier simulate --tiers 1%,5%,20% --policy lru,arc,lru
+      kvtier simulate --config configs/default.toml
     """
     import json
 
+    from kvtier.errors import InvalidValueError
     from kvtier.plots import require_matplotlib
-    from kvtier.simulation import (
-        INFINITE_NAME,
-        OPT_NAME,
-        load_trace,
-        parse_capacities,
-        parse_policies,
-        run_sweep,
+    from kvtier.simulation import chain as chained
+    from kvtier.simulation import load_trace, parse_capacities, parse_policies, render, run_sweep
+    from kvtier.simulation.bounds import infinite_cache_hits
+    from kvtier.simulation.sweep import (
+        DEFAULT_CAPACITIES,
+        DEFAULT_POLICIES,
+        sweep_runs,
         write_sweep_outputs,
     )
-    from kvtier.simulation.sweep import sweep_runs
 
-    policies = parse_policies(policy_list)
-    capacities = parse_capacities(capacity_list)
+    is_chain = tier_list is not None or config_path is not None
+    if tier_list is not None and config_path is not None:
+        raise InvalidValueError("give the chain as --tiers or as --config, not both")
+    if is_chain and capacity_list is not None:
+        raise InvalidValueError("--capacity is for the policy sweep; a chain takes --tiers")
+    if not is_chain and write_policy is not None:
+        raise InvalidValueError("--write-policy needs a chain (--tiers)")
+    if config_path is not None and (policy_list is not None or write_policy is not None):
+        raise InvalidValueError("with --config, the policies and write policy come from the file")
+    config = None
+    tier_specs = chain_policies = None
+    if config_path is not None:
+        from kvtier.config import load_config
+
+        config = load_config(config_path)
+    elif tier_list is not None:
+        tier_specs = parse_capacities(tier_list, option="--tiers")
+        chain_policies = chained.parse_chain_policies(policy_list or "lru", len(tier_specs))
+    else:
+        policies = parse_policies(policy_list or DEFAULT_POLICIES)
+        capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
     if not no_plot:
         require_matplotlib()
     trace = load_trace(trace_path, limit)
@@ -241,54 +289,39 @@ def simulate(
             f"[bold]Trace[/bold] {trace.name} ({kind}): {len(trace.requests):,} requests, "
             f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
         )
-    runs = sweep_runs(policies, capacities, trace.unique_blocks)
-    with _progress("simulating", runs) as advance:
-        report = run_sweep(trace, policies, capacities, progress=advance)
-    paths = write_sweep_outputs(report, out_dir, plot=not no_plot)
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        for path in paths:
-            err.print(f"wrote {path}", markup=False)
-        return
 
-    shipped = report.shipped
-    table = Table(title="Block hit ratio by capacity (OPT: Belady's bound; infinite: any size)")
-    columns = ["capacity", "blocks", "policy", "hits", "hit ratio"]
-    if shipped:
-        columns += ["reference", "diff (pp)"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    infinite = report.infinite
-    for capacity in report.capacities:
-        for policy in (*policies, OPT_NAME, INFINITE_NAME):
-            if policy == INFINITE_NAME:
-                label, hits, ratio = "infinite", infinite.hits, infinite.hit_ratio
-                blocks, reference = "∞", report.infinite_reference
-            else:
-                row = report.row(policy, capacity.blocks)
-                label = "OPT" if policy == OPT_NAME else policy
-                hits, ratio = row.result.hits, row.result.hit_ratio
-                blocks, reference = f"{capacity.blocks:,}", row.reference
-            cells = [capacity.label, blocks, label, f"{hits:,}", f"{ratio:.6f}"]
-            if shipped:
-                cells += (
-                    ["-", "-"]
-                    if reference is None
-                    else [f"{reference:.6f}", f"{round((ratio - reference) * 100, 4) + 0.0:+.4f}"]
-                )
-            table.add_row(*cells, end_section=policy == INFINITE_NAME)
-    out.print(table)
-    if shipped:
-        worst = {name: report.worst_difference_pp(name) for name in (*policies, OPT_NAME)}
-        shown = ", ".join(
-            f"{'OPT' if name == OPT_NAME else name} {value:.4f} pp"
-            for name, value in worst.items()
-            if value is not None
-        )
-        if shown:
-            out.print(f"largest difference from the reference figures: {shown}")
+    if is_chain:
+        if config is not None:
+            tiers = chained.chain_tiers_from_config(config)
+            chain_write_policy = config.write_policy
+        else:
+            assert tier_specs is not None and chain_policies is not None
+            tiers = chained.chain_tiers(tier_specs, chain_policies, trace.unique_blocks)
+            chain_write_policy = (
+                "write-through" if write_policy == "write-through" else "write-back"
+            )
+        with _progress("serving requests through the chain", len(trace.requests)) as advance:
+            result = chained.simulate_chain(trace, tiers, chain_write_policy, progress=advance)
+        paths = chained.write_chain_outputs(result, trace, out_dir, plot=not no_plot)
+        if as_json:
+            click.echo(paths[0].read_text(), nl=False)
+        else:
+            out.print(render.chain_table(result, infinite_cache_hits(trace.accesses).hit_ratio))
+            out.print(render.chain_footer(result), markup=False)
+    else:
+        runs = sweep_runs(policies, capacities, trace.unique_blocks)
+        with _progress("simulating", runs) as advance:
+            report = run_sweep(trace, policies, capacities, progress=advance)
+        paths = write_sweep_outputs(report, out_dir, plot=not no_plot)
+        if as_json:
+            click.echo(json.dumps(report.to_dict(), indent=2))
+        else:
+            out.print(render.sweep_table(report))
+            footer = render.sweep_footer(report)
+            if footer:
+                out.print(footer, markup=False)
     for path in paths:
-        out.print(f"wrote {path}", markup=False)
+        (err if as_json else out).print(f"wrote {path}", markup=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -146,39 +146,46 @@ def plot_hit_ratio_vs_capacity(
     return _save(figure, Path(path))
 
 
-def plot_tier_hits(
+def plot_tier_hits_over_replay(
     path: str | Path,
     *,
     title: str,
+    requests: Sequence[int],
     tiers: Sequence[str],
-    hit_ratios: Sequence[float],
-    infinite_bound: float | None = None,
+    tier_hit_ratios: Sequence[Sequence[float]],
+    infinite: Sequence[float] | None = None,
 ) -> Path:
-    """Write a PNG of one stacked bar: each tier's share of the block accesses it served.
+    """Write a PNG of each tier's running hit ratio over a replay, stacked, and return its
+    path.
 
-    `tiers` are listed top of the chain first; `hit_ratios[i]` is tier i's hits over all
-    block accesses, so the bar's height is the chain's overall hit ratio.
+    `requests` are the x values (requests served so far); `tier_hit_ratios[i][j]` is tier i's
+    hits over all block accesses after `requests[j]` requests, tiers top first, so the top of
+    the stack is the chain's running hit ratio. `infinite` (same x) is the running
+    infinite-cache bound, drawn as a line.
     """
-    figure = _new_figure(7.0, 5.5)
+    figure = _new_figure(9.0, 5.5)
     axes = figure.add_subplot()
-    bottom = 0.0
-    for tier, ratio in zip(tiers, hit_ratios, strict=True):
-        bars = axes.bar(["chain"], [ratio], bottom=bottom, label=f"{tier}: {ratio:.2%}")
-        axes.bar_label(bars, labels=[f"{tier}\n{ratio:.2%}"], label_type="center")
-        bottom += ratio
-    if infinite_bound is not None:
-        axes.axhline(
-            infinite_bound,
+    axes.stackplot(requests, *tier_hit_ratios, labels=list(tiers), alpha=0.85)
+    if infinite is not None:
+        axes.plot(
+            requests,
+            infinite,
             color="tab:red",
             linestyle=":",
             linewidth=2,
-            label=f"infinite cache: {infinite_bound:.1%}",
+            label=f"infinite cache: {infinite[-1]:.2%}" if infinite else "infinite cache",
         )
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import PercentFormatter, StrMethodFormatter
 
     axes.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
-    axes.set_ylabel("block hit ratio (hits / block accesses)")
-    axes.set_ylim(0, max(bottom, infinite_bound or 0.0) * 1.15 or 1.0)
+    axes.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    axes.set_xlabel("requests served (trace order)")
+    axes.set_ylabel("running block hit ratio (hits / block accesses so far)")
+    axes.set_xlim(left=0, right=max(requests) if requests else 1)
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
     axes.set_title(title)
-    axes.legend(loc="upper right")
+    axes.legend(
+        loc="lower right", title="tier (top first): final share of accesses", framealpha=0.95
+    )
     return _save(figure, Path(path))

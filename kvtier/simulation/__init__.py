@@ -1,7 +1,9 @@
 """`kvtier simulate`: bookkeeping-only hit-ratio studies of cache policies on a trace.
 
 `run_sweep` replays policies at several capacities next to two bounds (the infinite cache and
-Belady's OPT, in `bounds`); nothing here moves bytes, so a whole trace takes seconds.
+Belady's OPT, in `bounds`); `simulate_chain` serves a trace through kvtier's own chained
+manager with instant copies and counts each tier's hits. Nothing here moves bytes, so a whole
+trace takes seconds.
 """
 
 from kvtier.simulation.bounds import (
@@ -10,6 +12,14 @@ from kvtier.simulation.bounds import (
     BeladyOracle,
     belady_opt,
     infinite_cache_hits,
+)
+from kvtier.simulation.chain import (
+    ChainResult,
+    ChainTier,
+    chain_tiers,
+    chain_tiers_from_config,
+    serve_request,
+    simulate_chain,
 )
 from kvtier.simulation.sweep import (
     DEFAULT_CAPACITIES,
@@ -35,15 +45,21 @@ __all__ = [
     "BeladyOracle",
     "Capacity",
     "CapacitySpec",
+    "ChainResult",
+    "ChainTier",
     "SimTrace",
     "SweepReport",
     "SweepRow",
     "belady_opt",
+    "chain_tiers",
+    "chain_tiers_from_config",
     "infinite_cache_hits",
     "load_trace",
     "parse_capacities",
     "parse_policies",
     "reference_hit_ratio",
     "run_sweep",
+    "serve_request",
+    "simulate_chain",
     "write_sweep_outputs",
 ]

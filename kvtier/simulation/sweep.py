@@ -19,7 +19,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -96,11 +96,11 @@ class CapacitySpec:
         return max(1, math.floor(self.percent * unique_blocks / 100))
 
 
-def parse_capacities(text: str) -> tuple[CapacitySpec, ...]:
+def parse_capacities(text: str, option: str = "--capacity") -> tuple[CapacitySpec, ...]:
     """Capacities from a comma list such as `"1%,5%,4096"`.
 
     A percentage must lie in (0%, 100%]; a block count must be a positive integer. Any other
-    item raises InvalidValueError naming it.
+    item raises InvalidValueError naming it (and `option`, the flag it came from).
     """
     specs: list[CapacitySpec] = []
     for item in text.split(","):
@@ -109,18 +109,18 @@ def parse_capacities(text: str) -> tuple[CapacitySpec, ...]:
             percent = Decimal(match.group(1))
             if not 0 < percent <= 100:
                 raise InvalidValueError(
-                    f"--capacity: {token!r} is out of range; a percentage of the trace's "
+                    f"{option}: {token!r} is out of range; a percentage of the trace's "
                     "unique blocks must be above 0% and at most 100%"
                 )
             specs.append(CapacitySpec(token, percent=percent))
         elif _BLOCKS.fullmatch(token):
             blocks = int(token)
             if blocks < 1:
-                raise InvalidValueError(f"--capacity: {token!r} blocks; a cache needs at least 1")
+                raise InvalidValueError(f"{option}: {token!r} blocks; a cache needs at least 1")
             specs.append(CapacitySpec(token, blocks=blocks))
         else:
             raise InvalidValueError(
-                f"--capacity: {item.strip()!r} is neither a percentage of the unique blocks "
+                f"{option}: {item.strip()!r} is neither a percentage of the unique blocks "
                 '(like "5%") nor a block count (like "4096")'
             )
     return tuple(specs)
@@ -159,6 +159,16 @@ class SimTrace:
     accesses: list[Hashable]
     unique_blocks: int
     limited: bool
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[Sequence[Hashable]], name: str = "requests"
+    ) -> SimTrace:
+        """A trace from in-memory requests (each a sequence of block keys), for tests and
+        embedders."""
+        frozen = [tuple(request) for request in requests]
+        accesses = [key for request in frozen for key in request]
+        return cls(name, "", "mooncake", frozen, accesses, len(set(accesses)), False)
 
     @property
     def is_shipped_trace(self) -> bool:

@@ -1,0 +1,103 @@
+"""Rich tables of `kvtier simulate` results, kept out of the CLI module so they can be tested
+and reused (the command only prints them)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from kvtier.simulation.bounds import INFINITE_NAME, OPT_NAME
+from kvtier.simulation.chain import ChainResult
+from kvtier.simulation.sweep import SweepReport
+
+
+def _pp(value: float) -> str:
+    """A difference in percentage points, 4 decimals, never "-0.0000"."""
+    return f"{round(value, 4) + 0.0:+.4f}"
+
+
+def sweep_table(report: SweepReport) -> Table:
+    """One section per capacity: each policy, OPT and the infinite cache; on the shipped
+    trace, each figure's reference and the difference from it."""
+    table = Table(title="Block hit ratio by capacity (OPT: Belady's bound; infinite: any size)")
+    columns = ["capacity", "blocks", "policy", "hits", "hit ratio"]
+    if report.shipped:
+        columns += ["reference", "diff (pp)"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    infinite = report.infinite
+    for capacity in report.capacities:
+        for policy in (*report.policies, OPT_NAME, INFINITE_NAME):
+            if policy == INFINITE_NAME:
+                label, hits, ratio = "infinite", infinite.hits, infinite.hit_ratio
+                blocks, reference = "∞", report.infinite_reference
+            else:
+                row = report.row(policy, capacity.blocks)
+                label = "OPT" if policy == OPT_NAME else policy
+                hits, ratio = row.result.hits, row.result.hit_ratio
+                blocks, reference = f"{capacity.blocks:,}", row.reference
+            cells = [capacity.label, blocks, label, f"{hits:,}", f"{ratio:.6f}"]
+            if report.shipped:
+                if reference is None:
+                    cells += ["-", "-"]
+                else:
+                    cells += [f"{reference:.6f}", _pp((ratio - reference) * 100)]
+            table.add_row(*cells, end_section=policy == INFINITE_NAME)
+    return table
+
+
+def sweep_footer(report: SweepReport) -> str | None:
+    """The largest difference from the reference figures per policy, on the shipped trace."""
+    if not report.shipped:
+        return None
+    parts = []
+    for name in (*report.policies, OPT_NAME):
+        worst = report.worst_difference_pp(name)
+        if worst is not None:
+            parts.append(f"{'OPT' if name == OPT_NAME else name} {worst:.4f} pp")
+    if not parts:
+        return None
+    return "largest difference from the reference figures: " + ", ".join(parts)
+
+
+def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
+    """One row per tier, top first (its hits over all block accesses), then the whole chain
+    and the infinite-cache bound."""
+    table = Table(title=f"Per-tier prefix hits through the chain ({result.write_policy})")
+    for column in ("tier", "policy", "capacity", "blocks", "hits", "hit ratio"):
+        table.add_column(column, justify="left" if column in ("tier", "policy") else "right")
+    for index, tier in enumerate(result.tiers):
+        table.add_row(
+            f"{tier.name} ({tier.medium})",
+            tier.policy,
+            tier.capacity.label,
+            f"{tier.capacity.blocks:,}",
+            f"{result.tier_hits[index]:,}",
+            f"{result.tier_hit_ratio(index):.6f}",
+            end_section=index == len(result.tiers) - 1,
+        )
+    table.add_row("chain", "", "", "", f"{result.hits:,}", f"{result.hit_ratio:.6f}")
+    table.add_row("infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}")
+    return table
+
+
+def chain_footer(result: ChainResult) -> str:
+    """What the chain did: promotions, demotions, drops, cascades, refused stores."""
+    c = result.counters
+    line = (
+        f"promoted {c['promotions']:,} blocks, demoted {c['demoted']:,}, "
+        f"dropped at the bottom {c['dropped_at_bottom']:,}"
+    )
+    if result.write_policy == "write-through":
+        line += f", cascaded {c['cascaded']:,}"
+    refused = c["promotions_refused"] + c["demotions_dropped"] + result.store_refusals
+    if refused:
+        line += (
+            f"; refused: {c['promotions_refused']:,} promotions, "
+            f"{c['demotions_dropped']:,} demotions, {result.store_refusals:,} stores"
+        )
+    if c["prefix_cut_by_promotion"]:
+        line += (
+            f"; {c['prefix_cut_by_promotion']:,} top-tier hits were evicted by a promotion of "
+            "the same lookup before they could be loaded (counted as misses)"
+        )
+    return line
