@@ -43,7 +43,7 @@ class RefCounter:
         try:
             return self._counts[block_id]
         except KeyError:
-            raise InvalidValueError(f"block id {block_id!r} is not managed here") from None
+            raise InvalidValueError(f"block id {block_id!r} is not in this pool") from None
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._counts
