@@ -2,20 +2,22 @@
 
 Rather than re-implementing the chain's rules (stores at the top, write-back demotion of
 victims, promotion of lower-tier hits, write-through cascades), this drives the very
-`TieredManager` the hierarchy runs, and completes each transfer job it emits at once, as if
-every copy were instant and succeeded. So the per-tier hits reported here are, by
-construction, those a byte-moving replay of the same chain and trace would see, as long as
-that replay drives the manager the same way (`serve_request`) and every copy succeeds.
+`TieredManager` a `kvtier.hierarchy.Hierarchy` runs, with the same calls in the same order as
+the Hierarchy's `lookup` / `get` / `put`, and completes each transfer job at once, as if every
+copy were instant and succeeded. So the per-tier hits reported here are, by construction,
+those of a byte-moving replay that serves each request as
 
-A request is served as a serving engine does: look its prefix up head first, stopping at the
-first block no tier holds; blocks found below the top are promoted (the PROMOTE job runs);
-the hit prefix is loaded from the top tier (pinned, touched, unpinned); the rest of the
-request is stored at the top (the DEMOTE job of its victims runs first, then, with
-write-through, the CASCADE job). A block counts as a hit of the tier that held it when it was
-looked up, and only while every block before it in the request hit too: a block after the
-prefix's first miss is recomputed whatever holds it. These are prefix hits, so a one-tier
-chain does not reproduce the flat per-access figures of the capacity sweep (which follow the
-reference method); it reproduces the demo's per-tier "prefix hit ratio".
+    n = hierarchy.lookup(keys)                       # leading blocks some tier holds
+    tiers = [hierarchy.where(key) for key in keys[:n]]
+    got = len(await hierarchy.get(keys[:n]))         # promoted, loaded, verified
+    await hierarchy.put(keys[got:], recomputed_blocks)
+
+counting block i < got as a hit of `tiers[i]` (the tier that held it when looked up), as long
+as every copy succeeds and, with write-through, background cascades have finished before the
+next request (`Hierarchy.drain()`), as they have here. A block after a request's first miss is
+recomputed whatever holds it: these are prefix hits. So a one-tier chain does not reproduce
+the flat per-access figures of the capacity sweep (the reference method); it reproduces the
+demo's per-tier "prefix hit ratio" when requests fit the Hierarchy's batches.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ class RequestOutcome:
     served_from: tuple[int, ...]
     stored: int
     store_refused: bool
-    cut_by_promotion: int = 0
-    """Blocks the lookup found, lost from the top tier before they could be loaded."""
+    lost_at_top: int = 0
+    """Blocks answered ready at the top but gone before `get` could pin them (0 unless the
+    manager breaks its promise)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,45 +226,92 @@ def settle_jobs(manager: TieredManager) -> None:
             manager.complete_job(job)
 
 
-def serve_request(manager: TieredManager, keys: Sequence[OffloadKey]) -> RequestOutcome:
-    """Serve one request through `manager` with instant transfers (see the module docstring).
+def _batch_size(manager: TieredManager) -> int:
+    """The Hierarchy's batch for `get` and `put`: a quarter of the top tier (at least 1)."""
+    return max(1, manager.top.backend.num_blocks // 4)
 
-    Returns the tier each block of the hit prefix came from. The prefix ends at the first
-    block that no tier holds, or whose promotion was refused, or (should a promotion within
-    the same lookup have evicted it) that is not readable at the top afterwards.
+
+def _get(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
+    """`Hierarchy.get` with instant copies: (blocks served, blocks answered ready at the top
+    but gone before they could be pinned). Batches of `_batch_size`; in each, the blocks
+    answered ready are pinned, copied out, unpinned and touched; blocks being promoted are
+    looked up again once their job is done; the first refused or absent block ends it."""
+    chunk = _batch_size(manager)
+    top = manager.top
+    served = lost = 0
+    stalls = 0
+    while served < len(keys):
+        batch = keys[served : served + chunk]
+        answers = manager.lookup_many(batch)
+        settle_jobs(manager)
+        ready = 0
+        while ready < len(answers) and answers[ready] is True:
+            ready += 1
+        if ready == 0:
+            if not answers or answers[0] is False:
+                break  # absent, or no room at the top (no transfer in flight to free some)
+            stalls += 1
+            if stalls > 2:  # promotions are done at once, so a second look must find them
+                break
+            continue
+        stalls = 0
+        # The manager answers True only for blocks it keeps at the top; should one be gone
+        # anyway, the Hierarchy's prepare_load would fail: stop serving before it.
+        readable = 0
+        while readable < ready and top.lookup(batch[readable]) is True:
+            readable += 1
+        lost += ready - readable
+        part = list(batch[:readable])
+        if not part:
+            break
+        manager.prepare_load(part)
+        manager.complete_load(part)
+        manager.touch(part)
+        served += readable
+        if readable < ready:
+            break
+    return served, lost
+
+
+def _put(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
+    """`Hierarchy.put` with instant copies: (blocks newly stored, blocks refused). Batches of
+    `_batch_size`, each stored at the top after its DEMOTE job; then queued jobs (cascades)."""
+    chunk = _batch_size(manager)
+    stored = refused = 0
+    for start in range(0, len(keys), chunk):
+        part = list(keys[start : start + chunk])
+        out = manager.prepare_store(part)
+        if out is None:
+            refused += len(part)
+            continue
+        if not out.keys_to_store:
+            continue
+        if out.demotion is not None:
+            manager.complete_job(out.demotion)
+        manager.complete_store(out.keys_to_store)
+        stored += len(out.keys_to_store)
+        settle_jobs(manager)
+    return stored, refused
+
+
+def serve_request(manager: TieredManager, keys: Sequence[OffloadKey]) -> RequestOutcome:
+    """Serve one request through `manager` with instant copies, exactly as a replay through a
+    Hierarchy does (see the module docstring): lookup, where, get, put of the rest.
+
+    Returns the tier each served block came from, how many blocks were newly stored, whether
+    a store was refused, and how many blocks `get` found ready at the top but could not pin.
     """
     if not keys:
         return RequestOutcome((), 0, False)
     sources: list[int] = []
-    for key in keys:
+    for key in keys:  # Hierarchy.lookup and Hierarchy.where
         where = manager.locate(key)
-        sources.append(-1 if where is None else where[0])
-    answers = manager.lookup_many(keys)
-    found = served = len(answers) - 1 if answers[-1] is False else len(answers)
-    settle_jobs(manager)
-    top = manager.top
-    for position in range(found):
-        if top.lookup(keys[position]) is not True:
-            served = position
+        if where is None:
             break
-    prefix = list(dict.fromkeys(keys[:served]))
-    if prefix:
-        manager.prepare_load(prefix)
-        manager.touch(prefix)
-        manager.complete_load(prefix)
-    stored, refused = 0, False
-    rest = keys[served:]
-    if rest:
-        out = manager.prepare_store(rest)
-        if out is None:
-            refused = True
-        else:
-            if out.demotion is not None:
-                manager.complete_job(out.demotion)
-            manager.complete_store(out.keys_to_store)
-            stored = len(out.keys_to_store)
-            settle_jobs(manager)
-    return RequestOutcome(tuple(sources[:served]), stored, refused, found - served)
+        sources.append(where[0])
+    served, lost = _get(manager, keys[: len(sources)])
+    stored, refused = _put(manager, keys[served:])
+    return RequestOutcome(tuple(sources[:served]), stored, refused > 0, lost)
 
 
 def simulate_chain(
@@ -292,7 +342,7 @@ def simulate_chain(
             tier_hits[source] += 1
         stored += outcome.stored
         refusals += outcome.store_refused
-        cut += outcome.cut_by_promotion
+        cut += outcome.lost_at_top
         if number % sample_every == 0 or number == len(trace.requests):
             timeline.append(TimelinePoint(number, accesses, tuple(tier_hits), accesses - len(seen)))
         if progress is not None and number % progress_every == 0:
@@ -310,7 +360,7 @@ def simulate_chain(
         "dropped_at_bottom": counters.dropped_at_bottom,
         "cascaded": counters.cascaded,
         "cascades_dropped": counters.cascades_dropped,
-        "prefix_cut_by_promotion": cut,
+        "lost_at_top": cut,
     }
     manager.shutdown()
     return ChainResult(

@@ -95,9 +95,9 @@ def chain_footer(result: ChainResult) -> str:
             f"; refused: {c['promotions_refused']:,} promotions, "
             f"{c['demotions_dropped']:,} demotions, {result.store_refusals:,} stores"
         )
-    if c["prefix_cut_by_promotion"]:
+    if c["lost_at_top"]:
         line += (
-            f"; {c['prefix_cut_by_promotion']:,} top-tier hits were evicted by a promotion of "
-            "the same lookup before they could be loaded (counted as misses)"
+            f"; {c['lost_at_top']:,} blocks answered ready at the top were gone before they "
+            "could be loaded (counted as misses)"
         )
     return line
