@@ -906,10 +906,11 @@ class DiskStore(BlockStorage):
             except CodecError:
                 results[member] = ReadFailure.CODEC
         with self._map_lock:
-            # A record that changed while the bytes were read means a write overlapped: the
-            # bytes may be the new block's, so they are not served.
+            # A record that changed while the bytes were read means a write or a forget
+            # overlapped: the bytes may be the new block's, so they are not served, and a
+            # checksum mismatch they caused is no sign of a damaged disk. Either way, a miss.
             for member, record in found.items():
-                if results[member] is None and self._records.get(keys[member]) != record:
+                if self._records.get(keys[member]) != record:
                     results[member] = ReadFailure.NOT_INDEXED
             stats = self._stats
             stats.bytes_read += bytes_read
