@@ -224,6 +224,7 @@ def test_the_eviction_listener_sees_the_block_before_reuse_and_may_refuse() -> N
         raise RuntimeError("tier full")
 
     allocator.on_evict = refuse
+    assert allocator.on_evict is refuse
     before = snapshot(allocator)
     with pytest.raises(RuntimeError, match="tier full"):
         allocator.allocate_mutable_block(None)
@@ -312,6 +313,25 @@ def test_swap_in_shares_blocks_cached_on_the_target() -> None:
     assert target.find_cached_blocks_prefix(hashes) == hashes
     target.check()
     source.check()
+
+
+def test_check_finds_corrupted_bookkeeping() -> None:
+    naive = NaiveBlockAllocator(2, BS)
+    block = naive.allocate_mutable_block(None)
+    naive._free.append(bid(block))  # corrupt: in use and free
+    with pytest.raises(BlockStateError, match=r"NaiveBlockAllocator: .*both free and in use"):
+        naive.check()
+    cached = prefix_allocator()
+    cached_and_freed(cached, [tokens(0)])
+    cached._computed.clear()  # corrupt: an evictable block that is not computed
+    with pytest.raises(BlockStateError, match="evictable block 0 is not cached and computed"):
+        cached.check()
+    other = prefix_allocator()
+    other._free.append(other._free.popleft())  # harmless reorder: still consistent
+    other.check()
+    other._free.pop()  # corrupt: a block vanished
+    with pytest.raises(BlockStateError, match=r"3 free \+ 0 evictable \+ 0 in use != 4"):
+        other.check()
 
 
 def test_no_free_blocks_error_is_a_kvtier_allocation_error() -> None:
@@ -456,6 +476,9 @@ def test_swap_round_trip_preserves_content(kind: AllocatorType) -> None:
     assert allocator.get_num_full_blocks_touched(blocks, "cpu") == 2
     to_cpu = allocator.swap(blocks, "gpu", "cpu")
     memory.copy(to_cpu)
+    cpu = allocator.allocator("cpu")
+    computed = [cpu.block_is_computed(bid(b)) for b in chain]
+    assert computed == [kind == "prefix_caching"] * 2  # the computed state moved along
     assert set(to_cpu) == set(gpu_ids) and len(to_cpu) == 3  # the fork shares its source
     assert all(allocator.device_of(bid(b)) is Device.CPU for b in blocks)
     assert tail.block_id == fork_tail.block_id  # still shared after the move

@@ -100,10 +100,6 @@ class LRUEvictor:
         """The content hash recorded for candidate `block_id`."""
         return self._get(block_id).content_hash
 
-    def last_accessed(self, block_id: int) -> float:
-        """The recorded access time of candidate `block_id`."""
-        return self._get(block_id).last_accessed
-
     def _get(self, block_id: int) -> _Candidate:
         try:
             return self._candidates[block_id]
