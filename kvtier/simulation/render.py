@@ -67,7 +67,7 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
         table.add_column(column, justify="left" if column in ("tier", "policy") else "right")
     for index, tier in enumerate(result.tiers):
         table.add_row(
-            f"{tier.name} ({tier.medium})",
+            tier.name if tier.name == tier.medium else f"{tier.name} ({tier.medium})",
             tier.policy,
             tier.capacity.label,
             f"{tier.capacity.blocks:,}",
