@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from kvtier.errors import DirectIOError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import empty_buffers
 from kvtier.tiers.disk import Codec, DiskStore, FaultyIO, IndexRecord
@@ -493,5 +494,37 @@ async def test_a_write_racing_a_read_makes_the_read_a_miss_not_a_corruption(
         assert results == [ReadFailure.NOT_INDEXED]
         assert disk.stats.read_failures == {ReadFailure.NOT_INDEXED: 1}
         await assert_intact(disk, [2], [3])
+    finally:
+        await disk.aclose()
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+async def test_a_compressed_block_is_read_only_as_far_as_its_frame(
+    tmp_path: Path, direct_io: bool
+) -> None:
+    size = 4 * BLOCK  # so that even a frame rounded up to 4 KiB is shorter than a slot
+    io = _RecordingIO()
+    try:
+        disk = open_store(tmp_path, io=io, compression="zstd", direct_io=direct_io, block_size=size)
+    except DirectIOError:
+        pytest.skip("no O_DIRECT on the filesystem of tmp_path")
+    try:
+        ids, slots = [1, 2, 3], [4, 5, 6]  # block 2 compresses; 1 and 3 are random bytes
+        data = [deterministic_block(i, size) for i in ids]
+        assert await disk.write([k(i) for i in ids], slots, data) == [None] * 3
+        frame = disk.record(k(2))
+        assert frame is not None and frame.codec == Codec.ZSTD
+        expected = -(-frame.length // 4096) * 4096 if direct_io else frame.length
+        assert expected < size
+        io.log.clear()
+        buffers = empty_buffers(3, size)
+        assert await disk.read([k(i) for i in ids], slots, buffers) == [None] * 3
+        for buffer, block in zip(buffers, data, strict=True):
+            assert np.array_equal(buffer, block)
+        # Slots 4-5 are one run that stops at the end of block 2's frame; slot 6 is another.
+        assert sorted(io.log) == [
+            ("preadv", 4 * size, size + expected),
+            ("preadv", 6 * size, size),
+        ]
     finally:
         await disk.aclose()
