@@ -620,3 +620,30 @@ def test_open_errors_are_disk_tier_errors(tmp_path: Path) -> None:
     with pytest.raises(DiskTierError, match="No space"):
         open_store(tmp_path / "full", io=io)
     open_store(tmp_path / "full").close()  # the failed open left nothing locked
+
+
+async def test_batch_errors_name_the_bad_value(store: DiskStore) -> None:
+    good = blocks([1, 2])
+    with pytest.raises(InvalidValueError, match=r"buffers\[1\].*4096.*shape \(4095,\)"):
+        await store.write([k(1), k(2)], [0, 1], [good[0], np.zeros(BLOCK - 1, np.uint8)])
+    with pytest.raises(InvalidValueError, match=r"buffers\[0\].*not contiguous"):
+        await store.read([k(1)], [0], [np.zeros(2 * BLOCK, np.uint8)[::2]])
+    with pytest.raises(InvalidValueError, match=r"slots\[1\] must be in \[0, 16\), got 16"):
+        await store.write([k(1), k(2)], [0, 16], good)
+    with pytest.raises(InvalidValueError, match="same length, got 2, 1 and 2"):
+        await store.write([k(1), k(2)], [0], good)
+    with pytest.raises(InvalidValueError, match=r"distinct within a batch, got \[4\]"):
+        await store.write([k(1), k(2)], [4, 4], good)
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("slot", [1.0, True, "1", None])
+async def test_a_slot_that_is_not_an_int_is_an_error(store: DiskStore, slot: object) -> None:
+    with pytest.raises(InvalidValueError, match=r"slots\[0\] must be an int"):
+        await store.write([k(1)], [slot], blocks([1]))  # type: ignore[list-item]
+
+
+async def test_numpy_integer_slots_are_accepted(store: DiskStore) -> None:
+    slots = np.array([3, 4], dtype=np.int64)
+    assert await store.write([k(1), k(2)], list(slots), blocks([1, 2])) == [None, None]
+    await assert_intact(store, [1, 2], [3, 4])
