@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -372,6 +373,8 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
             stored.update(int(number) for number in numbers)
             bursts += 1
 
+    watchdog = threading.Timer(120, child.kill)  # a hung writer fails the test, not the run
+    watchdog.start()
     try:
         assert child.stdout is not None and child.stderr is not None
         while tear_at or bursts < 20:  # ~200 blocks over 48 slots: all overwritten 4 times
@@ -386,6 +389,7 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
             take(line)
         errors = child.stderr.read()
     finally:
+        watchdog.cancel()
         child.kill()
         child.wait()
         if child.stdout is not None:

@@ -266,7 +266,7 @@ class DiskStore(BlockStorage):
                 raise InvalidValueError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(model_id, str):
             raise InvalidValueError(f"model_id must be a str, got {model_id!r}")
-        if direct_io not in (True, False, "auto"):
+        if not (isinstance(direct_io, bool) or direct_io == "auto"):
             raise InvalidValueError(f'direct_io must be true, false or "auto", got {direct_io!r}')
         if not isinstance(fsync, bool):
             raise InvalidValueError(f"fsync must be a bool, got {fsync!r}")
