@@ -6,6 +6,7 @@ tiers (GPU, pinned CPU, disk); each tier is a `Backend` (slots) plus a `CachePol
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from kvtier.blocks import BlockStatus
 from kvtier.config import HierarchyConfig, load_config, load_default_config, parse_config
@@ -13,12 +14,18 @@ from kvtier.errors import (
     AllocationError,
     BlockStateError,
     ConfigError,
+    DirectIOError,
+    DiskLayoutError,
+    DiskLockedError,
+    DiskTierError,
     DoubleFreeError,
     InvalidValueError,
     KeyFormatError,
     KvtierError,
     ManagerClosedError,
+    NoFreeBlocksError,
     SpecError,
+    StorageClosedError,
     TraceFormatError,
     UnknownPolicyError,
 )
@@ -60,6 +67,12 @@ from kvtier.specs import (
 )
 from kvtier.tiers import Backend, SlotPoolBackend
 
+if TYPE_CHECKING:  # the data path imports torch: loaded on first use (see __getattr__)
+    from kvtier.hierarchy import Hierarchy, HierarchyStats
+    from kvtier.sync import SyncHierarchy
+    from kvtier.tiers.disk import DiskStore
+    from kvtier.tiers.pool import TorchPool
+
 
 def __getattr__(name: str) -> object:
     """The data path (Hierarchy, SyncHierarchy, TieredManager) needs torch; import it on first
@@ -68,6 +81,14 @@ def __getattr__(name: str) -> object:
         from kvtier import hierarchy
 
         return getattr(hierarchy, name)
+    if name == "DiskStore":
+        from kvtier.tiers.disk import DiskStore
+
+        return DiskStore
+    if name == "TorchPool":
+        from kvtier.tiers.pool import TorchPool
+
+        return TorchPool
     if name == "SyncHierarchy":
         from kvtier.sync import SyncHierarchy
 
@@ -91,7 +112,12 @@ __all__ = [
     "CPULoadStoreSpec",
     "CachePolicy",
     "ConfigError",
+    "DirectIOError",
+    "DiskLayoutError",
     "DiskLoadStoreSpec",
+    "DiskLockedError",
+    "DiskStore",
+    "DiskTierError",
     "DoubleFreeError",
     "GPULoadStoreSpec",
     "Hierarchy",
@@ -104,6 +130,7 @@ __all__ = [
     "LoadStoreSpec",
     "ManagerClosedError",
     "Medium",
+    "NoFreeBlocksError",
     "OffloadKey",
     "OffloadingEvent",
     "OffloadingManager",
@@ -112,10 +139,12 @@ __all__ = [
     "SimulationResult",
     "SlotPoolBackend",
     "SpecError",
+    "StorageClosedError",
     "SyncHierarchy",
     "TierManager",
     "TierStats",
     "TieredManager",
+    "TorchPool",
     "TraceFormatError",
     "TransferJob",
     "UnknownPolicyError",

@@ -22,7 +22,7 @@ from kvtier.errors import KvtierError
 EXIT_USAGE = 2
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @contextmanager

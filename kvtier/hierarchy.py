@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -111,6 +112,10 @@ class HierarchyStats:
         return float(np.percentile(samples, q)) if samples else 0.0
 
 
+def _missing(key: OffloadKey) -> Any:
+    raise InvalidValueError(f"block {key!r} vanished from the top tier while pinned")
+
+
 def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
     given: object = keys
     if isinstance(given, bytes | str) or not isinstance(given, Sequence):
@@ -151,6 +156,7 @@ class Hierarchy:
         self._storages: list[BlockStorage] = []
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._job_tasks: dict[int, asyncio.Task[Any]] = {}
         self._changed: asyncio.Condition | None = None
         self._calls = HierarchyCounters()
         self._info: list[TierInfo] = []
@@ -279,11 +285,20 @@ class Hierarchy:
     async def put(self, keys: Sequence[OffloadKey], blocks: torch.Tensor) -> int:
         """Store blocks (row i is block `keys[i]`) in the top tier, demoting what it evicts.
         Returns how many were newly stored: keys already held by a tier are skipped, and a
-        store that cannot get room (every block pinned) or fails to write stores nothing."""
-        manager, engine = self._open()
+        store that cannot get room (every block pinned) or fails to write stores nothing.
+        A batch larger than the top tier is stored in parts, so it spills down the chain."""
+        manager, _ = self._open()
         keys = _check_keys(keys, "put")
         self._check_blocks(blocks, len(keys))
         self._calls.put_blocks += len(keys)
+        chunk = max(1, manager.top.backend.num_blocks // 4)
+        stored = 0
+        for start in range(0, len(keys), chunk):
+            stored += await self._put_part(keys[start : start + chunk], blocks, start)
+        return stored
+
+    async def _put_part(self, keys: list[OffloadKey], blocks: torch.Tensor, first_row: int) -> int:
+        manager, engine = self._open()
         out = manager.prepare_store(keys)
         if out is None:
             self._calls.put_refused += len(keys)
@@ -296,7 +311,7 @@ class Hierarchy:
         try:
             if out.demotion is not None:
                 await engine.run(out.demotion)
-            row = {key: i for i, key in enumerate(keys)}
+            row = {key: first_row + i for i, key in enumerate(keys)}
             src_ids = np.asarray([row[key] for key in stored], dtype=np.int64)
             if not isinstance(out.store_spec, BlockIDsLoadStoreSpec):
                 raise InvalidValueError("the top tier did not give slots")
@@ -323,6 +338,38 @@ class Hierarchy:
             await self._notify()
         return len(stored) - len(failed)
 
+    async def _read_pinned(
+        self, part: list[OffloadKey], out: torch.Tensor, first_row: int, *, unpin: bool = True
+    ) -> int:
+        """Copy blocks pinned at the top into `out[first_row:]`; unpin them (unless the
+        caller owns the pins); how many leading blocks arrived."""
+        manager, engine = self._open()
+        try:
+            spec = manager.top.backend.get_load_store_spec(
+                part, [manager.top.policy.get(key) or _missing(key) for key in part]
+            )
+            if not isinstance(spec, BlockIDsLoadStoreSpec):
+                raise InvalidValueError("the top tier did not give slots")
+            result = await engine.transfer(
+                part,
+                0,
+                engine.endpoint(0),
+                spec.block_ids,
+                CALLER,
+                out,
+                np.arange(first_row, first_row + len(part), dtype=np.int64),
+                Priority.LOAD,
+            )
+        finally:
+            if unpin:
+                manager.complete_load(part)
+        if unpin:
+            manager.touch(part)
+        good = 0
+        while good < len(part) and part[good] not in result.failed:
+            good += 1
+        return good
+
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing."""
         manager, _ = self._open()
@@ -340,7 +387,7 @@ class Hierarchy:
         `[m, block_size]` on the top tier's device; m < len(keys) when block m is missing,
         failed verification or did not arrive within the deadline (`timeout_s`, default the
         hierarchy's `load_timeout_s`): recompute from there."""
-        manager, engine = self._open()
+        manager, _ = self._open()
         keys = _check_keys(keys, "get")
         started = time.perf_counter()
         timeout = self.load_timeout_s if timeout_s is None else timeout_s
@@ -358,38 +405,47 @@ class Hierarchy:
             ready = 0
             while ready < len(answers) and answers[ready] is True:
                 ready += 1
-            if ready == 0:
-                if not answers or answers[0] is False:
+            if ready:
+                part = batch[:ready]
+                manager.prepare_load(part)
+                good = await self._read_pinned(part, out, served)
+                served += good
+                if good < ready:
                     break
+                continue
+            if answers and answers[0] is False:
+                if not self._tasks or manager.locate(batch[0]) is None:
+                    break  # absent, or no room at the top and no transfer that will free some
                 if not await self._wait_for_change(deadline):
                     self._calls.get_timeouts += 1
                     break
                 continue
-            part = batch[:ready]
-            spec = manager.prepare_load(part)
+            hold = manager.hold_promotion(batch)
+            if hold is None:  # being written by a put or a demotion: wait for it
+                if not await self._wait_for_change(deadline):
+                    self._calls.get_timeouts += 1
+                    break
+                continue
             try:
-                if not isinstance(spec, BlockIDsLoadStoreSpec):
-                    raise InvalidValueError("the top tier did not give slots")
-                result = await engine.transfer(
-                    part,
-                    0,
-                    engine.endpoint(0),
-                    spec.block_ids,
-                    CALLER,
-                    out,
-                    np.arange(served, served + ready, dtype=np.int64),
-                    Priority.LOAD,
-                )
+                task = self._job_tasks.get(hold.job_id)
+                if task is not None and not task.done():
+                    remaining = None if deadline is None else deadline - time.perf_counter()
+                    done, _ = await asyncio.wait([task], timeout=remaining)
+                    if not done:
+                        self._calls.get_timeouts += 1
+                        break
+                granted = hold.granted or []
+                lead = 0
+                while lead < len(granted) and granted[lead] == hold.keys[lead]:
+                    lead += 1
+                if lead:
+                    manager.touch(granted[:lead])
+                    good = await self._read_pinned(granted[:lead], out, served, unpin=False)
+                    served += good
+                    if good < lead:
+                        break
             finally:
-                manager.complete_load(part)
-            manager.touch(part)
-            if result.failed:
-                good = 0
-                while good < len(part) and part[good] not in result.failed:
-                    good += 1
-                served += good
-                break
-            served += ready
+                manager.release_hold(hold)
         self._calls.get_served += served
         latencies = self._calls.get_latency_s
         latencies.append(time.perf_counter() - started)
@@ -483,7 +539,12 @@ class Hierarchy:
                 continue
             task = group.create_task(self._run_job(job))
             self._tasks.add(task)
+            self._job_tasks[job.id] = task
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._forget_task, job.id))
+
+    def _forget_task(self, job_id: int, _task: asyncio.Task[Any]) -> None:
+        self._job_tasks.pop(job_id, None)
 
     async def _run_job(self, job: TransferJob) -> None:
         engine = self._engine

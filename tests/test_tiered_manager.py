@@ -146,6 +146,36 @@ def test_promotion_of_a_prefix_is_one_job_per_source_tier() -> None:
     model.verify()
 
 
+def test_a_promotion_hold_pins_what_arrives_for_its_reader() -> None:
+    model = Model(chain(2, 4))
+    for i in range(4):
+        model.put(ks(i))
+    assert model.manager.lookup_many(ks(0, 1)) == [None, None]
+    (job,) = model.manager.take_jobs()
+    hold = model.manager.hold_promotion(ks(0, 1, 7))
+    assert hold is not None and hold.keys == tuple(ks(0, 1)) and hold.granted is None
+    model.run(job)
+    assert hold.granted == ks(0, 1)
+    assert model.manager.top.stats().pinned == 2  # held for the reader, not evictable
+    model.manager.release_hold(hold)
+    assert model.manager.top.stats().pinned == 0
+    assert model.manager.hold_promotion(ks(0)) is None  # nothing in flight any more
+    model.verify()
+
+
+def test_a_released_hold_before_completion_pins_nothing() -> None:
+    model = Model(chain(2, 4))
+    for i in range(4):
+        model.put(ks(i))
+    model.manager.lookup_many(ks(0))
+    (job,) = model.manager.take_jobs()
+    hold = model.manager.hold_promotion(ks(0))
+    assert hold is not None
+    model.manager.release_hold(hold)
+    model.run(job)
+    assert hold.granted is None and model.manager.top.stats().pinned == 0
+
+
 def test_lookup_many_stops_at_the_first_miss() -> None:
     model = Model(chain(4, 4))
     model.put(ks(1, 2))

@@ -1,6 +1,5 @@
 """The transfer engine: asyncio execution of the chained manager's jobs over the tiers."""
 
-from kvtier.engine.copy import TensorCopier, coalesce
 from kvtier.engine.engine import (
     CALLER,
     EngineCounters,
@@ -11,6 +10,7 @@ from kvtier.engine.engine import (
     finish_even_if_cancelled,
 )
 from kvtier.engine.moves import Endpoint, MoveResult, move
+from kvtier.tiers.tensor_copy import TensorCopier, coalesce
 
 __all__ = [
     "CALLER",

@@ -26,13 +26,13 @@ from typing import TypeVar
 
 import numpy as np
 
-from kvtier.engine.copy import TensorCopier
 from kvtier.engine.moves import Endpoint, MoveResult, move
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.manager.jobs import JobKind, TransferJob
 from kvtier.manager.tiered import TieredManager
 from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.tensor_copy import TensorCopier
 
 T = TypeVar("T")
 
@@ -74,7 +74,9 @@ class PrioritySemaphore:
             self._release()
 
     async def _acquire(self, priority: int) -> None:
-        if self._free > 0 and not self._waiters:
+        # A free slot means no live waiter (release hands slots to waiters first); entries
+        # left in the heap by cancelled waiters must not make a newcomer queue behind them.
+        if self._free > 0:
             self._free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.engine.copy import TensorCopier
 from kvtier.keys import OffloadKey
 from kvtier.tiers.pool import TorchPool, cuda_available
 from kvtier.tiers.storage import BlockStorage, HostBuffer
+from kvtier.tiers.tensor_copy import TensorCopier
 
 Endpoint = BlockStorage | torch.Tensor
 """Where blocks are: a tier's storage, or a `[n, block_size]` uint8 tensor of the caller."""

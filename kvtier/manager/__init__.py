@@ -6,7 +6,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
+from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
 from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput
 
@@ -17,6 +17,7 @@ __all__ = [
     "OffloadingEvent",
     "OffloadingManager",
     "PrepareStoreOutput",
+    "PromotionHold",
     "ReqContext",
     "TierManager",
     "TierStats",

@@ -73,6 +73,21 @@ class TransferJob:
         return f"TransferJob(#{self.id} {self.kind.value}: {moves or 'no copies'})"
 
 
+@dataclass(eq=False, slots=True)
+class PromotionHold:
+    """A reader's claim on the blocks a PROMOTE job brings to the top tier.
+
+    When the job completes, each held key that arrived is pinned at the top for the reader
+    (`granted`), in the same step that makes it readable, so no other store or promotion can
+    evict it before the reader copies it out. The reader must `complete_load(granted)`.
+    """
+
+    job_id: int
+    keys: tuple[OffloadKey, ...]
+    granted: list[OffloadKey] | None = None
+    """None while the job runs; then the keys pinned for the reader."""
+
+
 def failed_pairs_of(
     job: TransferJob, failed: set[tuple[int, OffloadKey]]
 ) -> set[tuple[int, OffloadKey]]:

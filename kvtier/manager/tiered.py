@@ -38,7 +38,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
+from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
 from kvtier.manager.tier import TierManager, TierStats
 from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
@@ -107,6 +107,7 @@ class TieredManager(OffloadingManager):
         self._jobs: list[TransferJob] = []
         self._promoting: dict[OffloadKey, TransferJob] = {}
         self._open_jobs: dict[int, TransferJob] = {}
+        self._holds: dict[int, list[PromotionHold]] = {}
         self._closed = False
 
     @property
@@ -158,11 +159,20 @@ class TieredManager(OffloadingManager):
             found.add(key)
             found_below.setdefault(source, []).append(len(answers))
             answers.append(None)
-        for source, positions in found_below.items():
-            promoted = self._start_promotion([keys[i] for i in positions], source)
-            for position in positions:
-                if keys[position] not in promoted:
-                    answers[position] = False
+        # Blocks answered True must still be there when the caller pins them: hold them
+        # while this call's promotions make room at the top.
+        at_top = [key for key, answer in zip(keys, answers, strict=False) if answer is True]
+        if found_below and at_top:
+            self.top.prepare_load(at_top)
+        try:
+            for source, positions in found_below.items():
+                promoted = self._start_promotion([keys[i] for i in positions], source)
+                for position in positions:
+                    if keys[position] not in promoted:
+                        answers[position] = False
+        finally:
+            if found_below and at_top:
+                self.top.complete_load(at_top)
         # A refused promotion ends the prefix there.
         for position, answer in enumerate(answers):
             if answer is False:
@@ -285,6 +295,41 @@ class TieredManager(OffloadingManager):
         for key in job.promoted:
             if self._promoting.get(key) is job:
                 del self._promoting[key]
+        for hold in self._holds.pop(job.id, []):
+            hold.granted = [key for key in hold.keys if self.top.lookup(key) is True]
+            if hold.granted:
+                self.top.prepare_load(hold.granted)
+
+    def hold_promotion(self, keys: Sequence[OffloadKey]) -> PromotionHold | None:
+        """Claim the leading `keys` that one open PROMOTE job is bringing to the top (those of
+        the job promoting `keys[0]`); None if `keys[0]` is not being promoted. See
+        `PromotionHold`; give it back with `release_hold` if the reader stops waiting."""
+        self._check_open()
+        if not keys:
+            return None
+        job = self._promoting.get(keys[0])
+        if job is None:
+            return None
+        claimed: list[OffloadKey] = []
+        for key in keys:
+            if self._promoting.get(key) is not job:
+                break
+            claimed.append(key)
+        hold = PromotionHold(job.id, tuple(claimed))
+        self._holds.setdefault(job.id, []).append(hold)
+        return hold
+
+    def release_hold(self, hold: PromotionHold) -> None:
+        """The reader stopped waiting: drop the claim, or unpin what it was granted."""
+        self._check_open()
+        if hold.granted is None:
+            holds = self._holds.get(hold.job_id, [])
+            if hold in holds:
+                holds.remove(hold)
+            return
+        if hold.granted:
+            self.top.complete_load(hold.granted)
+        hold.granted = []
 
     def open_jobs(self) -> list[TransferJob]:
         """Jobs emitted and not yet completed."""

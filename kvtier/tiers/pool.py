@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvtier.engine.copy import TensorCopier
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure
+from kvtier.tiers.tensor_copy import TensorCopier
 
 
 def cuda_available() -> bool:
@@ -114,6 +114,9 @@ class TorchPool(BlockStorage):
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[ReadFailure | None]:
         self._check(keys, slots, buffers)
+        for i, buffer in enumerate(buffers):
+            if not buffer.flags.writeable:
+                raise InvalidValueError(f"buffers[{i}] is read-only; a read needs to fill it")
         if buffers:
             staged = torch.empty((len(buffers), self.block_size), dtype=torch.uint8)
             await self.copier.copy(self.tensor, slots, staged, np.arange(len(buffers)))
@@ -132,10 +135,22 @@ class TorchPool(BlockStorage):
         for slot in slots:
             if not 0 <= int(slot) < self.num_blocks:
                 raise InvalidValueError(f"slot {slot} is not in 0..{self.num_blocks - 1}")
-        for buffer in buffers:
-            if buffer.nbytes != self.block_size:
+        for i, buffer in enumerate(buffers):
+            if (
+                not isinstance(buffer, np.ndarray)
+                or buffer.dtype != np.uint8
+                or buffer.ndim != 1
+                or buffer.size != self.block_size
+                or not buffer.flags.c_contiguous
+            ):
+                shown = (
+                    f"{buffer.dtype} array of shape {buffer.shape}"
+                    if isinstance(buffer, np.ndarray)
+                    else type(buffer).__name__
+                )
                 raise InvalidValueError(
-                    f"a block buffer must have {self.block_size} bytes, got {buffer.nbytes}"
+                    f"buffers[{i}] must be a contiguous 1-D uint8 array of {self.block_size} "
+                    f"bytes, got a {shown}"
                 )
 
     def describe(self) -> str:

@@ -1,0 +1,68 @@
+"""Helpers for the data-path tests: configs with tiny capacities and block contents that are a
+deterministic function of the key, so any block read back can be verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvtier.keys import OffloadKey, key_from_int
+
+BLOCK = 4096
+
+
+def key(i: int) -> OffloadKey:
+    return key_from_int(i)
+
+
+def content(k: OffloadKey, block_size: int = BLOCK) -> torch.Tensor:
+    """The bytes of block `k`: random, seeded by the key."""
+    seed = int.from_bytes(k[:8], "big")
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.integers(0, 256, block_size, dtype=np.uint8))
+
+
+def blocks_of(keys: list[OffloadKey], block_size: int = BLOCK) -> torch.Tensor:
+    return torch.stack([content(k, block_size) for k in keys])
+
+
+def chain_config(
+    tmp_path: Path,
+    gpu: int | None = 4,
+    cpu: int | None = 8,
+    disk: int | None = 32,
+    *,
+    policy: str = "lru",
+    write_policy: str = "write-back",
+    block_size: int = BLOCK,
+    model_id: str = "",
+    device: str = "cuda",
+) -> dict[str, Any]:
+    """A gpu -> cpu -> disk chain (any tier None is left out). The gpu tier asks for cuda,
+    which falls back to the CPU where there is none."""
+    tiers: list[dict[str, Any]] = []
+    if gpu:
+        tiers.append(
+            {"name": "gpu", "medium": "gpu", "capacity": gpu, "policy": policy, "device": device}
+        )
+    if cpu:
+        tiers.append({"name": "cpu", "medium": "cpu", "capacity": cpu, "policy": policy})
+    if disk:
+        tiers.append(
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": disk,
+                "policy": policy,
+                "path": str(tmp_path / "disk"),
+            }
+        )
+    return {
+        "block_size": block_size,
+        "model_id": model_id,
+        "write_policy": write_policy,
+        "tiers": tiers,
+    }
