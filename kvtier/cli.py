@@ -7,40 +7,17 @@ a traceback. Progress bars appear only when stderr is a terminal.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
+from kvtier.console import err, out
+from kvtier.console import progress as _progress
 from kvtier.errors import KvtierError
 
 EXIT_USAGE = 2
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-@contextmanager
-def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A progress bar on a terminal; a no-op advance callback elsewhere."""
-    if not err.is_terminal:
-        yield lambda _: None
-        return
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
 
 
 class _KvtierGroup(click.Group):
