@@ -8,6 +8,19 @@ tiers (GPU, pinned CPU, disk); each tier is a `Backend` (slots) plus a `CachePol
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from kvtier.allocator import (
+    Block,
+    BlockAllocator,
+    CpuGpuBlockAllocator,
+    Device,
+    DeviceAwareBlockAllocator,
+    EvictionListener,
+    NaiveBlockAllocator,
+    NullBlock,
+    PrefixCachingBlockAllocator,
+    hash_block_tokens,
+    hash_token_blocks,
+)
 from kvtier.blocks import BlockStatus
 from kvtier.config import HierarchyConfig, load_config, load_default_config, parse_config
 from kvtier.errors import (
@@ -106,12 +119,17 @@ __all__ = [
     "ARCCachePolicy",
     "AllocationError",
     "Backend",
+    "Block",
+    "BlockAllocator",
     "BlockIDsLoadStoreSpec",
     "BlockStateError",
     "BlockStatus",
     "CPULoadStoreSpec",
     "CachePolicy",
     "ConfigError",
+    "CpuGpuBlockAllocator",
+    "Device",
+    "DeviceAwareBlockAllocator",
     "DirectIOError",
     "DiskLayoutError",
     "DiskLoadStoreSpec",
@@ -119,6 +137,7 @@ __all__ = [
     "DiskStore",
     "DiskTierError",
     "DoubleFreeError",
+    "EvictionListener",
     "GPULoadStoreSpec",
     "Hierarchy",
     "HierarchyConfig",
@@ -130,10 +149,13 @@ __all__ = [
     "LoadStoreSpec",
     "ManagerClosedError",
     "Medium",
+    "NaiveBlockAllocator",
     "NoFreeBlocksError",
+    "NullBlock",
     "OffloadKey",
     "OffloadingEvent",
     "OffloadingManager",
+    "PrefixCachingBlockAllocator",
     "PrepareStoreOutput",
     "ReqContext",
     "SimulationResult",
@@ -152,6 +174,8 @@ __all__ = [
     "get_offload_block_hash",
     "get_offload_group_idx",
     "get_policy_class",
+    "hash_block_tokens",
+    "hash_token_blocks",
     "key_from_int",
     "load_config",
     "load_default_config",
