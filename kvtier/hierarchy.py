@@ -142,6 +142,7 @@ class Hierarchy:
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
         disk_options: Mapping[str, Any] | None = None,
+        flush_on_close: bool = False,
     ) -> None:
         if load_timeout_s is not None and load_timeout_s <= 0:
             raise InvalidValueError(f"load_timeout_s must be > 0, got {load_timeout_s}")
@@ -151,6 +152,7 @@ class Hierarchy:
         self._max_concurrency = max_concurrency
         self._max_pending_cascades = max_pending_cascades
         self._disk_options = dict(disk_options or {})
+        self.flush_on_close = flush_on_close
         self._manager: TieredManager | None = None
         self._engine: TransferEngine | None = None
         self._storages: list[BlockStorage] = []
@@ -258,6 +260,8 @@ class Hierarchy:
         if self._state in ("closed", "closing", "new"):
             self._state = "closed"
             return
+        if self.flush_on_close:
+            await self.flush()
         self._state = "closing"
         try:
             while self._tasks:
@@ -500,6 +504,22 @@ class Hierarchy:
     def storages(self) -> list[BlockStorage]:
         """Each tier's byte store, top first (for inspection and tests)."""
         return list(self._storages)
+
+    async def flush(self) -> int:
+        """Copy every block held only by the upper tiers down to the bottom tier and wait
+        for it, so a persistent bottom tier keeps them across a restart (a write-back chain
+        otherwise keeps only what was demoted or cascaded). Returns the blocks copied."""
+        manager, engine = self._open()
+        await self.drain()
+        bottom = len(manager.tiers) - 1
+        jobs = manager.plan_flush()
+        sent = [
+            key for job in jobs for step in job.steps if step.dst == bottom for key in step.keys
+        ]
+        for job in jobs:
+            await engine.run(job)
+        await self._notify()
+        return sum(1 for key in sent if manager.tiers[bottom].lookup(key) is True)
 
     async def drain(self) -> None:
         """Wait until no transfer job (promotion, cascade) is in flight."""

@@ -499,3 +499,33 @@ async def test_gpu_tier_on_cuda_round_trip_and_spill(tmp_path: Path) -> None:
         assert torch.equal(out.cpu(), blocks_of(ks))
         await h.drain()
         verify_all(h)
+
+
+async def test_flush_keeps_volatile_blocks_across_a_restart(tmp_path: Path) -> None:
+    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32)
+    ks = keys_(*range(8))
+    async with Hierarchy.from_config(config, flush_on_close=True) as h:
+        for k in ks:
+            await h.put([k], blocks_of([k]))
+        assert [h.where(k) for k in ks].count("disk") == 2  # only the demoted ones
+    async with Hierarchy.from_config(config) as h:
+        assert [h.where(k) for k in ks] == ["disk"] * 8
+        out = await h.get(ks)
+        assert torch.equal(out.cpu(), blocks_of(ks))
+        assert await h.flush() >= 0
+        await h.drain()
+        verify_all(h)
+
+
+async def test_without_flush_a_write_back_chain_keeps_only_what_reached_the_disk(
+    tmp_path: Path,
+) -> None:
+    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32)
+    ks = keys_(*range(8))
+    async with Hierarchy.from_config(config) as h:
+        for k in ks:
+            await h.put([k], blocks_of([k]))
+    async with Hierarchy.from_config(config) as h:
+        assert [h.where(k) for k in ks] == ["disk"] * 2 + [None] * 6
+        copied = await h.flush()
+        assert copied == 0

@@ -445,15 +445,18 @@ class TieredManager(OffloadingManager):
             raise BlockStateError(f"tier {self.tiers[index].name!r} lost {key!r}")
         return block
 
-    def _plan_cascade(self, keys: Sequence[OffloadKey]) -> None:
-        """Write-through: copy freshly stored top-tier blocks down every tier below."""
-        if len(self.tiers) == 1:
-            return
+    def _plan_cascade(
+        self, keys: Sequence[OffloadKey], start: int = 0, *, queue: bool = True
+    ) -> TransferJob | None:
+        """Copy ready blocks of tier `start` down every tier below that lacks them (a CASCADE
+        job, into the outbox unless `queue` is False)."""
+        if start + 1 >= len(self.tiers) or not keys:
+            return None
         job = TransferJob(JobKind.CASCADE)
-        spec = self.top.prepare_load(keys)
-        job.pins.append((0, tuple(keys)))
-        src_keys, src_ids, src = list(keys), _ids(spec), 0
-        for index in range(1, len(self.tiers)):
+        spec = self.tiers[start].prepare_load(keys)
+        job.pins.append((start, tuple(keys)))
+        src_keys, src_ids, src = list(keys), _ids(spec), start
+        for index in range(start + 1, len(self.tiers)):
             tier = self.tiers[index]
             wanted = [
                 (k, s) for k, s in zip(src_keys, src_ids, strict=True) if tier.lookup(k) is False
@@ -479,7 +482,32 @@ class TieredManager(OffloadingManager):
             )
             self.counters.cascaded += len(stored)
             src_keys, src_ids, src = list(stored), dst_ids, index
-        self._emit(job)
+        if not job.steps:
+            self.tiers[start].complete_load(keys)
+            return None
+        return self._emit(job, queue=queue)
+
+    def plan_flush(self) -> list[TransferJob]:
+        """Copy every readable block that only the tiers above the bottom hold down to the
+        bottom tier (e.g. before a clean shutdown, so that a persistent bottom tier keeps
+        them), as CASCADE jobs, top tier first, returned (not queued for `take_jobs`).
+        Blocks may evict older ones below, as any store does; blocks pinned or being written
+        are skipped."""
+        self._check_open()
+        bottom = self.tiers[-1]
+        jobs: list[TransferJob] = []
+        for start in range(len(self.tiers) - 1):
+            tier = self.tiers[start]
+            keys = [
+                key
+                for key, block in tier.policy.items()
+                if block.ref_cnt == 0 and bottom.lookup(key) is False
+            ]
+            if keys:
+                job = self._plan_cascade(keys, start, queue=False)
+                if job is not None:
+                    jobs.append(job)
+        return jobs
 
     # -- housekeeping ----------------------------------------------------------------------
 
