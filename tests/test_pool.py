@@ -34,9 +34,21 @@ class TestTorchPoolCPU(StorageTests):
         storage.tensor[slot].copy_(row)
 
 
+class TestGPUTierAsConfigured(TestTorchPoolCPU):
+    """A GPU tier as a config gives it (`device = "cuda"`): on CUDA where there is one, on its
+    CPU fallback elsewhere, so CI runs the GPU tier's code path too."""
+
+    device = "cuda"
+
+
 @pytest.mark.gpu
 class TestTorchPoolCUDA(TestTorchPoolCPU):
     device = "cuda"
+
+    def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> BlockStorage:
+        pool = TorchPool(num_blocks, block_size, self.device)
+        assert pool.device.type == "cuda" and pool.fallback is None
+        return pool
 
 
 def test_host_pool_is_page_aligned_for_direct_io() -> None:

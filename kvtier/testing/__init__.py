@@ -10,6 +10,10 @@ from kvtier.testing.policy import PolicyTests
 from kvtier.testing.state_machine import TierManagerMachine, make_tier_manager_machine
 from kvtier.testing.storage import StorageTests
 
+TierTests = StorageTests
+"""The conformance suite of a tier's storage (GPU pool, pinned CPU pool, disk), by the name the
+data-path design gives it; see `StorageTests`."""
+
 __all__ = [
     "BlockAllocatorTests",
     "ManagerTests",
@@ -17,5 +21,6 @@ __all__ = [
     "PrefixCachingAllocatorMachine",
     "StorageTests",
     "TierManagerMachine",
+    "TierTests",
     "make_tier_manager_machine",
 ]
