@@ -301,5 +301,10 @@ def simulate(
         (err if as_json else out).print(f"wrote {path}", markup=False)
 
 
+from kvtier.commands.replay import replay as replay_command  # noqa: E402
+
+main.add_command(replay_command)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,1 @@
+"""The command line's commands, one module each; `kvtier.cli` registers them on its group."""

@@ -1,0 +1,724 @@
+"""`kvtier replay`: a request trace served through a real `Hierarchy`, moving and checking bytes.
+
+For each request of the trace (each a prefix of block keys), the replay does what a serving
+engine would do with a prefix cache:
+
+    n = hierarchy.lookup(keys)                   # leading blocks some tier holds
+    tiers = [hierarchy.where(k) for k in keys[:n]]
+    loaded = await hierarchy.get(keys[:n])       # promoted up the chain, copied out
+    verify every loaded row bit for bit against its expected content
+    await hierarchy.put(keys[len(loaded):], contents.make(keys[len(loaded):]))  # "recomputed"
+    await hierarchy.drain()                      # background cascades settle
+
+and counts block i < len(loaded) as a hit of `tiers[i]`. These are exactly the calls that
+`kvtier.simulation.chain.serve_request` mirrors with instant copies, so as long as every copy
+succeeds, **the per-tier hits of a replay equal those of `kvtier simulate --config` on the same
+configuration** (same tiers, policies, write policy and block counts): the chain's decisions do
+not depend on the bytes or on how long the copies take. `tests/test_replay.py` checks this.
+
+Block contents are a deterministic function of the key (`BlockContents`): 64-bit words
+`j * K + seed(key)`, where `seed` is a keyed BLAKE2b of the key. Two keys' blocks differ in
+every word, so a block served for the wrong key, a torn copy or a flipped bit cannot pass
+verification; a non-zero mismatch count means the data path returned wrong bytes.
+
+Only block *counts* matter to hit ratios, so a replay keeps each tier's block count from the
+configuration and may use smaller blocks (`DEFAULT_REPLAY_BLOCK_BYTES`) to run in minutes; the
+traffic and bandwidth figures are then those of the smaller blocks. Disk tiers are put in fresh
+directories under the output directory, emptied first, so a replay is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvtier.config import HierarchyConfig, parse_config
+from kvtier.errors import InvalidValueError, TraceFormatError
+from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
+from kvtier.keys import OffloadKey
+from kvtier.simulation.chain import offload_key_of
+from kvtier.simulation.sweep import SimTrace, load_trace
+from kvtier.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+
+__all__ = [
+    "DEFAULT_REPLAY_BLOCK_BYTES",
+    "BlockContents",
+    "Mismatch",
+    "ReplayResult",
+    "ReplayTrace",
+    "Replayer",
+    "describe_block_bytes",
+    "format_size",
+    "load_replay_trace",
+    "prepare_disk_dirs",
+    "replay",
+    "replay_block_bytes",
+    "replay_config",
+    "run_replay",
+    "size_argument",
+    "write_report",
+]
+
+DEFAULT_REPLAY_BLOCK_BYTES = 16 * 1024
+"""Bytes per block of a replay without `--block-bytes` (or the config's block size, if that is
+smaller). Measured: the default config over the whole shipped trace (12,031 requests, 288,500
+block accesses, about 8 GB copied) takes about two minutes on a 2-core machine at 16 KiB."""
+
+SERIES_POINTS = 200
+"""About how many points of the running figures a report keeps for its chart."""
+
+MISMATCH_EXAMPLES = 20
+"""At most this many mismatching blocks are described one by one in a report."""
+
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # odd: j -> j * K is a bijection mod 2**64
+_DISK_STORE_PREFIX = "kvtier-"
+
+
+# -- block contents -------------------------------------------------------------------------
+
+
+class BlockContents:
+    """The bytes every block of a replay holds: a deterministic function of its key.
+
+    Row `i` of `make(keys)` is `block_bytes` bytes of the little-endian uint64 words
+    `j * K + seed(keys[i])` (j = 0, 1, ...; K odd; arithmetic mod 2**64), where `seed` is an
+    8-byte BLAKE2b of the key keyed with `salt`. Blocks of two different keys differ in every
+    word (unless their 64-bit seeds collide), and the words of one block are all different,
+    so a block served for another key, shifted or partly overwritten fails `bad_rows`.
+    Generation and checking are vectorized (one numpy add per batch).
+    """
+
+    __slots__ = ("_base", "block_bytes", "salt")
+
+    def __init__(self, block_bytes: int, salt: bytes = b"kvtier-replay") -> None:
+        if block_bytes < 1:
+            raise InvalidValueError(f"block_bytes must be at least 1, got {block_bytes}")
+        self.block_bytes = block_bytes
+        self.salt = salt
+        words = -(-block_bytes // 8)
+        self._base: npt.NDArray[np.uint64] = np.arange(words, dtype=np.uint64) * _MULTIPLIER
+
+    def seeds(self, keys: Sequence[OffloadKey]) -> npt.NDArray[np.uint64]:
+        """Each key's 64-bit seed."""
+        salt = self.salt[:64]
+        return np.fromiter(
+            (
+                int.from_bytes(hashlib.blake2b(key, digest_size=8, key=salt).digest(), "little")
+                for key in keys
+            ),
+            dtype=np.uint64,
+            count=len(keys),
+        )
+
+    def make_array(self, keys: Sequence[OffloadKey]) -> npt.NDArray[np.uint8]:
+        """The blocks of `keys` as a C-contiguous uint8 array `[len(keys), block_bytes]`."""
+        words = self._base[None, :] + self.seeds(keys)[:, None]
+        raw = words.view(np.uint8).reshape(len(keys), -1)
+        if raw.shape[1] != self.block_bytes:
+            raw = np.ascontiguousarray(raw[:, : self.block_bytes])
+        return raw
+
+    def make(self, keys: Sequence[OffloadKey]) -> torch.Tensor:
+        """The blocks of `keys` as a uint8 tensor `[len(keys), block_bytes]` (for `put`)."""
+        return torch.from_numpy(self.make_array(keys))
+
+    def bad_rows(self, keys: Sequence[OffloadKey], blocks: torch.Tensor) -> list[int]:
+        """Indices of the rows of `blocks` (any device) that are not exactly `keys`' blocks."""
+        if tuple(blocks.shape) != (len(keys), self.block_bytes) or blocks.dtype != torch.uint8:
+            return list(range(len(keys)))
+        got = blocks.detach().cpu().numpy()
+        expected = self.make_array(keys)
+        if self.block_bytes % 8 == 0:
+            got, expected = got.view(np.uint64), expected.view(np.uint64)
+        different: npt.NDArray[np.bool_] = (got != expected).any(axis=1)
+        return [int(i) for i in np.flatnonzero(different)]
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def replay_block_bytes(config: HierarchyConfig, requested: int | None) -> int:
+    """The replay's bytes per block: `requested`, else the smaller of the config's block size
+    and `DEFAULT_REPLAY_BLOCK_BYTES`."""
+    if requested is not None:
+        if requested < 1:
+            raise InvalidValueError(f"--block-bytes must be at least 1 byte, got {requested}")
+        return requested
+    return min(config.block_size, DEFAULT_REPLAY_BLOCK_BYTES)
+
+
+def replay_config(
+    config: HierarchyConfig, block_bytes: int, disk_root: Path | None
+) -> HierarchyConfig:
+    """`config` with `block_size = block_bytes` and every tier's capacity set to its block
+    count (so each tier holds as many blocks as configured, and hit ratios are the config's).
+    With `disk_root`, each disk tier's directory becomes `disk_root / <tier name>`."""
+    data = config.model_dump(mode="json")
+    data["block_size"] = block_bytes
+    tiers = []
+    for raw, tier in zip(data["tiers"], config.tiers, strict=True):
+        raw = dict(raw)
+        raw["capacity"] = tier.num_blocks
+        if raw["medium"] == "disk" and disk_root is not None:
+            raw["path"] = str(disk_root / tier.name)
+        tiers.append(raw)
+    data["tiers"] = tiers
+    return parse_config(data, source="replay configuration")
+
+
+def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
+    """Empty each disk tier's directory of the kvtier stores it holds (`kvtier-*`), so the
+    replay starts cold; return the directories. A directory holding anything else is left
+    alone and raises InvalidValueError (it is not a replay's own)."""
+    import shutil
+
+    dirs: list[Path] = []
+    for tier in config.active_tiers():
+        path = getattr(tier, "path", None)
+        if tier.medium.value != "disk" or not isinstance(path, Path):
+            continue
+        if path.exists():
+            if not path.is_dir():
+                raise InvalidValueError(f"{path}: the disk tier's place exists and is not a dir")
+            others = [p.name for p in path.iterdir() if not p.name.startswith(_DISK_STORE_PREFIX)]
+            if others:
+                raise InvalidValueError(
+                    f"{path} holds files that are not a kvtier disk tier ({', '.join(others[:3])})"
+                    "; choose another --out"
+                )
+            for store in path.iterdir():
+                if store.is_dir() and not store.is_symlink():
+                    shutil.rmtree(store)
+                else:
+                    store.unlink()
+        dirs.append(path)
+    return dirs
+
+
+# -- the trace ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTrace:
+    """A trace to replay: its requests and, for a Mooncake trace, each request's prompt length
+    in tokens (None for a key file, whose blocks count `MOONCAKE_BLOCK_TOKENS` tokens each)."""
+
+    trace: SimTrace
+    input_lengths: tuple[int, ...] | None
+
+    @property
+    def requests(self) -> list[tuple[Any, ...]]:
+        return self.trace.requests
+
+
+def load_replay_trace(path: Path | None, limit: int | None) -> ReplayTrace:
+    """The trace at `path` (None: the shipped Mooncake conversation trace), first `limit`
+    requests, read by `kvtier.simulation.load_trace` (Mooncake JSONL or a key file, plain or
+    zstd; a bad line raises TraceFormatError naming file and line). A request that names the
+    same block twice raises TraceFormatError too (a prefix cannot hold a block twice)."""
+    if limit is not None and limit < 1:
+        raise InvalidValueError(f"--limit must be at least 1, got {limit}")
+    trace = load_trace(path, limit)
+    for number, request in enumerate(trace.requests, 1):
+        if len(set(request)) != len(request):
+            duplicate = next(k for i, k in enumerate(request) if k in request[:i])
+            raise TraceFormatError(
+                f"{trace.path}: request {number} names block {duplicate!r} twice"
+            )
+    lengths: tuple[int, ...] | None = None
+    if trace.format == "mooncake":
+        source = None if path is None else path
+        lengths = tuple(
+            r.input_length for r in itertools.islice(read_mooncake(source), len(trace.requests))
+        )
+    return ReplayTrace(trace, lengths)
+
+
+# -- the replay -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One loaded block that was not the bytes stored for its key."""
+
+    request: int
+    position: int
+    key: str
+    tier: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request": self.request, "position": self.position, "key": self.key,
+                "tier": self.tier}  # fmt: skip
+
+
+@dataclass(slots=True)
+class ReplayCounters:
+    """Running totals of a replay (blocks, except `requests` and the token counts)."""
+
+    requests: int = 0
+    accesses: int = 0
+    looked_up: int = 0
+    """Leading blocks `lookup` said some tier held."""
+    hits: int = 0
+    """Blocks `get` served (and the replay verified)."""
+    tier_hits: dict[str, int] = field(default_factory=dict)
+    stored_blocks: int = 0
+    verified: int = 0
+    mismatches: int = 0
+    mismatch_examples: list[Mismatch] = field(default_factory=list)
+    input_tokens: int = 0
+    tokens_reused: int = 0
+    event_batches: int = 0
+    events_stored: int = 0
+    events_removed: int = 0
+    unique: set[OffloadKey] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """Running totals after `requests` requests, for the chart."""
+
+    requests: int
+    accesses: int
+    tier_hits: dict[str, int]
+    infinite_hits: int
+    pair_bytes: dict[str, int]
+    elapsed_s: float
+
+
+def pair_name(pair: tuple[str, str]) -> str:
+    """`"cpu->disk"` for the pair ("cpu", "disk")."""
+    return f"{pair[0]}->{pair[1]}"
+
+
+class Replayer:
+    """Serves requests one at a time through an open hierarchy, verifying every loaded block.
+
+    `serve` is one request (see the module docstring); the counters are updated only when a
+    request is complete, so a replay cut short counts whole requests only.
+    """
+
+    def __init__(
+        self,
+        hierarchy: Hierarchy,
+        contents: BlockContents,
+        *,
+        block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    ) -> None:
+        if contents.block_bytes != hierarchy.block_size:
+            raise InvalidValueError(
+                f"contents of {contents.block_bytes}-byte blocks for a hierarchy of "
+                f"{hierarchy.block_size}-byte blocks"
+            )
+        self.hierarchy = hierarchy
+        self.contents = contents
+        self.block_tokens = block_tokens
+        self.counters = ReplayCounters(tier_hits={tier.name: 0 for tier in hierarchy.tiers})
+
+    async def serve(self, keys: Sequence[OffloadKey], input_length: int | None = None) -> int:
+        """Serve one request (its block keys, in prefix order); return how many leading
+        blocks were loaded (hits). `input_length` caps the tokens counted as reused."""
+        h = self.hierarchy
+        keys = list(keys)
+        looked_up = h.lookup(keys)
+        tiers = [h.where(key) or "?" for key in keys[:looked_up]]
+        got = 0
+        bad: list[int] = []
+        if looked_up:
+            loaded = await h.get(keys[:looked_up])
+            got = int(loaded.shape[0])
+            if got:
+                bad = self.contents.bad_rows(keys[:got], loaded)
+            del loaded
+        stored = 0
+        if got < len(keys):
+            rest = keys[got:]
+            stored = await h.put(rest, self.contents.make(rest))
+        await h.drain()
+        events = h.take_events()
+
+        c = self.counters
+        c.requests += 1
+        c.accesses += len(keys)
+        c.unique.update(keys)
+        c.looked_up += looked_up
+        c.hits += got
+        for tier in tiers[:got]:
+            c.tier_hits[tier] = c.tier_hits.get(tier, 0) + 1
+        c.stored_blocks += stored
+        c.verified += got
+        c.mismatches += len(bad)
+        for position in bad:
+            if len(c.mismatch_examples) < MISMATCH_EXAMPLES:
+                c.mismatch_examples.append(
+                    Mismatch(c.requests, position, keys[position].hex(), tiers[position])
+                )
+        tokens = len(keys) * self.block_tokens if input_length is None else input_length
+        c.input_tokens += tokens
+        c.tokens_reused += min(got * self.block_tokens, tokens)
+        c.event_batches += len(events)
+        for event in events:
+            if event.removed:
+                c.events_removed += len(event.keys)
+            else:
+                c.events_stored += len(event.keys)
+        return got
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Everything a replay measured; `to_dict()` is `report.json`."""
+
+    config_source: str
+    config: HierarchyConfig
+    """The configuration as given (its block size is the model's)."""
+    replayed: HierarchyConfig
+    """The configuration replayed: `block_bytes`-byte blocks, the same block counts."""
+    block_bytes: int
+    trace: SimTrace
+    requests_planned: int
+    tiers: tuple[TierInfo, ...]
+    counters: ReplayCounters
+    stats: HierarchyStats
+    series: tuple[SeriesPoint, ...]
+    timings: dict[str, float]
+    disk_dirs: tuple[Path, ...]
+    interrupted: bool
+
+    @property
+    def partial(self) -> bool:
+        """Whether the replay stopped before the end of the trace (Ctrl-C)."""
+        return self.interrupted or self.counters.requests < self.requests_planned
+
+    @property
+    def hit_ratio(self) -> float:
+        c = self.counters
+        return c.hits / c.accesses if c.accesses else 0.0
+
+    def tier_hit_ratio(self, name: str) -> float:
+        """Tier `name`'s hits over all block accesses (the ratios add up to `hit_ratio`)."""
+        c = self.counters
+        return c.tier_hits.get(name, 0) / c.accesses if c.accesses else 0.0
+
+    @property
+    def infinite_hit_ratio(self) -> float:
+        """Hit ratio of an infinite cache over the requests replayed."""
+        c = self.counters
+        return (c.accesses - len(c.unique)) / c.accesses if c.accesses else 0.0
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the replay's blocks are smaller (or larger) than the config's."""
+        return self.block_bytes != self.config.block_size
+
+    def pairs(self) -> list[dict[str, Any]]:
+        """Traffic per tier pair, in the order the engine first moved bytes between them."""
+        rows = []
+        for (src, dst), (blocks, nbytes, seconds) in self.stats.pairs.items():
+            rows.append(
+                {
+                    "source": src,
+                    "destination": dst,
+                    "blocks": blocks,
+                    "bytes": nbytes,
+                    "seconds": seconds,
+                    "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
+                }
+            )
+        return rows
+
+    def latency(self) -> dict[str, float | int]:
+        """`get` latency percentiles, seconds."""
+        return {
+            "calls": len(self.stats.calls.get_latency_s),
+            "p50_s": self.stats.latency_percentile(50),
+            "p99_s": self.stats.latency_percentile(99),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what `report.json` holds)."""
+        c = self.counters
+        chain = self.stats.chain
+        calls = self.stats.calls
+        return {
+            "kind": "kvtier replay",
+            "partial": self.partial,
+            "interrupted": self.interrupted,
+            "method": (
+                "per request: n = lookup(keys); where(k) for keys[:n]; got = get(keys[:n]), each "
+                "loaded block verified bit-exact against its key's content; put(keys[got:]); "
+                "drain(); block i < got counts as a hit of the tier where(k) named. Per-tier "
+                "hits equal `kvtier simulate --config` of the same chain and block counts."
+            ),
+            "config": {
+                "source": self.config_source,
+                "block_size": self.config.block_size,
+                "given": self.config.model_dump(mode="json"),
+                "replayed": self.replayed.model_dump(mode="json"),
+            },
+            "block_bytes": {
+                "config": self.config.block_size,
+                "replayed": self.block_bytes,
+                "scaled": self.scaled,
+                "note": (
+                    "each tier keeps its block count (so hit ratios are the config's); bytes "
+                    "and GB/s are those of the replayed block size"
+                ),
+            },
+            "disk_dirs": [str(path) for path in self.disk_dirs],
+            "trace": {
+                **self.trace.summary(),
+                "requests_planned": self.requests_planned,
+                "requests_replayed": c.requests,
+            },
+            "requests": c.requests,
+            "block_accesses": c.accesses,
+            "unique_blocks": len(c.unique),
+            "looked_up": c.looked_up,
+            "hits": c.hits,
+            "hit_ratio": self.hit_ratio,
+            "infinite_cache_hit_ratio": self.infinite_hit_ratio,
+            "tiers": [
+                {
+                    "name": tier.name,
+                    "medium": tier.medium,
+                    "where": tier.where,
+                    "policy": tier.policy,
+                    "blocks": tier.num_blocks,
+                    "bytes": tier.num_blocks * self.block_bytes,
+                    "hits": c.tier_hits.get(tier.name, 0),
+                    "hit_ratio": self.tier_hit_ratio(tier.name),
+                }
+                for tier in self.tiers
+            ],
+            "prefill": {
+                "block_tokens": MOONCAKE_BLOCK_TOKENS,
+                "input_tokens": c.input_tokens,
+                "tokens_reused": c.tokens_reused,
+                "fraction_saved": c.tokens_reused / c.input_tokens if c.input_tokens else 0.0,
+                "capped_by_input_length": self.trace.format == "mooncake",
+            },
+            "pairs": self.pairs(),
+            "bytes_moved": sum(nbytes for _, nbytes, _ in self.stats.pairs.values()),
+            "load_latency": self.latency(),
+            "verification": {
+                "verified": c.verified,
+                "mismatches": c.mismatches,
+                "examples": [m.to_dict() for m in c.mismatch_examples],
+            },
+            "calls": {
+                "put_blocks": calls.put_blocks,
+                "put_stored": calls.put_stored,
+                "put_present": calls.put_present,
+                "put_refused": calls.put_refused,
+                "put_failed": calls.put_failed,
+                "get_blocks": calls.get_blocks,
+                "get_served": calls.get_served,
+                "get_timeouts": calls.get_timeouts,
+            },
+            "chain": {
+                "promotions": chain.promotions,
+                "promotions_refused": chain.promotions_refused,
+                "demoted": chain.demoted,
+                "demotions_dropped": chain.demotions_dropped,
+                "dropped_at_bottom": chain.dropped_at_bottom,
+                "cascaded": chain.cascaded,
+                "cascades_dropped": self.stats.cascades_dropped,
+                "copy_failures": chain.copy_failures,
+                "corrupt_dropped": chain.corrupt_dropped,
+            },
+            "jobs": self.stats.jobs,
+            "events": {
+                "batches": c.event_batches,
+                "stored_blocks": c.events_stored,
+                "removed_blocks": c.events_removed,
+            },
+            "corrupt_blocks": self.stats.corrupt_blocks,
+            "failed_blocks": self.stats.failed_blocks,
+            "occupancy": [
+                {"name": tier.name, "used": tier.used, "blocks": tier.num_blocks}
+                for tier in self.stats.tiers
+            ],
+            "timings": self.timings,
+            "series": {
+                "requests": [p.requests for p in self.series],
+                "block_accesses": [p.accesses for p in self.series],
+                "tier_hits": {
+                    tier.name: [p.tier_hits.get(tier.name, 0) for p in self.series]
+                    for tier in self.tiers
+                },
+                "infinite_hits": [p.infinite_hits for p in self.series],
+                "pair_bytes": {
+                    name: [p.pair_bytes.get(name, 0) for p in self.series]
+                    for name in (pair_name(pair) for pair in self.stats.pairs)
+                },
+                "elapsed_s": [round(p.elapsed_s, 4) for p in self.series],
+            },
+        }
+
+
+def _point(replayer: Replayer, started: float) -> SeriesPoint:
+    c = replayer.counters
+    pairs = replayer.hierarchy.stats().pairs
+    return SeriesPoint(
+        c.requests,
+        c.accesses,
+        dict(c.tier_hits),
+        c.accesses - len(c.unique),
+        {pair_name(pair): nbytes for pair, (_, nbytes, _) in pairs.items()},
+        time.perf_counter() - started,
+    )
+
+
+async def replay(
+    config: HierarchyConfig,
+    trace: ReplayTrace,
+    *,
+    config_source: str = "",
+    given: HierarchyConfig | None = None,
+    contents: BlockContents | None = None,
+    progress: Callable[[int], None] | None = None,
+    disk_dirs: Sequence[Path] = (),
+    load_trace_s: float = 0.0,
+) -> ReplayResult:
+    """Replay `trace` through a hierarchy opened from `config` (the replayed configuration;
+    `given` is the user's, for the report) and return what it measured.
+
+    Cancellation (Ctrl-C under `asyncio.run`) stops the replay after closing the hierarchy
+    cleanly and returns a partial result (`interrupted`), rather than propagating.
+    """
+    contents = contents or BlockContents(config.block_size)
+    started = time.perf_counter()
+    requests = trace.requests
+    every = max(1, len(requests) // SERIES_POINTS)
+    series: list[SeriesPoint] = []
+    interrupted = False
+    timings: dict[str, float] = {"load_trace_s": load_trace_s}
+    hierarchy = Hierarchy.from_config(config)
+    async with hierarchy as h:
+        opened = time.perf_counter()
+        timings["open_s"] = opened - started
+        replayer = Replayer(h, contents)
+        lengths = trace.input_lengths
+        try:
+            for index, request in enumerate(requests):
+                keys = [offload_key_of(key) for key in request]
+                await replayer.serve(keys, None if lengths is None else lengths[index])
+                number = index + 1
+                if number % every == 0 or number == len(requests):
+                    series.append(_point(replayer, opened))
+                if progress is not None:
+                    progress(1)
+        except asyncio.CancelledError:
+            interrupted = True
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if not series or series[-1].requests != replayer.counters.requests:
+                series.append(_point(replayer, opened))
+        served = time.perf_counter()
+        timings["replay_s"] = served - opened
+        h.check()
+        stats = h.stats()
+        tiers = tuple(h.tiers)
+    closed = time.perf_counter()
+    timings["close_s"] = closed - served
+    timings["total_s"] = closed - started + load_trace_s
+    return ReplayResult(
+        config_source=config_source,
+        config=given or config,
+        replayed=config,
+        block_bytes=config.block_size,
+        trace=trace.trace,
+        requests_planned=len(requests),
+        tiers=tiers,
+        counters=replayer.counters,
+        stats=stats,
+        series=tuple(series),
+        timings={key: round(value, 4) for key, value in timings.items()},
+        disk_dirs=tuple(disk_dirs),
+        interrupted=interrupted,
+    )
+
+
+def run_replay(
+    given: HierarchyConfig,
+    trace: ReplayTrace,
+    *,
+    block_bytes: int,
+    out_dir: Path,
+    config_source: str = "",
+    progress: Callable[[int], None] | None = None,
+    contents: BlockContents | None = None,
+    load_trace_s: float = 0.0,
+) -> ReplayResult:
+    """Build the replayed configuration (`block_bytes` blocks, disk tiers under
+    `out_dir/disk/<tier>`, emptied), and replay `trace` through it in a new event loop."""
+    config = replay_config(given, block_bytes, out_dir / "disk")
+    if not config.active_tiers():
+        raise InvalidValueError("the configuration has no active tier here (no CUDA?)")
+    dirs = prepare_disk_dirs(config)
+    return asyncio.run(
+        replay(
+            config,
+            trace,
+            config_source=config_source,
+            given=given,
+            contents=contents,
+            progress=progress,
+            disk_dirs=dirs,
+            load_trace_s=load_trace_s,
+        )
+    )
+
+
+def write_report(result: ReplayResult, out_dir: Path, *, plot: bool = True) -> list[Path]:
+    """Write `report.json` (and, with `plot`, `replay.png`) into `out_dir`; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    written = [path]
+    if plot:
+        from kvtier.replay_plot import plot_replay
+
+        written.append(plot_replay(out_dir / "replay.png", result.to_dict()))
+    return written
+
+
+def format_size(size: int) -> str:
+    """`size` bytes, readable, in binary units to one decimal: "16KiB", "1.5GiB", "1000B"."""
+    for unit, multiplier in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024)):
+        if size >= multiplier:
+            return f"{size / multiplier:.1f}".removesuffix(".0") + unit
+    return f"{size}B"
+
+
+def size_argument(size: int) -> str:
+    """`size` as an option value that means exactly `size` bytes: "256KiB", else "262145"."""
+    from kvtier.config import parse_size
+
+    text = format_size(size)
+    return text if parse_size(text) == size else str(size)
+
+
+def describe_block_bytes(result: ReplayResult) -> str:
+    """One line on the replayed block size against the config's."""
+    given, used = format_size(result.config.block_size), format_size(result.block_bytes)
+    if not result.scaled:
+        return f"blocks of {used}, as configured"
+    return (
+        f"blocks of {used} instead of the config's {given}: each tier keeps its block count, "
+        f"so hit ratios are the config's; bytes and GB/s are those of {used} blocks "
+        f"(--block-bytes {size_argument(result.config.block_size)} replays the real size)"
+    )
