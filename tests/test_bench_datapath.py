@@ -1,0 +1,71 @@
+"""`kvtier bench` and the data-path benchmark behind it: what it reports, never how fast.
+
+Also the host copy paths of `TensorCopier` that the benchmark led to (per-run numpy copies,
+split across threads when large; a numpy gather-scatter for small rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.tiers import tensor_copy
+from kvtier.tiers.tensor_copy import TensorCopier
+
+
+@pytest.mark.parametrize(
+    ("row_bytes", "count", "scattered"),
+    [
+        (16, 300, True),  # small rows, scattered: one numpy gather-scatter
+        (512, 40, True),
+        (4096, 300, True),  # rows worth a loop: one copy per run
+        (4096, 300, False),  # one run
+        (64 << 10, 64, True),  # 4 MiB: in a worker thread
+    ],
+)
+async def test_host_copies_put_every_row_in_its_place(
+    row_bytes: int, count: int, scattered: bool
+) -> None:
+    rng = np.random.default_rng(row_bytes + count)
+    rows = 400
+    src = torch.from_numpy(rng.integers(0, 256, (rows, row_bytes), dtype=np.uint8))
+    dst = torch.zeros((rows, row_bytes), dtype=torch.uint8)
+    if scattered:
+        s = rng.choice(rows, count, replace=False)
+        d = rng.choice(rows, count, replace=False)
+    else:
+        s, d = np.arange(10, 10 + count), np.arange(50, 50 + count)
+    await TensorCopier().copy(src, s, dst, d)
+    assert torch.equal(dst[torch.from_numpy(d)], src[torch.from_numpy(s)])
+    untouched = np.setdiff1d(np.arange(rows), d)
+    assert int(dst[torch.from_numpy(untouched)].sum()) == 0
+
+
+async def test_large_host_copies_are_split_across_threads_and_stay_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tensor_copy, "HOST_SPLIT_BYTES", 1 << 20)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    calls: list[int] = []
+    real = tensor_copy._copy_host
+
+    def counting(src: torch.Tensor, s: np.ndarray, dst: torch.Tensor, d: np.ndarray) -> None:
+        calls.append(len(s))
+        real(src, s, dst, d)
+
+    monkeypatch.setattr(tensor_copy, "_copy_host", counting)
+    rng = np.random.default_rng(7)
+    src = torch.from_numpy(rng.integers(0, 256, (200, 64 << 10), dtype=np.uint8))
+    dst = torch.zeros_like(src)
+    s, d = rng.permutation(200)[:150], rng.permutation(200)[:150]
+    await TensorCopier().copy(src, s, dst, d)
+    assert sorted(calls) == [50, 50, 50]  # 9.4 MiB: three parts, one per "thread"
+    assert torch.equal(dst[torch.from_numpy(d)], src[torch.from_numpy(s)])
+
+
+async def test_a_host_copy_of_another_dtype_takes_torchs_path() -> None:
+    src = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    dst = torch.zeros_like(src)
+    await TensorCopier().copy(src, [3, 1, 7], dst, [0, 5, 9])
+    assert torch.equal(dst[[0, 5, 9]], src[[3, 1, 7]])
