@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -82,6 +82,11 @@ SERIES_POINTS = 200
 MISMATCH_EXAMPLES = 20
 """At most this many mismatching blocks are described one by one in a report."""
 
+OFF_LOOP_BYTES = 1 << 20
+"""Block contents larger than this are generated and checked in a worker thread, not in the
+event loop."""
+
+_T = TypeVar("_T")
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # odd: j -> j * K is a bijection mod 2**64
 _DISK_STORE_PREFIX = "kvtier-"
 
@@ -337,6 +342,15 @@ class Replayer:
         """Blocks per `put` call: the Hierarchy's own batch (a quarter of the top tier), so
         that each call is one store, after which the replay drains the background jobs."""
 
+    async def _off_loop(
+        self, work: Callable[..., _T], keys: Sequence[OffloadKey], *args: Any
+    ) -> _T:
+        """`work(keys, *args)`: in a worker thread when it touches more than
+        `OFF_LOOP_BYTES` (numpy releases the GIL, so transfers go on meanwhile), else here."""
+        if len(keys) * self.contents.block_bytes > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(work, keys, *args)
+        return work(keys, *args)
+
     async def serve(self, keys: Sequence[OffloadKey], input_length: int | None = None) -> int:
         """Serve one request (its block keys, in prefix order); return how many leading
         blocks were loaded (hits). `input_length` caps the tokens counted as reused."""
@@ -350,13 +364,13 @@ class Replayer:
             loaded = await h.get(keys[:looked_up])
             got = int(loaded.shape[0])
             if got:
-                bad = self.contents.bad_rows(keys[:got], loaded)
+                bad = await self._off_loop(self.contents.bad_rows, keys[:got], loaded)
             del loaded
         stored = 0
         await h.drain()
         for start in range(got, len(keys), self.put_batch):
             part = keys[start : start + self.put_batch]
-            stored += await h.put(part, self.contents.make(part))
+            stored += await h.put(part, await self._off_loop(self.contents.make, part))
             await h.drain()
         events = h.take_events()
 

@@ -40,23 +40,21 @@ def _ratios(hits: Sequence[int], accesses: Sequence[int]) -> list[float]:
 def _windows(
     requests: Sequence[int], hits: Sequence[int], accesses: Sequence[int], count: int = 20
 ) -> tuple[list[int], list[float]]:
-    """The chain's hit ratio in about `count` equal windows of the replay: (window starts,
-    ratios), for a step line; the last start is repeated at the end so the step is drawn."""
+    """The chain's hit ratio in `count` windows of about equal numbers of series points:
+    (window starts, ratios) for a step line; the end is appended, repeating the last ratio,
+    so the last step is drawn to the end."""
     if not requests:
         return [], []
-    step = max(1, len(requests) // count)
+    points = len(requests)
+    ends = sorted({max(0, round(k * points / count) - 1) for k in range(1, count + 1)})
     starts: list[int] = []
     ratios: list[float] = []
     last_r = last_h = last_a = 0
-    for index in range(step - 1, len(requests), step):
+    for index in ends:
         r, h, a = requests[index], hits[index], accesses[index]
         starts.append(last_r)
         ratios.append((h - last_h) / (a - last_a) if a > last_a else 0.0)
         last_r, last_h, last_a = r, h, a
-    if last_r < requests[-1]:
-        h, a = hits[-1], accesses[-1]
-        starts.append(last_r)
-        ratios.append((h - last_h) / (a - last_a) if a > last_a else 0.0)
     starts.append(requests[-1])
     ratios.append(ratios[-1])
     return starts, ratios
@@ -105,7 +103,7 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
             where="post",
             color="0.2",
             linewidth=1.2,
-            label=f"chain hit ratio per window of ~{max(1, requests[-1] // 20):,} requests",
+            label=f"chain hit ratio within each window of ~{max(1, requests[-1] // 20):,} requests",
         )
         top.plot(
             requests,

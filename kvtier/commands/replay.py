@@ -50,10 +50,12 @@ def _count(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _bytes(value: int) -> str:
-    from kvtier.replay import format_size
-
-    return format_size(value) if value else "0"
+def _bytes(value: float) -> str:
+    """Bytes in decimal units, like the GB/s next to them: "3.03 GB", "721.7 MB"."""
+    for divisor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if value >= divisor:
+            return f"{value / divisor:,.{2 if value / divisor < 100 else 1}f} {unit}"
+    return f"{value:,.0f} B"
 
 
 def _where(medium: str, where: str) -> str:
