@@ -112,6 +112,18 @@ class HierarchyStats:
         return float(np.percentile(samples, q)) if samples else 0.0
 
 
+def _describe(storage: BlockStorage) -> str:
+    """Where a tier's bytes live, for `tiers` and reports (fixed for the tier's lifetime)."""
+    if isinstance(storage, TorchPool):
+        return storage.describe()
+    path = getattr(storage, "path", None)
+    direct = getattr(storage, "direct_io_active", False)
+    compression = getattr(storage, "compression", "none")
+    mode = "O_DIRECT" if direct else "buffered"
+    codec = "" if compression == "none" else f", {compression}"
+    return f"files in {path} ({mode}{codec})" if path is not None else type(storage).__name__
+
+
 def _missing(key: OffloadKey) -> Any:
     raise InvalidValueError(f"block {key!r} vanished from the top tier while pinned")
 
@@ -212,7 +224,7 @@ class Hierarchy:
                 if restored:
                     manager.restore([(block.key, block.slot) for block in restored])
                 tiers.append(manager)
-                where = storage.describe() if isinstance(storage, TorchPool) else repr(storage)
+                where = _describe(storage)
                 self._info.append(
                     TierInfo(tier.name, tier.medium.value, tier.policy, tier.num_blocks, where)
                 )
