@@ -1,16 +1,23 @@
 """`kvtier bench` and the data-path benchmark behind it: what it reports, never how fast.
 
-Also the host copy paths of `TensorCopier` that the benchmark led to (per-run numpy copies,
-split across threads when large; a numpy gather-scatter for small rows).
+Also the data-path changes the benchmark led to: the host copy paths of `TensorCopier`
+(per-run numpy copies, split across threads when large; a numpy gather-scatter for small
+rows) and `DiskStore.read` splitting a large batch over its worker threads.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from kvtier.keys import key_from_int
 from kvtier.tiers import tensor_copy
+from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk import store as disk_store
+from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
 
 
@@ -69,3 +76,35 @@ async def test_a_host_copy_of_another_dtype_takes_torchs_path() -> None:
     dst = torch.zeros_like(src)
     await TensorCopier().copy(src, [3, 1, 7], dst, [0, 5, 9])
     assert torch.equal(dst[[0, 5, 9]], src[[3, 1, 7]])
+
+
+async def test_a_large_disk_read_is_split_over_the_workers_and_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disk_store, "READ_SPLIT_BYTES", 4 * 4096)
+    store = await DiskStore.open_async(
+        tmp_path, block_size=4096, num_blocks=100, max_workers=3, direct_io=False
+    )
+    try:
+        rng = np.random.default_rng(3)
+        slots = [int(s) for s in rng.choice(100, 40, replace=False)]
+        keys = [key_from_int(i) for i in range(40)]
+        blocks = rng.integers(0, 256, (40, 4096), dtype=np.uint8)
+        assert not any(await store.write(keys, slots, list(blocks)))
+        assert len(store._read_parts(slots)) == 3
+        # Rot one stored block and ask for one key that was never stored.
+        slab, offset = store.slot_location(slots[7])
+        with open(slab, "r+b") as file:
+            file.seek(offset + 100)
+            file.write(bytes([blocks[7][100] ^ 0xFF]))
+        asked = [*keys, key_from_int(999)]
+        spare = next(s for s in range(100) if s not in slots)
+        out = np.zeros((41, 4096), dtype=np.uint8)
+        results = await store.read(asked, [*slots, spare], list(out))
+    finally:
+        await store.aclose()
+    assert results[7] == ReadFailure.CHECKSUM
+    assert results[40] == ReadFailure.NOT_INDEXED
+    assert all(result is None for i, result in enumerate(results[:40]) if i != 7)
+    good = [i for i in range(40) if i != 7]
+    assert np.array_equal(out[good], blocks[good])

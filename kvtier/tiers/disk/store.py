@@ -159,6 +159,10 @@ class DiskStoreStats:
         )
 
 
+READ_SPLIT_BYTES = 8 << 20
+"""A read of at least twice this many bytes is split over the worker threads (see
+`DiskStore._read_parts`)."""
+
 _STAGING_CACHE_BYTES = 64 << 20
 """Largest staging buffer a worker thread keeps for its next batch."""
 _staging_cache = threading.local()
@@ -274,6 +278,7 @@ class DiskStore(BlockStorage):
         self.num_blocks = num_blocks
         self.model_id = model_id
         self.fsync = fsync
+        self._max_workers = max_workers
         self.fingerprint = layout_fingerprint(block_size, model_id)
         self.directory = Path(directory)
         self.path = self.directory / f"kvtier-{self.fingerprint}"
@@ -883,9 +888,41 @@ class DiskStore(BlockStorage):
         key_list, slot_list, buffer_list = self._check_batch(keys, slots, buffers, writable=True)
         if not key_list:
             return []
-        return await self._run(
-            functools.partial(self._read_blocks, key_list, slot_list, buffer_list)
+        parts = self._read_parts(slot_list)
+        if len(parts) == 1:
+            return await self._run(
+                functools.partial(self._read_blocks, key_list, slot_list, buffer_list)
+            )
+        outcomes = await asyncio.gather(
+            *(
+                self._run(
+                    functools.partial(
+                        self._read_blocks,
+                        [key_list[m] for m in part],
+                        [slot_list[m] for m in part],
+                        [buffer_list[m] for m in part],
+                    )
+                )
+                for part in parts
+            )
         )
+        results: list[ReadFailure | None] = [None] * len(key_list)
+        for part, outcome in zip(parts, outcomes, strict=True):
+            for member, result in zip(part, outcome, strict=True):
+                results[member] = result
+        return results
+
+    def _read_parts(self, slots: list[int]) -> list[list[int]]:
+        """The batch positions, cut into parts of consecutive slots to read in parallel: one
+        part per worker thread, each at least READ_SPLIT_BYTES (a small batch is one part).
+        Several reads in flight keep the disk busier than one, and one part's checksums run
+        while another part waits for the disk."""
+        ways = min(self._max_workers, len(slots) * self.block_size // READ_SPLIT_BYTES)
+        if ways <= 1:
+            return [list(range(len(slots)))]
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        size = -(-len(order) // ways)
+        return [order[start : start + size] for start in range(0, len(order), size)]
 
     def _read_blocks(
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
