@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Iterable, Sequence
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +49,22 @@ def _as_block_ids(block_ids: Iterable[int] | npt.ArrayLike) -> npt.NDArray[np.in
     return array
 
 
+_INT64 = np.dtype(np.int64)
+_NO_BLOCK_IDS: npt.NDArray[np.int64] = np.empty(0, dtype=_INT64)
+_NO_BLOCK_IDS.flags.writeable = False  # shared by every empty spec: immutable, so safe
+
+
+def _valid_block_ids(block_ids: list[int]) -> npt.NDArray[np.int64]:
+    """A read-only int64 array of ids already known to be valid slot ids.
+
+    `array("q")` converts the ints in C, and an array over immutable `bytes` is read-only by
+    construction, which skips the costly `flags.writeable = False` of `_as_block_ids`.
+    """
+    if not block_ids:
+        return _NO_BLOCK_IDS
+    return np.frombuffer(array("q", block_ids).tobytes(), dtype=_INT64)
+
+
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """Blocks addressed by slot ids within one medium's pool (an int64 numpy array)."""
 
@@ -54,6 +72,16 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
 
     def __init__(self, block_ids: Iterable[int] | npt.ArrayLike) -> None:
         self.block_ids: npt.NDArray[np.int64] = _as_block_ids(block_ids)
+
+    @classmethod
+    def from_valid_ids(cls, block_ids: list[int]) -> Self:
+        """A spec of `block_ids`, which the caller guarantees are non-negative ints (a
+        backend's own slot ids); equal to `cls(block_ids)` but skips the constructor's
+        validation and copies, which cost microseconds on every bookkeeping call. A subclass
+        whose constructor sets more fields overrides it (as `GPULoadStoreSpec` does)."""
+        spec = cls.__new__(cls)
+        spec.block_ids = _valid_block_ids(block_ids)
+        return spec
 
     def __len__(self) -> int:
         return int(self.block_ids.size)
@@ -111,6 +139,14 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
                 raise SpecError(f"block_indices must be non-negative, got {list(indices)}")
         self.group_sizes: tuple[int, ...] = sizes
         self.block_indices: tuple[int, ...] | None = indices
+
+    @classmethod
+    def from_valid_ids(cls, block_ids: list[int]) -> Self:
+        """A single-group spec of `block_ids` (see `BlockIDsLoadStoreSpec.from_valid_ids`)."""
+        spec = super().from_valid_ids(block_ids)
+        spec.group_sizes = (len(block_ids),)
+        spec.block_indices = None
+        return spec
 
     @classmethod
     def medium(cls) -> Medium:
