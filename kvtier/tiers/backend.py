@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import NoReturn
 
-from kvtier.blocks import BlockStatus
+from kvtier.blocks import BlockStatus, pending_blocks
 from kvtier.errors import AllocationError, DoubleFreeError, InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.specs import (
@@ -57,6 +58,13 @@ class Backend(ABC):
         """Return a block's slot. Raises DoubleFreeError, changing nothing, if it is not
         allocated."""
 
+    def free_blocks(self, blocks: Sequence[BlockStatus]) -> None:
+        """Return the slots of several blocks, as `free` on each in order (which raises
+        DoubleFreeError on a slot that is not allocated). A backend may override it to free a
+        batch faster; `SlotPoolBackend` then checks every slot first and frees none on error."""
+        for block in blocks:
+            self.free(block)
+
     @abstractmethod
     def get_load_store_spec(
         self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
@@ -102,15 +110,22 @@ class SlotPoolBackend(Backend):
                 f"{self.medium} backend: asked for {wanted} blocks, only {free} of "
                 f"{self._num_blocks} are free"
             )
-        num_fresh = min(wanted, self._num_blocks - self._num_fresh_used)
-        blocks = [BlockStatus(self._num_fresh_used + i) for i in range(num_fresh)]
-        self._num_fresh_used += num_fresh
-        free_list = self._free_list
-        blocks.extend(BlockStatus(free_list.pop()) for _ in range(wanted - num_fresh))
-        allocated = self._allocated
-        for block in blocks:
-            allocated[block.block_id] = 1
-        return blocks
+        start = self._num_fresh_used
+        num_fresh = min(wanted, self._num_blocks - start)
+        self._num_fresh_used = start + num_fresh
+        self._allocated[start : start + num_fresh] = b"\x01" * num_fresh
+        slots = list(range(start, start + num_fresh))
+        num_reused = wanted - num_fresh
+        if num_reused:
+            # The last freed slots, most recently freed first (as popping them one by one).
+            free_list, allocated = self._free_list, self._allocated
+            reused = free_list[-num_reused:]
+            del free_list[-num_reused:]
+            reused.reverse()
+            for slot in reused:
+                allocated[slot] = 1
+            slots += reused
+        return pending_blocks(slots)
 
     def restore(self, slots: Sequence[int]) -> list[BlockStatus]:
         """Allocate exactly these slots (blocks found in a persistent tier at open), on an empty
@@ -149,10 +164,42 @@ class SlotPoolBackend(Backend):
         self._allocated[slot] = 0
         self._free_list.append(slot)
 
+    def free_blocks(self, blocks: Sequence[BlockStatus]) -> None:
+        slots = [block.block_id for block in blocks]
+        if not slots:
+            return
+        allocated = self._allocated
+        # Check every slot before freeing any, with C-level passes (no Python call per slot).
+        if (
+            min(slots) < 0
+            or max(slots) >= self._num_blocks
+            or 0 in map(allocated.__getitem__, slots)
+            or len(set(slots)) != len(slots)
+        ):
+            self._raise_for_bad_batch(slots)
+        for slot in slots:
+            allocated[slot] = 0
+        self._free_list += slots
+
+    def _raise_for_bad_batch(self, slots: list[int]) -> NoReturn:
+        """Raise the DoubleFreeError that freeing `slots` one by one would raise first."""
+        seen: set[int] = set()
+        for slot in slots:
+            if not 0 <= slot < self._num_blocks:
+                raise DoubleFreeError(
+                    f"{self.medium} backend: block id {slot} is not a slot of this pool "
+                    f"(0..{self._num_blocks - 1})"
+                )
+            if not self._allocated[slot] or slot in seen:
+                raise DoubleFreeError(f"{self.medium} backend: block id {slot} is already free")
+            seen.add(slot)
+        raise AssertionError("_raise_for_bad_batch called on a valid batch")
+
     def get_load_store_spec(
         self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
     ) -> LoadStoreSpec:
-        return self._spec_type([block.block_id for block in blocks])
+        # The ids come from our own blocks: valid slot ids, no need to re-validate them.
+        return self._spec_type.from_valid_ids([block.block_id for block in blocks])
 
     def __repr__(self) -> str:
         return (
