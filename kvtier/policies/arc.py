@@ -20,9 +20,8 @@ decisions as the paper's pseudo-code.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from itertools import chain
 from typing import ClassVar
 
@@ -31,41 +30,27 @@ from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
 
+# Where a requested key comes from: a new key, or a hit in ghost list B1 or B2. Plain ints,
+# compared in the eviction planner's loop, where enum members cost an attribute lookup each.
+_NEW, _FROM_B1, _FROM_B2 = 0, 1, 2
 
-class _Origin(enum.Enum):
-    NEW = 0
-    B1 = 1
-    B2 = 2
+# The steps of an eviction plan, applied in order.
+_POP_B1 = 0  # delete the LRU key of B1
+_POP_B2 = 1  # delete the LRU key of B2
+_EVICT_T1 = 2  # move a T1 block to the MRU end of B1
+_EVICT_T2 = 3  # move a T2 block to the MRU end of B2
+_DROP_T1 = 4  # delete a T1 block without remembering it (paper case IV.A, |T1| = c)
 
-
-class _Op(enum.Enum):
-    POP_B1 = 0  # delete the LRU key of B1
-    POP_B2 = 1  # delete the LRU key of B2
-    EVICT_T1 = 2  # move a T1 block to the MRU end of B1
-    EVICT_T2 = 3  # move a T2 block to the MRU end of B2
-    DROP_T1 = 4  # delete a T1 block without remembering it (paper case IV.A, |T1| = c)
-
-
-_Step = tuple[_Op, OffloadKey | None, BlockStatus | None]
-_Entries = Iterator[tuple[OffloadKey, BlockStatus]]
+_Entry = tuple[OffloadKey, BlockStatus]
+_Step = tuple[int, _Entry | None]
+_Entries = Iterator[_Entry]
 
 
-def _adapt(p: float, origin: _Origin, b1: int, b2: int, capacity: int) -> float:
-    """The paper's adaptation of the target p on a ghost hit (cases II and III)."""
-    if origin is _Origin.B1:
-        return min(p + (1.0 if b1 >= b2 else b2 / b1), float(capacity))
-    if origin is _Origin.B2:
-        return max(p - (1.0 if b2 >= b1 else b1 / b2), 0.0)
-    return p
-
-
-def _next_evictable(
-    entries: _Entries, protected: Collection[OffloadKey]
-) -> tuple[OffloadKey, BlockStatus] | None:
+def _next_evictable(entries: _Entries, protected: Collection[OffloadKey]) -> _Entry | None:
     """Advance `entries` to the next block that may be evicted, and return it."""
-    for key, block in entries:
-        if block.ref_cnt == 0 and key not in protected:
-            return key, block
+    for entry in entries:
+        if entry[1].ref_cnt == 0 and entry[0] not in protected:
+            return entry
     return None
 
 
@@ -81,6 +66,9 @@ class ARCCachePolicy(CachePolicy):
         self._t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self._b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self._b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # T1 and T2 together, unordered: `get` is one C-level dict lookup instead of a Python
+        # call probing two lists, and a tier calls it several times per block.
+        self._resident: dict[OffloadKey, BlockStatus] = {}
         self._p = 0.0
         # Keys announced by on_store_miss, in order, mapped to whether p already adapted to
         # them (evict adapts for every announced key; insert for one it did not see).
@@ -105,36 +93,61 @@ class ARCCachePolicy(CachePolicy):
     # -- CachePolicy -----------------------------------------------------------------------
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        block = self._t1.get(key)
-        return block if block is not None else self._t2.get(key)
+        return self._resident.get(key)
+
+    def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._resident.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        if key in self._t1 or key in self._t2:
-            raise BlockStateError(f"arc: key {key!r} is already resident")
-        adapted = self._incoming.pop(key, False)
-        if key in self._b1:
-            if not adapted:
-                self._p = _adapt(self._p, _Origin.B1, len(self._b1), len(self._b2), self._cap)
-            del self._b1[key]
-            self._t2[key] = block
-        elif key in self._b2:
-            if not adapted:
-                self._p = _adapt(self._p, _Origin.B2, len(self._b1), len(self._b2), self._cap)
-            del self._b2[key]
-            self._t2[key] = block
-        else:
-            self._t1[key] = block
-        self._bound_ghosts()
+        self.insert_many((key,), (block,))
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        resident = self._resident
+        self._check_insert_batch(keys, blocks, resident)
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        pop_incoming = self._incoming.pop
+        c = self.cache_capacity
+        p = self._p
+        # List sizes kept in locals: cheaper than four len() calls per key for the bound test.
+        t1n, t2n, b1n, b2n = len(t1), len(t2), len(b1), len(b2)
+        for key, block in zip(keys, blocks, strict=True):
+            adapted = pop_incoming(key, False)
+            if key in b1:
+                if not adapted:  # case II: a B1 ghost hit grows T1's target
+                    p = min(p + (1.0 if b1n >= b2n else b2n / b1n), float(c))
+                del b1[key]
+                t2[key] = block
+                b1n -= 1
+                t2n += 1
+            elif key in b2:
+                if not adapted:  # case III: a B2 ghost hit shrinks T1's target
+                    p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
+                del b2[key]
+                t2[key] = block
+                b2n -= 1
+                t2n += 1
+            else:
+                t1[key] = block
+                t1n += 1
+            resident[key] = block
+            # The entry test of _bound_ghosts' loops: call it only when it has work to do.
+            if (b1n and t1n + b1n > c) or ((b1n or b2n) and t1n + t2n + b1n + b2n > 2 * c):
+                self._bound_ghosts()
+                b1n, b2n = len(b1), len(b2)
+        self._p = p
 
     def remove(self, key: OffloadKey) -> None:
-        if self._t1.pop(key, None) is None and self._t2.pop(key, None) is None:
+        if self._resident.pop(key, None) is None:
             raise BlockStateError(f"arc: key {key!r} is not resident")
+        if self._t1.pop(key, None) is None:
+            del self._t2[key]
         self._incoming.pop(key, None)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         t1, t2 = self._t1, self._t2
+        t1_get, t2_move_to_end = t1.get, t2.move_to_end
         for key in reversed(keys):
-            block = t1.get(key)
+            block = t1_get(key)
             if block is not None:
                 if block.ref_cnt >= 0:
                     # Case I: a second access to a ready block makes it frequent.
@@ -144,40 +157,43 @@ class ARCCachePolicy(CachePolicy):
                     # Still being written: its store was the first access, not a second.
                     t1.move_to_end(key)
             elif key in t2:
-                t2.move_to_end(key)
+                t2_move_to_end(key)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
-        t1, t2 = self._t1, self._t2
-        self._incoming = {key: False for key in keys if key not in t1 and key not in t2}
+        resident = self._resident
+        self._incoming = {key: False for key in keys if key not in resident}
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        check_evict_count(n)
-        if n == 0:
-            return []
+        if type(n) is not int or n < 1:  # the common case skips check_evict_count's call
+            check_evict_count(n)
+            if n == 0:
+                return []
         plan = self._plan_evictions(n, protected)
         if plan is None:
             return None
         steps, p = plan
+        t1, t2, b1, b2, resident = self._t1, self._t2, self._b1, self._b2, self._resident
         victims: list[tuple[OffloadKey, BlockStatus]] = []
-        for op, key, block in steps:
-            if op is _Op.POP_B1:
-                if self._b1:
-                    self._b1.popitem(last=False)
-            elif op is _Op.POP_B2:
-                if self._b2:
-                    self._b2.popitem(last=False)
+        for op, entry in steps:
+            if entry is None:
+                if op == _POP_B1:
+                    if b1:
+                        b1.popitem(last=False)
+                elif b2:  # _POP_B2
+                    b2.popitem(last=False)
+                continue
+            key = entry[0]
+            del resident[key]
+            if op == _EVICT_T2:
+                del t2[key]
+                b2[key] = None
             else:
-                assert key is not None and block is not None  # set for every eviction step
-                if op is _Op.EVICT_T2:
-                    del self._t2[key]
-                    self._b2[key] = None
-                else:
-                    del self._t1[key]
-                    if op is _Op.EVICT_T1:
-                        self._b1[key] = None
-                victims.append((key, block))
+                del t1[key]
+                if op == _EVICT_T1:
+                    b1[key] = None
+            victims.append(entry)
         self._p = p
         self._incoming = dict.fromkeys(self._incoming, True)
         self._bound_ghosts()
@@ -188,20 +204,17 @@ class ARCCachePolicy(CachePolicy):
         self._t2.clear()
         self._b1.clear()
         self._b2.clear()
+        self._resident.clear()
         self._incoming.clear()
         self._p = 0.0
 
     def __len__(self) -> int:
-        return len(self._t1) + len(self._t2)
+        return len(self._resident)
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
         return iter(list(chain(self._t1.items(), self._t2.items())))
 
     # -- the algorithm ---------------------------------------------------------------------
-
-    @property
-    def _cap(self) -> int:
-        return self.cache_capacity
 
     def _plan_evictions(
         self, n: int, protected: Collection[OffloadKey]
@@ -212,8 +225,10 @@ class ARCCachePolicy(CachePolicy):
         free slots (only p adapts), each of the last n pays for one eviction. List sizes are
         tracked as the sequential algorithm would see them.
         """
-        c = self._cap
-        t1n, t2n, b1n, b2n = len(self._t1), len(self._t2), len(self._b1), len(self._b2)
+        c = self.cache_capacity
+        fc = float(c)
+        b1, b2 = self._b1, self._b2
+        t1n, t2n, b1n, b2n = len(self._t1), len(self._t2), len(b1), len(b2)
         p = self._p
         incoming: list[OffloadKey | None] = list(self._incoming)
         if len(incoming) >= n:
@@ -226,84 +241,78 @@ class ARCCachePolicy(CachePolicy):
         t2_entries: _Entries = iter(self._t2.items())
         steps: list[_Step] = []
 
-        def origin_of(key: OffloadKey | None) -> _Origin:
-            if key is None:
-                return _Origin.NEW
-            if key in self._b1:
-                return _Origin.B1
-            if key in self._b2:
-                return _Origin.B2
-            return _Origin.NEW
-
-        def take(from_t1: bool) -> tuple[OffloadKey, BlockStatus] | None:
-            return _next_evictable(t1_entries if from_t1 else t2_entries, protected)
-
+        # Keys served by free slots: p adapts to ghost hits (cases II and III), then the key
+        # joins T2 (a ghost hit) or T1 (a new key).
         for key in free_slot_keys:
-            origin = origin_of(key)
-            p = _adapt(p, origin, b1n, b2n, c)
-            t1n, t2n, b1n, b2n = _after_insert(origin, t1n, t2n, b1n, b2n)
+            if key in b1:
+                p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
+                t2n, b1n = t2n + 1, b1n - 1
+            elif key in b2:
+                p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
+                t2n, b2n = t2n + 1, b2n - 1
+            else:
+                t1n += 1
 
         for key in paying_keys:
-            origin = origin_of(key)
-            p = _adapt(p, origin, b1n, b2n, c)
+            if key is not None and key in b1:
+                origin = _FROM_B1
+                p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
+            elif key is not None and key in b2:
+                origin = _FROM_B2
+                p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
+            else:
+                origin = _NEW
             drop_t1_lru = False
-            if origin is _Origin.NEW:
+            if origin == _NEW:
                 if t1n + b1n >= c:  # case IV.A: L1 is full
                     if t1n < c:
                         if b1n > 0:
-                            steps.append((_Op.POP_B1, None, None))
+                            steps.append((_POP_B1, None))
                             b1n -= 1
                     else:
                         drop_t1_lru = True
                 elif t1n + t2n + b1n + b2n >= 2 * c and b2n > 0:  # case IV.B, directory full
-                    steps.append((_Op.POP_B2, None, None))
+                    steps.append((_POP_B2, None))
                     b2n -= 1
             if drop_t1_lru:
-                victim = take(True)
+                victim = _next_evictable(t1_entries, protected)
                 if victim is not None:
-                    steps.append((_Op.DROP_T1, *victim))
+                    steps.append((_DROP_T1, victim))
                     t1n -= 1
                 else:  # T1's blocks are all pinned: fall back to REPLACE from T2
-                    victim = take(False)
+                    victim = _next_evictable(t2_entries, protected)
                     if victim is None:
                         return None
-                    steps.append((_Op.EVICT_T2, *victim))
+                    steps.append((_EVICT_T2, victim))
                     t2n, b2n = t2n - 1, b2n + 1
             else:
                 # REPLACE(x, p)
-                prefer_t1 = t1n > 0 and (t1n > p or (origin is _Origin.B2 and t1n == p))
-                victim = take(prefer_t1)
-                from_t1 = prefer_t1
+                from_t1 = t1n > 0 and (t1n > p or (origin == _FROM_B2 and t1n == p))
+                victim = _next_evictable(t1_entries if from_t1 else t2_entries, protected)
                 if victim is None:
-                    victim = take(not prefer_t1)
-                    from_t1 = not prefer_t1
-                if victim is None:
-                    return None
+                    from_t1 = not from_t1
+                    victim = _next_evictable(t1_entries if from_t1 else t2_entries, protected)
+                    if victim is None:
+                        return None
                 if from_t1:
-                    steps.append((_Op.EVICT_T1, *victim))
+                    steps.append((_EVICT_T1, victim))
                     t1n, b1n = t1n - 1, b1n + 1
                 else:
-                    steps.append((_Op.EVICT_T2, *victim))
+                    steps.append((_EVICT_T2, victim))
                     t2n, b2n = t2n - 1, b2n + 1
-            if key is not None:
-                t1n, t2n, b1n, b2n = _after_insert(origin, t1n, t2n, b1n, b2n)
+            if key is not None:  # the requested key joins T2 (a ghost hit) or T1 (new)
+                if origin == _FROM_B1:
+                    t2n, b1n = t2n + 1, b1n - 1
+                elif origin == _FROM_B2:
+                    t2n, b2n = t2n + 1, b2n - 1
+                else:
+                    t1n += 1
         return steps, p
 
     def _bound_ghosts(self) -> None:
-        c = self._cap
+        c = self.cache_capacity
         t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
         while b1 and len(t1) + len(b1) > c:
             b1.popitem(last=False)
         while (b1 or b2) and len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
             (b2 if b2 else b1).popitem(last=False)
-
-
-def _after_insert(
-    origin: _Origin, t1n: int, t2n: int, b1n: int, b2n: int
-) -> tuple[int, int, int, int]:
-    """List sizes after a requested key is inserted: a ghost hit moves to T2, a new key to T1."""
-    if origin is _Origin.B1:
-        return t1n, t2n + 1, b1n - 1, b2n
-    if origin is _Origin.B2:
-        return t1n, t2n + 1, b1n, b2n - 1
-    return t1n + 1, t2n, b1n, b2n

@@ -8,11 +8,11 @@ unpinned (`ref_cnt == 0`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import InvalidValueError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
 
 
@@ -43,9 +43,40 @@ class CachePolicy(ABC):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         """The resident block of `key`, or None."""
 
+    def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        """A callable that does what `get` does, for hot loops; it stays valid for the
+        policy's lifetime. The default is `get` itself; a policy that keeps its blocks in one
+        dict returns that dict's `get`, a C-level lookup with no Python frame per call."""
+        return self.get
+
     @abstractmethod
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         """Make a newly allocated block resident. Raises BlockStateError if `key` is resident."""
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        """`insert(key, block)` for each pair, in order; raises BlockStateError, inserting
+        none, if a key is resident or given twice. Policies override it to insert a tier's
+        batch without a Python call per block."""
+        self._check_insert_batch(keys, blocks, self)
+        for key, block in zip(keys, blocks, strict=True):
+            self.insert(key, block)
+
+    def _check_insert_batch(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: Sequence[BlockStatus],
+        resident: Container[OffloadKey],
+    ) -> None:
+        """Reject a batch that `insert_many` cannot insert whole (checks run in C)."""
+        if len(keys) != len(blocks):
+            raise InvalidValueError(
+                f"{self.name}: {len(keys)} keys but {len(blocks)} blocks to insert"
+            )
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+            raise BlockStateError(f"{self.name}: a key is given twice to insert_many")
+        if any(map(resident.__contains__, keys)):
+            key = next(key for key in keys if key in resident)
+            raise BlockStateError(f"{self.name}: key {key!r} is already resident")
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:

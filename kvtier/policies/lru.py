@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
@@ -28,10 +28,17 @@ class LRUCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
 
+    def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._blocks.get
+
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._blocks:
             raise BlockStateError(f"lru: key {key!r} is already resident")
         self._blocks[key] = block
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        self._check_insert_batch(keys, blocks, self._blocks)
+        self._blocks.update(zip(keys, blocks, strict=True))  # appended in order, in C
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
