@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import NoReturn, cast
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, ManagerClosedError
@@ -58,6 +59,8 @@ class TierManager(OffloadingManager):
             )
         self.backend = backend
         self.policy = policy
+        # The policy's lookup, bound once: a C-level dict lookup for LRU and ARC.
+        self._get = policy.getter()
         self.name = name or backend.medium.value
         self.medium = backend.medium
         self.block_size = backend.block_size
@@ -71,7 +74,7 @@ class TierManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
         if self._closed:
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
-        block = self.policy.get(key)
+        block = self._get(key)
         if block is None:
             return False
         return True if block.ref_cnt >= 0 else None
@@ -79,64 +82,57 @@ class TierManager(OffloadingManager):
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
     ) -> LoadStoreSpec:
-        self._check_open()
-        get = self.policy.get
-        blocks: list[BlockStatus] = []
-        for key in keys:
-            block = get(key)
-            if block is None:
-                raise BlockStateError(f"tier {self.name!r}: cannot load {key!r}: not present")
-            if block.ref_cnt < 0:
-                raise BlockStateError(
-                    f"tier {self.name!r}: cannot load {key!r}: still being written"
-                )
-            blocks.append(block)
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        found = list(map(self._get, keys))
+        for block in found:
+            if block is None or block.ref_cnt < 0:
+                self._raise_cannot_load(keys)
+        blocks = cast(list[BlockStatus], found)  # every block was checked present above
+        newly_pinned = 0
         for block in blocks:
-            if block.ref_cnt == 0:
-                self._num_evictable -= 1
-            block.ref_cnt += 1
+            ref_cnt = block.ref_cnt  # read once: a ctypes field read is not free
+            if ref_cnt == 0:
+                newly_pinned += 1
+            block.ref_cnt = ref_cnt + 1
+        self._num_evictable -= newly_pinned
         return self.backend.get_load_store_spec(list(keys), blocks)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
-        self._check_open()
-        self.policy.touch(keys if isinstance(keys, list | tuple) else list(keys))
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        # isinstance with a tuple of types: about half the cost of a `list | tuple` union
+        self.policy.touch(keys if isinstance(keys, (list, tuple)) else list(keys))
 
     def complete_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
     ) -> None:
-        self._check_open()
-        get = self.policy.get
-        blocks: list[BlockStatus] = []
-        for key in keys:
-            block = get(key)
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        found = list(map(self._get, keys))
+        for block in found:
             if block is None or block.ref_cnt < 1:
-                raise BlockStateError(
-                    f"tier {self.name!r}: cannot complete the load of {key!r}: "
-                    + ("not present" if block is None else "not pinned")
-                )
-            blocks.append(block)
+                self._raise_cannot_unpin(keys)
+        blocks = cast(list[BlockStatus], found)  # every block was checked present above
         if len(blocks) > 1 and len(set(keys)) != len(blocks):
-            for key, count in Counter(keys).items():
-                found = get(key)
-                if found is not None and found.ref_cnt < count:
-                    raise BlockStateError(
-                        f"tier {self.name!r}: cannot unpin {key!r} {count} times: "
-                        f"pinned {found.ref_cnt} times"
-                    )
+            self._check_repeated_unpins(keys)
+        unpinned = 0
         for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self._num_evictable += 1
+            ref_cnt = block.ref_cnt - 1
+            block.ref_cnt = ref_cnt
+            if ref_cnt == 0:
+                unpinned += 1
+        self._num_evictable += unpinned
 
     # -- writes ----------------------------------------------------------------------------
 
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
     ) -> PrepareStoreOutput | None:
-        self._check_open()
-        policy, backend = self.policy, self.backend
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        policy, backend, get = self.policy, self.backend, self._get
         unique = list(dict.fromkeys(keys))
-        get = policy.get
         keys_to_store = [key for key in unique if get(key) is None]
         if not keys_to_store:
             return PrepareStoreOutput([], backend.get_load_store_spec([], []), [])
@@ -153,12 +149,10 @@ class TierManager(OffloadingManager):
             if evicted is None:
                 return None
             self._num_evictable -= len(evicted)
-            for key, block in evicted:
-                backend.free(block)
-                evicted_keys.append(key)
-            evicted_spec = backend.get_load_store_spec(
-                evicted_keys, [block for _, block in evicted]
-            )
+            evicted_keys = [key for key, _ in evicted]
+            evicted_blocks = [block for _, block in evicted]
+            backend.free_blocks(evicted_blocks)
+            evicted_spec = backend.get_load_store_spec(evicted_keys, evicted_blocks)
             if self._events is not None:
                 self._events.append(
                     OffloadingEvent(
@@ -166,9 +160,7 @@ class TierManager(OffloadingManager):
                     )
                 )
         blocks = backend.allocate_blocks(keys_to_store)
-        insert = policy.insert
-        for key, block in zip(keys_to_store, blocks, strict=True):
-            insert(key, block)
+        policy.insert_many(keys_to_store, blocks)
         self._num_pending += len(blocks)
         return PrepareStoreOutput(
             keys_to_store,
@@ -183,33 +175,39 @@ class TierManager(OffloadingManager):
         success: bool = True,
         req_context: ReqContext | None = None,
     ) -> None:
-        self._check_open()
-        get = self.policy.get
-        pending: dict[OffloadKey, BlockStatus] = {}
-        for key in keys:
-            block = get(key)
-            if block is None:
-                raise BlockStateError(
-                    f"tier {self.name!r}: cannot complete the store of {key!r}: never prepared"
-                )
-            if block.ref_cnt < 0:
-                pending[key] = block
-        if not pending:
-            return
-        self._num_pending -= len(pending)
-        if success:
-            for block in pending.values():
-                block.ref_cnt = 0
-            self._num_evictable += len(pending)
-            if self._events is not None:
-                self._events.append(
-                    OffloadingEvent(tuple(pending), self.block_size, self.medium, False, self.name)
-                )
-        else:
+        if self._closed:
+            raise ManagerClosedError(f"tier {self.name!r} is shut down")
+        found = list(map(self._get, keys))
+        if None in found:
+            key = next(key for key, block in zip(keys, found, strict=True) if block is None)
+            raise BlockStateError(
+                f"tier {self.name!r}: cannot complete the store of {key!r}: never prepared"
+            )
+        blocks = cast(list[BlockStatus], found)  # every block was checked present above
+        if not success:
+            pending = {
+                key: block for key, block in zip(keys, blocks, strict=True) if block.ref_cnt < 0
+            }
+            self._num_pending -= len(pending)
             remove, free = self.policy.remove, self.backend.free
             for key, block in pending.items():
                 remove(key)
                 free(block)
+            return
+        # One pass: a block made ready here is skipped if its key comes again.
+        stored: list[OffloadKey] = []
+        for key, block in zip(keys, blocks, strict=True):
+            if block.ref_cnt < 0:
+                block.ref_cnt = 0
+                stored.append(key)
+        if not stored:
+            return
+        self._num_pending -= len(stored)
+        self._num_evictable += len(stored)
+        if self._events is not None:
+            self._events.append(
+                OffloadingEvent(tuple(stored), self.block_size, self.medium, False, self.name)
+            )
 
     def discard(self, keys: Collection[OffloadKey]) -> list[OffloadKey]:
         """Drop ready, unpinned blocks whose bytes were found bad (a failed checksum, a read
@@ -315,6 +313,40 @@ class TierManager(OffloadingManager):
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
+
+    # The error paths of the hot methods, out of line: each finds the first offending key
+    # again (in call order, as a one-pass check would have) and raises.
+
+    def _raise_cannot_load(self, keys: Collection[OffloadKey]) -> NoReturn:
+        for key in keys:
+            block = self._get(key)
+            if block is None:
+                raise BlockStateError(f"tier {self.name!r}: cannot load {key!r}: not present")
+            if block.ref_cnt < 0:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot load {key!r}: still being written"
+                )
+        raise AssertionError("no key of the batch is unloadable")
+
+    def _raise_cannot_unpin(self, keys: Collection[OffloadKey]) -> NoReturn:
+        for key in keys:
+            block = self._get(key)
+            if block is None or block.ref_cnt < 1:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot complete the load of {key!r}: "
+                    + ("not present" if block is None else "not pinned")
+                )
+        raise AssertionError("no key of the batch is unpinnable")
+
+    def _check_repeated_unpins(self, keys: Collection[OffloadKey]) -> None:
+        """A key given n times must be pinned at least n times."""
+        for key, count in Counter(keys).items():
+            found = self._get(key)
+            if found is not None and found.ref_cnt < count:
+                raise BlockStateError(
+                    f"tier {self.name!r}: cannot unpin {key!r} {count} times: "
+                    f"pinned {found.ref_cnt} times"
+                )
 
 
 def make_tier_manager(
