@@ -29,6 +29,7 @@ from kvtier.tiers.tensor_copy import TensorCopier
         (4096, 300, True),  # rows worth a loop: one copy per run
         (4096, 300, False),  # one run
         (64 << 10, 64, True),  # 4 MiB: in a worker thread
+        (64 << 10, 100, False),  # one 6.25 MiB run: torch's copy_
     ],
 )
 async def test_host_copies_put_every_row_in_its_place(
@@ -69,6 +70,25 @@ async def test_large_host_copies_are_split_across_threads_and_stay_exact(
     await TensorCopier().copy(src, s, dst, d)
     assert sorted(calls) == [50, 50, 50]  # 9.4 MiB: three parts, one per "thread"
     assert torch.equal(dst[torch.from_numpy(d)], src[torch.from_numpy(s)])
+
+
+async def test_a_long_host_run_is_one_part_copied_by_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    real = tensor_copy._copy_host
+
+    def counting(src: torch.Tensor, s: np.ndarray, dst: torch.Tensor, d: np.ndarray) -> None:
+        calls.append(len(s))
+        real(src, s, dst, d)
+
+    monkeypatch.setattr(tensor_copy, "_copy_host", counting)
+    src = torch.arange(300, dtype=torch.int64).to(torch.uint8).repeat_interleave(64 << 10)
+    src = src.reshape(300, 64 << 10)
+    dst = torch.zeros_like(src)
+    await TensorCopier().copy(src, np.arange(0, 290), dst, np.arange(5, 295))
+    assert calls == [290]  # 18 MiB in one run: one thread, torch splits it itself
+    assert torch.equal(dst[5:295], src[0:290])
 
 
 async def test_a_host_copy_of_another_dtype_takes_torchs_path() -> None:
