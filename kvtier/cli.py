@@ -305,6 +305,12 @@ from kvtier.commands.replay import replay as replay_command  # noqa: E402
 
 main.add_command(replay_command)
 
+from kvtier.commands.bench import bench  # noqa: E402
+from kvtier.commands.check import check  # noqa: E402
+
+main.add_command(bench)
+main.add_command(check)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -7,12 +7,16 @@ rows) and `DiskStore.read` splitting a large batch over its worker threads.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
+from kvtier.bench import datapath
+from kvtier.cli import main
 from kvtier.keys import key_from_int
 from kvtier.tiers import tensor_copy
 from kvtier.tiers.disk import DiskStore
@@ -128,3 +132,136 @@ async def test_a_large_disk_read_is_split_over_the_workers_and_stays_exact(
     assert all(result is None for i, result in enumerate(results[:40]) if i != 7)
     good = [i for i in range(40) if i != 7]
     assert np.array_equal(out[good], blocks[good])
+
+
+# -- kvtier bench ----------------------------------------------------------------------------
+
+TINY = (
+    "--block-sizes",
+    "4KiB,8KiB",
+    "--copy-size",
+    "256KiB",
+    "--disk-size",
+    "64KiB",
+    "--gpu-size",
+    "256KiB",
+    "--repeats",
+    "1",
+)
+PAIRS = ("cpu -> cpu (scattered)", "cpu -> cpu (contiguous)", "cpu -> disk", "disk -> cpu")
+
+
+def bench(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["bench", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
+    code, stdout, stderr = bench(*TINY, "--pairs", "cpu,disk,gpu", "--dir", str(tmp_path))
+    assert code == 0, stdout + stderr
+    lines = stdout.splitlines()
+    for pair in PAIRS:
+        for size in ("4 KiB", "8 KiB"):
+            assert any(pair in line and size in line for line in lines), (pair, size)
+    for column in ("kvtier GB/s", "baseline GB/s", "ratio", ">= 80%?"):
+        assert column in stdout
+    assert "os.pwrite (buffered) + os.fsync" in stdout and "O_DIRECT" in stdout
+    assert "median of 1 repeat;" in stdout
+    if torch.cuda.is_available():
+        assert "cpu -> gpu" in stdout and "gpu -> cpu" in stdout
+    else:
+        assert "gpu rows skipped:" in stdout and "CUDA" in stdout
+        assert "-> gpu" not in stdout and "gpu ->" not in stdout
+    assert f"Disk files: {tmp_path}" in stdout and "removed afterwards" in stdout
+    assert list(tmp_path.iterdir()) == []  # the bench's directory is gone
+    assert "WRONG BYTES" not in stdout and "Traceback" not in stdout + stderr
+
+
+def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
+    code, stdout, stderr = bench(*TINY, "--json", "--dir", str(tmp_path))
+    assert code == 0, stdout + stderr
+    document = json.loads(stdout)
+    assert document["format"] == "kvtier.bench.datapath/1"
+    assert document["target_ratio"] == 0.8
+    assert document["settings"]["block_sizes"] == [4096, 8192]
+    rows = document["rows"]
+    seen = {(row["pair"], row["case"], row["block_size"]) for row in rows}
+    expected = {
+        (pair, case, size)
+        for pair, case in (
+            ("cpu -> cpu", "scattered"),
+            ("cpu -> cpu", "contiguous"),
+            ("cpu -> disk", ""),
+            ("disk -> cpu", ""),
+        )
+        for size in (4096, 8192)
+    }
+    assert expected <= seen
+    for row in rows:
+        for name in ("blocks", "nbytes", "kvtier_gbps", "baseline_gbps", "ratio", "baseline"):
+            assert name in row
+        assert row["verified"] is True
+        assert len(row["kvtier_s"]) == len(row["baseline_s"]) == 1
+        assert row["kvtier_gbps"] > 0 and row["baseline_gbps"] > 0 and row["ratio"] > 0
+        assert row["target_met"] == (row["ratio"] >= 0.8)
+        assert row["nbytes"] == row["blocks"] * row["block_size"]
+    if torch.cuda.is_available():
+        assert any(row["pair"] == "gpu -> cpu" for row in rows)
+    else:
+        assert not any("gpu" in row["pair"] for row in rows)
+        assert "CUDA" in document["skipped"]["gpu"]
+    books = document["bookkeeping"]
+    assert {(book["policy"], book["fraction"]) for book in books} == {
+        (policy, fraction) for policy in ("lru", "arc") for fraction in (0.01, 0.1, 0.5)
+    }
+    assert all(book["mops"] > 0 and book["requests"] == 2000 for book in books)
+    env = document["environment"]
+    assert env["directory"].startswith(str(tmp_path)) and env["filesystem"]
+    assert set(env["disk_direct_io"]) == {"4 KiB", "8 KiB"}
+
+
+def test_bench_exits_1_when_a_pair_moves_wrong_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(datapath, "_rows_match", lambda *args: False)
+    code, stdout, _ = bench(*TINY, "--pairs", "cpu", "--block-sizes", "4KiB")
+    assert code == 1
+    assert "WRONG BYTES" in stdout and "ERROR:" in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--block-sizes", "lots"), "--block-sizes"),
+        (("--block-sizes", "64KiB,"), "--block-sizes"),
+        (("--repeats", "0"), "--repeats"),
+        (("--repeats", "many"), "--repeats"),
+        (("--copy-size", "1MiB,2MiB"), "--copy-size"),
+        (("--pairs", "cpu,warp"), "warp"),
+        (("--dir", "/nonexistent/kvtier-bench"), "not a directory"),
+        (("--no-such-option",), "--no-such-option"),
+    ],
+)
+def test_bench_bad_input_is_one_line_exit_2(args: tuple[str, ...], message: str) -> None:
+    code, stdout, stderr = bench(*args)
+    assert code == 2, stdout + stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("kvtier: error:")
+    assert message in stderr
+    assert stdout == ""
+
+
+def test_a_row_pairs_each_repeat_with_its_baseline() -> None:
+    row = datapath.Row(
+        "cpu -> cpu", "", 4096, 10, 10**9, (1.0, 2.0, 4.0), (1.0, 1.0, 2.0), "b", True
+    )
+    assert row.kvtier_gbps == pytest.approx(0.5)  # median time 2 s
+    assert row.baseline_gbps == pytest.approx(1.0)
+    assert row.ratio == pytest.approx(0.5)  # per repeat: 1.0, 0.5, 0.5
+    assert not row.target_met
+    assert row.label == "cpu -> cpu"
+
+
+def test_help_shows_examples_and_exit_status() -> None:
+    code, stdout, _ = bench("--help")
+    assert code == 0
+    assert "kvtier bench --quick" in stdout and "Exit status" in stdout

@@ -1,0 +1,967 @@
+"""Data-path throughput: kvtier's copies and disk I/O against this machine's own limits.
+
+A benchmark that prints figures; it asserts nothing about speed. Every figure is kvtier's
+achieved bandwidth next to a baseline measured in the same run, on the same bytes and the
+same memory or filesystem, so that the ratio says how much of what the machine can do kvtier
+gets (the target is 80 %), whatever the machine.
+
+What is measured (per block size; GB/s are 10**9 bytes per second)
+-----------------------------------------------------------------
+``cpu -> cpu``: `TensorCopier.copy` of N blocks between two host `TorchPool`s, at scattered
+slots (independent random permutations of the source and destination rows) and as one
+contiguous run; baseline: one `dst.copy_(src)` of the two pools' whole tensors (the same
+total bytes).
+
+``cpu -> disk``: `DiskStore.write` of N blocks (fsync on, O_DIRECT where the probe allows,
+no compression) taken from scattered rows of a host pool into consecutive slots of the store,
+fresh keys every time (so each write first unindexes the previous occupants, as in a full
+tier); baseline: `os.pwrite` of the same pool memory (buffered, one call) and `os.fsync`, to
+a preallocated file in the same directory.
+
+``disk -> cpu``: `DiskStore.read` of those N blocks (every checksum verified) into scattered
+rows of another host pool; baseline: `os.preadv` of the same bytes straight from the store's
+slab file, with O_DIRECT (into page-aligned memory) when the filesystem allows it, so that
+neither side reads from the page cache; otherwise both read buffered, and the table says so.
+
+``cpu -> gpu`` / ``gpu -> cpu`` (only where `torch.cuda.is_available()`): `TensorCopier.copy`
+between a pinned host pool and a pool on the GPU, scattered and contiguous, both directions;
+baseline: one `copy_(..., non_blocking=True)` of the whole pool between the same pinned and
+device tensors followed by `torch.cuda.synchronize()`. Both sides are wall-clock times that
+start after a `torch.cuda.synchronize()`; kvtier's ends when its awaited copy returns (it
+polls a CUDA event without blocking the event loop, as the engine does).
+
+``bookkeeping``: block-operations per second of `TierManager` replaying the first
+`QUICK_LIMIT_REQUESTS` requests of the shipped trace (`kvtier.bench.bookkeeping` in its quick
+mode, kvtier alone).
+
+Method
+------
+Every measurement runs once as a warm-up (discarded), then `repeats` times, kvtier and its
+baseline back to back, alternating which goes first. A row shows the median of kvtier's
+times, the median of the baseline's, and as ratio the median over repeats of (kvtier GB/s /
+baseline GB/s) of the same repeat: pairing the two keeps the drift of a noisy machine out of
+the ratio. Pools and buffers are touched before timing (no first-touch page faults are
+timed). After timing, every pair copies fresh bytes once more and checks that each block
+arrived where it belongs (a block's first 8 bytes carry its row and a generation number,
+compared for every block; whole blocks for a sample): a figure for wrong bytes is worthless.
+Files go into a fresh temporary directory (by default next to the disk tier's default
+directory, `~/.cache/kvtier`, so on the same filesystem), removed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import json
+import math
+import mmap
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvtier.errors import InvalidValueError
+from kvtier.keys import OffloadKey, key_from_int
+from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.tensor_copy import TensorCopier
+
+GB = 1e9
+"""A GB/s figure is this many bytes per second (decimal, as disks and links are rated)."""
+
+TARGET = 0.80
+"""kvtier should reach this fraction of the baseline's bandwidth."""
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+DEFAULT_BLOCK_SIZES: tuple[int, ...] = (64 * KIB, 256 * KIB, 2 * MIB)
+DEFAULT_COPY_BYTES = 256 * MIB
+DEFAULT_DISK_BYTES = 128 * MIB
+DEFAULT_GPU_BYTES = 1 * GIB
+DEFAULT_REPEATS = 5
+QUICK_COPY_BYTES = 64 * MIB
+QUICK_DISK_BYTES = 32 * MIB
+QUICK_GPU_BYTES = 256 * MIB
+QUICK_REPEATS = 3
+
+PARTS: tuple[str, ...] = ("cpu", "disk", "gpu", "bookkeeping")
+"""What can be measured: CPU-tier copies, disk writes and reads, GPU <-> pinned CPU copies,
+bookkeeping throughput."""
+
+_JSON_FORMAT = "kvtier.bench.datapath/1"
+_VERIFY_SAMPLE = 16  # whole blocks compared per pair (every block's stamp is compared)
+_SPACE_MARGIN = 3  # free space wanted on the disk: this many times the disk bytes
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One measurement: kvtier against its baseline for one pair, case and block size.
+
+    `kvtier_s` / `baseline_s` are every repeat's wall-clock seconds (warm-up excluded);
+    `baseline` says what the baseline did; `verified` whether every block arrived intact in
+    the place it belongs after the timed runs.
+    """
+
+    pair: str
+    case: str
+    block_size: int
+    blocks: int
+    nbytes: int
+    kvtier_s: tuple[float, ...]
+    baseline_s: tuple[float, ...]
+    baseline: str
+    verified: bool
+
+    @property
+    def kvtier_gbps(self) -> float:
+        """kvtier's bandwidth from its median time."""
+        return _gbps(self.nbytes, statistics.median(self.kvtier_s))
+
+    @property
+    def baseline_gbps(self) -> float:
+        """The baseline's bandwidth from its median time."""
+        return _gbps(self.nbytes, statistics.median(self.baseline_s))
+
+    @property
+    def ratio(self) -> float:
+        """Median over repeats of kvtier's bandwidth over the baseline's in the same repeat."""
+        return float(
+            statistics.median(
+                b / k if k > 0 else math.inf
+                for k, b in zip(self.kvtier_s, self.baseline_s, strict=True)
+            )
+        )
+
+    @property
+    def target_met(self) -> bool:
+        """Whether the bytes were right and the ratio reached `TARGET`."""
+        return self.verified and self.ratio >= TARGET
+
+    @property
+    def label(self) -> str:
+        """The pair and, where there are several, the case: "cpu -> cpu (scattered)"."""
+        return f"{self.pair} ({self.case})" if self.case else self.pair
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kvtier_s"] = list(self.kvtier_s)
+        data["baseline_s"] = list(self.baseline_s)
+        data["kvtier_gbps"] = self.kvtier_gbps
+        data["baseline_gbps"] = self.baseline_gbps
+        data["ratio"] = self.ratio
+        data["target"] = TARGET
+        data["target_met"] = self.target_met
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class BookkeepingRow:
+    """kvtier's bookkeeping throughput for one policy and capacity (all phases together)."""
+
+    policy: str
+    fraction: float
+    capacity: int
+    requests: int
+    ops: int
+    mops: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What to measure and how much: block sizes, bytes per measurement (per kind of pair),
+    repeats, the parts (`PARTS`) and the parent directory of the files (None: the default,
+    see `default_parent_dir`)."""
+
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    copy_bytes: int = DEFAULT_COPY_BYTES
+    disk_bytes: int = DEFAULT_DISK_BYTES
+    gpu_bytes: int = DEFAULT_GPU_BYTES
+    repeats: int = DEFAULT_REPEATS
+    parts: tuple[str, ...] = PARTS
+    directory: Path | None = None
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> Settings:
+        """Smaller measurements and fewer repeats (about 15 s on a small machine)."""
+        values: dict[str, Any] = {
+            "copy_bytes": QUICK_COPY_BYTES,
+            "disk_bytes": QUICK_DISK_BYTES,
+            "gpu_bytes": QUICK_GPU_BYTES,
+            "repeats": QUICK_REPEATS,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def validate(self) -> None:
+        """Raise InvalidValueError naming the first bad setting."""
+        if not self.block_sizes:
+            raise InvalidValueError("give at least one block size")
+        for size in self.block_sizes:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise InvalidValueError(f"a block size must be a positive int, got {size!r}")
+        for name in ("copy_bytes", "disk_bytes", "gpu_bytes", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidValueError(f"{name} must be a positive int, got {value!r}")
+        unknown = [part for part in self.parts if part not in PARTS]
+        if unknown or not self.parts:
+            raise InvalidValueError(
+                f"parts must be some of {', '.join(PARTS)}, got {', '.join(self.parts) or 'none'}"
+            )
+
+
+@dataclass
+class Report:
+    """Everything one run measured, and where and how."""
+
+    settings: Settings
+    rows: list[Row] = field(default_factory=list)
+    bookkeeping: list[BookkeepingRow] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Parts not measured, with the reason (e.g. "gpu": no CUDA)."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def wrong_bytes(self) -> list[Row]:
+        """Rows whose verification failed."""
+        return [row for row in self.rows if not row.verified]
+
+    def to_dict(self) -> dict[str, Any]:
+        settings = asdict(self.settings)
+        settings["directory"] = (
+            None if self.settings.directory is None else str(self.settings.directory)
+        )
+        return {
+            "format": _JSON_FORMAT,
+            "unit": "GB/s = 10**9 bytes per second; Mops/s = 10**6 block-operations per second",
+            "target_ratio": TARGET,
+            "settings": settings,
+            "environment": self.environment,
+            "rows": [row.to_dict() for row in self.rows],
+            "bookkeeping": [row.to_dict() for row in self.bookkeeping],
+            "skipped": self.skipped,
+            "notes": self.notes,
+        }
+
+    def to_json(self) -> str:
+        """The report as a JSON document (for scripts)."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / GB if seconds > 0 else math.inf
+
+
+def format_size(size: int) -> str:
+    """`size` bytes in binary units: "64 KiB", "2 MiB", "1.5 GiB", "100 B"."""
+    for unit, multiplier in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if size >= multiplier:
+            return f"{size / multiplier:.4g} {unit}"
+    return f"{size} B"
+
+
+def default_parent_dir() -> Path:
+    """The disk tier's default directory (`~/.cache/kvtier`), or its nearest existing
+    ancestor: the bench's files then land on the filesystem a default disk tier uses,
+    without creating the cache directory as a side effect."""
+    from kvtier.config import default_cache_dir
+
+    path = default_cache_dir()
+    while not path.is_dir() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def filesystem_of(path: Path) -> str:
+    """The type and mount point of the filesystem holding `path`, e.g. "ext4 on /" (Linux;
+    "unknown" elsewhere)."""
+    resolved = str(path.resolve())
+    best = ("", "unknown")
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best[0]):
+                    best = (point, fields[2])
+    except OSError:
+        return "unknown"
+    return f"{best[1]} on {best[0]}" if best[0] else "unknown"
+
+
+def _fill(rows: npt.NDArray[np.uint8], generation: int, rng: np.random.Generator) -> None:
+    """Give every row of a `[n, block_size]` host array distinct bytes: one random block
+    everywhere, then in each row's first 8 bytes (when it has them) its index and
+    `generation`, which `_stamps` reads back. Touches every page (no faults while timed)."""
+    rows[:] = rng.integers(0, 256, size=rows.shape[1], dtype=np.uint8)
+    if rows.shape[1] >= 8:
+        rows[:, :8] = _expected_stamps(len(rows), generation).view(np.uint8).reshape(-1, 8)
+
+
+def _expected_stamps(count: int, generation: int) -> npt.NDArray[np.uint64]:
+    return (np.arange(count, dtype=np.uint64) | np.uint64(generation << 40)).astype("<u8")
+
+
+def _stamps(rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+    """The first 8 bytes of each row as a little-endian integer."""
+    return np.ascontiguousarray(rows[:, :8]).view("<u8").reshape(-1)
+
+
+def _rows_match(
+    src: npt.NDArray[np.uint8],
+    src_ids: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.uint8],
+    dst_ids: npt.NDArray[np.int64],
+    rng: np.random.Generator,
+) -> bool:
+    """Whether `dst[dst_ids[i]] == src[src_ids[i]]` for every i: stamps of all rows, whole
+    rows for a sample."""
+    if src.shape[1] >= 8 and not np.array_equal(_stamps(dst)[dst_ids], _stamps(src)[src_ids]):
+        return False
+    count = len(src_ids)
+    sample = rng.choice(count, size=min(count, _VERIFY_SAMPLE), replace=False)
+    return all(np.array_equal(dst[dst_ids[i]], src[src_ids[i]]) for i in sample)
+
+
+async def _paired(
+    kvtier: Callable[[], Awaitable[float]],
+    baseline: Callable[[], float],
+    repeats: int,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Seconds of `repeats` runs of each (after one discarded warm-up run each), back to
+    back, alternating which runs first."""
+    await kvtier()
+    baseline()
+    kvtier_s: list[float] = []
+    baseline_s: list[float] = []
+    for repeat in range(repeats):
+        gc.collect()
+        if repeat % 2 == 0:
+            kvtier_s.append(await kvtier())
+            baseline_s.append(baseline())
+        else:
+            baseline_s.append(baseline())
+            kvtier_s.append(await kvtier())
+    return tuple(kvtier_s), tuple(baseline_s)
+
+
+def _blocks(nbytes: int, block_size: int) -> int:
+    return max(1, nbytes // block_size)
+
+
+def _host_pool(num_blocks: int, block_size: int) -> tuple[TorchPool, npt.NDArray[np.uint8]]:
+    pool = TorchPool(num_blocks, block_size)
+    return pool, pool.tensor.numpy()
+
+
+# -- CPU tier copies -----------------------------------------------------------------------
+
+
+async def measure_cpu_copies(
+    block_size: int, nbytes: int, repeats: int, rng: np.random.Generator
+) -> list[Row]:
+    """`TensorCopier.copy` between two host pools (scattered, then contiguous) against one
+    contiguous torch copy of the same bytes."""
+    count = _blocks(nbytes, block_size)
+    total = count * block_size
+    src, src_rows = _host_pool(count, block_size)
+    dst, dst_rows = _host_pool(count, block_size)
+    _fill(src_rows, 1, rng)
+    dst_rows.fill(0)
+    copier = TensorCopier()
+    cases = {
+        "scattered": (rng.permutation(count), rng.permutation(count)),
+        "contiguous": (np.arange(count), np.arange(count)),
+    }
+    rows: list[Row] = []
+    for generation, (case, (src_ids, dst_ids)) in enumerate(cases.items(), start=2):
+
+        async def run_kvtier(s: Any = src_ids, d: Any = dst_ids) -> float:
+            start = time.perf_counter()
+            await copier.copy(src.tensor, s, dst.tensor, d)
+            return time.perf_counter() - start
+
+        def run_baseline() -> float:
+            start = time.perf_counter()
+            dst.tensor.copy_(src.tensor)
+            return time.perf_counter() - start
+
+        kvtier_s, baseline_s = await _paired(run_kvtier, run_baseline, repeats)
+        _fill(src_rows, generation, rng)
+        dst_rows.fill(0)
+        await copier.copy(src.tensor, src_ids, dst.tensor, dst_ids)
+        verified = _rows_match(src_rows, src_ids, dst_rows, dst_ids, rng)
+        rows.append(
+            Row(
+                "cpu -> cpu",
+                case,
+                block_size,
+                count,
+                total,
+                kvtier_s,
+                baseline_s,
+                "one torch copy_ of the whole pool (same bytes)",
+                verified,
+            )
+        )
+    return rows
+
+
+# -- disk ----------------------------------------------------------------------------------
+
+
+def _pwrite_all(fd: int, buffer: memoryview, offset: int) -> None:
+    while buffer.nbytes:
+        written = os.pwrite(fd, buffer, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        buffer = buffer[written:]
+        offset += written
+
+
+def _pread_all(fd: int, buffer: memoryview, offset: int) -> None:
+    while buffer.nbytes:
+        got = os.preadv(fd, [buffer], offset)
+        if got <= 0:
+            raise OSError(errno.EIO, f"preadv read nothing at offset {offset}")
+        buffer = buffer[got:]
+        offset += got
+
+
+def _preallocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)
+
+
+@contextlib.contextmanager
+def _opened(path: Path | str, flags: int) -> Iterator[int]:
+    fd = os.open(path, flags | _O_CLOEXEC, 0o600)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+async def measure_disk(
+    block_size: int,
+    nbytes: int,
+    repeats: int,
+    directory: Path,
+    rng: np.random.Generator,
+) -> tuple[list[Row], dict[str, Any]]:
+    """`DiskStore.write` and `DiskStore.read` of one batch against raw pwrite + fsync and
+    raw (O_DIRECT where possible) preadv of the same bytes; also what the store used."""
+    from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
+
+    count = _blocks(nbytes, block_size)
+    total = count * block_size
+    pool, pool_rows = _host_pool(count, block_size)
+    target, target_rows = _host_pool(count, block_size)
+    _fill(pool_rows, 1, rng)
+    target_rows.fill(0)
+    write_ids = rng.permutation(count)  # slot j gets pool row write_ids[j]
+    read_ids = rng.permutation(count)  # slot j is read into target row read_ids[j]
+    slots = list(range(count))
+    sources = pool.rows(write_ids)
+    targets = target.rows(read_ids)
+    store = await DiskStore.open_async(
+        directory / f"store-{block_size}",
+        block_size=block_size,
+        num_blocks=count,
+        fsync=True,
+        direct_io="auto",
+        # every slot in one slab file, so the raw read can cover them in one call
+        slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, total),
+    )
+    info: dict[str, Any] = {"direct_io": store.direct_io_active}
+    generation = [0]
+
+    def fresh_keys() -> list[OffloadKey]:
+        generation[0] += 1
+        first = generation[0] * count
+        return [key_from_int(first + i) for i in range(count)]
+
+    keys = fresh_keys()
+    try:
+        raw_path = directory / f"raw-{block_size}.bin"
+        with _opened(raw_path, os.O_RDWR | os.O_CREAT) as raw_fd:
+            _preallocate(raw_fd, total)
+            pool_bytes = pool_rows.reshape(-1).data.cast("B")
+
+            async def kvtier_write() -> float:
+                nonlocal keys
+                keys = fresh_keys()
+                start = time.perf_counter()
+                failures = await store.write(keys, slots, sources)
+                elapsed = time.perf_counter() - start
+                _raise_failures("write", failures)
+                return elapsed
+
+            def baseline_write() -> float:
+                start = time.perf_counter()
+                _pwrite_all(raw_fd, pool_bytes, 0)
+                os.fsync(raw_fd)
+                return time.perf_counter() - start
+
+            write_s = await _paired(kvtier_write, baseline_write, repeats)
+        raw_path.unlink()
+
+        # Reads of the blocks just written; then fresh blocks are written and read back once
+        # more, to check that both directions moved the right bytes.
+        slab, offset = store.slot_location(0)
+        raw_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
+        mapping = mmap.mmap(-1, total)
+        landing = memoryview(mapping)
+        try:
+            np.frombuffer(mapping, dtype=np.uint8).fill(0)  # touch every page
+
+            async def kvtier_read() -> float:
+                start = time.perf_counter()
+                failures = await store.read(keys, slots, targets)
+                elapsed = time.perf_counter() - start
+                _raise_failures("read", failures)
+                return elapsed
+
+            def baseline_read() -> float:
+                start = time.perf_counter()
+                _pread_all(read_fd, landing, offset)
+                return time.perf_counter() - start
+
+            read_s = await _paired(kvtier_read, baseline_read, repeats)
+        finally:
+            os.close(read_fd)
+            landing.release()
+            mapping.close()
+        _fill(pool_rows, 99, rng)
+        target_rows.fill(0)
+        keys = fresh_keys()
+        _raise_failures("write", await store.write(keys, slots, sources))
+        failures = await store.read(keys, slots, targets)
+        verified = not any(failures) and _rows_match(
+            pool_rows, write_ids, target_rows, read_ids, rng
+        )
+        how = "O_DIRECT" if raw_direct else "buffered (page cache: O_DIRECT not available)"
+        rows = [
+            Row(
+                "cpu -> disk",
+                "",
+                block_size,
+                count,
+                total,
+                *write_s,
+                "os.pwrite (buffered) + os.fsync of the same bytes, same filesystem",
+                verified,
+            ),
+            Row(
+                "disk -> cpu",
+                "",
+                block_size,
+                count,
+                total,
+                *read_s,
+                f"os.preadv, {how}, of the same bytes from the store's slab file",
+                verified,
+            ),
+        ]
+        info["raw_read"] = "O_DIRECT" if raw_direct else "buffered"
+    finally:
+        await store.aclose()
+        shutil.rmtree(store.directory, ignore_errors=True)
+    return rows, info
+
+
+def _open_for_raw_read(path: Path, direct: bool, block_size: int) -> tuple[bool, int]:
+    """(whether O_DIRECT is on, fd) of `path` for the raw read baseline: O_DIRECT when the
+    store uses it (so neither side reads the page cache), else buffered."""
+    if direct and _O_DIRECT and block_size % 4096 == 0:
+        try:
+            return True, os.open(path, os.O_RDONLY | _O_DIRECT | _O_CLOEXEC)
+        except OSError:
+            pass
+    return False, os.open(path, os.O_RDONLY | _O_CLOEXEC)
+
+
+def _raise_failures(what: str, failures: Sequence[object]) -> None:
+    bad = [failure for failure in failures if failure is not None]
+    if bad:
+        from kvtier.errors import DiskTierError
+
+        raise DiskTierError(
+            f"benchmark disk {what}: {len(bad)} of {len(failures)} blocks failed, e.g. {bad[0]}"
+        )
+
+
+# -- GPU <-> pinned CPU --------------------------------------------------------------------
+
+
+def _host_view(tensor: torch.Tensor) -> npt.NDArray[np.uint8]:
+    """A host numpy array of a pool tensor's bytes (a copy when it is on a GPU)."""
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
+        return tensor.cpu().numpy()
+    return tensor.numpy()
+
+
+async def measure_gpu_copies(
+    block_size: int, nbytes: int, repeats: int, rng: np.random.Generator
+) -> list[Row]:
+    """`TensorCopier.copy` between a pinned host pool and a GPU pool, both directions,
+    scattered and contiguous, against one large pinned `copy_` + synchronize."""
+    count = _blocks(nbytes, block_size)
+    total = count * block_size
+    gpu = TorchPool(count, block_size, "cuda")
+    host = TorchPool(count, block_size, "cpu", pin_memory=True)
+    host_rows = host.tensor.numpy()
+    _fill(host_rows, 1, rng)
+    gpu.tensor.copy_(host.tensor)
+    torch.cuda.synchronize()
+    copier = TensorCopier()
+    cases = {
+        "scattered": (rng.permutation(count), rng.permutation(count)),
+        "contiguous": (np.arange(count), np.arange(count)),
+    }
+    rows: list[Row] = []
+    generation = 1
+    for pair, src, dst in (("cpu -> gpu", host, gpu), ("gpu -> cpu", gpu, host)):
+        for case, (src_ids, dst_ids) in cases.items():
+
+            async def run_kvtier(
+                s: Any = src_ids, d: Any = dst_ids, a: TorchPool = src, b: TorchPool = dst
+            ) -> float:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                await copier.copy(a.tensor, s, b.tensor, d)
+                return time.perf_counter() - start
+
+            def run_baseline(a: TorchPool = src, b: TorchPool = dst) -> float:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                b.tensor.copy_(a.tensor, non_blocking=True)
+                torch.cuda.synchronize()
+                return time.perf_counter() - start
+
+            kvtier_s, baseline_s = await _paired(run_kvtier, run_baseline, repeats)
+            # Fresh bytes at the source and zeros at the destination, so that a copy that
+            # serves stale or unfinished bytes cannot pass.
+            generation += 1
+            _fill(host_rows, generation, rng)
+            if src is gpu:
+                gpu.tensor.copy_(host.tensor)
+                torch.cuda.synchronize()
+                host_rows.fill(0)
+            else:
+                gpu.tensor.zero_()
+                torch.cuda.synchronize()
+            await copier.copy(src.tensor, src_ids, dst.tensor, dst_ids)
+            verified = _rows_match(
+                _host_view(src.tensor), src_ids, _host_view(dst.tensor), dst_ids, rng
+            )
+            rows.append(
+                Row(
+                    pair,
+                    case,
+                    block_size,
+                    count,
+                    total,
+                    kvtier_s,
+                    baseline_s,
+                    "one pinned copy_(non_blocking=True) of the whole pool + synchronize",
+                    verified,
+                )
+            )
+    return rows
+
+
+# -- bookkeeping ---------------------------------------------------------------------------
+
+
+def measure_bookkeeping() -> list[BookkeepingRow]:
+    """kvtier's bookkeeping throughput, `kvtier.bench.bookkeeping` in its quick mode."""
+    from kvtier.bench.bookkeeping import OVERALL, QUICK_LIMIT_REQUESTS, run_bookkeeping_benchmark
+
+    results = run_bookkeeping_benchmark(
+        repeats=1, limit_requests=QUICK_LIMIT_REQUESTS, include_vllm=False
+    )
+    return [
+        BookkeepingRow(
+            policy=result.policy,
+            fraction=result.fraction,
+            capacity=result.capacity,
+            requests=result.requests,
+            ops=result.kvtier.ops,
+            mops=result.kvtier_mops,
+        )
+        for result in results
+        if result.phase == OVERALL
+    ]
+
+
+# -- the benchmark -------------------------------------------------------------------------
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why the GPU rows cannot be measured here, or None when they can."""
+    if torch.cuda.is_available():
+        return None
+    built = torch.version.cuda
+    if built is None:
+        return f"no CUDA: this torch ({torch.__version__}) is built without CUDA"
+    return f"no CUDA device visible to torch {torch.__version__} (built for CUDA {built})"
+
+
+def step_count(settings: Settings) -> int:
+    """How many progress steps `run_datapath_benchmark` reports for `settings`."""
+    per_size = sum(1 for part in ("cpu", "disk") if part in settings.parts)
+    if "gpu" in settings.parts and gpu_unavailable_reason() is None:
+        per_size += 1
+    return per_size * len(settings.block_sizes) + ("bookkeeping" in settings.parts)
+
+
+def _disk_bytes_needed(settings: Settings) -> int:
+    return max(_blocks(settings.disk_bytes, size) * size for size in settings.block_sizes)
+
+
+def _environment(directory: Path | None) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    if directory is not None:
+        env["directory"] = str(directory)
+        env["filesystem"] = filesystem_of(directory)
+    return env
+
+
+def run_datapath_benchmark(
+    settings: Settings, progress: Callable[[str], None] | None = None
+) -> Report:
+    """Measure what `settings` asks for; `progress` receives a line after each step
+    (`step_count` of them). Raises InvalidValueError for bad settings or a directory that
+    cannot hold the files, DiskTierError when a disk write or read fails."""
+    settings.validate()
+    tick = progress if progress is not None else (lambda _: None)
+    report = Report(settings)
+    parent: Path | None = None
+    if "disk" in settings.parts:
+        parent = settings.directory if settings.directory is not None else default_parent_dir()
+        if not parent.is_dir():
+            raise InvalidValueError(f"--dir {parent}: not a directory")
+        needed = _SPACE_MARGIN * _disk_bytes_needed(settings)
+        free = shutil.disk_usage(parent).free
+        if free < needed:
+            raise InvalidValueError(
+                f"{parent} has {format_size(free)} free; the disk measurements want "
+                f"{format_size(needed)} (lower --disk-size or choose another --dir)"
+            )
+    report.environment = _environment(parent)
+    with_gpu = False
+    if "gpu" in settings.parts:
+        gpu_reason = gpu_unavailable_reason()
+        with_gpu = gpu_reason is None
+        if gpu_reason is not None:
+            report.skipped["gpu"] = gpu_reason
+    if any(part in settings.parts for part in ("cpu", "disk", "gpu")):
+        workdir = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=parent)) if parent else None
+        try:
+            if workdir is not None:
+                report.environment["directory"] = str(workdir)
+            asyncio.run(_measure(settings, report, workdir, with_gpu, tick))
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+    if "bookkeeping" in settings.parts:
+        report.bookkeeping = measure_bookkeeping()
+        tick("bookkeeping")
+    return report
+
+
+async def _measure(
+    settings: Settings,
+    report: Report,
+    workdir: Path | None,
+    with_gpu: bool,
+    tick: Callable[[str], None],
+) -> None:
+    rng = np.random.default_rng(settings.seed)
+    direct: dict[str, bool] = {}
+    for block_size in settings.block_sizes:
+        size = format_size(block_size)
+        if "cpu" in settings.parts:
+            report.rows += await measure_cpu_copies(
+                block_size, settings.copy_bytes, settings.repeats, rng
+            )
+            gc.collect()
+            tick(f"cpu copies, {size} blocks")
+        if "disk" in settings.parts:
+            assert workdir is not None
+            rows, info = await measure_disk(
+                block_size, settings.disk_bytes, settings.repeats, workdir, rng
+            )
+            report.rows += rows
+            direct[size] = bool(info["direct_io"])
+            gc.collect()
+            tick(f"disk, {size} blocks")
+        if with_gpu:
+            report.rows += await measure_gpu_copies(
+                block_size, settings.gpu_bytes, settings.repeats, rng
+            )
+            gc.collect()
+            torch.cuda.empty_cache()
+            tick(f"gpu copies, {size} blocks")
+    if direct:
+        report.environment["disk_direct_io"] = direct
+        without = [size for size, on in direct.items() if not on]
+        if without:
+            report.notes.append(
+                f"O_DIRECT was not available for {', '.join(without)} blocks in "
+                f"{report.environment.get('filesystem', 'this filesystem')}: the disk tier "
+                "and the raw read went through the page cache there."
+            )
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def render(report: Report) -> list[Any]:
+    """Rich renderables (tables and lines) showing `report`."""
+    from rich.table import Table
+    from rich.text import Text
+
+    shown: list[Any] = []
+    settings = report.settings
+    if report.rows:
+        table = Table(
+            title=(
+                "Data path: kvtier against this machine's limit, same bytes, same run "
+                f"(median of {settings.repeats} repeat{'s' if settings.repeats > 1 else ''}; "
+                "GB/s = 10^9 B/s)"
+            ),
+            title_justify="left",
+        )
+        for column in ("pair", "block size", "blocks/batch", "kvtier GB/s", "baseline GB/s"):
+            table.add_column(column, justify="left" if column == "pair" else "right")
+        table.add_column("ratio", justify="right")
+        table.add_column(f">= {TARGET:.0%}?", justify="left")
+        order: dict[str, int] = {}
+        for row in report.rows:
+            order.setdefault(row.label, len(order))
+        rows = sorted(report.rows, key=lambda r: (order[r.label], r.block_size))
+        previous = None
+        for row in rows:
+            if previous is not None and row.label != previous:
+                table.add_section()
+            previous = row.label
+            verdict = "WRONG BYTES" if not row.verified else ("yes" if row.target_met else "no")
+            table.add_row(
+                row.label,
+                format_size(row.block_size),
+                f"{row.blocks:,}",
+                f"{row.kvtier_gbps:.2f}",
+                f"{row.baseline_gbps:.2f}",
+                f"{row.ratio:.0%}",
+                verdict,
+            )
+        shown.append(table)
+        baselines: dict[str, str] = {}
+        for row in rows:
+            baselines.setdefault(row.pair, row.baseline)
+        shown.append(Text("Baselines:"))
+        for pair, baseline in baselines.items():
+            shown.append(Text(f"  {pair}: {baseline}"))
+        shown.append(
+            Text(
+                "ratio = median over repeats of kvtier GB/s / baseline GB/s measured back to "
+                "back in the same repeat (so it need not equal the ratio of the two medians)."
+            )
+        )
+    for part, reason in report.skipped.items():
+        shown.append(Text(f"{part} rows skipped: {reason}"))
+    if report.bookkeeping:
+        first = report.bookkeeping[0]
+        table = Table(
+            title=(
+                f"Bookkeeping: kvtier TierManager, first {first.requests:,} requests of the "
+                "shipped trace, one replay (Mops/s = 10^6 block-operations/s)"
+            ),
+            title_justify="left",
+        )
+        for column in ("policy", "capacity", "blocks", "block-ops", "Mops/s"):
+            table.add_column(column, justify="left" if column == "policy" else "right")
+        for book in report.bookkeeping:
+            table.add_row(
+                book.policy,
+                f"{book.fraction:.0%}",
+                f"{book.capacity:,}",
+                f"{book.ops:,}",
+                f"{book.mops:.3f}",
+            )
+        shown.append(table)
+    env = report.environment
+    if "directory" in env:
+        direct = env.get("disk_direct_io", {})
+        on = (
+            "yes"
+            if direct and all(direct.values())
+            else ("partly" if any(direct.values()) else "no")
+        )
+        shown.append(
+            Text(
+                f"Disk files: {env['directory']} ({env.get('filesystem', 'unknown')}), removed "
+                f"afterwards; O_DIRECT used by the disk tier: {on}."
+            )
+        )
+    shown.append(
+        Text(
+            f"Machine: {env.get('cpus')} CPUs, torch {env.get('torch')} "
+            f"({env.get('torch_threads')} threads), "
+            f"{env.get('cuda_device') or 'no CUDA device'}."
+        )
+    )
+    for note in report.notes:
+        shown.append(Text(note))
+    for row in report.wrong_bytes:
+        shown.append(
+            Text(
+                f"ERROR: {row.label}, {format_size(row.block_size)} blocks: blocks did not "
+                "arrive intact where they belong; kvtier moved wrong bytes.",
+                style="bold red",
+            )
+        )
+    return shown

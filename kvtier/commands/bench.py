@@ -1,0 +1,194 @@
+"""`kvtier bench`: how fast the data path is on this machine, next to what the machine can do.
+
+The measurements are in `kvtier.bench.datapath` (see its docstring for the method); this
+module parses options, shows progress, prints the tables or the JSON, and turns the outcome
+into an exit status: 0, 1 when some pair moved wrong bytes, 2 for bad input (one line).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from kvtier.console import out, progress
+from kvtier.errors import InvalidValueError
+
+EXIT_WRONG_BYTES = 1
+TABLE_WIDTH = 110
+
+
+class OneLineErrors(click.Command):
+    """A command whose bad options are one line and exit status 2, like every other kvtier
+    error: click's usage errors (a value out of range, an unknown option) become
+    `InvalidValueError`s, which the `kvtier` group prints as `kvtier: error: ...`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            raise InvalidValueError(
+                f"{error.format_message()} (see {ctx.command_path} --help)"
+            ) from None
+
+
+def parse_sizes(text: str, option: str) -> tuple[int, ...]:
+    """A comma list of sizes ("64KiB,2MiB,4096") as bytes; InvalidValueError naming
+    `option` otherwise."""
+    from kvtier.config import parse_size
+
+    sizes: list[int] = []
+    for item in text.split(","):
+        try:
+            sizes.append(parse_size(item.strip()))
+        except InvalidValueError as error:
+            raise InvalidValueError(f"{option}: {error}") from None
+    return tuple(dict.fromkeys(sizes))
+
+
+def parse_size_option(text: str, option: str) -> int:
+    """One size ("128MiB") as bytes; InvalidValueError naming `option` otherwise."""
+    sizes = parse_sizes(text, option)
+    if len(sizes) != 1:
+        raise InvalidValueError(f"{option}: expected one size, got {text!r}")
+    return sizes[0]
+
+
+def parse_parts(text: str) -> tuple[str, ...]:
+    """`--pairs` as a tuple of `PARTS` names, in the given order."""
+    from kvtier.bench.datapath import PARTS
+
+    parts = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown or not parts:
+        raise InvalidValueError(
+            f"--pairs: unknown {', '.join(repr(p) for p in unknown) or 'empty list'}; "
+            f"choose from {','.join(PARTS)}"
+        )
+    return parts
+
+
+@click.command(cls=OneLineErrors)
+@click.option(
+    "--block-sizes",
+    "block_sizes",
+    default="64KiB,256KiB,2MiB",
+    show_default=True,
+    help="Comma list of block sizes (byte counts or sizes like 256KiB).",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed runs per figure, after one discarded warm-up run [default: 5; --quick: 3].",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Smaller measurements and 3 repeats: about 15 s instead of a minute or two.",
+)
+@click.option(
+    "--copy-size",
+    default=None,
+    help="Bytes per CPU copy measurement [default: 256MiB; --quick: 64MiB].",
+)
+@click.option(
+    "--disk-size",
+    default=None,
+    help="Bytes per disk measurement [default: 128MiB; --quick: 32MiB].",
+)
+@click.option(
+    "--gpu-size",
+    default=None,
+    help="Bytes per GPU copy measurement [default: 1GiB; --quick: 256MiB].",
+)
+@click.option(
+    "--pairs",
+    "pairs",
+    default="cpu,disk,gpu,bookkeeping",
+    show_default=True,
+    help="What to measure: cpu (CPU-tier copies), disk (writes and reads), gpu (GPU <-> "
+    "pinned CPU, when CUDA is available), bookkeeping.",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to put the disk files (a temporary directory is made inside and removed "
+    "afterwards) [default: the disk tier's default directory ~/.cache/kvtier, or its nearest "
+    "existing parent, so the same filesystem].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report only.")
+def bench(
+    block_sizes: str,
+    repeats: int | None,
+    quick: bool,
+    copy_size: str | None,
+    disk_size: str | None,
+    gpu_size: str | None,
+    pairs: str,
+    directory: Path | None,
+    as_json: bool,
+) -> None:
+    """Data-path throughput on this machine, next to the machine's own limit.
+
+    For each tier pair and block size: kvtier's achieved GB/s (10^9 B/s) and a baseline
+    measured in the same run on the same bytes, and the ratio (target: 80 %):
+
+    \b
+      cpu -> cpu   TensorCopier.copy between host pools, scattered slots and one
+                   contiguous run | one torch copy_ of the whole pool
+      cpu -> disk  DiskStore.write (fsync, O_DIRECT where possible) | os.pwrite + os.fsync
+      disk -> cpu  DiskStore.read (checksums verified) | os.preadv with O_DIRECT
+      cpu <-> gpu  TensorCopier.copy, pinned host pool and GPU pool (only with CUDA)
+                   | one pinned copy_(non_blocking=True) + synchronize
+
+    and the bookkeeping's block-operations per second. Each figure is the median of
+    --repeats runs after a warm-up run; the ratio pairs kvtier with the baseline run right
+    next to it. After timing, every pair's bytes are checked block by block. Nothing here
+    is a pass/fail test of speed: the VM or disk you run on may be noisy.
+
+    Exit status: 0 measured; 1 some pair moved wrong bytes; 2 bad options.
+
+    \b
+    Examples:
+      kvtier bench
+      kvtier bench --quick
+      kvtier bench --block-sizes 256KiB --repeats 9 --pairs cpu,disk
+      kvtier bench --dir /mnt/nvme --json > bench.json
+    """
+    from kvtier.bench.datapath import Settings, render, run_datapath_benchmark, step_count
+
+    sizes = parse_sizes(block_sizes, "--block-sizes")
+    values: dict[str, Any] = {"block_sizes": sizes, "parts": parse_parts(pairs)}
+    for option, name, text in (
+        ("--copy-size", "copy_bytes", copy_size),
+        ("--disk-size", "disk_bytes", disk_size),
+        ("--gpu-size", "gpu_bytes", gpu_size),
+    ):
+        if text is not None:
+            values[name] = parse_size_option(text, option)
+    if repeats is not None:
+        values["repeats"] = repeats
+    if directory is not None:
+        values["directory"] = directory
+    settings = Settings.quick(**values) if quick else Settings(**values)
+    settings.validate()
+
+    with progress("measuring the data path", step_count(settings)) as advance:
+        report = run_datapath_benchmark(settings, progress=lambda _: advance(1))
+    if as_json:
+        click.echo(report.to_json())
+    else:
+        # Piped or redirected output is not squeezed into 80 columns: the table stays readable.
+        console = out
+        if not out.is_terminal:
+            console = Console(width=TABLE_WIDTH, highlight=False, soft_wrap=True)
+        for renderable in render(report):
+            console.print(renderable)
+    if report.wrong_bytes:
+        sys.exit(EXIT_WRONG_BYTES)

@@ -1,0 +1,176 @@
+"""`kvtier check`: every block of a config's disk tiers verified; exit status says what it found."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kvtier.cli import main
+from kvtier.config import DiskTierConfig, load_config
+from kvtier.keys import key_from_int
+from kvtier.tiers.disk import DiskStore
+
+BLOCK = 4096
+BLOCKS = 6
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def write_config(tmp_path: Path, capacity: int = 16, extra_tier: str = "") -> Path:
+    config = tmp_path / "chain.toml"
+    config.write_text(
+        f"block_size = {BLOCK}\n"
+        'model_id = "test-model"\n'
+        f"{extra_tier}"
+        '[[tiers]]\nname = "ssd"\nmedium = "disk"\n'
+        f'capacity = {capacity}\npath = "{tmp_path / "tier"}"\n'
+    )
+    return config
+
+
+def open_store(config_path: Path) -> DiskStore:
+    config = load_config(config_path)
+    tier = config.tiers[-1]
+    assert isinstance(tier, DiskTierConfig)
+    return DiskStore.from_config(tier, config.block_size, config.model_id)
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> tuple[Path, list[int]]:
+    """A config whose disk tier holds BLOCKS blocks (keys 0..5 in slots 10..15)."""
+    config = write_config(tmp_path)
+    store = open_store(config)
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (BLOCKS, BLOCK), dtype=np.uint8)
+    slots = list(range(10, 10 + BLOCKS))
+    keys = [key_from_int(i) for i in range(BLOCKS)]
+    try:
+        assert not any(asyncio.run(store.write(keys, slots, list(blocks))))
+    finally:
+        store.close()
+    return config, slots
+
+
+def flip_byte(config: Path, slot: int) -> None:
+    store = open_store(config)
+    try:
+        slab, offset = store.slot_location(slot)
+    finally:
+        store.close()
+    with open(slab, "r+b") as file:
+        file.seek(offset + 123)
+        byte = file.read(1)[0]
+        file.seek(offset + 123)
+        file.write(bytes([byte ^ 0x5A]))
+
+
+def test_a_sound_disk_tier_exits_0(stored: tuple[Path, list[int]]) -> None:
+    config, _ = stored
+    code, stdout, stderr = run("check", "--config", str(config))
+    assert code == 0, stdout + stderr
+    assert "disk tier 'ssd'" in stdout
+    assert f"{BLOCKS} index records checked" in stdout
+    assert "all sound" in stdout
+
+
+def test_a_flipped_byte_is_listed_with_its_key_and_exits_1(
+    stored: tuple[Path, list[int]],
+) -> None:
+    config, slots = stored
+    flip_byte(config, slots[2])
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 1
+    key = key_from_int(2).hex()
+    line = next(line for line in stdout.splitlines() if key in line)
+    assert f"slot {slots[2]}" in line and "checksum mismatch" in line
+    assert "1 problem:" in stdout and "--repair" in stdout
+    # Nothing was dropped: a second check finds the same problem.
+    assert run("check", "--config", str(config))[0] == 1
+
+
+def test_repair_drops_the_bad_block_exits_3_and_then_the_tier_is_clean(
+    stored: tuple[Path, list[int]],
+) -> None:
+    config, slots = stored
+    flip_byte(config, slots[4])
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout
+    assert key_from_int(4).hex() in stdout and "dropped 1 bad record" in stdout
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 0, stdout
+    assert f"{BLOCKS - 1} index records checked" in stdout
+    store = open_store(config)
+    try:
+        assert key_from_int(4) not in store and key_from_int(3) in store
+    finally:
+        store.close()
+
+
+def test_a_tier_in_use_cannot_be_checked_exit_4(stored: tuple[Path, list[int]]) -> None:
+    config, _ = stored
+    store = open_store(config)  # holds the lock, as a running hierarchy does
+    try:
+        code, stdout, _ = run("check", "--config", str(config))
+    finally:
+        store.close()
+    assert code == 4
+    assert "in use" in stdout and "running kvtier" in stdout
+    assert "Traceback" not in stdout
+
+
+@pytest.mark.usefixtures("stored")
+def test_a_store_sized_for_another_capacity_is_not_opened_unless_repair(tmp_path: Path) -> None:
+    smaller = write_config(tmp_path, capacity=12)  # slots 12..15 would be cut off
+    code, stdout, _ = run("check", "--config", str(smaller))
+    assert code == 1
+    assert "16 blocks" in stdout and "not opened" in stdout
+    code, stdout, _ = run("check", "--config", str(smaller), "--repair")
+    assert code == 3, stdout
+    assert "4 records dropped when the store opened" in stdout
+    assert run("check", "--config", str(smaller))[0] == 0
+
+
+def test_a_tier_directory_that_does_not_exist_holds_nothing_and_is_not_created(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path)
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 0
+    assert "nothing stored yet" in stdout
+    assert not (tmp_path / "tier").exists()
+
+
+def test_a_config_without_disk_tiers_has_nothing_to_check(tmp_path: Path) -> None:
+    config = tmp_path / "cpu.toml"
+    config.write_text('block_size = 4096\n[[tiers]]\nname = "c"\nmedium = "cpu"\ncapacity = 4\n')
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 0
+    assert "no disk tier, nothing to check" in stdout
+
+
+def test_a_missing_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    code, stdout, stderr = run("check", "--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert stderr.count("\n") == 1 and "config file not found" in stderr
+    assert "Traceback" not in stdout + stderr
+
+
+def test_no_config_option_is_one_line_exit_2() -> None:
+    code, _, stderr = run("check")
+    assert code == 2
+    assert stderr.count("\n") == 1 and "--config" in stderr
+
+
+def test_help_documents_the_exit_status() -> None:
+    code, stdout, _ = run("check", "--help")
+    assert code == 0
+    for status in ("0  every disk tier is sound", "1  problems found", "3  problems found"):
+        assert status in stdout
+    assert "kvtier check --config" in stdout
