@@ -192,6 +192,10 @@ def _checksum(data: Stored) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def _checksums(blocks: Sequence[Stored]) -> list[int]:
+    return [_checksum(data) for data in blocks]
+
+
 def _index_failure(error: Exception) -> OSError:
     """A per-block write failure for an index (LMDB) error."""
     return OSError(errno.EIO, f"disk tier index: {error}")
@@ -290,6 +294,7 @@ class DiskStore(BlockStorage):
         self._lock_fd: int | None = None
         self._index: BlockIndex | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._hasher: ThreadPoolExecutor | None = None
         self._closed = False
         self._close_lock = threading.Lock()
         # Writers of the index (LMDB transactions and the matching in-memory updates) take
@@ -311,6 +316,9 @@ class DiskStore(BlockStorage):
                 raise DiskTierError(f"cannot open the disk tier at {self.path}: {error}") from error
             raise
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="kvtier-disk")
+        # Checksums of a batch being written are taken here while its worker waits for the
+        # disk (a separate pool: a worker never waits on a job queued behind itself).
+        self._hasher = ThreadPoolExecutor(max_workers, thread_name_prefix="kvtier-disk-hash")
 
     @classmethod
     def from_config(
@@ -516,6 +524,9 @@ class DiskStore(BlockStorage):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self._hasher is not None:
+                self._hasher.shutdown(wait=True)
+                self._hasher = None
             self._release()
 
     async def aclose(self) -> None:
@@ -718,7 +729,12 @@ class DiskStore(BlockStorage):
         results: list[OSError | None] = [None] * count
         encoded = [self._codec.encode(buffer) for buffer in buffers]
         lengths = [memoryview(data).nbytes for _, data in encoded]
-        checksums = [_checksum(data) for _, data in encoded]
+        stored_bytes = [data for _, data in encoded]
+        # The checksums are taken alongside the writes (xxh3 holds the GIL, pwritev does
+        # not), and are needed only to index the blocks once they are durable.
+        hasher = self._hasher
+        hashing = None if hasher is None else hasher.submit(_checksums, stored_bytes)
+        checksums = _checksums(stored_bytes) if hashing is None else None
         payloads = self._write_payloads(encoded, lengths, buffers)
         runs = self._layout.runs(
             range(count),
@@ -743,6 +759,9 @@ class DiskStore(BlockStorage):
                 except OSError as error:
                     for member in members:
                         results[member] = error
+        if hashing is not None:
+            checksums = hashing.result()  # also: the buffers are not read after we return
+        assert checksums is not None
         stored = [member for member in range(count) if results[member] is None]
         if stored:
             try:
