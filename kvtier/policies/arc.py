@@ -34,15 +34,12 @@ from kvtier.policies.base import CachePolicy, check_evict_count
 # compared in the eviction planner's loop, where enum members cost an attribute lookup each.
 _NEW, _FROM_B1, _FROM_B2 = 0, 1, 2
 
-# The steps of an eviction plan, applied in order.
-_POP_B1 = 0  # delete the LRU key of B1
-_POP_B2 = 1  # delete the LRU key of B2
-_EVICT_T1 = 2  # move a T1 block to the MRU end of B1
-_EVICT_T2 = 3  # move a T2 block to the MRU end of B2
-_DROP_T1 = 4  # delete a T1 block without remembering it (paper case IV.A, |T1| = c)
+# What an eviction plan does with each victim.
+_EVICT_T1 = 0  # move a T1 block to the MRU end of B1
+_EVICT_T2 = 1  # move a T2 block to the MRU end of B2
+_DROP_T1 = 2  # delete a T1 block without remembering it (paper case IV.A, |T1| = c)
 
 _Entry = tuple[OffloadKey, BlockStatus]
-_Step = tuple[int, _Entry | None]
 _Entries = Iterator[_Entry]
 
 
@@ -70,9 +67,11 @@ class ARCCachePolicy(CachePolicy):
         # call probing two lists, and a tier calls it several times per block.
         self._resident: dict[OffloadKey, BlockStatus] = {}
         self._p = 0.0
-        # Keys announced by on_store_miss, in order, mapped to whether p already adapted to
-        # them (evict adapts for every announced key; insert for one it did not see).
-        self._incoming: dict[OffloadKey, bool] = {}
+        # Keys announced by on_store_miss, in order (a dict used as an ordered set), and
+        # whether p already adapted to them: evict adapts for every announced key at once, so
+        # one flag serves them all; insert adapts for a key that evict did not see.
+        self._incoming: dict[OffloadKey, None] = {}
+        self._incoming_adapted = False
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -105,13 +104,33 @@ class ARCCachePolicy(CachePolicy):
         resident = self._resident
         self._check_insert_batch(keys, blocks, resident)
         t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
-        pop_incoming = self._incoming.pop
+        incoming = self._incoming
         c = self.cache_capacity
-        p = self._p
-        # List sizes kept in locals: cheaper than four len() calls per key for the bound test.
         t1n, t2n, b1n, b2n = len(t1), len(t2), len(b1), len(b2)
+        m = len(keys)
+        # A batch of new keys (no ghost hit) that never trips the ghost bound (only |T1|
+        # grows, so the last key is the first that could) changes nothing but T1: insert it
+        # with C-level updates. This is a tier's usual batch.
+        if (
+            b1.keys().isdisjoint(keys)
+            and b2.keys().isdisjoint(keys)
+            and not (b1n and t1n + m + b1n > c)
+            and not ((b1n or b2n) and t1n + m + t2n + b1n + b2n > 2 * c)
+        ):
+            t1.update(zip(keys, blocks, strict=True))
+            resident.update(zip(keys, blocks, strict=True))
+            if incoming:
+                if list(incoming) == list(keys):  # exactly the announced keys, as a tier does
+                    incoming.clear()
+                else:
+                    for key in keys:
+                        incoming.pop(key, None)
+            return
+        p = self._p
+        adapted_all = self._incoming_adapted
         for key, block in zip(keys, blocks, strict=True):
-            adapted = pop_incoming(key, False)
+            # pop returns the stored None for an announced key, False for any other
+            adapted = incoming.pop(key, False) is None and adapted_all
             if key in b1:
                 if not adapted:  # case II: a B1 ghost hit grows T1's target
                     p = min(p + (1.0 if b1n >= b2n else b2n / b1n), float(c))
@@ -161,7 +180,11 @@ class ARCCachePolicy(CachePolicy):
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         resident = self._resident
-        self._incoming = {key: False for key in keys if key not in resident}
+        if resident.keys().isdisjoint(keys):  # a tier announces only absent keys: C-level
+            self._incoming = dict.fromkeys(keys)
+        else:
+            self._incoming = {key: None for key in keys if key not in resident}
+        self._incoming_adapted = False
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
@@ -173,29 +196,28 @@ class ARCCachePolicy(CachePolicy):
         plan = self._plan_evictions(n, protected)
         if plan is None:
             return None
-        steps, p = plan
+        victims, ops, pops_b1, pops_b2, p = plan
         t1, t2, b1, b2, resident = self._t1, self._t2, self._b1, self._b2, self._resident
-        victims: list[tuple[OffloadKey, BlockStatus]] = []
-        for op, entry in steps:
-            if entry is None:
-                if op == _POP_B1:
-                    if b1:
-                        b1.popitem(last=False)
-                elif b2:  # _POP_B2
-                    b2.popitem(last=False)
-                continue
-            key = entry[0]
+        for (key, _), op in zip(victims, ops, strict=True):
             del resident[key]
-            if op == _EVICT_T2:
+            if op == _EVICT_T1:
+                del t1[key]
+                b1[key] = None
+            elif op == _EVICT_T2:
                 del t2[key]
                 b2[key] = None
-            else:
+            else:  # _DROP_T1
                 del t1[key]
-                if op == _EVICT_T1:
-                    b1[key] = None
-            victims.append(entry)
+        # The planner pops a ghost list only when its count of that list is positive, and
+        # the count never exceeds the list's real length at that step (ghost hits leave their
+        # list only at insert), so no pop finds its list empty: popping the oldest ghosts
+        # after the evictions joined the lists leaves the lists the step-by-step order does.
+        for _ in range(pops_b1):
+            b1.popitem(last=False)
+        for _ in range(pops_b2):
+            b2.popitem(last=False)
         self._p = p
-        self._incoming = dict.fromkeys(self._incoming, True)
+        self._incoming_adapted = True
         self._bound_ghosts()
         return victims
 
@@ -206,6 +228,7 @@ class ARCCachePolicy(CachePolicy):
         self._b2.clear()
         self._resident.clear()
         self._incoming.clear()
+        self._incoming_adapted = False
         self._p = 0.0
 
     def __len__(self) -> int:
@@ -218,8 +241,10 @@ class ARCCachePolicy(CachePolicy):
 
     def _plan_evictions(
         self, n: int, protected: Collection[OffloadKey]
-    ) -> tuple[list[_Step], float] | None:
-        """Decide n evictions without changing anything: the steps in order and the new p.
+    ) -> tuple[list[_Entry], list[int], int, int, float] | None:
+        """Decide n evictions without changing anything: the victims in order, what happens
+        to each (`_EVICT_T1`, `_EVICT_T2` or `_DROP_T1`), how many of the oldest ghosts of B1
+        and of B2 to delete, and the new p; or None when n blocks cannot be evicted.
 
         Serves the announced keys in order as single requests: those before the last n fill
         free slots (only p adapts), each of the last n pays for one eviction. List sizes are
@@ -234,12 +259,14 @@ class ARCCachePolicy(CachePolicy):
         if len(incoming) >= n:
             free_slot_keys, paying_keys = incoming[:-n], incoming[-n:]
         else:
-            # More evictions than announced keys: the unannounced ones are plain misses.
+            # More evictions than announced keys: the unannounced ones (None) are plain misses.
             unannounced: list[OffloadKey | None] = [None] * (n - len(incoming))
             free_slot_keys, paying_keys = [], unannounced + incoming
         t1_entries: _Entries = iter(self._t1.items())
         t2_entries: _Entries = iter(self._t2.items())
-        steps: list[_Step] = []
+        victims: list[_Entry] = []
+        ops: list[int] = []
+        pops_b1 = pops_b2 = 0
 
         # Keys served by free slots: p adapts to ghost hits (cases II and III), then the key
         # joins T2 (a ghost hit) or T1 (a new key).
@@ -253,61 +280,87 @@ class ARCCachePolicy(CachePolicy):
             else:
                 t1n += 1
 
+        # `victim = next(entries, None)`, re-checked, is _next_evictable's first iteration
+        # without its call: the oldest block of a list is nearly always evictable.
+        #
+        # `steady`: a new key now would take case IV.A with |T1| < c and |B1| > 0 (delete
+        # B1's LRU) and REPLACE from T1 (|T1| > p): it evicts T1's next block to B1 and joins
+        # T1, leaving every count and p as they were, so the next new key takes the same path.
+        # Runs of new keys (most of a tier's misses) then cost a victim each, nothing more.
+        steady = b1n > 0 and p < t1n < c <= t1n + b1n
         for key in paying_keys:
-            if key is not None and key in b1:
+            if steady and key is not None and key not in b1 and key not in b2:
+                victim = next(t1_entries, None)
+                if victim is None or victim[1].ref_cnt or victim[0] in protected:
+                    victim = _next_evictable(t1_entries, protected)
+                if victim is not None:
+                    victims.append(victim)
+                    ops.append(_EVICT_T1)
+                    pops_b1 += 1
+                    continue
+                # T1 has no evictable block left: the general path below takes T2's.
+            if key in b1:  # case II (None, an unannounced miss, is in no list)
                 origin = _FROM_B1
                 p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
-            elif key is not None and key in b2:
+            elif key in b2:  # case III
                 origin = _FROM_B2
                 p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
-            else:
+            else:  # case IV
                 origin = _NEW
-            drop_t1_lru = False
-            if origin == _NEW:
-                if t1n + b1n >= c:  # case IV.A: L1 is full
-                    if t1n < c:
-                        if b1n > 0:
-                            steps.append((_POP_B1, None))
-                            b1n -= 1
-                    else:
-                        drop_t1_lru = True
-                elif t1n + t2n + b1n + b2n >= 2 * c and b2n > 0:  # case IV.B, directory full
-                    steps.append((_POP_B2, None))
+                if t1n + b1n >= c:  # IV.A: L1 is full
+                    if t1n >= c:
+                        # |T1| = c: delete T1's LRU block without remembering it
+                        victim = next(t1_entries, None)
+                        if victim is None or victim[1].ref_cnt or victim[0] in protected:
+                            victim = _next_evictable(t1_entries, protected)
+                        if victim is not None:
+                            victims.append(victim)
+                            ops.append(_DROP_T1)
+                            t1n -= 1
+                        else:  # T1's blocks are all pinned: fall back to REPLACE from T2
+                            victim = _next_evictable(t2_entries, protected)
+                            if victim is None:
+                                return None
+                            victims.append(victim)
+                            ops.append(_EVICT_T2)
+                            t2n, b2n = t2n - 1, b2n + 1
+                        if key is not None:
+                            t1n += 1
+                        steady = b1n > 0 and p < t1n < c <= t1n + b1n
+                        continue
+                    if b1n > 0:
+                        pops_b1 += 1
+                        b1n -= 1
+                elif t1n + t2n + b1n + b2n >= 2 * c and b2n > 0:  # IV.B, directory full
+                    pops_b2 += 1
                     b2n -= 1
-            if drop_t1_lru:
-                victim = _next_evictable(t1_entries, protected)
-                if victim is not None:
-                    steps.append((_DROP_T1, victim))
-                    t1n -= 1
-                else:  # T1's blocks are all pinned: fall back to REPLACE from T2
-                    victim = _next_evictable(t2_entries, protected)
-                    if victim is None:
-                        return None
-                    steps.append((_EVICT_T2, victim))
-                    t2n, b2n = t2n - 1, b2n + 1
-            else:
-                # REPLACE(x, p)
-                from_t1 = t1n > 0 and (t1n > p or (origin == _FROM_B2 and t1n == p))
-                victim = _next_evictable(t1_entries if from_t1 else t2_entries, protected)
-                if victim is None:
+            # REPLACE(x, p)
+            from_t1 = t1n > 0 and (t1n > p or (origin == _FROM_B2 and t1n == p))
+            entries = t1_entries if from_t1 else t2_entries
+            victim = next(entries, None)
+            if victim is None or victim[1].ref_cnt or victim[0] in protected:
+                victim = _next_evictable(entries, protected)
+                if victim is None:  # none evictable there: take the other list's
                     from_t1 = not from_t1
                     victim = _next_evictable(t1_entries if from_t1 else t2_entries, protected)
                     if victim is None:
                         return None
-                if from_t1:
-                    steps.append((_EVICT_T1, victim))
-                    t1n, b1n = t1n - 1, b1n + 1
-                else:
-                    steps.append((_EVICT_T2, victim))
-                    t2n, b2n = t2n - 1, b2n + 1
-            if key is not None:  # the requested key joins T2 (a ghost hit) or T1 (new)
-                if origin == _FROM_B1:
-                    t2n, b1n = t2n + 1, b1n - 1
-                elif origin == _FROM_B2:
-                    t2n, b2n = t2n + 1, b2n - 1
-                else:
-                    t1n += 1
-        return steps, p
+            victims.append(victim)
+            if from_t1:
+                ops.append(_EVICT_T1)
+                t1n, b1n = t1n - 1, b1n + 1
+            else:
+                ops.append(_EVICT_T2)
+                t2n, b2n = t2n - 1, b2n + 1
+            # the requested key joins T2 (a ghost hit) or T1 (a new key)
+            if origin == _FROM_B1:
+                t2n, b1n = t2n + 1, b1n - 1
+            elif origin == _FROM_B2:
+                t2n, b2n = t2n + 1, b2n - 1
+            elif key is not None:
+                t1n += 1
+            steady = b1n > 0 and p < t1n < c <= t1n + b1n
+        return victims, ops, pops_b1, pops_b2, p
 
     def _bound_ghosts(self) -> None:
         c = self.cache_capacity
