@@ -150,24 +150,17 @@ class TierManager(OffloadingManager):
                 return None
             self._num_evictable -= len(evicted)
             evicted_keys = [key for key, _ in evicted]
-            evicted_blocks = [block for _, block in evicted]
-            backend.free_blocks(evicted_blocks)
-            evicted_spec = backend.get_load_store_spec(evicted_keys, evicted_blocks)
+            evicted_spec = backend.evict_blocks(evicted_keys, [block for _, block in evicted])
             if self._events is not None:
                 self._events.append(
                     OffloadingEvent(
                         tuple(evicted_keys), self.block_size, self.medium, True, self.name
                     )
                 )
-        blocks = backend.allocate_blocks(keys_to_store)
+        blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
         self._num_pending += len(blocks)
-        return PrepareStoreOutput(
-            keys_to_store,
-            backend.get_load_store_spec(keys_to_store, blocks),
-            evicted_keys,
-            evicted_spec,
-        )
+        return PrepareStoreOutput(keys_to_store, store_spec, evicted_keys, evicted_spec)
 
     def complete_store(
         self,

@@ -65,6 +65,24 @@ class Backend(ABC):
         for block in blocks:
             self.free(block)
 
+    def allocate_with_spec(
+        self, block_hashes: Sequence[OffloadKey]
+    ) -> tuple[list[BlockStatus], LoadStoreSpec]:
+        """`allocate_blocks`, and the spec of where the new blocks are to be written: what a
+        store needs, in one call (a backend may build both from the same slot ids)."""
+        blocks = self.allocate_blocks(block_hashes)
+        return blocks, self.get_load_store_spec(block_hashes, blocks)
+
+    def evict_blocks(
+        self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
+    ) -> LoadStoreSpec:
+        """Free the slots of evicted blocks (as `free_blocks`) and return where the blocks
+        were: their bytes stay there until a slot is allocated again, which lets a chained
+        manager demote them first."""
+        spec = self.get_load_store_spec(block_hashes, blocks)
+        self.free_blocks(blocks)
+        return spec
+
     @abstractmethod
     def get_load_store_spec(
         self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
@@ -103,7 +121,18 @@ class SlotPoolBackend(Backend):
         return len(self._free_list) + self._num_blocks - self._num_fresh_used
 
     def allocate_blocks(self, block_hashes: Sequence[OffloadKey]) -> list[BlockStatus]:
-        wanted = len(block_hashes)
+        return pending_blocks(self._allocate_slots(len(block_hashes)))
+
+    def allocate_with_spec(
+        self, block_hashes: Sequence[OffloadKey]
+    ) -> tuple[list[BlockStatus], LoadStoreSpec]:
+        # The spec comes from the slot ids just chosen: no block_id read back per block.
+        slots = self._allocate_slots(len(block_hashes))
+        return pending_blocks(slots), self._spec_type.from_valid_ids(slots)
+
+    def _allocate_slots(self, wanted: int) -> list[int]:
+        """Mark `wanted` slots allocated and return them: fresh slots in increasing order,
+        then the most recently freed ones."""
         free = self.get_num_free_blocks()
         if wanted > free:
             raise AllocationError(
@@ -125,7 +154,7 @@ class SlotPoolBackend(Backend):
             for slot in reused:
                 allocated[slot] = 1
             slots += reused
-        return pending_blocks(slots)
+        return slots
 
     def restore(self, slots: Sequence[int]) -> list[BlockStatus]:
         """Allocate exactly these slots (blocks found in a persistent tier at open), on an empty
@@ -165,7 +194,17 @@ class SlotPoolBackend(Backend):
         self._free_list.append(slot)
 
     def free_blocks(self, blocks: Sequence[BlockStatus]) -> None:
+        self._free_slots([block.block_id for block in blocks])
+
+    def evict_blocks(
+        self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
+    ) -> LoadStoreSpec:
+        # One block_id read per block serves both the spec and the free.
         slots = [block.block_id for block in blocks]
+        self._free_slots(slots)
+        return self._spec_type.from_valid_ids(slots)
+
+    def _free_slots(self, slots: list[int]) -> None:
         if not slots:
             return
         allocated = self._allocated
