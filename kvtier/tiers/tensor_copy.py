@@ -149,29 +149,81 @@ class TensorCopier:
             return
         cuda = src.device.type == "cuda" or dst.device.type == "cuda"
         if not cuda:
-            nbytes = len(s_ids) * src.shape[1]
-            if nbytes < THREAD_THRESHOLD_BYTES:
-                _copy_host(src, s_ids, dst, d_ids)
-                return
-            # Long runs: one thread, torch spreads each run over its intra-op threads. Short
-            # runs (scattered rows): one part per intra-op thread, each part at least
-            # HOST_SPLIT_BYTES, copied by numpy in parallel threads. Both off the event loop.
-            ways = 1
-            if nbytes < run_count(s_ids, d_ids) * HOST_TORCH_RUN_BYTES:
-                ways = min(torch.get_num_threads(), nbytes // HOST_SPLIT_BYTES, len(s_ids))
-            ways = max(1, ways)
-            parts = zip(np.array_split(s_ids, ways), np.array_split(d_ids, ways), strict=True)
-            await asyncio.gather(*(asyncio.to_thread(_copy_host, src, s, dst, d) for s, d in parts))
+            await self._copy_host_async(src, s_ids, dst, d_ids)
             return
+        await self._copy_cuda(src, s_ids, dst, d_ids)
+
+    async def _copy_host_async(
+        self,
+        src: torch.Tensor,
+        s_ids: npt.NDArray[np.int64],
+        dst: torch.Tensor,
+        d_ids: npt.NDArray[np.int64],
+    ) -> None:
+        """A host-to-host copy: inline when small, else in worker threads."""
+        nbytes = len(s_ids) * src.shape[1]
+        if nbytes < THREAD_THRESHOLD_BYTES:
+            _copy_host(src, s_ids, dst, d_ids)
+            return
+        # Long runs: one thread, torch spreads each run over its intra-op threads. Short
+        # runs (scattered rows): one part per intra-op thread, each part at least
+        # HOST_SPLIT_BYTES, copied by numpy in parallel threads. Both off the event loop.
+        ways = 1
+        if nbytes < run_count(s_ids, d_ids) * HOST_TORCH_RUN_BYTES:
+            ways = min(torch.get_num_threads(), nbytes // HOST_SPLIT_BYTES, len(s_ids))
+        ways = max(1, ways)
+        parts = zip(np.array_split(s_ids, ways), np.array_split(d_ids, ways), strict=True)
+        await asyncio.gather(*(asyncio.to_thread(_copy_host, src, s, dst, d) for s, d in parts))
+
+    async def _copy_cuda(
+        self,
+        src: torch.Tensor,
+        s_ids: npt.NDArray[np.int64],
+        dst: torch.Tensor,
+        d_ids: npt.NDArray[np.int64],
+    ) -> None:
+        """A copy that touches a GPU, on the device's side stream, awaited by its event.
+
+        Runs of consecutive rows, and device-to-device copies, are issued directly. Scattered
+        rows between a GPU and the host go through pinned staging: the host half (gather or
+        scatter) runs on the host in worker threads and the device half on the stream, and
+        the host never touches the staging buffer before the device half's event says the
+        bytes are there."""
         device = dst.device if dst.device.type == "cuda" else src.device
         stream = self._stream(device)
+        n, row = len(s_ids), src.shape[1]
+        both_on_device = src.device.type == "cuda" and dst.device.type == "cuda"
+        if both_on_device or run_count(s_ids, d_ids) * 4 <= n or run_count(s_ids, d_ids) <= 2:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                _copy_now(src, s_ids, dst, d_ids, non_blocking=True)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            # src and dst stay referenced by this frame until the copy is done, so their
+            # memory cannot be reused under it.
+            await wait_event(event)
+            return
+        staging = torch.empty((n, row), dtype=torch.uint8, pin_memory=True)
+        order = np.arange(n, dtype=np.int64)
+        if src.device.type == "cuda":  # device -> host: gather on the device, then scatter
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                index = torch.from_numpy(np.array(s_ids)).to(device, non_blocking=True)
+                staging.copy_(src.index_select(0, index), non_blocking=True)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            await wait_event(event)
+            await self._copy_host_async(staging, order, dst, d_ids)
+            return
+        # host -> device: gather on the host, then scatter on the device
+        await self._copy_host_async(src, s_ids, staging, order)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            _copy_now(src, s_ids, dst, d_ids, non_blocking=True)
+            moved = staging.to(device, non_blocking=True)
+            index = torch.from_numpy(np.array(d_ids)).to(device, non_blocking=True)
+            dst.index_copy_(0, index, moved)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
-        # src and dst stay referenced by this frame until the copy is done, so their memory
-        # cannot be reused under it.
         await wait_event(event)
 
 
