@@ -21,13 +21,17 @@ EXIT_USAGE = 2
 
 
 class _KvtierGroup(click.Group):
-    """Turns KvtierError into one clear line and exit status 2."""
+    """Turns KvtierError and click's usage errors into one clear line and exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except KvtierError as exc:
             err.print(f"kvtier: error: {exc}", markup=False)
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:  # a bad option of any command: one line too
+            where = exc.ctx.command_path if exc.ctx is not None else "kvtier"
+            err.print(f"kvtier: error: {exc.format_message()} (see {where} --help)", markup=False)
             sys.exit(EXIT_USAGE)
         except KeyboardInterrupt:
             err.print("kvtier: interrupted", markup=False)

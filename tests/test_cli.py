@@ -77,3 +77,24 @@ def test_help_lists_commands_and_examples() -> None:
     assert code == 0 and "demo" in stdout
     code, stdout, _ = run("demo", "--help")
     assert code == 0 and "Examples:" in stdout and "--limit" in stdout
+
+
+def test_a_bad_option_of_any_command_is_one_line() -> None:
+    for args, fragment in (
+        (("demo", "--limit", "0"), "--limit"),
+        (("simulate", "--limit", "x"), "--limit"),
+        (("replay", "--bogus"), "--bogus"),
+        (("nosuch",), "No such command"),
+    ):
+        code, stdout, stderr = run(*args)
+        assert code == 2, args
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kvtier: error:"), (args, stderr)
+        assert fragment in lines[0] and "--help" in lines[0]
+        assert "Traceback" not in stdout + stderr
+
+
+def test_every_command_has_help_with_examples() -> None:
+    for command in ("replay", "simulate", "bench", "check", "demo"):
+        code, stdout, _ = run(command, "--help")
+        assert code == 0 and "Examples" in stdout, command
