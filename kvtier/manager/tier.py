@@ -96,7 +96,10 @@ class TierManager(OffloadingManager):
                 newly_pinned += 1
             block.ref_cnt = ref_cnt + 1
         self._num_evictable -= newly_pinned
-        return self.backend.get_load_store_spec(list(keys), blocks)
+        return self.backend.get_load_store_spec(
+            keys if type(keys) is list else list(keys),
+            blocks,  # copy only a non-list
+        )
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
         if self._closed:
@@ -132,8 +135,10 @@ class TierManager(OffloadingManager):
         if self._closed:
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
         policy, backend, get = self.policy, self.backend, self._get
-        unique = list(dict.fromkeys(keys))
-        keys_to_store = [key for key in unique if get(key) is None]
+        # The keys of this call, once each, in order; its key view is also the protected set
+        # of the eviction below (a dict lookup, as a set's, without building a set).
+        offered = dict.fromkeys(keys)
+        keys_to_store = [key for key in offered if get(key) is None]
         if not keys_to_store:
             return PrepareStoreOutput([], backend.get_load_store_spec([], []), [])
         if len(keys_to_store) > backend.num_blocks:
@@ -145,7 +150,7 @@ class TierManager(OffloadingManager):
         if num_to_evict > 0:
             if num_to_evict > self._num_evictable:
                 return None
-            evicted = policy.evict(num_to_evict, set(unique))
+            evicted = policy.evict(num_to_evict, offered.keys())
             if evicted is None:
                 return None
             self._num_evictable -= len(evicted)

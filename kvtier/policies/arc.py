@@ -198,16 +198,22 @@ class ARCCachePolicy(CachePolicy):
             return None
         victims, ops, pops_b1, pops_b2, p = plan
         t1, t2, b1, b2, resident = self._t1, self._t2, self._b1, self._b2, self._resident
-        for (key, _), op in zip(victims, ops, strict=True):
-            del resident[key]
-            if op == _EVICT_T1:
+        if ops.count(_EVICT_T1) == len(ops):  # the usual plan: every victim from T1 to B1
+            for key, _ in victims:
+                del resident[key]
                 del t1[key]
                 b1[key] = None
-            elif op == _EVICT_T2:
-                del t2[key]
-                b2[key] = None
-            else:  # _DROP_T1
-                del t1[key]
+        else:
+            for (key, _), op in zip(victims, ops, strict=True):
+                del resident[key]
+                if op == _EVICT_T1:
+                    del t1[key]
+                    b1[key] = None
+                elif op == _EVICT_T2:
+                    del t2[key]
+                    b2[key] = None
+                else:  # _DROP_T1
+                    del t1[key]
         # The planner pops a ghost list only when its count of that list is positive, and
         # the count never exceeds the list's real length at that step (ghost hits leave their
         # list only at insert), so no pop finds its list empty: popping the oldest ghosts

@@ -74,7 +74,11 @@ class CachePolicy(ABC):
             )
         if len(keys) > 1 and len(set(keys)) != len(keys):
             raise BlockStateError(f"{self.name}: a key is given twice to insert_many")
-        if any(map(resident.__contains__, keys)):
+        if (
+            not resident.keys().isdisjoint(keys)  # one C call for a policy's own dict
+            if isinstance(resident, dict)
+            else any(map(resident.__contains__, keys))
+        ):
             key = next(key for key in keys if key in resident)
             raise BlockStateError(f"{self.name}: key {key!r} is already resident")
 

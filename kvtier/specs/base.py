@@ -52,17 +52,7 @@ def _as_block_ids(block_ids: Iterable[int] | npt.ArrayLike) -> npt.NDArray[np.in
 _INT64 = np.dtype(np.int64)
 _NO_BLOCK_IDS: npt.NDArray[np.int64] = np.empty(0, dtype=_INT64)
 _NO_BLOCK_IDS.flags.writeable = False  # shared by every empty spec: immutable, so safe
-
-
-def _valid_block_ids(block_ids: list[int]) -> npt.NDArray[np.int64]:
-    """A read-only int64 array of ids already known to be valid slot ids.
-
-    `array("q")` converts the ints in C, and an array over immutable `bytes` is read-only by
-    construction, which skips the costly `flags.writeable = False` of `_as_block_ids`.
-    """
-    if not block_ids:
-        return _NO_BLOCK_IDS
-    return np.frombuffer(array("q", block_ids).tobytes(), dtype=_INT64)
+_frombuffer = np.frombuffer
 
 
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
@@ -80,7 +70,11 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
         validation and copies, which cost microseconds on every bookkeeping call. A subclass
         whose constructor sets more fields overrides it (as `GPULoadStoreSpec` does)."""
         spec = cls.__new__(cls)
-        spec.block_ids = _valid_block_ids(block_ids)
+        # `array("q")` converts the ints in C, and an array over immutable `bytes` is read-only
+        # by construction: no `flags.writeable = False`, which costs as much as the copy.
+        spec.block_ids = (
+            _frombuffer(array("q", block_ids).tobytes(), _INT64) if block_ids else _NO_BLOCK_IDS
+        )
         return spec
 
     def __len__(self) -> int:
