@@ -88,7 +88,7 @@ class TierManager(OffloadingManager):
         for block in found:
             if block is None or block.ref_cnt < 0:
                 self._raise_cannot_load(keys)
-        blocks = cast(list[BlockStatus], found)  # every block was checked present above
+        blocks = cast("list[BlockStatus]", found)  # every block was checked present above
         newly_pinned = 0
         for block in blocks:
             ref_cnt = block.ref_cnt  # read once: a ctypes field read is not free
@@ -116,7 +116,7 @@ class TierManager(OffloadingManager):
         for block in found:
             if block is None or block.ref_cnt < 1:
                 self._raise_cannot_unpin(keys)
-        blocks = cast(list[BlockStatus], found)  # every block was checked present above
+        blocks = cast("list[BlockStatus]", found)  # every block was checked present above
         if len(blocks) > 1 and len(set(keys)) != len(blocks):
             self._check_repeated_unpins(keys)
         unpinned = 0
@@ -181,7 +181,7 @@ class TierManager(OffloadingManager):
             raise BlockStateError(
                 f"tier {self.name!r}: cannot complete the store of {key!r}: never prepared"
             )
-        blocks = cast(list[BlockStatus], found)  # every block was checked present above
+        blocks = cast("list[BlockStatus]", found)  # every block was checked present above
         if not success:
             pending = {
                 key: block for key, block in zip(keys, blocks, strict=True) if block.ref_cnt < 0
