@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvtier.blocks import BlockStatus, pending_blocks
 from kvtier.errors import BlockStateError, DoubleFreeError, InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.manager.tier import make_tier_manager
 from kvtier.policies import POLICIES, CachePolicy
 from kvtier.specs import (
     BlockIDsLoadStoreSpec,
@@ -235,3 +236,24 @@ def test_the_base_class_defaults_serve_a_policy_without_fast_paths() -> None:
     with pytest.raises(BlockStateError):
         policy.insert_many(_keys(3, 1), [ready_block(3), ready_block(1)])
     assert policy.lru_order() == _keys(1, 2)
+
+
+# -- tier --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_complete_store_of_repeated_and_mixed_keys(name: str) -> None:
+    """The all-pending batch path and the general one agree on what a call makes ready."""
+    tier = make_tier_manager(4, 16, "cpu", name)
+    out = tier.prepare_store(_keys(1, 2, 3))
+    assert out is not None
+    tier.complete_store(_keys(2, 1, 2))  # pending keys, one given twice
+    tier.complete_store(_keys(3, 1))  # one pending, one ready already
+    tier.complete_store(_keys(1, 3))  # nothing pending: no event
+    assert [(event.keys, event.removed) for event in tier.take_events()] == [
+        (tuple(_keys(2, 1)), False),
+        (tuple(_keys(3)), False),
+    ]
+    assert tier.stats().pending == 0 and tier.stats().evictable == 3
+    assert all(tier.lookup(key) for key in _keys(1, 2, 3))
+    tier.check()

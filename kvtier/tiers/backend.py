@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import NoReturn
 
 from kvtier.blocks import BlockStatus, pending_blocks
@@ -24,6 +25,10 @@ SPEC_TYPES: dict[Medium, type[BlockIDsLoadStoreSpec]] = {
     Medium.DISK: DiskLoadStoreSpec,
 }
 """The LoadStoreSpec type that addresses each medium's slots."""
+
+# `list(map(_block_id, blocks))` reads every slot id in C: no comprehension frame, which on
+# Python 3.11 costs as much as reading a one-block batch.
+_block_id = attrgetter("block_id")
 
 
 class Backend(ABC):
@@ -194,13 +199,13 @@ class SlotPoolBackend(Backend):
         self._free_list.append(slot)
 
     def free_blocks(self, blocks: Sequence[BlockStatus]) -> None:
-        self._free_slots([block.block_id for block in blocks])
+        self._free_slots(list(map(_block_id, blocks)))
 
     def evict_blocks(
         self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
     ) -> LoadStoreSpec:
         # One block_id read per block serves both the spec and the free.
-        slots = [block.block_id for block in blocks]
+        slots = list(map(_block_id, blocks))
         self._free_slots(slots)
         return self._spec_type.from_valid_ids(slots)
 
@@ -238,7 +243,7 @@ class SlotPoolBackend(Backend):
         self, block_hashes: Sequence[OffloadKey], blocks: Sequence[BlockStatus]
     ) -> LoadStoreSpec:
         # The ids come from our own blocks: valid slot ids, no need to re-validate them.
-        return self._spec_type.from_valid_ids([block.block_id for block in blocks])
+        return self._spec_type.from_valid_ids(list(map(_block_id, blocks)))
 
     def __repr__(self) -> str:
         return (
