@@ -166,6 +166,11 @@ class ARCCachePolicy(CachePolicy):
         t1, t2 = self._t1, self._t2
         t1_get, t2_move_to_end = t1.get, t2.move_to_end
         for key in reversed(keys):
+            # T2 first (a key is in one list at most): most blocks a tier reads again are
+            # frequent already, and this finds them with one lookup instead of two.
+            if key in t2:
+                t2_move_to_end(key)
+                continue
             block = t1_get(key)
             if block is not None:
                 if block.ref_cnt >= 0:
@@ -175,8 +180,6 @@ class ARCCachePolicy(CachePolicy):
                 else:
                     # Still being written: its store was the first access, not a second.
                     t1.move_to_end(key)
-            elif key in t2:
-                t2_move_to_end(key)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         resident = self._resident
