@@ -117,8 +117,10 @@ class ARCCachePolicy(CachePolicy):
             and not (b1n and t1n + m + b1n > c)
             and not ((b1n or b2n) and t1n + m + t2n + b1n + b2n > 2 * c)
         ):
-            t1.update(zip(keys, blocks, strict=True))
-            resident.update(zip(keys, blocks, strict=True))
+            # one loop fills both (OrderedDict.update is slower than item assignment)
+            for key, block in zip(keys, blocks, strict=True):
+                t1[key] = block
+                resident[key] = block
             if incoming:
                 if list(incoming) == list(keys):  # exactly the announced keys, as a tier does
                     incoming.clear()

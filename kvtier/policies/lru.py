@@ -37,8 +37,11 @@ class LRUCachePolicy(CachePolicy):
         self._blocks[key] = block
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
-        self._check_insert_batch(keys, blocks, self._blocks)
-        self._blocks.update(zip(keys, blocks, strict=True))  # appended in order, in C
+        blocks_by_key = self._blocks
+        self._check_insert_batch(keys, blocks, blocks_by_key)
+        # a loop, not OrderedDict.update, which is slower than item assignment
+        for key, block in zip(keys, blocks, strict=True):
+            blocks_by_key[key] = block
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
