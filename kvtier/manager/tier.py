@@ -96,10 +96,8 @@ class TierManager(OffloadingManager):
                 newly_pinned += 1
             block.ref_cnt = ref_cnt + 1
         self._num_evictable -= newly_pinned
-        return self.backend.get_load_store_spec(
-            keys if type(keys) is list else list(keys),
-            blocks,  # copy only a non-list
-        )
+        keys_list = keys if type(keys) is list else list(keys)  # copy only a non-list
+        return self.backend.get_load_store_spec(keys_list, blocks)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
         if self._closed:
