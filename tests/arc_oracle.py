@@ -244,11 +244,17 @@ class OracleARCCachePolicy(CachePolicy):
 
         for key in free_slot_keys:
             origin = origin_of(key)
+            # Fixed in both: a ghost list this batch emptied cannot hold the key (case IV).
+            if (origin is _Origin.B1 and b1n == 0) or (origin is _Origin.B2 and b2n == 0):
+                origin = _Origin.NEW
             p = _adapt(p, origin, b1n, b2n, c)
             t1n, t2n, b1n, b2n = _after_insert(origin, t1n, t2n, b1n, b2n)
 
         for key in paying_keys:
             origin = origin_of(key)
+            # Fixed in both: a ghost list this batch emptied cannot hold the key (case IV).
+            if (origin is _Origin.B1 and b1n == 0) or (origin is _Origin.B2 and b2n == 0):
+                origin = _Origin.NEW
             p = _adapt(p, origin, b1n, b2n, c)
             drop_t1_lru = False
             if origin is _Origin.NEW:

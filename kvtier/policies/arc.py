@@ -282,10 +282,10 @@ class ARCCachePolicy(CachePolicy):
         # Keys served by free slots: p adapts to ghost hits (cases II and III), then the key
         # joins T2 (a ghost hit) or T1 (a new key).
         for key in free_slot_keys:
-            if key in b1:
+            if b1n > 0 and key in b1:
                 p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
                 t2n, b1n = t2n + 1, b1n - 1
-            elif key in b2:
+            elif b2n > 0 and key in b2:
                 p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
                 t2n, b2n = t2n + 1, b2n - 1
             else:
@@ -310,10 +310,12 @@ class ARCCachePolicy(CachePolicy):
                     pops_b1 += 1
                     continue
                 # T1 has no evictable block left: the general path below takes T2's.
-            if key in b1:  # case II (None, an unannounced miss, is in no list)
+            # A ghost list this batch has already emptied cannot hold the key: sequentially,
+            # its ghost was deleted before its request came, so it is a new miss (case IV).
+            if b1n > 0 and key in b1:  # case II (None, an unannounced miss, is in no list)
                 origin = _FROM_B1
                 p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
-            elif key in b2:  # case III
+            elif b2n > 0 and key in b2:  # case III
                 origin = _FROM_B2
                 p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
             else:  # case IV
