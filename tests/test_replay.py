@@ -499,3 +499,27 @@ def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
     assert report["partial"] is True and report["interrupted"] is True
     assert 0 < report["requests"] < report["trace"]["requests_planned"]
     assert report["verification"]["mismatches"] == 0
+
+
+def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
+    """The replay table shortens `Hierarchy.tiers[i].where`; both sides of that contract."""
+    from kvtier.commands.replay import _where
+    from kvtier.hierarchy import _describe
+    from kvtier.tiers.disk import DiskStore
+
+    class Fake(DiskStore):
+        def __init__(self, direct: bool, compression: str) -> None:
+            self.path = "/x/kvtier-ab"  # type: ignore[assignment]
+            self._direct, self._compression = direct, compression
+
+        @property
+        def direct_io_active(self) -> bool:
+            return self._direct
+
+        @property
+        def compression(self) -> str:  # type: ignore[override]
+            return self._compression
+
+    assert _where("disk", _describe(Fake(True, "none"))) == "files, O_DIRECT"
+    assert _where("disk", _describe(Fake(False, "zstd"))) == "files, buffered, zstd"
+    assert _where("cpu", "cpu (fallback: ...)") == "cpu (fallback: ...)"

@@ -62,8 +62,9 @@ def _where(medium: str, where: str) -> str:
     """Where a tier lives, short: a pool's device, or a disk tier's I/O mode."""
     if medium != "disk":
         return where
-    match = re.search(r"direct_io=(\w+)", where)
-    return "files, O_DIRECT" if match and match.group(1) == "True" else "files, buffered"
+    # `Hierarchy.tiers` describes a disk tier as "files in DIR (O_DIRECT|buffered[, codec])".
+    mode = re.search(r"\(([^)]*)\)\s*$", where)
+    return f"files, {mode.group(1)}" if mode else "files"
 
 
 def summary_table(report: dict[str, object]) -> Table:
