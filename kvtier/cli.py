@@ -13,6 +13,13 @@ from typing import Any
 import click
 from rich.table import Table
 
+from kvtier.commands.options import (
+    config_option,
+    json_option,
+    no_plot_option,
+    out_option,
+    trace_option,
+)
 from kvtier.console import err, out
 from kvtier.console import progress as _progress
 from kvtier.errors import KvtierError
@@ -45,19 +52,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Tier chain to load (TOML). Default: the embedded configs/default.toml.",
-)
-@click.option(
-    "--trace",
-    "trace_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Mooncake-format JSONL trace (plain or .zst). Default: the shipped conversation trace.",
+@config_option("Tier chain to load (TOML). Default: the embedded configs/default.toml.")
+@trace_option(
+    "Mooncake-format JSONL trace (plain or .zst). Default: the shipped conversation trace."
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only N requests.")
 def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -> None:
@@ -133,13 +130,9 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
 
 
 @main.command()
-@click.option(
-    "--trace",
-    "trace_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Mooncake JSONL trace, or a plain file of one key per line (either may be .zst). "
-    "Default: the shipped conversation trace.",
+@trace_option(
+    "Mooncake JSONL trace, or a plain file of one key per line (either may be .zst). "
+    "Default: the shipped conversation trace."
 )
 @click.option(
     "--policy",
@@ -163,13 +156,9 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
     help="Chained form: the capacities of a tier chain, top to bottom (same syntax as "
     "--capacity), e.g. 1%,5%,20%. Reports each tier's hits.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Chained form: take the chain (active tiers, block counts, policies, write policy) "
-    "from a TOML config, as kvtier replay would build it.",
+@config_option(
+    "Chained form: take the chain (active tiers, block counts, policies, write policy) "
+    "from a TOML config, as kvtier replay would build it."
 )
 @click.option(
     "--write-policy",
@@ -183,16 +172,9 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
     default=None,
     help="Use only the first N requests (of a key file: the first N keys).",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("kvtier-out"),
-    show_default=True,
-    help="Directory for simulate.json and simulate.png.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
-@click.option("--no-plot", is_flag=True, help="Skip the PNG chart (no matplotlib needed).")
+@out_option("Directory for simulate.json and simulate.png.")
+@json_option()
+@no_plot_option()
 def simulate(
     trace_path: Path | None,
     policy_list: str | None,

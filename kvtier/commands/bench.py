@@ -14,25 +14,12 @@ from typing import Any
 import click
 from rich.console import Console
 
+from kvtier.commands.options import json_option
 from kvtier.console import out, progress
 from kvtier.errors import InvalidValueError
 
 EXIT_WRONG_BYTES = 1
 TABLE_WIDTH = 110
-
-
-class OneLineErrors(click.Command):
-    """A command whose bad options are one line and exit status 2, like every other kvtier
-    error: click's usage errors (a value out of range, an unknown option) become
-    `InvalidValueError`s, which the `kvtier` group prints as `kvtier: error: ...`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            raise InvalidValueError(
-                f"{error.format_message()} (see {ctx.command_path} --help)"
-            ) from None
 
 
 def parse_sizes(text: str, option: str) -> tuple[int, ...]:
@@ -71,7 +58,7 @@ def parse_parts(text: str) -> tuple[str, ...]:
     return parts
 
 
-@click.command(cls=OneLineErrors)
+@click.command()
 @click.option(
     "--block-sizes",
     "block_sizes",
@@ -123,7 +110,7 @@ def parse_parts(text: str) -> tuple[str, ...]:
     "afterwards) [default: the disk tier's default directory ~/.cache/kvtier, or its nearest "
     "existing parent, so the same filesystem].",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report only.")
+@json_option("Print the JSON report only.")
 def bench(
     block_sizes: str,
     repeats: int | None,

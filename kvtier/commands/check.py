@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kvtier.commands.bench import OneLineErrors
+from kvtier.commands.options import config_option
 from kvtier.console import out, progress
 
 if TYPE_CHECKING:
@@ -124,14 +124,8 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
     return result
 
 
-@click.command(cls=OneLineErrors)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The tier chain (TOML) whose disk tiers to check.",
-)
+@click.command()
+@config_option("The tier chain (TOML) whose disk tiers to check.", required=True)
 @click.option(
     "--repair",
     is_flag=True,

@@ -17,6 +17,13 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from kvtier.commands.options import (
+    config_option,
+    json_option,
+    no_plot_option,
+    out_option,
+    trace_option,
+)
 from kvtier.console import err, out, progress
 from kvtier.errors import InvalidValueError
 
@@ -155,20 +162,10 @@ def pair_table(report: dict[str, object]) -> Table:
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Tier chain to replay (TOML). Default: the embedded configs/default.toml.",
-)
-@click.option(
-    "--trace",
-    "trace_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Mooncake JSONL trace, or a plain file of one key per line (either may be .zst). "
-    "Default: the shipped Mooncake conversation trace.",
+@config_option("Tier chain to replay (TOML). Default: the embedded configs/default.toml.")
+@trace_option(
+    "Mooncake JSONL trace, or a plain file of one key per line (either may be .zst). "
+    "Default: the shipped Mooncake conversation trace."
 )
 @click.option(
     "--limit",
@@ -184,16 +181,9 @@ def pair_table(report: dict[str, object]) -> Table:
     help="Bytes per replayed block, e.g. 256KiB (a model's real size) or 4096. Default: "
     "16KiB (or the config's block size if smaller); each tier keeps its block count.",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("kvtier-out"),
-    show_default=True,
-    help="Directory for report.json, replay.png and the disk tiers' files (disk/<tier>).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of tables.")
-@click.option("--no-plot", is_flag=True, help="Skip the PNG chart (no matplotlib needed).")
+@out_option("Directory for report.json, replay.png and the disk tiers' files (disk/<tier>).")
+@json_option()
+@no_plot_option()
 def replay(
     config_path: Path | None,
     trace_path: Path | None,

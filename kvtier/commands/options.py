@@ -1,0 +1,67 @@
+"""Options that several commands share, declared once: each command words its own help."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_OUT = Path("kvtier-out")
+
+
+def config_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--config FILE`: a tier chain in TOML, passed as `config_path`."""
+    if required:  # no default at all: click treats even default=None as a given value
+        return click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            required=True,
+            help=help_text,
+        )
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
+def trace_option(help_text: str) -> Callable[[F], F]:
+    """`--trace FILE`: a request trace, passed as `trace_path`."""
+    return click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
+def out_option(help_text: str) -> Callable[[F], F]:
+    """`--out DIR` (default ./kvtier-out), passed as `out_dir`."""
+    return click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_OUT,
+        show_default=True,
+        help=help_text,
+    )
+
+
+def json_option(help_text: str = "Print the JSON report instead of tables.") -> Callable[[F], F]:
+    """`--json`, passed as `as_json`."""
+    return click.option("--json", "as_json", is_flag=True, help=help_text)
+
+
+def no_plot_option() -> Callable[[F], F]:
+    """`--no-plot`: skip the PNG chart (so matplotlib is not needed)."""
+    return click.option(
+        "--no-plot", is_flag=True, help="Skip the PNG chart (no matplotlib needed)."
+    )
