@@ -49,7 +49,7 @@ def require_matplotlib() -> None:
         raise KvtierError(f"charts need matplotlib, which is not installed: {INSTALL_HINT}")
 
 
-def _new_figure(width: float = 9.0, height: float = 5.5) -> Any:
+def new_figure(width: float = 9.0, height: float = 5.5) -> Any:
     """A matplotlib Figure with an Agg canvas; a kvtier error if matplotlib is missing."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -86,7 +86,7 @@ def plot_hit_ratio_vs_capacity(
     block counts on a top axis. `infinite_bound` is drawn as a horizontal line;
     `references` (same shape as `curves`) as black crosses over the computed points.
     """
-    figure = _new_figure()
+    figure = new_figure()
     axes = figure.add_subplot()
     scale = 100 / unique_blocks
     all_x: list[float] = []
@@ -163,7 +163,7 @@ def plot_tier_hits_over_replay(
     the stack is the chain's running hit ratio. `infinite` (same x) is the running
     infinite-cache bound, drawn as a line.
     """
-    figure = _new_figure(9.0, 5.5)
+    figure = new_figure(9.0, 5.5)
     axes = figure.add_subplot()
     axes.stackplot(requests, *tier_hit_ratios, labels=list(tiers), alpha=0.85)
     if infinite is not None:

@@ -12,25 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import KvtierError
-from kvtier.plots import INSTALL_HINT
+from kvtier.plots import new_figure
 from kvtier.replay import format_size
 
 __all__ = ["plot_replay"]
-
-
-def _figure(width: float, height: float) -> Any:
-    """A matplotlib Figure with an Agg canvas; a kvtier error if matplotlib is missing."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise KvtierError(
-            f"charts need matplotlib, which is not installed: {INSTALL_HINT}"
-        ) from error
-    figure = Figure(figsize=(width, height), dpi=120, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
 
 
 def _ratios(hits: Sequence[int], accesses: Sequence[int]) -> list[float]:
@@ -80,7 +65,7 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
     requests: list[int] = series["requests"]
     accesses: list[int] = series["block_accesses"]
     tiers = report["tiers"]
-    figure = _figure(10.0, 9.0)
+    figure = new_figure(10.0, 9.0)
     top, bottom = figure.subplots(2, 1, height_ratios=[3, 2])
 
     from matplotlib.ticker import FuncFormatter, PercentFormatter, StrMethodFormatter

@@ -15,20 +15,14 @@ DEFAULT_OUT = Path("kvtier-out")
 
 def config_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
     """`--config FILE`: a tier chain in TOML, passed as `config_path`."""
-    if required:  # no default at all: click treats even default=None as a given value
-        return click.option(
-            "--config",
-            "config_path",
-            type=click.Path(dir_okay=False, path_type=Path),
-            required=True,
-            help=help_text,
-        )
+    # A required option gets no default at all: click takes even default=None as a value.
+    extra: dict[str, Any] = {"required": True} if required else {"default": None}
     return click.option(
         "--config",
         "config_path",
         type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
         help=help_text,
+        **extra,
     )
 
 

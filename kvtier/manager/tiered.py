@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -77,6 +77,19 @@ def _ids(spec: LoadStoreSpec) -> np.ndarray:
     if not isinstance(spec, BlockIDsLoadStoreSpec):
         raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
     return spec.block_ids
+
+
+def _copy_step(
+    stored: Sequence[OffloadKey],
+    source_slot: dict[OffloadKey, Any],
+    src: int,
+    dst: int,
+    dst_ids: np.ndarray,
+) -> CopyStep:
+    """The copy of `stored` (a tier's keys_to_store, in call order) from their slots in tier
+    `src` to the slots `dst_ids` that tier `dst` gave them."""
+    src_ids = np.asarray([source_slot[key] for key in stored], dtype=np.int64)
+    return CopyStep(tuple(stored), src, src_ids, dst, dst_ids)
 
 
 class TieredManager(OffloadingManager):
@@ -411,17 +424,10 @@ class TieredManager(OffloadingManager):
             out = self._store_into(index, climbing, job)
             if out is None or not out.keys_to_store:
                 break
-            source_slot = dict(zip(climbing, src_ids, strict=True))
             stored = out.keys_to_store  # call order, minus keys this tier already had
             dst_ids = _ids(out.store_spec)
             job.steps.append(
-                CopyStep(
-                    tuple(stored),
-                    src,
-                    np.asarray([source_slot[k] for k in stored], dtype=np.int64),
-                    index,
-                    dst_ids,
-                )
+                _copy_step(stored, dict(zip(climbing, src_ids, strict=True)), src, index, dst_ids)
             )
             if index == 0:
                 job.pending.append((0, tuple(stored)))
@@ -467,19 +473,9 @@ class TieredManager(OffloadingManager):
             if out is None:
                 self.counters.cascades_dropped += len(wanted)
                 break
-            # keys_to_store keeps call order; map each stored key to its source slot.
-            source_slot = dict(wanted)
             stored = out.keys_to_store
             dst_ids = _ids(out.store_spec)
-            job.steps.append(
-                CopyStep(
-                    tuple(stored),
-                    src,
-                    np.asarray([source_slot[k] for k in stored], dtype=np.int64),
-                    index,
-                    dst_ids,
-                )
-            )
+            job.steps.append(_copy_step(stored, dict(wanted), src, index, dst_ids))
             self.counters.cascaded += len(stored)
             src_keys, src_ids, src = list(stored), dst_ids, index
         if not job.steps:
