@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvtier.config import (
@@ -53,7 +54,7 @@ from kvtier.manager import (
     TransferJob,
     make_tier_manager,
 )
-from kvtier.specs import BlockIDsLoadStoreSpec
+from kvtier.manager.tiered import slot_ids
 from kvtier.tiers.pool import TorchPool, cuda_available
 from kvtier.tiers.storage import BlockStorage
 
@@ -124,10 +125,6 @@ def _describe(storage: BlockStorage) -> str:
     return f"files in {path} ({mode}{codec})" if path is not None else type(storage).__name__
 
 
-def _missing(key: OffloadKey) -> Any:
-    raise InvalidValueError(f"block {key!r} vanished from the top tier while pinned")
-
-
 def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
     given: object = keys
     if isinstance(given, bytes | str) or not isinstance(given, Sequence):
@@ -136,10 +133,11 @@ def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
     for key in checked:
         if not isinstance(key, bytes):
             raise KeyFormatError(f"{what}: every key must be bytes, got {type(key).__name__}")
-    if len(set(checked)) != len(checked):
-        seen: set[bytes] = set()
-        duplicate = next(key for key in checked if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise InvalidValueError(f"{what}: duplicate key {duplicate!r} in one call")
+    seen: set[bytes] = set()
+    for key in checked:
+        if key in seen:
+            raise InvalidValueError(f"{what}: duplicate key {key!r} in one call")
+        seen.add(key)
     return checked
 
 
@@ -276,8 +274,7 @@ class Hierarchy:
             await self.flush()
         self._state = "closing"
         try:
-            while self._tasks:
-                await asyncio.wait(list(self._tasks))
+            await self.drain()
             if self._group is not None:
                 await self._group.__aexit__(None, None, None)
         finally:
@@ -329,8 +326,6 @@ class Hierarchy:
                 await engine.run(out.demotion)
             row = {key: first_row + i for i, key in enumerate(keys)}
             src_ids = np.asarray([row[key] for key in stored], dtype=np.int64)
-            if not isinstance(out.store_spec, BlockIDsLoadStoreSpec):
-                raise InvalidValueError("the top tier did not give slots")
             result = await engine.transfer(
                 stored,
                 CALLER,
@@ -338,7 +333,7 @@ class Hierarchy:
                 src_ids,
                 0,
                 engine.endpoint(0),
-                out.store_spec.block_ids,
+                slot_ids(out.store_spec),
                 Priority.LOAD,
             )
             failed = result.failed
@@ -355,22 +350,23 @@ class Hierarchy:
         return len(stored) - len(failed)
 
     async def _read_pinned(
-        self, part: list[OffloadKey], out: torch.Tensor, first_row: int, *, unpin: bool = True
+        self,
+        part: list[OffloadKey],
+        slots: npt.NDArray[np.int64],
+        out: torch.Tensor,
+        first_row: int,
+        *,
+        unpin: bool = True,
     ) -> int:
-        """Copy blocks pinned at the top into `out[first_row:]`; unpin them (unless the
-        caller owns the pins); how many leading blocks arrived."""
+        """Copy blocks pinned at the top (in `slots`) into `out[first_row:]`; unpin them
+        (unless the caller owns the pins); how many leading blocks arrived."""
         manager, engine = self._open()
         try:
-            spec = manager.top.backend.get_load_store_spec(
-                part, [manager.top.policy.get(key) or _missing(key) for key in part]
-            )
-            if not isinstance(spec, BlockIDsLoadStoreSpec):
-                raise InvalidValueError("the top tier did not give slots")
             result = await engine.transfer(
                 part,
                 0,
                 engine.endpoint(0),
-                spec.block_ids,
+                slots,
                 CALLER,
                 out,
                 np.arange(first_row, first_row + len(part), dtype=np.int64),
@@ -423,8 +419,8 @@ class Hierarchy:
                 ready += 1
             if ready:
                 part = batch[:ready]
-                manager.prepare_load(part)
-                good = await self._read_pinned(part, out, served)
+                slots = slot_ids(manager.prepare_load(part))
+                good = await self._read_pinned(part, slots, out, served)
                 served += good
                 if good < ready:
                     break
@@ -456,7 +452,10 @@ class Hierarchy:
                     lead += 1
                 if lead:
                     manager.touch(granted[:lead])
-                    good = await self._read_pinned(granted[:lead], out, served, unpin=False)
+                    assert hold.slots is not None  # set with `granted` by complete_job
+                    good = await self._read_pinned(
+                        granted[:lead], hold.slots[:lead], out, served, unpin=False
+                    )
                     served += good
                     if good < lead:
                         break

@@ -86,6 +86,8 @@ class PromotionHold:
     keys: tuple[OffloadKey, ...]
     granted: list[OffloadKey] | None = None
     """None while the job runs; then the keys pinned for the reader."""
+    slots: npt.NDArray[np.int64] | None = None
+    """The top-tier slots of `granted`, in the same order."""
 
 
 def failed_pairs_of(

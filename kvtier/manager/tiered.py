@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
@@ -38,7 +39,13 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
+from kvtier.manager.jobs import (
+    CopyStep,
+    JobKind,
+    PromotionHold,
+    TransferJob,
+    failed_pairs_of,
+)
 from kvtier.manager.tier import TierManager, TierStats
 from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
@@ -73,7 +80,8 @@ class ChainCounters:
     corrupt_dropped: int = 0
 
 
-def _ids(spec: LoadStoreSpec) -> np.ndarray:
+def slot_ids(spec: LoadStoreSpec) -> npt.NDArray[np.int64]:
+    """The slot ids of a slot-addressed spec (every tier kvtier builds has one)."""
     if not isinstance(spec, BlockIDsLoadStoreSpec):
         raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
     return spec.block_ids
@@ -281,11 +289,7 @@ class TieredManager(OffloadingManager):
         self._check_open()
         if self._open_jobs.pop(job.id, None) is None:
             raise BlockStateError(f"{job!r} is not open (completed twice, or never emitted)")
-        bad = set(failed)
-        for step in job.steps:
-            for key in step.keys:
-                if (step.src, key) in bad:
-                    bad.add((step.dst, key))
+        bad = failed_pairs_of(job, set(failed))
         for index, keys in job.pending:
             tier = self.tiers[index]
             lost = [key for key in keys if (index, key) in bad]
@@ -311,7 +315,7 @@ class TieredManager(OffloadingManager):
         for hold in self._holds.pop(job.id, []):
             hold.granted = [key for key in hold.keys if self.top.lookup(key) is True]
             if hold.granted:
-                self.top.prepare_load(hold.granted)
+                hold.slots = slot_ids(self.top.prepare_load(hold.granted))
 
     def hold_promotion(self, keys: Sequence[OffloadKey]) -> PromotionHold | None:
         """Claim the leading `keys` that one open PROMOTE job is bringing to the top (those of
@@ -376,7 +380,7 @@ class TieredManager(OffloadingManager):
         if out.evicted_keys:
             if out.evicted_spec is None:
                 raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
-            self._demote(index, out.evicted_keys, _ids(out.evicted_spec), job)
+            self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
         return out
 
     def _demote(
@@ -387,13 +391,14 @@ class TieredManager(OffloadingManager):
             self.counters.dropped_at_bottom += len(victims)
             return
         below = self.tiers[index + 1]
-        held = [key for key in victims if below.lookup(key) is True]
+        states = [below.lookup(key) for key in victims]
+        held = [key for key, state in zip(victims, states, strict=True) if state is True]
         if held:
             below.touch(held)
         missing = [
             (key, slot)
-            for key, slot in zip(victims, slots, strict=True)
-            if below.lookup(key) is False
+            for key, slot, state in zip(victims, slots, states, strict=True)
+            if state is False
         ]
         if not missing:
             return
@@ -406,7 +411,7 @@ class TieredManager(OffloadingManager):
         job.steps.extend(deeper.steps)
         job.pending.extend(deeper.pending)
         src = np.asarray([slot for _, slot in missing], dtype=np.int64)
-        job.steps.append(CopyStep(tuple(keys), index, src, index + 1, _ids(out.store_spec)))
+        job.steps.append(CopyStep(tuple(keys), index, src, index + 1, slot_ids(out.store_spec)))
         self.counters.demoted += len(keys)
 
     def _start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
@@ -419,13 +424,13 @@ class TieredManager(OffloadingManager):
             keys, [self._block(source, key) for key in keys]
         )
         job.pins.append((source, tuple(keys)))
-        climbing, src, src_ids = list(keys), source, _ids(spec)
+        climbing, src, src_ids = list(keys), source, slot_ids(spec)
         for index in range(source - 1, -1, -1):
             out = self._store_into(index, climbing, job)
             if out is None or not out.keys_to_store:
                 break
             stored = out.keys_to_store  # call order, minus keys this tier already had
-            dst_ids = _ids(out.store_spec)
+            dst_ids = slot_ids(out.store_spec)
             job.steps.append(
                 _copy_step(stored, dict(zip(climbing, src_ids, strict=True)), src, index, dst_ids)
             )
@@ -461,7 +466,7 @@ class TieredManager(OffloadingManager):
         job = TransferJob(JobKind.CASCADE)
         spec = self.tiers[start].prepare_load(keys)
         job.pins.append((start, tuple(keys)))
-        src_keys, src_ids, src = list(keys), _ids(spec), start
+        src_keys, src_ids, src = list(keys), slot_ids(spec), start
         for index in range(start + 1, len(self.tiers)):
             tier = self.tiers[index]
             wanted = [
@@ -474,7 +479,7 @@ class TieredManager(OffloadingManager):
                 self.counters.cascades_dropped += len(wanted)
                 break
             stored = out.keys_to_store
-            dst_ids = _ids(out.store_spec)
+            dst_ids = slot_ids(out.store_spec)
             job.steps.append(_copy_step(stored, dict(wanted), src, index, dst_ids))
             self.counters.cascaded += len(stored)
             src_keys, src_ids, src = list(stored), dst_ids, index
@@ -517,8 +522,7 @@ class TieredManager(OffloadingManager):
         return [tier.stats() for tier in self.tiers]
 
     def check(self) -> None:
-        """Every tier's own check, plus: no key is pending in a tier without an open job or
-        an unsettled top-tier store."""
+        """Every tier's own check (raises BlockStateError on the first inconsistency)."""
         for tier in self.tiers:
             tier.check()
 
