@@ -8,20 +8,32 @@ async with Hierarchy.from_toml("configs/default.toml") as h:
     h.where(keys[0]); h.stats(); h.take_events()
 ```
 
-A hierarchy runs in the caller's event loop: its transfers are tasks of a TaskGroup it owns
-for as long as it is open, and closing it waits for them. `SyncHierarchy` runs one on a loop
-thread of its own, for an embedder that is not async.
+A hierarchy runs in the caller's event loop. Its background transfers (promotions,
+demotions, cascades) are tasks of its own `JobSupervisor`, never of the caller's task: an
+error of any class in a tier becomes a miss or a failed store, counted and logged, and
+never reaches or cancels the caller. `SyncHierarchy` runs one on a loop thread of its own,
+for an embedder that is not async.
+
+A `put` returns once its blocks are in the top tier: a tier with a tier below keeps a
+reserve of free slots (its `low_watermark` / `high_watermark`), refilled by background
+demotion, and a demotion to a slow tier gives its slots back after a memory copy into a
+staging arena. A put waits only when the reserve is exhausted (counted as backpressure).
 
 Reads degrade, they never fail: a block that disappeared, failed its checksum or did not
-arrive by the deadline ends the prefix `get` returns (recompute the rest). Bad input (wrong
-dtype or block size, duplicate keys, a closed hierarchy) raises a `KvtierError`.
+arrive by the deadline (`load_timeout_s`, 5 s by default) ends the prefix `get` returns
+(recompute the rest). Bad input (wrong dtype or block size, duplicate keys, a closed
+hierarchy) raises a `KvtierError`.
+
+Closing waits for the transfers in flight; with `flush_on_close` (the default when the chain
+has a persistent tier) it first copies what only volatile tiers hold down to the bottom
+tier, within `flush_timeout_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import functools
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -43,6 +55,9 @@ from kvtier.config import (
     parse_config,
 )
 from kvtier.engine import CALLER, Priority, TensorCopier, TransferEngine
+from kvtier.engine.engine import finish_even_if_cancelled
+from kvtier.engine.staging import DEFAULT_STAGING_BYTES, StagingArena
+from kvtier.engine.supervisor import JobSupervisor, SupervisorCounters
 from kvtier.errors import InvalidValueError, KeyFormatError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager import (
@@ -58,9 +73,18 @@ from kvtier.manager.tiered import slot_ids
 from kvtier.tiers.pool import TorchPool, cuda_available
 from kvtier.tiers.storage import BlockStorage
 
+log = logging.getLogger("kvtier.hierarchy")
+
 WAIT_SLICE_S = 0.05
 """Longest single wait of a `get` for a transfer before it looks again (a safety net: it is
 normally woken by the transfer's completion)."""
+
+DEFAULT_LOAD_TIMEOUT_S = 5.0
+"""Default deadline of a `get`: past it, what has not arrived is a miss (recompute)."""
+
+DEFAULT_FLUSH_TIMEOUT_S = 30.0
+"""Default time budget of the flush on close; what did not reach the bottom tier by then is
+reported (logged and in `last_flush`) and stays volatile."""
 
 LATENCY_SAMPLES = 100_000
 """Most recent `get` latencies kept for the percentiles in `stats()`."""
@@ -86,6 +110,11 @@ class HierarchyCounters:
     put_present: int = 0
     put_refused: int = 0
     put_failed: int = 0
+    put_backpressure_waits: int = 0
+    """Puts that found the top tier's reserve exhausted and waited for background demotions
+    to give slots back."""
+    put_demotion_waits: int = 0
+    """Puts that had to evict at once and waited for their victims' snapshot (a memory copy)."""
     get_blocks: int = 0
     get_served: int = 0
     get_timeouts: int = 0
@@ -106,6 +135,13 @@ class HierarchyStats:
     cascades_dropped: int
     corrupt_blocks: int
     failed_blocks: int
+    errors: dict[str, int] = field(default_factory=dict)
+    """Copies that raised, by exception class (each is a miss or a failed store)."""
+    supervisor: SupervisorCounters = field(default_factory=SupervisorCounters)
+    staging_waits: int = 0
+    """Demotions and cascades that waited for room in the staging arena (backpressure)."""
+    queue_depths: dict[str, int] = field(default_factory=dict)
+    """Copies waiting at each tier's queue when the snapshot was taken."""
 
     def latency_percentile(self, q: float) -> float:
         """The q-th percentile (0..100) of recent `get` latencies, in seconds (0 if none)."""
@@ -123,6 +159,24 @@ def _describe(storage: BlockStorage) -> str:
     mode = "O_DIRECT" if direct else "buffered"
     codec = "" if compression == "none" else f", {compression}"
     return f"files in {path} ({mode}{codec})" if path is not None else type(storage).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class FlushReport:
+    """What a flush did: blocks copied to the bottom tier, and blocks still held only by
+    volatile tiers when it ended (0: everything readable is in the bottom tier)."""
+
+    copied: int
+    left: int
+
+
+def _watermarks_of(tier: object) -> tuple[float, float] | None:
+    """A tier config's (low, high) watermarks, or None when it sets none."""
+    low = getattr(tier, "low_watermark", None)
+    high = getattr(tier, "high_watermark", None)
+    if isinstance(low, float | int) and isinstance(high, float | int):
+        return float(low), float(high)
+    return None
 
 
 def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
@@ -148,14 +202,27 @@ class Hierarchy:
         self,
         config: HierarchyConfig,
         *,
-        load_timeout_s: float | None = None,
+        load_timeout_s: float | None = DEFAULT_LOAD_TIMEOUT_S,
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
         disk_options: Mapping[str, Any] | None = None,
-        flush_on_close: bool = False,
+        flush_on_close: bool | None = None,
+        flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
-        if load_timeout_s is not None and load_timeout_s <= 0:
+        """`load_timeout_s`: default deadline of `get` (None: wait as long as it takes).
+        `flush_on_close`: copy what only volatile tiers hold down to the bottom tier when
+        closing; None (default) means yes when the chain has a persistent tier.
+        `flush_timeout_s`: time budget of that flush. `staging_bytes`: host memory for
+        snapshots of blocks on their way to slow tiers (see `StagingArena`)."""
+        if load_timeout_s is not None and not load_timeout_s > 0:
             raise InvalidValueError(f"load_timeout_s must be > 0, got {load_timeout_s}")
+        if not flush_timeout_s > 0:
+            raise InvalidValueError(f"flush_timeout_s must be > 0, got {flush_timeout_s}")
+        if isinstance(max_concurrency, bool) or max_concurrency < 1:
+            raise InvalidValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if isinstance(staging_bytes, bool) or staging_bytes < 1:
+            raise InvalidValueError(f"staging_bytes must be >= 1, got {staging_bytes}")
         self.config = config
         self.load_timeout_s = load_timeout_s
         self.block_size = config.block_size
@@ -163,13 +230,15 @@ class Hierarchy:
         self._max_pending_cascades = max_pending_cascades
         self._disk_options = dict(disk_options or {})
         self.flush_on_close = flush_on_close
+        self.flush_timeout_s = flush_timeout_s
+        self._staging_bytes = staging_bytes
+        self.last_flush: FlushReport | None = None
+        """What the last flush copied down and what it left (None until one ran)."""
         self._manager: TieredManager | None = None
         self._engine: TransferEngine | None = None
+        self._supervisor: JobSupervisor | None = None
         self._storages: list[BlockStorage] = []
-        self._group: asyncio.TaskGroup | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._job_tasks: dict[int, asyncio.Task[Any]] = {}
-        self._changed: asyncio.Condition | None = None
+        self._changed: asyncio.Event | None = None
         self._calls = HierarchyCounters()
         self._info: list[TierInfo] = []
         self._state = "new"
@@ -231,17 +300,26 @@ class Hierarchy:
                 await storage.aclose()
             self._state = "closed"
             raise
-        self._manager = TieredManager(tiers, write_policy=self.config.write_policy)
+        active = self.config.active_tiers()
+        self._manager = TieredManager(
+            tiers,
+            write_policy=self.config.write_policy,
+            watermarks=[_watermarks_of(tier) for tier in active],
+        )
+        slow = any(not isinstance(storage, TorchPool) for storage in self._storages)
+        staging = StagingArena.sized(self._staging_bytes, self.block_size) if slow else None
         self._engine = TransferEngine(
             self._manager,
             self._storages,
             copier=copier,
             max_concurrency=self._max_concurrency,
             max_pending_cascades=self._max_pending_cascades,
+            staging=staging,
         )
-        self._changed = asyncio.Condition()
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        self._supervisor = JobSupervisor(self._engine, self._poke)
+        self._changed = asyncio.Event()
+        if self.flush_on_close is None:
+            self.flush_on_close = any(storage.persistent for storage in self._storages)
         self._state = "open"
 
     async def _open_storage(
@@ -266,17 +344,27 @@ class Hierarchy:
         )
 
     async def close(self) -> None:
-        """Wait for transfers in flight, then close the tiers. Idempotent."""
+        """Flush (see `flush_on_close`), wait for transfers in flight (at most
+        `flush_timeout_s`, then they are cancelled: what they did not copy is lost, nothing
+        is left half-written), then close the tiers. Idempotent."""
         if self._state in ("closed", "closing", "new"):
             self._state = "closed"
             return
-        if self.flush_on_close:
-            await self.flush()
+        try:
+            if self.flush_on_close and len(self._storages) > 1:
+                await self.flush(timeout_s=self.flush_timeout_s)
+        except Exception as error:  # a broken tier must not keep the others open
+            log.error("flush on close failed: %r", error)
         self._state = "closing"
         try:
-            await self.drain()
-            if self._group is not None:
-                await self._group.__aexit__(None, None, None)
+            supervisor = self._supervisor
+            if supervisor is not None and not await supervisor.drain(self.flush_timeout_s):
+                log.warning(
+                    "closing: %d transfers still running after %.1f s; cancelling them",
+                    len(supervisor),
+                    self.flush_timeout_s,
+                )
+                await supervisor.cancel_all()
         finally:
             for storage in self._storages:
                 await storage.aclose()
@@ -312,18 +400,26 @@ class Hierarchy:
 
     async def _put_part(self, keys: list[OffloadKey], blocks: torch.Tensor, first_row: int) -> int:
         manager, engine = self._open()
+        await self._wait_for_reserve(manager, len(keys))
         out = manager.prepare_store(keys)
         if out is None:
             self._calls.put_refused += len(keys)
+            self._spawn(manager.take_jobs())
             return 0
         stored = out.keys_to_store
         self._calls.put_present += len(keys) - len(stored)
         if not stored:
+            self._spawn(manager.take_jobs())
             return 0
         failed: frozenset[OffloadKey] = frozenset(stored)
         try:
             if out.demotion is not None:
-                await engine.run(out.demotion)
+                # The reserve did not cover this store: its victims are copied out first
+                # (only a memory copy when they go to a slow tier; the rest runs behind).
+                self._calls.put_demotion_waits += 1
+                staged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._supervisor_of().spawn(out.demotion, staged)
+                await finish_even_if_cancelled(staged)
             row = {key: first_row + i for i, key in enumerate(keys)}
             src_ids = np.asarray([row[key] for key in stored], dtype=np.int64)
             result = await engine.transfer(
@@ -346,8 +442,36 @@ class Hierarchy:
             self._calls.put_stored += len(ok)
             self._calls.put_failed += len(failed)
             self._spawn(manager.take_jobs())
-            await self._notify()
+            self._poke()
         return len(stored) - len(failed)
+
+    async def _wait_for_reserve(self, manager: TieredManager, wanted: int) -> None:
+        """Backpressure (counted): wait while the top tier has fewer free slots than a store
+        wants and background demotions are still giving slots back (so the store does not
+        evict at once what they are about to free), or while a lower tier could not take
+        that many demoted blocks until its writes in flight land (so none is dropped)."""
+        counted = False
+        timeout = self.load_timeout_s
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while self._must_wait(manager, wanted):
+            if not counted:
+                self._calls.put_backpressure_waits += 1
+                counted = True
+            if not await self._wait_for_change(deadline):
+                return  # a stuck lower tier: go on, the store evicts (or drops) as it must
+
+    @staticmethod
+    def _must_wait(manager: TieredManager, wanted: int) -> bool:
+        if manager.top.num_free >= wanted:
+            return False
+        for tier in manager.tiers:
+            if tier.num_draining:
+                return True
+        for tier in manager.tiers[1:]:
+            stats = tier.stats()
+            if stats.pending and stats.free + stats.evictable < wanted:
+                return True
+        return False
 
     async def _read_pinned(
         self,
@@ -403,6 +527,8 @@ class Hierarchy:
         keys = _check_keys(keys, "get")
         started = time.perf_counter()
         timeout = self.load_timeout_s if timeout_s is None else timeout_s
+        if timeout is not None and not timeout > 0:
+            raise InvalidValueError(f"get: timeout_s must be > 0, got {timeout_s}")
         deadline = None if timeout is None else started + timeout
         top = self._storages[0]
         device = top.device if isinstance(top, TorchPool) else torch.device("cpu")
@@ -426,7 +552,8 @@ class Hierarchy:
                     break
                 continue
             if answers and answers[0] is False:
-                if not self._tasks or manager.locate(batch[0]) is None:
+                busy = self._supervisor_of().busy
+                if not busy or manager.locate(batch[0]) is None:
                     break  # absent, or no room at the top and no transfer that will free some
                 if not await self._wait_for_change(deadline):
                     self._calls.get_timeouts += 1
@@ -439,7 +566,7 @@ class Hierarchy:
                     break
                 continue
             try:
-                task = self._job_tasks.get(hold.job_id)
+                task = self._supervisor_of().task_of(hold.job_id)
                 if task is not None and not task.done():
                     remaining = None if deadline is None else deadline - time.perf_counter()
                     done, _ = await asyncio.wait([task], timeout=remaining)
@@ -459,6 +586,9 @@ class Hierarchy:
                     served += good
                     if good < lead:
                         break
+                elif not await self._wait_for_change(deadline):  # nothing arrived: look again
+                    self._calls.get_timeouts += 1
+                    break
             finally:
                 manager.release_hold(hold)
         self._calls.get_served += served
@@ -491,6 +621,10 @@ class Hierarchy:
             cascades_dropped=engine.counters.cascades_dropped + manager.counters.cascades_dropped,
             corrupt_blocks=engine.counters.corrupt_blocks,
             failed_blocks=engine.counters.failed_blocks,
+            errors=dict(engine.counters.error_types),
+            supervisor=copy.deepcopy(self._supervisor_of().counters),
+            staging_waits=0 if engine.staging is None else engine.staging.waits,
+            queue_depths=engine.queue_depths(),
         )
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -516,26 +650,47 @@ class Hierarchy:
         """Each tier's byte store, top first (for inspection and tests)."""
         return list(self._storages)
 
-    async def flush(self) -> int:
+    async def flush(self, timeout_s: float | None = None) -> int:
         """Copy every block held only by the upper tiers down to the bottom tier and wait
         for it, so a persistent bottom tier keeps them across a restart (a write-back chain
-        otherwise keeps only what was demoted or cascaded). Returns the blocks copied."""
-        manager, engine = self._open()
-        await self.drain()
+        otherwise keeps only what was demoted or cascaded). Returns the blocks copied; with
+        `timeout_s`, stops waiting then (the copies in flight go on) and reports what did
+        not make it in `last_flush` and the log."""
+        manager, _ = self._open()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        supervisor = self._supervisor_of()
+        await supervisor.drain(timeout_s)
         bottom = len(manager.tiers) - 1
         jobs = manager.plan_flush()
         sent = [
             key for job in jobs for step in job.steps if step.dst == bottom for key in step.keys
         ]
-        for job in jobs:
-            await engine.run(job)
-        await self._notify()
-        return sum(1 for key in sent if manager.tiers[bottom].lookup(key) is True)
+        tasks = [supervisor.spawn(job) for job in jobs]
+        if tasks:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            await asyncio.wait(tasks, timeout=remaining)
+        self._poke()
+        copied = sum(1 for key in sent if manager.tiers[bottom].lookup(key) is True)
+        left = sum(
+            1
+            for tier in manager.tiers[:-1]
+            for key, block in tier.policy.items()
+            if block.ref_cnt >= 0 and manager.tiers[bottom].lookup(key) is not True
+        )
+        self.last_flush = FlushReport(copied=copied, left=left)
+        if left:
+            log.warning(
+                "flush: %d blocks copied to %r, %d held only by volatile tiers remain",
+                copied,
+                manager.tiers[bottom].name,
+                left,
+            )
+        return copied
 
     async def drain(self) -> None:
-        """Wait until no transfer job (promotion, cascade) is in flight."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        """Wait until no transfer job (promotion, demotion, cascade) is in flight."""
+        await self._supervisor_of().drain()
 
     def check(self) -> None:
         """Verify the bookkeeping of every tier (raises BlockStateError)."""
@@ -558,42 +713,39 @@ class Hierarchy:
         if not blocks.is_contiguous():
             raise InvalidValueError("put: blocks must be a contiguous tensor")
 
+    def _supervisor_of(self) -> JobSupervisor:
+        supervisor = self._supervisor
+        if supervisor is None:
+            raise ManagerClosedError(f"the hierarchy is {self._state}, not open")
+        return supervisor
+
     def _spawn(self, jobs: list[TransferJob]) -> None:
+        """Start jobs in the background; a background demotion pokes waiting stores as soon
+        as it has given its slots back."""
         if not jobs:
             return
         _, engine = self._open()
-        group = self._group
-        if group is None:
-            raise ManagerClosedError("the hierarchy is not open")
+        supervisor = self._supervisor_of()
+        loop = asyncio.get_running_loop()
         for job in jobs:
             if not engine.admit(job):
                 continue
-            task = group.create_task(self._run_job(job))
-            self._tasks.add(task)
-            self._job_tasks[job.id] = task
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(functools.partial(self._forget_task, job.id))
+            staged: asyncio.Future[None] | None = None
+            if job.drain:
+                staged = loop.create_future()
+                staged.add_done_callback(lambda _: self._poke())
+            supervisor.spawn(job, staged)
 
-    def _forget_task(self, job_id: int, _task: asyncio.Task[Any]) -> None:
-        self._job_tasks.pop(job_id, None)
-
-    async def _run_job(self, job: TransferJob) -> None:
-        engine = self._engine
-        if engine is None:
-            return
-        try:
-            await engine.run(job)
-        finally:
-            await self._notify()
-
-    async def _notify(self) -> None:
+    def _poke(self) -> None:
+        """Wake everything waiting for a change (a job done, slots given back, a store)."""
         changed = self._changed
         if changed is not None:
-            async with changed:
-                changed.notify_all()
+            self._changed = asyncio.Event()
+            changed.set()
 
     async def _wait_for_change(self, deadline: float | None) -> bool:
-        """Wait until a job or store completes; False if the deadline passed first."""
+        """Wait until a job or store completes (or WAIT_SLICE_S passes); False if the
+        deadline passed first."""
         changed = self._changed
         if changed is None:
             return False
@@ -602,11 +754,10 @@ class Hierarchy:
             remaining = min(remaining, deadline - time.perf_counter())
             if remaining <= 0:
                 return False
-        async with changed:
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                return deadline is None or time.perf_counter() < deadline
+        try:
+            await asyncio.wait_for(changed.wait(), remaining)
+        except TimeoutError:
+            return deadline is None or time.perf_counter() < deadline
         return True
 
     def __repr__(self) -> str:
@@ -615,6 +766,9 @@ class Hierarchy:
 
 
 __all__ = [
+    "DEFAULT_FLUSH_TIMEOUT_S",
+    "DEFAULT_LOAD_TIMEOUT_S",
+    "FlushReport",
     "Hierarchy",
     "HierarchyCounters",
     "HierarchyStats",

@@ -43,8 +43,7 @@ class SyncHierarchy:
         self._thread.start()
         self._stop: asyncio.Event | None = None
         self._opened: Future[None] = Future()
-        # The hierarchy lives inside one task for its whole life, so its TaskGroup has a
-        # parent that outlives every call.
+        # The hierarchy is opened and closed by one task that lives as long as it does.
         self._life = asyncio.run_coroutine_threadsafe(self._live(), self._loop)
         try:
             self._opened.result()
@@ -100,6 +99,11 @@ class SyncHierarchy:
     def take_events(self) -> list[OffloadingEvent]:
         """`Hierarchy.take_events`."""
         return self._sync(self._hierarchy.take_events)
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """`Hierarchy.flush`, waited for: copy what only volatile tiers hold down to the
+        bottom tier; the blocks copied."""
+        return self._call(self._hierarchy.flush(timeout_s))
 
     def drain(self) -> None:
         """Wait until no background transfer is in flight."""

@@ -141,6 +141,7 @@ async def test_events_report_each_tier(tmp_path: Path) -> None:
         ks = keys_(*range(7))
         for k in ks:
             await h.put([k], blocks_of([k]))
+        await h.drain()  # a put returns before its victims' disk writes are done
         events = h.take_events()
         stored = {(e.tier, k) for e in events if not e.removed for k in e.keys}
         removed = {(e.tier, k) for e in events if e.removed for k in e.keys}
@@ -271,6 +272,7 @@ async def test_a_failed_disk_write_fails_that_store_only(tmp_path: Path, code: i
         await h.put(ks[:2], blocks_of(ks[:2]))
         fault = io.inject("pwritev", code, times=1)
         await h.put(ks[2:3], blocks_of(ks[2:3]))  # demotes ks[0] to disk: that write fails
+        await h.drain()  # the put returned once ks[0] was snapshotted; the write runs behind
         assert fault.fired == 1
         assert h.where(ks[0]) is None  # lost (it had been evicted), with no trace on disk
         assert h.stats().chain.copy_failures == 1
@@ -522,10 +524,10 @@ async def test_without_flush_a_write_back_chain_keeps_only_what_reached_the_disk
 ) -> None:
     config = chain_config(tmp_path, gpu=2, cpu=4, disk=32)
     ks = keys_(*range(8))
-    async with Hierarchy.from_config(config) as h:
+    async with Hierarchy.from_config(config, flush_on_close=False) as h:
         for k in ks:
             await h.put([k], blocks_of([k]))
-    async with Hierarchy.from_config(config) as h:
+    async with Hierarchy.from_config(config, flush_on_close=False) as h:
         assert [h.where(k) for k in ks] == ["disk"] * 2 + [None] * 6
         copied = await h.flush()
         assert copied == 0

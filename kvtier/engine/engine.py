@@ -1,11 +1,18 @@
 """`TransferEngine`: runs the chained manager's transfer jobs through the tiers' storages.
 
-- Bounded concurrency per tier pair (a semaphore per (source, destination)), with priority:
-  a waiting promotion or load is served before a waiting demotion, and both before a
-  write-through cascade.
+- **Priority at every queue.** One priority semaphore per tier (a copy between two tiers
+  queues at the slower, lower one; a caller's copy at the tier it reads or writes), so a
+  promotion out of the disk tier and a demotion into it compete for the same slots: loads
+  first, then demotions, then write-through cascades, and one slot is kept for loads.
+- **Slow tiers off the critical path.** A demotion or cascade from a memory tier to a slow
+  tier (disk, remote) first snapshots the blocks into a `StagingArena` (a memory copy), gives
+  the source slots back (`TieredManager.release_sources`, and the job's `staged` future), and
+  writes the snapshot in the background. Only a full arena makes a job wait (counted).
 - A job's steps run in order (demotions before the writes that reuse their slots); a copy
   whose source failed is skipped. Whatever happens, the job's bookkeeping is settled exactly
   once (`complete_job`), so no pin or pending slot ever leaks.
+- **Failure is a miss.** Any exception a storage raises (any class, in any thread) fails the
+  blocks of that copy, is counted and logged, and never escapes `run` or `transfer`.
 - A copy in flight is never abandoned: if the task running a job is cancelled, the copy is
   allowed to finish before its slots are released, so a slot is never reused under a write.
 - Backpressure: when too many cascades are queued, new ones are dropped (counted), so a slow
@@ -18,6 +25,7 @@ import asyncio
 import enum
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
@@ -25,14 +33,19 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from kvtier.engine.moves import Endpoint, MoveResult, move
+from kvtier.engine.staging import StagingArena
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.manager.jobs import JobKind, TransferJob
+from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
 from kvtier.manager.tiered import TieredManager
+from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.storage import BlockStorage
 from kvtier.tiers.tensor_copy import TensorCopier
+
+log = logging.getLogger("kvtier.engine")
 
 T = TypeVar("T")
 
@@ -56,12 +69,20 @@ PRIORITY_OF = {
 
 
 class PrioritySemaphore:
-    """An asyncio semaphore whose waiters are served by priority, then first come first."""
+    """An asyncio semaphore whose waiters are served by priority, then first come first.
 
-    def __init__(self, value: int) -> None:
+    `reserved` of its `value` slots are kept for the first priority (loads): other holders
+    never take the last `reserved` free slots, so a load finds one even while background
+    writes keep the rest busy.
+    """
+
+    def __init__(self, value: int, *, reserved: int = 0) -> None:
         if value < 1:
             raise InvalidValueError(f"a semaphore needs a value >= 1, got {value}")
+        if not 0 <= reserved < value:
+            raise InvalidValueError(f"reserved must be in [0, {value}), got {reserved}")
         self._free = value
+        self._reserved = reserved
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
@@ -73,10 +94,15 @@ class PrioritySemaphore:
         finally:
             self._release()
 
+    def _floor(self, priority: int) -> int:
+        """Free slots that must remain after a holder of `priority` takes one."""
+        return 0 if priority <= Priority.LOAD else self._reserved
+
     async def _acquire(self, priority: int) -> None:
-        # A free slot means no live waiter (release hands slots to waiters first); entries
-        # left in the heap by cancelled waiters must not make a newcomer queue behind them.
-        if self._free > 0:
+        # Release hands slots to live waiters first, so a slot free to this priority means
+        # no live waiter that could have taken it; entries left in the heap by cancelled
+        # waiters must not make a newcomer queue behind them.
+        if self._free > self._floor(priority) and not self._better_waiter(priority):
             self._free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -88,13 +114,25 @@ class PrioritySemaphore:
                 self._release()  # granted just as we were cancelled: pass it on
             raise
 
+    def _better_waiter(self, priority: int) -> bool:
+        """Whether a live waiter of this or a higher priority is queued."""
+        while self._waiters and self._waiters[0][2].done():
+            heapq.heappop(self._waiters)
+        return bool(self._waiters) and self._waiters[0][0] <= priority
+
     def _release(self) -> None:
-        while self._waiters:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)
-                return
         self._free += 1
+        while self._waiters:
+            priority, _, future = self._waiters[0]
+            if future.done():
+                heapq.heappop(self._waiters)
+                continue
+            if self._free <= self._floor(priority):
+                return  # the best waiter may not take the slots kept for loads
+            heapq.heappop(self._waiters)
+            self._free -= 1
+            future.set_result(None)
+            return
 
     @property
     def waiting(self) -> int:
@@ -135,7 +173,47 @@ class EngineCounters:
     corrupt_blocks: int = 0
     cascades_dropped: int = 0
     errors: int = 0
+    """Copies that raised (any exception class): their blocks failed."""
+    error_types: dict[str, int] = field(default_factory=dict)
+    """Copies that raised, by exception class name."""
+    staged_blocks: int = 0
+    """Blocks snapshotted into the staging arena on their way to a slow tier."""
     pairs: dict[tuple[str, str], PairCounters] = field(default_factory=dict)
+
+    def count_error(self, error: BaseException) -> None:
+        self.errors += 1
+        name = type(error).__name__
+        self.error_types[name] = self.error_types.get(name, 0) + 1
+
+
+@dataclass(slots=True)
+class _JobRun:
+    """The running outcome of one job: (tier, key) copies that failed, sources found
+    corrupt, steps whose outcome is known, and steps still writing in the background."""
+
+    job: TransferJob
+    failed: set[tuple[int, OffloadKey]] = field(default_factory=set)
+    corrupt: set[tuple[int, OffloadKey]] = field(default_factory=set)
+    settled: set[int] = field(default_factory=set)
+    writes: dict[int, asyncio.Task[MoveResult]] = field(default_factory=dict)
+
+    def collect(self, index: int, result: MoveResult) -> None:
+        step = self.job.steps[index]
+        self.failed.update((step.dst, key) for key in result.failed)
+        self.corrupt.update((step.src, key) for key in result.corrupt)
+        self.settled.add(index)
+
+    def fail_unsettled(self) -> None:
+        """Cancelled (or broken) mid-job: a step not run, or whose write did not finish,
+        did not arrive."""
+        for index, step in enumerate(self.job.steps):
+            if index in self.settled:
+                continue
+            task = self.writes.get(index)
+            if task is not None and task.done() and not task.cancelled():
+                self.collect(index, task.result())
+            else:
+                self.failed.update((step.dst, key) for key in step.keys)
 
 
 class TransferEngine:
@@ -149,7 +227,10 @@ class TransferEngine:
         copier: TensorCopier | None = None,
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
+        staging: StagingArena | None = None,
     ) -> None:
+        """`staging`: the arena that lets demotions and cascades to slow tiers give their
+        sources back after a memory copy; None: they hold them until written."""
         if len(storages) != len(manager.tiers):
             raise InvalidValueError(f"{len(storages)} storages for {len(manager.tiers)} tiers")
         if max_pending_cascades < 0:
@@ -163,16 +244,25 @@ class TransferEngine:
         self.copier = copier if copier is not None else TensorCopier()
         self.max_concurrency = max_concurrency
         self.max_pending_cascades = max_pending_cascades
+        self.staging = staging
         self.counters = EngineCounters()
-        self._pairs: dict[tuple[int, int], PrioritySemaphore] = {}
+        self._lanes: dict[int, PrioritySemaphore] = {}
         self._cascades_in_flight = 0
+        self._admitted: set[int] = set()  # cascades counted in the backlog
 
     def _semaphore(self, src: int, dst: int) -> PrioritySemaphore:
-        key = (src, dst)
-        semaphore = self._pairs.get(key)
+        """The queue of a copy: that of the lower (slower) of its two tiers."""
+        lane = max(src, dst)
+        semaphore = self._lanes.get(lane)
         if semaphore is None:
-            semaphore = self._pairs[key] = PrioritySemaphore(self.max_concurrency)
+            reserved = 1 if self.max_concurrency > 1 else 0
+            semaphore = PrioritySemaphore(self.max_concurrency, reserved=reserved)
+            self._lanes[lane] = semaphore
         return semaphore
+
+    def queue_depths(self) -> dict[str, int]:
+        """Copies waiting at each tier's queue now."""
+        return {self.name_of(lane): sem.waiting for lane, sem in self._lanes.items()}
 
     def name_of(self, index: int) -> str:
         return "caller" if index == CALLER else self.names[index]
@@ -201,8 +291,15 @@ class TransferEngine:
                 result = await finish_even_if_cancelled(
                     move(self.copier, keys, src_end, src_ids, dst_end, dst_ids, self.block_size)
                 )
-            except (OSError, RuntimeError, ValueError):
-                self.counters.errors += 1
+            except Exception as error:  # any class: a failed copy is a miss, never a crash
+                self.counters.count_error(error)
+                log.warning(
+                    "copy of %d blocks %s -> %s failed: %r",
+                    len(keys),
+                    self.name_of(src),
+                    self.name_of(dst),
+                    error,
+                )
                 result = MoveResult(failed=frozenset(keys))
             elapsed = time.perf_counter() - started
         pair = self.counters.pairs.setdefault(
@@ -229,56 +326,178 @@ class TransferEngine:
                 self.manager.complete_job(job, failed=pending)
                 return False
             self._cascades_in_flight += 1
+            self._admitted.add(job.id)
         return True
 
-    async def run(self, job: TransferJob) -> MoveResult:
-        """Run a job's steps in order and settle its bookkeeping, whatever happens. Call
-        `admit` first for jobs that may be dropped (cascades)."""
-        priority = PRIORITY_OF[job.kind]
-        failed: set[tuple[int, OffloadKey]] = set()
-        corrupt: set[tuple[int, OffloadKey]] = set()
-        steps_done = 0
+    def never_ran(self, job: TransferJob) -> None:
+        """An admitted job's task ended before `run` started (cancelled): give back its
+        place in the cascade backlog."""
+        self._leave_backlog(job)
+
+    def _leave_backlog(self, job: TransferJob) -> None:
+        if job.id in self._admitted:
+            self._admitted.discard(job.id)
+            self._cascades_in_flight -= 1
+
+    async def run(
+        self, job: TransferJob, staged: asyncio.Future[None] | None = None
+    ) -> MoveResult:
+        """Run a job's steps in order and settle its bookkeeping, whatever happens (success,
+        any exception, cancellation). Call `admit` first for jobs that may be dropped
+        (cascades). `staged` (if given) is resolved as soon as the job no longer reads its
+        sources, which may be long before the job ends: a store that waits for the demotion
+        of its victims waits only for that."""
+        state = _JobRun(job)
         try:
-            for step in job.steps:
-                alive = [i for i, key in enumerate(step.keys) if (step.src, key) not in failed]
-                for key in step.keys:
-                    if (step.src, key) in failed:
-                        failed.add((step.dst, key))
-                if not alive:
-                    continue
-                keys = [step.keys[i] for i in alive]
-                result = await self.transfer(
-                    keys,
-                    step.src,
-                    self.storages[step.src],
-                    step.src_ids[alive],
-                    step.dst,
-                    self.storages[step.dst],
-                    step.dst_ids[alive],
-                    priority,
-                )
-                failed.update((step.dst, key) for key in result.failed)
-                corrupt.update((step.src, key) for key in result.corrupt)
-                steps_done += 1
-        except BaseException:
-            # Cancelled (or broken) mid-job: what was not copied did not arrive.
-            for step in job.steps[steps_done:]:
-                failed.update((step.dst, key) for key in step.keys)
-            raise
-        finally:
-            if job.kind is JobKind.CASCADE:
-                self._cascades_in_flight -= 1
-            self.counters.jobs[job.kind.value] += 1
-            self.manager.complete_job(job, failed, corrupt)
-            bad_by_tier: dict[int, list[OffloadKey]] = {}
-            for tier, key in corrupt:
-                bad_by_tier.setdefault(tier, []).append(key)
-            for tier, bad in bad_by_tier.items():
+            async with asyncio.TaskGroup() as group:
                 try:
-                    await asyncio.shield(self.storages[tier].forget(bad))
-                except (OSError, asyncio.CancelledError):
-                    self.counters.errors += 1  # the record is re-checked on every read
+                    for index in range(len(job.steps)):
+                        await self._run_step(state, index, group)
+                finally:
+                    self._release_sources(state, staged)
+            for index, task in state.writes.items():
+                state.collect(index, task.result())
+        finally:
+            state.fail_unsettled()
+            self._leave_backlog(job)
+            self.counters.jobs[job.kind.value] += 1
+            if self.manager.is_open(job):
+                self.manager.complete_job(job, state.failed, state.corrupt)
+            await self._forget_corrupt(state.corrupt)
         return MoveResult(
-            failed=frozenset(key for _, key in failed),
-            corrupt=frozenset(key for _, key in corrupt),
+            failed=frozenset(key for _, key in state.failed),
+            corrupt=frozenset(key for _, key in state.corrupt),
         )
+
+    async def _run_step(self, state: _JobRun, index: int, group: asyncio.TaskGroup) -> None:
+        """Copy one step's blocks whose sources are intact: inline, or snapshot them and
+        write in the background (a task of `group`)."""
+        step = state.job.steps[index]
+        await self._await_sources(state, step)
+        alive = [i for i, key in enumerate(step.keys) if (step.src, key) not in state.failed]
+        state.failed.update((step.dst, key) for key in step.keys if (step.src, key) in state.failed)
+        if not alive:
+            state.settled.add(index)
+            return
+        keys = [step.keys[i] for i in alive]
+        src_ids, dst_ids = step.src_ids[alive], step.dst_ids[alive]
+        priority = PRIORITY_OF[state.job.kind]
+        if self._stageable(state.job, step, len(keys)):
+            rows = await self._stage(step, src_ids)
+            if rows is None:
+                state.collect(index, MoveResult(failed=frozenset(keys)))
+            else:
+                state.writes[index] = group.create_task(
+                    self._write_staged(keys, step, rows, dst_ids, priority)
+                )
+            return
+        result = await self.transfer(
+            keys,
+            step.src,
+            self.storages[step.src],
+            src_ids,
+            step.dst,
+            self.storages[step.dst],
+            dst_ids,
+            priority,
+        )
+        state.collect(index, result)
+
+    async def _await_sources(self, state: _JobRun, step: CopyStep) -> None:
+        """Wait for the background writes of earlier steps that this step reads from."""
+        wanted = set(step.keys)
+        for index, task in list(state.writes.items()):
+            earlier = state.job.steps[index]
+            if earlier.dst == step.src and not wanted.isdisjoint(earlier.keys):
+                await asyncio.wait([task])
+                state.collect(index, task.result())
+                del state.writes[index]
+
+    def _stageable(self, job: TransferJob, step: CopyStep, count: int) -> bool:
+        """Whether a step may snapshot its sources and write in the background: a demotion
+        or cascade from a memory tier to a tier that is not a tensor pool."""
+        return (
+            self.staging is not None
+            and job.kind is not JobKind.PROMOTE
+            and isinstance(self.storages[step.src], TorchPool)
+            and not isinstance(self.storages[step.dst], TorchPool)
+            and self.staging.fits(count)
+        )
+
+    async def _stage(
+        self, step: CopyStep, src_ids: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64] | None:
+        """Copy a step's source blocks into arena rows; None if the copy failed."""
+        staging = self.staging
+        source = self.storages[step.src]
+        if staging is None or not isinstance(source, TorchPool):
+            return None
+        rows = await staging.acquire(len(src_ids))
+        try:
+            await finish_even_if_cancelled(
+                self.copier.copy(source.tensor, src_ids, staging.tensor, rows)
+            )
+        except Exception as error:
+            staging.release(rows)
+            self.counters.count_error(error)
+            log.warning("staging %d blocks of %s failed: %r", len(rows), step.src, error)
+            return None
+        except BaseException:
+            staging.release(rows)
+            raise
+        self.counters.staged_blocks += len(rows)
+        return rows
+
+    async def _write_staged(
+        self,
+        keys: list[OffloadKey],
+        step: CopyStep,
+        rows: npt.NDArray[np.int64],
+        dst_ids: npt.NDArray[np.int64],
+        priority: Priority,
+    ) -> MoveResult:
+        """Write snapshotted blocks from the arena to their destination, then free the rows."""
+        staging = self.staging
+        if staging is None:
+            return MoveResult(failed=frozenset(keys))
+        try:
+            return await self.transfer(
+                keys,
+                step.src,
+                staging.tensor,
+                rows,
+                step.dst,
+                self.storages[step.dst],
+                dst_ids,
+                priority,
+            )
+        finally:
+            staging.release(rows)
+
+    def _release_sources(self, state: _JobRun, staged: asyncio.Future[None] | None) -> None:
+        """Every step is issued: give the sources back, and settle the tiers no background
+        write is still filling (e.g. the CPU tier of a GPU -> CPU -> disk demotion)."""
+        job = state.job
+        try:
+            if self.manager.is_open(job):
+                self.manager.release_sources(job)
+                writing = {job.steps[index].dst for index in state.writes}
+                done = {step.dst for step in job.steps} - writing
+                issued = all(i in state.settled or i in state.writes for i in range(len(job.steps)))
+                if done and issued and job.kind is not JobKind.PROMOTE:
+                    self.manager.settle_tiers(job, done, state.failed)
+        finally:
+            if staged is not None and not staged.done():
+                staged.set_result(None)
+
+    async def _forget_corrupt(self, corrupt: set[tuple[int, OffloadKey]]) -> None:
+        """Tell persistent tiers to drop the records of blocks found bad (best effort: a
+        record is re-checked on every read anyway)."""
+        bad_by_tier: dict[int, list[OffloadKey]] = {}
+        for tier, key in corrupt:
+            bad_by_tier.setdefault(tier, []).append(key)
+        for tier, bad in bad_by_tier.items():
+            try:
+                await asyncio.shield(self.storages[tier].forget(bad))
+            except (Exception, asyncio.CancelledError) as error:
+                self.counters.count_error(error)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey
 
 _job_ids = itertools.count(1)
@@ -54,6 +55,9 @@ class TransferJob:
     `pending`: (tier, keys) being written by the job; they become readable (or are dropped)
     when it completes.
     `promoted`: the keys a PROMOTE job brings to the top tier (empty if it cannot reach it).
+    `drain`: (tier, blocks) evicted by a background demotion whose slots stay out of the free
+    list until the job has read them (`TieredManager.release_sources`).
+    `background`: a demotion planned to keep a tier's reserve of free slots (no caller waits).
     """
 
     kind: JobKind
@@ -61,7 +65,15 @@ class TransferJob:
     pins: list[tuple[int, tuple[OffloadKey, ...]]] = field(default_factory=list)
     pending: list[tuple[int, tuple[OffloadKey, ...]]] = field(default_factory=list)
     promoted: tuple[OffloadKey, ...] = ()
+    drain: list[tuple[int, list[BlockStatus]]] = field(default_factory=list)
+    background: bool = False
+    sources_released: bool = False
+    """Set once the job no longer reads its sources: pins and drained slots given back."""
     id: int = field(default_factory=lambda: next(_job_ids))
+
+    def pending_pairs(self) -> set[tuple[int, OffloadKey]]:
+        """Every (tier, key) the job is writing."""
+        return {(tier, key) for tier, keys in self.pending for key in keys}
 
     @property
     def num_blocks(self) -> int:

@@ -32,6 +32,9 @@ class TierStats:
     pending: int
     evictable: int
     pinned: int
+    draining: int = 0
+    """Slots evicted by a background demotion whose bytes are still being read out; they
+    become free once the demotion has taken its copy."""
 
     @property
     def used(self) -> int:
@@ -67,6 +70,7 @@ class TierManager(OffloadingManager):
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._num_pending = 0
         self._num_evictable = 0
+        self._num_draining = 0
         self._closed = False
 
     # -- reads -----------------------------------------------------------------------------
@@ -205,6 +209,49 @@ class TierManager(OffloadingManager):
                 OffloadingEvent(tuple(stored), self.block_size, self.medium, False, self.name)
             )
 
+    def evict_to_drain(self, count: int) -> tuple[list[OffloadKey], list[BlockStatus]]:
+        """Evict up to `count` ready, unpinned blocks by the policy, keeping their slots
+        out of the free list ("draining") until `release_drained`: a background demotion
+        reads their bytes first. Returns the victims' keys and blocks (maybe fewer, or none)."""
+        self._check_open()
+        count = min(count, self._num_evictable)
+        if count <= 0:
+            return [], []
+        evicted = self.policy.evict(count, ())
+        if not evicted:
+            return [], []
+        keys = [key for key, _ in evicted]
+        blocks = [block for _, block in evicted]
+        self._num_evictable -= len(blocks)
+        self._num_draining += len(blocks)
+        if self._events is not None:
+            self._events.append(
+                OffloadingEvent(tuple(keys), self.block_size, self.medium, True, self.name)
+            )
+        return keys, blocks
+
+    def release_drained(self, blocks: Collection[BlockStatus]) -> None:
+        """Free the slots of blocks evicted by `evict_to_drain` (their bytes were copied)."""
+        if not blocks:
+            return
+        self.backend.free_blocks(list(blocks))
+        self._num_draining -= len(blocks)
+
+    @property
+    def num_free(self) -> int:
+        """Slots a store can take now without evicting."""
+        return self.backend.get_num_free_blocks()
+
+    @property
+    def num_draining(self) -> int:
+        """Slots evicted whose bytes a background demotion is still reading."""
+        return self._num_draining
+
+    @property
+    def num_evictable(self) -> int:
+        """Ready, unpinned blocks the policy may evict."""
+        return self._num_evictable
+
     def discard(self, keys: Collection[OffloadKey]) -> list[OffloadKey]:
         """Drop ready, unpinned blocks whose bytes were found bad (a failed checksum, a read
         error): they leave the tier with a `removed` event and their slots are freed. Keys that
@@ -265,9 +312,17 @@ class TierManager(OffloadingManager):
         """Occupancy now: free slots, blocks being written, evictable and pinned blocks."""
         num_blocks = self.backend.num_blocks
         free = self.backend.get_num_free_blocks()
-        pinned = num_blocks - free - self._num_pending - self._num_evictable
+        draining = self._num_draining
+        pinned = num_blocks - free - self._num_pending - self._num_evictable - draining
         return TierStats(
-            self.name, self.medium, num_blocks, free, self._num_pending, self._num_evictable, pinned
+            self.name,
+            self.medium,
+            num_blocks,
+            free,
+            self._num_pending,
+            self._num_evictable,
+            pinned,
+            draining,
         )
 
     def check(self) -> None:
@@ -278,9 +333,10 @@ class TierManager(OffloadingManager):
         problems: list[str] = []
         if len(set(slots)) != len(slots):
             problems.append("two resident blocks share a slot")
-        if len(resident) + self.backend.get_num_free_blocks() != self.backend.num_blocks:
+        free = self.backend.get_num_free_blocks()
+        if len(resident) + free + self._num_draining != self.backend.num_blocks:
             problems.append(
-                f"{len(resident)} resident + {self.backend.get_num_free_blocks()} free != "
+                f"{len(resident)} resident + {free} free + {self._num_draining} draining != "
                 f"{self.backend.num_blocks} slots"
             )
         pending = sum(1 for _, block in resident if block.ref_cnt < 0)

@@ -51,6 +51,23 @@ from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
 WritePolicy = Literal["write-back", "write-through"]
 
+Watermarks = tuple[float, float]
+"""(low, high) occupancy fractions of a tier: fuller than `high`, it is demoted in the
+background down to `low`, so that a store finds free slots at once."""
+
+
+def reserve_slots(num_blocks: int, watermarks: Watermarks) -> tuple[int, int]:
+    """(free slots below which a refill starts, free slots a refill aims for) of a tier of
+    `num_blocks` with these watermarks; (0, 0) when they keep no reserve."""
+    low, high = watermarks
+    if not 0 < low < high <= 1:
+        raise InvalidValueError(
+            f"watermarks must satisfy 0 < low < high <= 1, got low={low}, high={high}"
+        )
+    trigger = num_blocks - int(high * num_blocks)
+    target = num_blocks - int(low * num_blocks)
+    return (trigger, max(trigger, target)) if trigger > 0 else (0, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class TieredStoreOutput(PrepareStoreOutput):
@@ -78,6 +95,8 @@ class ChainCounters:
     cascades_dropped: int = 0
     copy_failures: int = 0
     corrupt_dropped: int = 0
+    reserve_evicted: int = 0
+    """Blocks evicted in the background to keep a tier's reserve of free slots."""
 
 
 def slot_ids(spec: LoadStoreSpec) -> npt.NDArray[np.int64]:
@@ -108,7 +127,12 @@ class TieredManager(OffloadingManager):
         tiers: Sequence[TierManager],
         *,
         write_policy: WritePolicy = "write-back",
+        watermarks: Sequence[Watermarks | None] | None = None,
     ) -> None:
+        """`watermarks`: per tier, its (low, high) occupancy watermarks or None; a tier with
+        watermarks and a tier below it keeps a reserve of free slots (see `Watermarks`).
+        None (the default): no reserve anywhere, every eviction happens in the store that
+        needs the room."""
         if not tiers:
             raise InvalidValueError("a TieredManager needs at least one tier")
         if write_policy not in ("write-back", "write-through"):
@@ -122,6 +146,14 @@ class TieredManager(OffloadingManager):
         if len(set(names)) != len(names):
             raise InvalidValueError(f"tier names must be unique, got {names}")
         self.tiers: tuple[TierManager, ...] = tuple(tiers)
+        if watermarks is not None and len(watermarks) != len(tiers):
+            raise InvalidValueError(f"{len(watermarks)} watermarks for {len(tiers)} tiers")
+        self._reserves: list[tuple[int, int]] = [
+            (0, 0)
+            if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
+            else reserve_slots(tier.backend.num_blocks, watermarks[index])  # type: ignore[arg-type]
+            for index, tier in enumerate(tiers)
+        ]
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size
         self.counters = ChainCounters(hits=[0] * len(tiers))
@@ -247,6 +279,7 @@ class TieredManager(OffloadingManager):
         if out is None:
             return None
         demotion = self._emit(job, queue=False)
+        self._plan_reserves()
         return TieredStoreOutput(
             out.keys_to_store, out.store_spec, out.evicted_keys, out.evicted_spec, demotion
         )
@@ -268,8 +301,9 @@ class TieredManager(OffloadingManager):
     # -- jobs ------------------------------------------------------------------------------
 
     def take_jobs(self) -> list[TransferJob]:
-        """Jobs decided since the last call (promotions, cascades), oldest first. DEMOTE jobs
-        of a store are returned by `prepare_store` itself, not here."""
+        """Jobs decided since the last call (promotions, cascades, background demotions that
+        keep the reserves), oldest first. The DEMOTE job of a store that had to evict is
+        returned by `prepare_store` itself, not here."""
         jobs, self._jobs = self._jobs, []
         return jobs
 
@@ -287,23 +321,12 @@ class TieredManager(OffloadingManager):
         unpinned. Every pin and pending block of the job is released exactly once.
         """
         self._check_open()
-        if self._open_jobs.pop(job.id, None) is None:
+        if job.id not in self._open_jobs:
             raise BlockStateError(f"{job!r} is not open (completed twice, or never emitted)")
-        bad = failed_pairs_of(job, set(failed))
-        for index, keys in job.pending:
-            tier = self.tiers[index]
-            lost = [key for key in keys if (index, key) in bad]
-            kept = [key for key in keys if (index, key) not in bad]
-            if kept:
-                tier.complete_store(kept)
-            if lost:
-                tier.complete_store(lost, success=False)
-                if job.kind is JobKind.CASCADE:
-                    self.counters.cascades_dropped += len(lost)
-                else:
-                    self.counters.copy_failures += len(lost)
-        for index, keys in job.pins:
-            self.tiers[index].complete_load(keys)
+        self.release_sources(job)
+        del self._open_jobs[job.id]
+        self._settle_pending(job, job.pending, failed_pairs_of(job, set(failed)))
+        job.pending = []
         by_tier: dict[int, list[OffloadKey]] = {}
         for index, key in corrupt:
             by_tier.setdefault(index, []).append(key)
@@ -316,6 +339,62 @@ class TieredManager(OffloadingManager):
             hold.granted = [key for key in hold.keys if self.top.lookup(key) is True]
             if hold.granted:
                 hold.slots = slot_ids(self.top.prepare_load(hold.granted))
+
+    def settle_tiers(
+        self,
+        job: TransferJob,
+        tiers: Collection[int],
+        failed: Iterable[tuple[int, OffloadKey]] = (),
+    ) -> None:
+        """Settle early the blocks `job` writes into `tiers`, whose copies are all done
+        (`failed`: as in `complete_job`): they become readable (or are dropped) now, while
+        the job's other copies (to slow tiers) go on. `complete_job` settles the rest."""
+        self._check_open()
+        if job.id not in self._open_jobs:
+            raise BlockStateError(f"{job!r} is not open (completed, or never emitted)")
+        now = [(index, keys) for index, keys in job.pending if index in tiers]
+        if not now:
+            return
+        job.pending = [(index, keys) for index, keys in job.pending if index not in tiers]
+        self._settle_pending(job, now, failed_pairs_of(job, set(failed)))
+
+    def _settle_pending(
+        self,
+        job: TransferJob,
+        entries: Sequence[tuple[int, tuple[OffloadKey, ...]]],
+        bad: set[tuple[int, OffloadKey]],
+    ) -> None:
+        for index, keys in entries:
+            tier = self.tiers[index]
+            lost = [key for key in keys if (index, key) in bad]
+            kept = [key for key in keys if (index, key) not in bad]
+            if kept:
+                tier.complete_store(kept)
+            if lost:
+                tier.complete_store(lost, success=False)
+                if job.kind is JobKind.CASCADE:
+                    self.counters.cascades_dropped += len(lost)
+                else:
+                    self.counters.copy_failures += len(lost)
+
+    def release_sources(self, job: TransferJob) -> None:
+        """The job no longer reads its sources (every copy is done or has its own snapshot of
+        the bytes): unpin them and free the slots it drained, so a store may reuse them while
+        the copies to slow tiers go on. Idempotent; `complete_job` calls it too."""
+        self._check_open()
+        if job.sources_released:
+            return
+        if job.id not in self._open_jobs:
+            raise BlockStateError(f"{job!r} is not open (completed, or never emitted)")
+        job.sources_released = True
+        for index, keys in job.pins:
+            self.tiers[index].complete_load(keys)
+        for index, blocks in job.drain:
+            self.tiers[index].release_drained(blocks)
+
+    def is_open(self, job: TransferJob) -> bool:
+        """Whether `job` was emitted and is not completed yet."""
+        return job.id in self._open_jobs
 
     def hold_promotion(self, keys: Sequence[OffloadKey]) -> PromotionHold | None:
         """Claim the leading `keys` that one open PROMOTE job is bringing to the top (those of
@@ -382,6 +461,36 @@ class TieredManager(OffloadingManager):
                 raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
             self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
         return out
+
+    def _plan_reserves(self) -> None:
+        """Queue background DEMOTE jobs for every tier whose free slots (counting those
+        already draining) fell below its reserve: the policy's victims are evicted at once
+        (their slots drain until the job has read them) and copied to the tier below where it
+        lacks them. Top first, so a tier's refill can use the reserve of the tier below."""
+        for index, (trigger, target) in enumerate(self._reserves):
+            if trigger == 0:
+                continue
+            tier = self.tiers[index]
+            eventual = tier.num_free + tier.num_draining
+            if eventual >= trigger:
+                continue
+            keys, blocks = tier.evict_to_drain(target - eventual)
+            if not keys:
+                continue
+            self.counters.reserve_evicted += len(keys)
+            job = TransferJob(JobKind.DEMOTE, background=True)
+            slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
+            self._demote(index, keys, slots, job)
+            if job.steps:
+                job.drain.append((index, blocks))
+                self._emit(job)
+            else:  # every victim is held below already (or dropped): nothing to read
+                tier.release_drained(blocks)
+
+    def reserve_of(self, index: int) -> tuple[int, int]:
+        """(free slots below which tier `index` is refilled, free slots a refill aims for);
+        (0, 0) for a tier that keeps no reserve."""
+        return self._reserves[index]
 
     def _demote(
         self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
