@@ -448,8 +448,9 @@ class Hierarchy:
     async def _wait_for_reserve(self, manager: TieredManager, wanted: int) -> None:
         """Backpressure (counted): wait while the top tier has fewer free slots than a store
         wants and background demotions are still giving slots back (so the store does not
-        evict at once what they are about to free), or while a lower tier could not take
-        that many demoted blocks until its writes in flight land (so none is dropped)."""
+        evict at once what they are about to free), or while a tier could not take that
+        many blocks until the stores or demotions in flight into it land (so none is
+        refused or dropped while the chain has room)."""
         counted = False
         timeout = self.load_timeout_s
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -467,7 +468,7 @@ class Hierarchy:
         for tier in manager.tiers:
             if tier.num_draining:
                 return True
-        for tier in manager.tiers[1:]:
+        for tier in manager.tiers:  # the top: other stores in flight; below: demotions
             stats = tier.stats()
             if stats.pending and stats.free + stats.evictable < wanted:
                 return True
@@ -618,7 +619,7 @@ class Hierarchy:
             calls=copy.deepcopy(self._calls),
             pairs=pairs,
             jobs=dict(engine.counters.jobs),
-            cascades_dropped=engine.counters.cascades_dropped + manager.counters.cascades_dropped,
+            cascades_dropped=manager.counters.cascades_dropped,
             corrupt_blocks=engine.counters.corrupt_blocks,
             failed_blocks=engine.counters.failed_blocks,
             errors=dict(engine.counters.error_types),
