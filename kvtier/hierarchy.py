@@ -130,7 +130,8 @@ class HierarchyStats:
     chain: ChainCounters
     calls: HierarchyCounters
     pairs: dict[tuple[str, str], tuple[int, int, float]]
-    """(source, destination) -> (blocks, bytes, seconds spent copying)."""
+    """(source, destination) -> (blocks, bytes, seconds during which a copy of the pair was
+    in flight: concurrent copies are counted once, so bytes / seconds is its throughput)."""
     jobs: dict[str, int]
     cascades_dropped: int
     corrupt_blocks: int

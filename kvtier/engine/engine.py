@@ -152,12 +152,26 @@ async def finish_even_if_cancelled(awaitable: Awaitable[T]) -> T:
 
 @dataclass(slots=True)
 class PairCounters:
-    """Traffic between two endpoints."""
+    """Traffic between two endpoints. `seconds` is the wall time during which at least one
+    copy of the pair was in flight (concurrent copies are not counted twice), so
+    `gb_per_s` is the pair's throughput, not a per-copy speed."""
 
     blocks: int = 0
     bytes: int = 0
     seconds: float = 0.0
     copies: int = 0
+    in_flight: int = 0
+    busy_since: float = 0.0
+
+    def start(self, now: float) -> None:
+        if self.in_flight == 0:
+            self.busy_since = now
+        self.in_flight += 1
+
+    def stop(self, now: float) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.seconds += now - self.busy_since
 
     @property
     def gb_per_s(self) -> float:
@@ -285,8 +299,11 @@ class TransferEngine:
     ) -> MoveResult:
         """One move under the pair's semaphore, counted; a failure of the whole move (an
         exception from a device or file) is reported as every block failing."""
+        pair = self.counters.pairs.setdefault(
+            (self.name_of(src), self.name_of(dst)), PairCounters()
+        )
         async with self._semaphore(src, dst).hold(priority):
-            started = time.perf_counter()
+            pair.start(time.perf_counter())
             try:
                 result = await finish_even_if_cancelled(
                     move(self.copier, keys, src_end, src_ids, dst_end, dst_ids, self.block_size)
@@ -301,14 +318,11 @@ class TransferEngine:
                     error,
                 )
                 result = MoveResult(failed=frozenset(keys))
-            elapsed = time.perf_counter() - started
-        pair = self.counters.pairs.setdefault(
-            (self.name_of(src), self.name_of(dst)), PairCounters()
-        )
+            finally:
+                pair.stop(time.perf_counter())
         moved = len(keys) - len(result.failed)
         pair.blocks += moved
         pair.bytes += moved * self.block_size
-        pair.seconds += elapsed
         pair.copies += 1
         self.counters.failed_blocks += len(result.failed)
         self.counters.corrupt_blocks += len(result.corrupt)
