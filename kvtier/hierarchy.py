@@ -351,6 +351,8 @@ class Hierarchy:
         if self._state in ("closed", "closing", "new"):
             self._state = "closed"
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.flush_timeout_s
         try:
             if self.flush_on_close and len(self._storages) > 1:
                 await self.flush(timeout_s=self.flush_timeout_s)
@@ -359,7 +361,8 @@ class Hierarchy:
         self._state = "closing"
         try:
             supervisor = self._supervisor
-            if supervisor is not None and not await supervisor.drain(self.flush_timeout_s):
+            budget = max(0.0, deadline - loop.time())
+            if supervisor is not None and not await supervisor.drain(budget):
                 log.warning(
                     "closing: %d transfers still running after %.1f s; cancelling them",
                     len(supervisor),
