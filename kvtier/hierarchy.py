@@ -396,7 +396,7 @@ class Hierarchy:
         keys = _check_keys(keys, "put")
         self._check_blocks(blocks, len(keys))
         self._calls.put_blocks += len(keys)
-        chunk = max(1, manager.top.backend.num_blocks // 4)
+        chunk = max(1, manager.top.num_blocks // 4)
         stored = 0
         for start in range(0, len(keys), chunk):
             stored += await self._put_part(keys[start : start + chunk], blocks, start)
@@ -538,7 +538,7 @@ class Hierarchy:
         top = self._storages[0]
         device = top.device if isinstance(top, TorchPool) else torch.device("cpu")
         out = torch.empty((len(keys), self.block_size), dtype=torch.uint8, device=device)
-        chunk = max(1, manager.top.backend.num_blocks // 4)
+        chunk = max(1, manager.top.num_blocks // 4)
         served = 0
         self._calls.get_blocks += len(keys)
         while served < len(keys):
@@ -680,8 +680,8 @@ class Hierarchy:
         left = sum(
             1
             for tier in manager.tiers[:-1]
-            for key, block in tier.policy.items()
-            if block.ref_cnt >= 0 and manager.tiers[bottom].lookup(key) is not True
+            for key in tier.idle_keys()
+            if manager.tiers[bottom].has(key) is not True
         )
         self.last_flush = FlushReport(copied=copied, left=left)
         if left:

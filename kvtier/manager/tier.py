@@ -237,6 +237,33 @@ class TierManager(OffloadingManager):
         self.backend.free_blocks(list(blocks))
         self._num_draining -= len(blocks)
 
+    owns_index = False
+    """A slot pool whose contents this bookkeeping decides (see `KeyedTierManager` for a
+    tier that owns its own index)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Slots of the tier."""
+        return self.backend.num_blocks
+
+    def has(self, key: OffloadKey) -> bool | None:
+        """`lookup` as pure inspection: True ready, None being written, False absent."""
+        return self.lookup(key)
+
+    def spec_of(self, keys: Collection[OffloadKey]) -> LoadStoreSpec:
+        """Where blocks already pinned (or being written) by the caller are."""
+        blocks = []
+        for key in keys:
+            block = self._get(key)
+            if block is None:
+                raise BlockStateError(f"tier {self.name!r} lost {key!r}")
+            blocks.append(block)
+        return self.backend.get_load_store_spec(list(keys), blocks)
+
+    def idle_keys(self) -> list[OffloadKey]:
+        """Ready, unpinned blocks, in the policy's order."""
+        return [key for key, block in self.policy.items() if block.ref_cnt == 0]
+
     @property
     def num_free(self) -> int:
         """Slots a store can take now without evicting."""

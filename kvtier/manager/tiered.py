@@ -46,7 +46,8 @@ from kvtier.manager.jobs import (
     TransferJob,
     failed_pairs_of,
 )
-from kvtier.manager.tier import TierManager, TierStats
+from kvtier.manager.chain_tier import ChainTier
+from kvtier.manager.tier import TierStats
 from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
 WritePolicy = Literal["write-back", "write-through"]
@@ -124,7 +125,7 @@ class TieredManager(OffloadingManager):
 
     def __init__(
         self,
-        tiers: Sequence[TierManager],
+        tiers: Sequence[ChainTier],
         *,
         write_policy: WritePolicy = "write-back",
         watermarks: Sequence[Watermarks | None] | None = None,
@@ -145,13 +146,13 @@ class TieredManager(OffloadingManager):
         names = [tier.name for tier in tiers]
         if len(set(names)) != len(names):
             raise InvalidValueError(f"tier names must be unique, got {names}")
-        self.tiers: tuple[TierManager, ...] = tuple(tiers)
+        self.tiers: tuple[ChainTier, ...] = tuple(tiers)
         if watermarks is not None and len(watermarks) != len(tiers):
             raise InvalidValueError(f"{len(watermarks)} watermarks for {len(tiers)} tiers")
         self._reserves: list[tuple[int, int]] = [
             (0, 0)
             if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
-            else reserve_slots(tier.backend.num_blocks, watermarks[index])  # type: ignore[arg-type]
+            else reserve_slots(tier.num_blocks, watermarks[index])  # type: ignore[arg-type]
             for index, tier in enumerate(tiers)
         ]
         self.write_policy: WritePolicy = write_policy
@@ -164,7 +165,7 @@ class TieredManager(OffloadingManager):
         self._closed = False
 
     @property
-    def top(self) -> TierManager:
+    def top(self) -> ChainTier:
         return self.tiers[0]
 
     # -- reads -----------------------------------------------------------------------------
@@ -236,7 +237,7 @@ class TieredManager(OffloadingManager):
         """(index of the highest tier holding `key`, whether it is readable there), or None.
         Pure inspection: starts nothing and counts nothing."""
         for index, tier in enumerate(self.tiers):
-            state = tier.lookup(key)
+            state = tier.has(key)
             if state is not False:
                 return index, state is True
         return None
@@ -272,7 +273,7 @@ class TieredManager(OffloadingManager):
         candidates = [
             key
             for key in unique
-            if self.top.lookup(key) is not False or all(tier.lookup(key) is False for tier in below)
+            if self.top.has(key) is not False or all(tier.has(key) is False for tier in below)
         ]
         job = TransferJob(JobKind.DEMOTE)
         out = self._store_into(0, candidates, job)
@@ -293,7 +294,7 @@ class TieredManager(OffloadingManager):
         """Settle the top-tier stores of `prepare_store`. With write-through, successfully
         stored blocks are then cascaded down the chain (a CASCADE job from `take_jobs`)."""
         self._check_open()
-        newly_ready = [key for key in dict.fromkeys(keys) if self.top.lookup(key) is None]
+        newly_ready = [key for key in dict.fromkeys(keys) if self.top.has(key) is None]
         self.top.complete_store(keys, success, req_context)
         if success and newly_ready and self.write_policy == "write-through":
             self._plan_cascade(newly_ready)
@@ -336,7 +337,7 @@ class TieredManager(OffloadingManager):
             if self._promoting.get(key) is job:
                 del self._promoting[key]
         for hold in self._holds.pop(job.id, []):
-            hold.granted = [key for key in hold.keys if self.top.lookup(key) is True]
+            hold.granted = [key for key in hold.keys if self.top.has(key) is True]
             if hold.granted:
                 hold.slots = slot_ids(self.top.prepare_load(hold.granted))
 
@@ -500,7 +501,7 @@ class TieredManager(OffloadingManager):
             self.counters.dropped_at_bottom += len(victims)
             return
         below = self.tiers[index + 1]
-        states = [below.lookup(key) for key in victims]
+        states = [below.has(key) for key in victims]
         held = [key for key, state in zip(victims, states, strict=True) if state is True]
         if held:
             below.touch(held)
@@ -529,9 +530,7 @@ class TieredManager(OffloadingManager):
         stops at a tier that cannot make room (the job still brings the blocks as high as they
         got, and they are misses for now)."""
         job = TransferJob(JobKind.PROMOTE)
-        spec = self.tiers[source].backend.get_load_store_spec(
-            keys, [self._block(source, key) for key in keys]
-        )
+        spec = self.tiers[source].spec_of(keys)
         job.pins.append((source, tuple(keys)))
         climbing, src, src_ids = list(keys), source, slot_ids(spec)
         for index in range(source - 1, -1, -1):
@@ -559,12 +558,6 @@ class TieredManager(OffloadingManager):
             self.tiers[source].complete_load(keys)
         return promoted
 
-    def _block(self, index: int, key: OffloadKey) -> BlockStatus:
-        block = self.tiers[index].policy.get(key)
-        if block is None:
-            raise BlockStateError(f"tier {self.tiers[index].name!r} lost {key!r}")
-        return block
-
     def _plan_cascade(
         self, keys: Sequence[OffloadKey], start: int = 0, *, queue: bool = True
     ) -> TransferJob | None:
@@ -579,7 +572,7 @@ class TieredManager(OffloadingManager):
         for index in range(start + 1, len(self.tiers)):
             tier = self.tiers[index]
             wanted = [
-                (k, s) for k, s in zip(src_keys, src_ids, strict=True) if tier.lookup(k) is False
+                (k, s) for k, s in zip(src_keys, src_ids, strict=True) if tier.has(k) is False
             ]
             if not wanted:
                 break
@@ -608,11 +601,7 @@ class TieredManager(OffloadingManager):
         jobs: list[TransferJob] = []
         for start in range(len(self.tiers) - 1):
             tier = self.tiers[start]
-            keys = [
-                key
-                for key, block in tier.policy.items()
-                if block.ref_cnt == 0 and bottom.lookup(key) is False
-            ]
+            keys = [key for key in tier.idle_keys() if bottom.has(key) is False]
             if keys:
                 job = self._plan_cascade(keys, start, queue=False)
                 if job is not None:
@@ -650,6 +639,6 @@ class TieredManager(OffloadingManager):
 
     def __repr__(self) -> str:
         chain = " -> ".join(
-            f"{t.name}({t.medium.value}, {t.backend.num_blocks})" for t in self.tiers
+            f"{t.name}({t.medium}, {t.num_blocks})" for t in self.tiers
         )
         return f"TieredManager({chain}, {self.write_policy})"

@@ -228,7 +228,7 @@ def settle_jobs(manager: TieredManager) -> None:
 
 def _batch_size(manager: TieredManager) -> int:
     """The Hierarchy's batch for `get` and `put`: a quarter of the top tier (at least 1)."""
-    return max(1, manager.top.backend.num_blocks // 4)
+    return max(1, manager.top.num_blocks // 4)
 
 
 def _get(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
