@@ -1,8 +1,9 @@
 """`kvtier bench`: how fast the data path is on this machine, next to what the machine can do.
 
-The measurements are in `kvtier.bench.datapath` (see its docstring for the method); this
-module parses options, shows progress, prints the tables or the JSON, and turns the outcome
-into an exit status: 0, 1 when some pair moved wrong bytes, 2 for bad input (one line).
+The measurements are in `kvtier.bench.datapath` and, with `--write-path`, in
+`kvtier.bench.writepath` (see their docstrings for the method); this module parses options,
+shows progress, prints the tables or the JSON, and turns the outcome into an exit status: 0,
+1 when some pair moved wrong bytes (or a get returned them), 2 for bad input (one line).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 
 from kvtier.commands.options import json_option
@@ -20,6 +22,11 @@ from kvtier.errors import InvalidValueError
 
 EXIT_WRONG_BYTES = 1
 TABLE_WIDTH = 110
+
+DATAPATH_ONLY = ("block_sizes", "repeats", "copy_size", "disk_size", "gpu_size", "pairs")
+"""Options (parameter names) of the data-path measurement, refused with --write-path."""
+WRITEPATH_ONLY = ("write_block_size", "puts", "put_rate", "gets", "cpu_size")
+"""Options of the write-path measurement, refused without --write-path."""
 
 
 def parse_sizes(text: str, option: str) -> tuple[int, ...]:
@@ -108,7 +115,46 @@ def parse_parts(text: str) -> tuple[str, ...]:
     default=None,
     help="Where to put the disk files (a temporary directory is made inside and removed "
     "afterwards) [default: the disk tier's default directory ~/.cache/kvtier, or its nearest "
-    "existing parent, so the same filesystem].",
+    "existing parent, so the same filesystem; --write-path: the current directory, or the "
+    "temporary directory ($TMPDIR) when it is not writable].",
+)
+@click.option(
+    "--write-path",
+    "write_path",
+    is_flag=True,
+    help="Measure the write path instead: put latency into a full CPU tier (CPU only, and over "
+    "a disk tier, write-back and write-through), get latency of disk-resident blocks idle and "
+    "under a write stream, cpu -> disk demotion GB/s next to raw O_DIRECT writes.",
+)
+@click.option(
+    "--write-block-size",
+    default=None,
+    help="--write-path: block size [default: 256KiB]; each put or get is 16 blocks.",
+)
+@click.option(
+    "--puts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--write-path: timed puts per chain [default: 400; --quick: 100].",
+)
+@click.option(
+    "--put-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="--write-path: puts per second [default: 25% of the raw disk write bandwidth "
+    "measured at the start, in puts].",
+)
+@click.option(
+    "--gets",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--write-path: timed gets per phase (idle, under a write stream) [default: 200; "
+    "--quick: 50].",
+)
+@click.option(
+    "--cpu-size",
+    default=None,
+    help="--write-path: capacity of the CPU tier [default: 256MiB; --quick: 64MiB].",
 )
 @json_option("Print the JSON report only.")
 def bench(
@@ -120,6 +166,12 @@ def bench(
     gpu_size: str | None,
     pairs: str,
     directory: Path | None,
+    write_path: bool,
+    write_block_size: str | None,
+    puts: int | None,
+    put_rate: float | None,
+    gets: int | None,
+    cpu_size: str | None,
     as_json: bool,
 ) -> None:
     """Data-path throughput on this machine, next to the machine's own limit.
@@ -140,7 +192,19 @@ def bench(
     next to it. After timing, every pair's bytes are checked block by block. Nothing here
     is a pass/fail test of speed: the VM or disk you run on may be noisy.
 
-    Exit status: 0 measured; 1 some pair moved wrong bytes; 2 bad options.
+    With --write-path, what a serving engine waits for instead (puts and gets of 16 blocks,
+    chains taking turns in interleaved rounds; files in a temporary directory inside --dir,
+    default the current directory):
+
+    \b
+      puts    p50/p99 of paced puts into a full CPU tier over a disk tier (write-back,
+              write-through), ratio to a CPU-only chain (targets 1.5x, 3x)
+      gets    p50/p99 of gets of blocks on the disk only, with the disk idle and under a
+              paced put stream, ratio (target 1.5x); every byte checked
+      demote  cpu -> disk GB/s during the puts | raw O_DIRECT pwrite + fdatasync, same bytes
+
+    Exit status: 0 measured; 1 some pair moved wrong bytes (or a get returned wrong bytes);
+    2 bad options.
 
     \b
     Examples:
@@ -148,7 +212,15 @@ def bench(
       kvtier bench --quick
       kvtier bench --block-sizes 256KiB --repeats 9 --pairs cpu,disk
       kvtier bench --dir /mnt/nvme --json > bench.json
+      kvtier bench --write-path --quick
+      kvtier bench --write-path --put-rate 50 --dir /mnt/nvme
     """
+    _check_mode(write_path)
+    if write_path:
+        _bench_write_path(
+            quick, directory, write_block_size, puts, put_rate, gets, cpu_size, as_json
+        )
+        return
     from kvtier.bench.datapath import Settings, render, run_datapath_benchmark, step_count
 
     sizes = parse_sizes(block_sizes, "--block-sizes")
@@ -169,14 +241,66 @@ def bench(
 
     with progress("measuring the data path", step_count(settings)) as advance:
         report = run_datapath_benchmark(settings, progress=lambda _: advance(1))
-    if as_json:
-        click.echo(report.to_json())
-    else:
-        # Piped or redirected output is not squeezed into 80 columns: the table stays readable.
-        console = out
-        if not out.is_terminal:
-            console = Console(width=TABLE_WIDTH, highlight=False, soft_wrap=True)
-        for renderable in render(report):
-            console.print(renderable)
+    _show(report.to_json() if as_json else render(report))
     if report.wrong_bytes:
         sys.exit(EXIT_WRONG_BYTES)
+
+
+def _check_mode(write_path: bool) -> None:
+    """Refuse (one line) an option that the chosen measurement does not use."""
+    ctx = click.get_current_context()
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    foreign = DATAPATH_ONLY if write_path else WRITEPATH_ONLY
+    for param in ctx.command.params:
+        if param.name in foreign and ctx.get_parameter_source(param.name) in given:
+            option = param.opts[0]
+            if write_path:
+                raise click.UsageError(f"{option} does not apply to --write-path", ctx)
+            raise click.UsageError(f"{option} needs --write-path", ctx)
+
+
+def _bench_write_path(
+    quick: bool,
+    directory: Path | None,
+    write_block_size: str | None,
+    puts: int | None,
+    put_rate: float | None,
+    gets: int | None,
+    cpu_size: str | None,
+    as_json: bool,
+) -> None:
+    from kvtier.bench.writepath import Settings, render, run_writepath_benchmark, step_count
+
+    values: dict[str, Any] = {}
+    for option, name, text in (
+        ("--write-block-size", "block_size", write_block_size),
+        ("--cpu-size", "cpu_bytes", cpu_size),
+    ):
+        if text is not None:
+            values[name] = parse_size_option(text, option)
+    for name, value in (("puts", puts), ("gets", gets), ("put_rate", put_rate)):
+        if value is not None:
+            values[name] = value
+    if directory is not None:
+        values["directory"] = directory
+    settings = (Settings.quick(**values) if quick else Settings(**values)).fitted()
+    settings.validate()
+
+    with progress("measuring the write path", step_count(settings)) as advance:
+        report = run_writepath_benchmark(settings, progress=lambda _: advance(1))
+    _show(report.to_json() if as_json else render(report))
+    if report.mismatches:
+        sys.exit(EXIT_WRONG_BYTES)
+
+
+def _show(shown: str | list[Any]) -> None:
+    """Print a JSON document as is, or rich renderables."""
+    if isinstance(shown, str):
+        click.echo(shown)
+        return
+    # Piped or redirected output is not squeezed into 80 columns: the table stays readable.
+    console = out
+    if not out.is_terminal:
+        console = Console(width=TABLE_WIDTH, highlight=False, soft_wrap=True)
+    for renderable in shown:
+        console.print(renderable)
