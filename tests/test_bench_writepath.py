@@ -79,6 +79,7 @@ def test_the_report_has_every_row_and_its_invariants_hold(tmp_path: Path) -> Non
     idle, stream = report.gets
     assert idle.stream_puts == 0
     assert stream.stream_puts >= writepath.STREAM_LEAD_PUTS * settings.rounds
+    assert stream.written_bytes > 0  # the stream's puts did push blocks to the disk
     assert report.mismatches == 0
 
     assert [row.chain for row in report.demotion] == [

@@ -22,18 +22,19 @@ the CPU tier; every one of those blocks is checked to be on the disk tier alone
 (`where(key) == "disk"`) before the first get, and again right before its own get. Each get
 reads one such prefix (so it always comes from the disk: a get promotes what it reads). Half
 of the gets run with the disk idle, half while a background task keeps putting new blocks at
-the put rate (a sustained write-back stream). Every phase starts after `flush()` and
-`drain()`: nothing in flight, and every block of the CPU tier also on the disk, so that the
-idle gets' own evictions write nothing (the bytes written to the disk during each phase are
-reported). Reported: p50 / p99 of each phase and the ratios stream / idle (target <=
-`GET_TARGET`). Every get's bytes are compared with what was put: a block's bytes derive from
-its key (`BlockMaker`), so a mismatch cannot hide.
+the put rate. An idle phase starts after `flush()` and `drain()`: nothing in flight, and
+every block of the CPU tier also on the disk, so that the gets' own evictions write nothing.
+A stream phase starts with the CPU tier full of new blocks that only it holds, so that every
+put of the stream demotes as many blocks to the disk (a sustained write-back stream). The
+bytes each phase wrote to the disk are reported. Reported: p50 / p99 of each phase and the
+ratios stream / idle (target <= `GET_TARGET`). Every get's bytes are compared with what was
+put: a block's bytes derive from its key (`BlockMaker`), so a mismatch cannot hide.
 
 **Demotion throughput.** The cpu -> disk pair of `stats().pairs` over the timed puts of each
-disk chain: bytes / the pair's copy seconds (summed over its copies), next to a raw baseline
-on the same filesystem: O_DIRECT (where the filesystem allows it) `pwrite` + `fdatasync` of
-the same total bytes, one put's bytes per batch; as a percentage (target: the data path's
-`kvtier.bench.datapath.TARGET`).
+disk chain: its bytes over its seconds, as the hierarchy counts them (the time a copy of the
+pair was in flight), next to a raw baseline on the same filesystem: O_DIRECT (where the
+filesystem allows it) `pwrite` + `fdatasync` of the same total bytes, one put's bytes per
+batch; as a percentage (target: the data path's `kvtier.bench.datapath.TARGET`).
 
 Method
 ------
@@ -870,18 +871,22 @@ async def measure_gets(
         for round_index, share in enumerate(shares):
             phases = (IDLE, STREAM) if round_index % 2 == 0 else (STREAM, IDLE)
             for phase in phases:
-                # Both phases start alike: nothing in flight, and every block of the CPU
-                # tier also on the disk (so evicting one needs no write).
-                await hierarchy.flush()
-                await hierarchy.drain()
-                gc.collect()
+                if phase == IDLE:
+                    # Every block of the CPU tier also on the disk: evicting one for a get
+                    # writes nothing, so the disk only reads.
+                    await hierarchy.flush()
+                else:
+                    # The CPU tier full of blocks it alone holds: every put of the stream
+                    # demotes as many blocks to the disk (a sustained write-back stream).
+                    await _fill(hierarchy, maker, numbers, settings.cpu_blocks)
+                await _drain_all([hierarchy])
+                written_before, _ = _pair(hierarchy, CPU_TIER, DISK_TIER)
                 stream = None
                 if phase == STREAM:
                     stream = _Stream(hierarchy, maker, numbers, batch, pace.interval_s, budget)
                     stream.start()
                     await stream.started.wait()
                 result = results[phase]
-                written_before, _ = _pair(hierarchy, CPU_TIER, DISK_TIER)
                 try:
                     for _ in range(share):
                         first = first_block + next_prefix * batch
@@ -900,8 +905,9 @@ async def measure_gets(
                     if stream is not None:
                         await stream.stop()
                         result["stream_puts"] += stream.puts
-                    written, _ = _pair(hierarchy, CPU_TIER, DISK_TIER)
-                    result["written"] += written - written_before
+                await hierarchy.drain()  # the phase's writes still in flight count too
+                written, _ = _pair(hierarchy, CPU_TIER, DISK_TIER)
+                result["written"] += written - written_before
             tick(f"gets, round {round_index + 1}")
         await hierarchy.drain()
         for phase, result in results.items():
@@ -950,12 +956,13 @@ def puts_disk_blocks(settings: Settings) -> int:
 
 def gets_disk_blocks(settings: Settings, rate: float) -> int:
     """Disk tier capacity of the get chain: every block it is ever given (pre-fill, the
-    disk-resident prefixes, the pushes, the streams; each key is new), so that the disk tier
-    never evicts a prefix still to be read."""
+    disk-resident prefixes, the pushes, a fill before every stream phase and the streams;
+    each key is new), so that the disk tier never evicts a prefix still to be read."""
     batch = settings.batch_blocks
     cpu = settings.cpu_blocks
     blocks = cpu + 2 * settings.gets * batch + PUSH_TRIES * (cpu + 2 * batch)
-    return blocks + settings.rounds * stream_budget(settings, rate) * batch + 4 * batch
+    blocks += settings.rounds * (cpu + stream_budget(settings, rate) * batch)
+    return blocks + 4 * batch
 
 
 def step_count(settings: Settings) -> int:
@@ -1202,7 +1209,7 @@ def render(report: WriteReport) -> list[Any]:
         first = report.demotion[0]
         table = Table(
             title=(
-                "Demotion throughput cpu -> disk during the puts (stats().pairs: bytes / copy "
+                "Demotion throughput cpu -> disk during the puts (stats().pairs: bytes / busy "
                 f"seconds) next to raw {first.raw_mode} pwrite + fdatasync of the same bytes "
                 f"in {format_size(first.raw_batch_bytes)} batches, same filesystem "
                 "(GB/s = 10^9 B/s)"
