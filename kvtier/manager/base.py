@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from kvtier.keys import OffloadKey
-from kvtier.specs import LoadStoreSpec, Medium
+from kvtier.specs import LoadStoreSpec
 
 
 @dataclass(slots=True)
@@ -43,11 +43,11 @@ class PrepareStoreOutput:
 @dataclass(frozen=True, slots=True)
 class OffloadingEvent:
     """A batch of blocks that became readable (`removed=False`) or left (`removed=True`)
-    one medium."""
+    one medium (a `Medium` for a built-in one, else the registered medium's name)."""
 
     keys: tuple[OffloadKey, ...]
     block_size: int
-    medium: Medium
+    medium: str
     removed: bool
     tier: str = field(default="")
 

@@ -17,7 +17,7 @@ from kvtier.manager.base import (
     ReqContext,
 )
 from kvtier.policies import CachePolicy, get_policy_class
-from kvtier.specs import LoadStoreSpec, Medium
+from kvtier.specs import LoadStoreSpec
 from kvtier.tiers.backend import Backend, SlotPoolBackend
 
 
@@ -26,7 +26,7 @@ class TierStats:
     """A snapshot of one tier's occupancy."""
 
     name: str
-    medium: Medium
+    medium: str
     num_blocks: int
     free: int
     pending: int
@@ -64,8 +64,8 @@ class TierManager(OffloadingManager):
         self.policy = policy
         # The policy's lookup, bound once: a C-level dict lookup for LRU and ARC.
         self._get = policy.getter()
-        self.name = name or backend.medium.value
-        self.medium = backend.medium
+        self.name = name or str(backend.medium)
+        self.medium: str = backend.medium
         self.block_size = backend.block_size
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._num_pending = 0
@@ -384,7 +384,7 @@ class TierManager(OffloadingManager):
 
     def __repr__(self) -> str:
         return (
-            f"TierManager(name={self.name!r}, medium={self.medium.value!r}, "
+            f"TierManager(name={self.name!r}, medium={str(self.medium)!r}, "
             f"policy={self.policy.name!r}, blocks={self.backend.num_blocks}, "
             f"block_size={self.block_size})"
         )
@@ -431,7 +431,7 @@ class TierManager(OffloadingManager):
 def make_tier_manager(
     num_blocks: int,
     block_size: int,
-    medium: Medium | str,
+    medium: str,
     policy: str = "lru",
     *,
     name: str = "",
@@ -439,5 +439,5 @@ def make_tier_manager(
 ) -> TierManager:
     """A TierManager over a slot pool of `num_blocks`, with the named policy."""
     policy_instance = get_policy_class(policy)(num_blocks)
-    backend = SlotPoolBackend(num_blocks, block_size, Medium(medium))
+    backend = SlotPoolBackend(num_blocks, block_size, medium)
     return TierManager(backend, policy_instance, name=name, enable_events=enable_events)

@@ -193,7 +193,7 @@ def chain_tiers_from_config(
     return tuple(
         ChainTier(
             tier.name,
-            tier.medium.value,
+            str(tier.medium),
             tier.policy,
             Capacity(str(tier.capacity), tier.num_blocks),
         )

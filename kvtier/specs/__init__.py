@@ -11,6 +11,8 @@ from kvtier.specs.base import (
     GPULoadStoreSpec,
     LoadStoreSpec,
     Medium,
+    SlotLoadStoreSpec,
+    slot_spec_type,
 )
 
 __all__ = [
@@ -20,4 +22,6 @@ __all__ = [
     "GPULoadStoreSpec",
     "LoadStoreSpec",
     "Medium",
+    "SlotLoadStoreSpec",
+    "slot_spec_type",
 ]

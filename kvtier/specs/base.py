@@ -1,12 +1,13 @@
-"""The LoadStoreSpec classes, one per medium."""
+"""The LoadStoreSpec classes: one per built-in medium, and a generic one for any other."""
 
 from __future__ import annotations
 
 import enum
+import functools
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Self
+from typing import ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -15,7 +16,11 @@ from kvtier.errors import SpecError
 
 
 class Medium(enum.StrEnum):
-    """Where a tier keeps its blocks."""
+    """The built-in media: where kvtier's own tiers keep their blocks.
+
+    A medium is a name (a `str`): tiers added through `kvtier.tiers.registry` have media of
+    their own ("redis", ...), carried as plain strings; a `Medium` member equals its name.
+    """
 
     GPU = "gpu"
     CPU = "cpu"
@@ -27,8 +32,8 @@ class LoadStoreSpec(ABC):
 
     @classmethod
     @abstractmethod
-    def medium(cls) -> Medium:
-        """The medium this kind of spec addresses."""
+    def medium(cls) -> str:
+        """The medium this kind of spec addresses (a `Medium` for a built-in one)."""
 
 
 def _as_block_ids(block_ids: Iterable[int] | npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -174,3 +179,26 @@ class DiskLoadStoreSpec(BlockIDsLoadStoreSpec):
     @classmethod
     def medium(cls) -> Medium:
         return Medium.DISK
+
+
+class SlotLoadStoreSpec(BlockIDsLoadStoreSpec):
+    """Slots of a tier whose medium has no spec type of its own (a tier added through the
+    registry). Each medium gets its own subclass from `slot_spec_type`, so that `medium()`
+    names it and specs of two media never compare equal."""
+
+    __slots__ = ()
+    _medium: ClassVar[str] = ""
+
+    @classmethod
+    def medium(cls) -> str:
+        return cls._medium
+
+
+@functools.cache
+def slot_spec_type(medium: str) -> type[SlotLoadStoreSpec]:
+    """The `SlotLoadStoreSpec` subclass of `medium` (the same class on every call)."""
+    if not isinstance(medium, str) or not medium:
+        raise SpecError(f"a medium must be a non-empty string, got {medium!r}")
+    return type(
+        f"SlotLoadStoreSpec[{medium}]", (SlotLoadStoreSpec,), {"__slots__": (), "_medium": medium}
+    )

@@ -17,14 +17,26 @@ from kvtier.specs import (
     GPULoadStoreSpec,
     LoadStoreSpec,
     Medium,
+    slot_spec_type,
 )
 
-SPEC_TYPES: dict[Medium, type[BlockIDsLoadStoreSpec]] = {
+SPEC_TYPES: dict[str, type[BlockIDsLoadStoreSpec]] = {
     Medium.GPU: GPULoadStoreSpec,
     Medium.CPU: CPULoadStoreSpec,
     Medium.DISK: DiskLoadStoreSpec,
 }
-"""The LoadStoreSpec type that addresses each medium's slots."""
+"""The LoadStoreSpec type that addresses each built-in medium's slots; any other medium's
+slots are addressed by its `slot_spec_type`."""
+
+
+def medium_name(medium: str) -> str:
+    """`medium` as a backend carries it: the `Medium` member for a built-in name (so that
+    `Medium.GPU` and "gpu" are one medium), else the name itself. Raises InvalidValueError
+    for anything but a non-empty string."""
+    if not isinstance(medium, str) or not medium:
+        raise InvalidValueError(f"medium must be a non-empty string, got {medium!r}")
+    return Medium(medium) if medium in Medium._value2member_map_ else medium
+
 
 # `list(map(_block_id, blocks))` reads every slot id in C: no comprehension frame, which on
 # Python 3.11 costs as much as reading a one-block batch.
@@ -38,11 +50,11 @@ class Backend(ABC):
     the transfer handlers move bytes. Allocated blocks start being written (`ref_cnt == -1`).
     """
 
-    def __init__(self, block_size: int, medium: Medium) -> None:
+    def __init__(self, block_size: int, medium: str) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise InvalidValueError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
-        self.medium = Medium(medium)
+        self.medium: str = medium_name(medium)
 
     @property
     @abstractmethod
@@ -106,14 +118,16 @@ class SlotPoolBackend(Backend):
         self,
         num_blocks: int,
         block_size: int,
-        medium: Medium,
+        medium: str,
         spec_type: type[BlockIDsLoadStoreSpec] | None = None,
     ) -> None:
         super().__init__(block_size, medium)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise InvalidValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self._num_blocks = num_blocks
-        self._spec_type = spec_type if spec_type is not None else SPEC_TYPES[self.medium]
+        if spec_type is None:
+            spec_type = SPEC_TYPES.get(self.medium) or slot_spec_type(self.medium)
+        self._spec_type = spec_type
         self._num_fresh_used = 0  # slots [0, _num_fresh_used) have been handed out once
         self._free_list: list[int] = []
         self._allocated = bytearray(num_blocks)  # 1 where the slot is allocated
@@ -247,6 +261,6 @@ class SlotPoolBackend(Backend):
 
     def __repr__(self) -> str:
         return (
-            f"SlotPoolBackend(medium={self.medium.value!r}, num_blocks={self._num_blocks}, "
+            f"SlotPoolBackend(medium={str(self.medium)!r}, num_blocks={self._num_blocks}, "
             f"block_size={self.block_size}, free={self.get_num_free_blocks()})"
         )
