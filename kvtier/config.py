@@ -1,15 +1,21 @@
 """Configuration of a tier chain: TOML in, frozen validated objects out.
 
-A config names the block size and an ordered chain of tiers (fastest first: GPU, then pinned
-CPU, then disk). `load_config` reads a TOML file, `parse_config` validates an already-parsed
-mapping; both return a frozen `HierarchyConfig` or raise one `ConfigError` that lists every
-problem found, one line each, as `<key path>: <message>, got <value>`:
+A config names the block size and an ordered chain of tiers, top (first looked up, first
+written) to bottom. `load_config` reads a TOML file, `parse_config` validates an
+already-parsed mapping; both return a frozen `HierarchyConfig` or raise one `ConfigError` that
+lists every problem found, one line each, as `<key path>: <message>, got <value>`:
 
     tiers[1].capacity: expected a block count or a size like "8GiB", got "lots"
 
 Validation is done by pydantic models (`extra="forbid"`, `frozen=True`, strict types); this
 module translates pydantic's errors into those lines so users never see pydantic's own
-wording, and checks the rules that span tiers (unique names, medium order, one enabled tier).
+wording, and checks the rules that span tiers (unique names, no volatile tier below a
+persistent one, one enabled tier).
+
+The chain is open: each `[[tiers]]` table is validated by the model that the kind registered
+for its `medium` names (`kvtier.tiers.registry`); this module defines the `BaseTierConfig`
+every tier model extends and the models of the built-in media (gpu, cpu, disk). It imports the
+registry only when it validates, and never imports torch.
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
+    SerializeAsAny,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -43,6 +51,9 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from kvtier.errors import ConfigError, InvalidValueError, UnknownPolicyError
 from kvtier.policies import get_policy_class
 from kvtier.specs.base import Medium
+
+if TYPE_CHECKING:
+    from kvtier.tiers.registry import TierKind
 
 __all__ = [
     "MAX_TIERS",
@@ -216,17 +227,25 @@ class _Frozen(BaseModel):
 
 
 class BaseTierConfig(_Frozen):
-    """What every tier has; the medium-specific subclasses add their options.
+    """What every tier has; the model of each medium extends it with that medium's options
+    and narrows `medium` to `Literal["<medium>"]` (see `kvtier.tiers.registry`).
 
     `capacity` is kept as written (a block count, or a byte size string); `num_blocks` is it
     converted with the enclosing config's block size.
     """
 
     name: str
-    medium: Medium
+    medium: str
     capacity: int | str
     policy: str = "lru"
     enabled: bool | Literal["auto"] = True
+    high_watermark: float = 0.98
+    """Occupancy fraction (0 < x <= 1) above which kvtier starts demoting blocks of this tier
+    to the tier below in the background (a tier with none below never does), so that a put
+    finds free slots at once instead of waiting for an eviction's copy."""
+    low_watermark: float = Field(default=0.95, validate_default=True)
+    """Occupancy fraction that background demotion brings the tier down to; must be below
+    `high_watermark`."""
 
     _num_blocks: int = PrivateAttr(default=0)
 
@@ -291,14 +310,32 @@ class BaseTierConfig(_Frozen):
     @field_validator("enabled", mode="before")
     @classmethod
     def _check_enabled(cls, value: object, info: ValidationInfo) -> bool | Literal["auto"]:
+        from kvtier.tiers.registry import registered_media, tier_kind
+
         enabled = _true_false_or_auto(value)
         medium = info.data.get("medium")
-        if enabled == "auto" and medium is not None and medium != Medium.GPU:
+        if enabled == "auto" and medium is not None and not tier_kind(medium).auto_enable:
+            allowed = [name for name in registered_media() if tier_kind(name).auto_enable]
+            if not allowed:
+                raise _error("auto_not_allowed", '"auto" is not allowed on any kind of tier')
             raise _error(
-                "auto_not_gpu",
-                '"auto" (enabled when CUDA is available) is only allowed on a gpu tier',
+                "auto_not_allowed",
+                '"auto" (enabled when CUDA is available) is only allowed on a '
+                f"{' or '.join(allowed)} tier",
             )
         return enabled
+
+    @field_validator("high_watermark", "low_watermark", mode="before")
+    @classmethod
+    def _check_watermark(cls, value: object, info: ValidationInfo) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _error("watermark", "expected a number")
+        if not 0 < value <= 1:
+            raise _error("watermark", "must be a fraction above 0 and at most 1")
+        high = info.data.get("high_watermark")
+        if info.field_name == "low_watermark" and high is not None and value >= high:
+            raise _error("watermark", f"must be below high_watermark ({high})")
+        return float(value)
 
     @model_validator(mode="after")
     def _resolve_blocks(self) -> BaseTierConfig:
@@ -309,6 +346,13 @@ class BaseTierConfig(_Frozen):
             if scope is not None and scope.block_size is not None:
                 self._num_blocks = parse_size(self.capacity) // scope.block_size
         return self
+
+    @property
+    def kind(self) -> TierKind:
+        """The declarations registered for this tier's medium (volatile, access, ...)."""
+        from kvtier.tiers.registry import tier_kind
+
+        return tier_kind(self.medium)
 
     def options(self) -> dict[str, object]:
         """The medium-specific settings, by key (for display)."""
@@ -367,28 +411,44 @@ class DiskTierConfig(BaseTierConfig):
         return _true_false_or_auto(value)
 
 
-TierConfig = Annotated[
-    GPUTierConfig | CPUTierConfig | DiskTierConfig, Field(discriminator="medium")
-]
-"""One tier's config; which class is chosen by its `medium` key."""
+TierConfig = BaseTierConfig
+"""One tier's config: an instance of the model its medium's kind registers."""
 
-_TIER_CLASSES: dict[str, type[BaseTierConfig]] = {
-    Medium.GPU: GPUTierConfig,
-    Medium.CPU: CPUTierConfig,
-    Medium.DISK: DiskTierConfig,
-}
-_MEDIUM_RANK: dict[Medium, int] = {Medium.GPU: 0, Medium.CPU: 1, Medium.DISK: 2}
+
+def _validate_tier(value: object) -> BaseTierConfig:
+    """One `[[tiers]]` table, validated by the model of the kind its `medium` names (a tier
+    config built in code is taken as it is, if its medium is registered)."""
+    from kvtier.tiers.registry import registered_media, tier_kind
+
+    media = registered_media()
+    expected = "expected one of " + ", ".join(json.dumps(medium) for medium in media)
+    if isinstance(value, BaseTierConfig):
+        if value.medium not in media:
+            raise _error("unknown_medium", expected)
+        return value
+    if not isinstance(value, Mapping):
+        raise _error("tier_table", "expected a table")
+    if "medium" not in value:
+        raise _error("missing_medium", "required key is missing: medium")
+    medium = value["medium"]
+    if not isinstance(medium, str) or medium not in media:
+        raise _error("unknown_medium", expected)
+    return tier_kind(medium).config_class.model_validate(dict(value))
+
+
+_Tier = Annotated[SerializeAsAny[BaseTierConfig], PlainValidator(_validate_tier)]
 
 
 class HierarchyConfig(_Frozen):
-    """A validated tier chain: the block size and the tiers, top (fastest) to bottom."""
+    """A validated tier chain: the block size and the tiers, top to bottom."""
 
     block_size: int
     """Bytes per block (given as an int or a size string such as "256KiB")."""
     model_id: str = ""
     """Namespace of the stored blocks (the disk tier keeps each model's blocks apart)."""
     write_policy: Literal["write-back", "write-through"] = "write-back"
-    tiers: tuple[TierConfig, ...]
+    tiers: tuple[_Tier, ...]
+    """Each tier's config, in the order of the `[[tiers]]` tables."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -451,14 +511,20 @@ class HierarchyConfig(_Frozen):
         if self.model_id:
             header += f", model_id {json.dumps(self.model_id)}"
         width = max(len(tier.name) for tier in self.tiers)
+        media_width = max(4, *(len(tier.medium) for tier in self.tiers))
+        defaults = BaseTierConfig.model_fields
         lines = [header]
         for index, tier in enumerate(self.tiers):
             capacity = tier.num_blocks * self.block_size
             options = [f"{key}={_show(value, None)}" for key, value in tier.options().items()]
+            for key in ("low_watermark", "high_watermark"):
+                value = getattr(tier, key)
+                if value != defaults[key].default:
+                    options.insert(0, f"{key}={_show(value)}")
             if tier.enabled is not True:
                 options.insert(0, f"enabled={_show(tier.enabled)}")
             lines.append(
-                f"  {index}. {tier.name:<{width}}  {tier.medium.value:<4}  "
+                f"  {index}. {tier.name:<{width}}  {tier.medium:<{media_width}}  "
                 f"{tier.num_blocks:>9} blocks  {_format_size(capacity):>10}  "
                 f"{tier.policy:<4}  {' '.join(options)}".rstrip()
             )
@@ -494,20 +560,24 @@ def _peek_block_size(data: object) -> int | None:
 
 
 class _TierSummary(NamedTuple):
-    """The parts of one tier that the cross-tier rules look at (None: missing or invalid)."""
+    """The parts of one tier that the cross-tier rules look at (None: missing or invalid;
+    a medium is given only when it is registered)."""
 
     position: int
     name: str | None
-    medium: Medium | None
+    medium: str | None
     enabled: object
 
 
 def _summaries_of_raw(data: Mapping[str, Any]) -> list[_TierSummary]:
     """Summaries of the raw tier tables that can be read; used when validation failed, so
     that cross-tier problems are reported together with the others."""
+    from kvtier.tiers.registry import registered_media
+
     tiers = data.get("tiers")
     if not isinstance(tiers, list | tuple):
         return []
+    media = registered_media()
     summaries = []
     for index, raw in enumerate(tiers):
         if not isinstance(raw, Mapping):
@@ -519,7 +589,7 @@ def _summaries_of_raw(data: Mapping[str, Any]) -> list[_TierSummary]:
             _TierSummary(
                 index,
                 name if isinstance(name, str) else None,
-                Medium(medium) if isinstance(medium, str) and medium in _TIER_CLASSES else None,
+                medium if isinstance(medium, str) and medium in media else None,
                 raw.get("enabled", True),
             )
         )
@@ -527,8 +597,11 @@ def _summaries_of_raw(data: Mapping[str, Any]) -> list[_TierSummary]:
 
 
 def _chain_problems(tiers: Sequence[_TierSummary]) -> list[str]:
-    """Problem lines for the rules across tiers: unique names, media ordered gpu, cpu, disk
-    from top to bottom, and at least one enabled tier."""
+    """Problem lines for the rules across tiers: unique names, no volatile tier below a
+    persistent one (what a persistent tier demotes would be lost on a restart while the
+    tiers above keep theirs), and at least one enabled tier."""
+    from kvtier.tiers.registry import tier_kind
+
     problems = []
     where: dict[str, list[int]] = {}
     for tier in tiers:
@@ -541,17 +614,18 @@ def _chain_problems(tiers: Sequence[_TierSummary]) -> list[str]:
             problems.append(
                 f"tiers: tier names must be unique; {json.dumps(name)} appears at {listed}"
             )
-    lowest: tuple[int, Medium] | None = None  # index and medium of the slowest tier so far
+    persistent: _TierSummary | None = None  # the lowest persistent tier so far
     for tier in tiers:
         if tier.medium is None:
             continue
-        if lowest is None or _MEDIUM_RANK[tier.medium] > _MEDIUM_RANK[lowest[1]]:
-            lowest = (tier.position, tier.medium)
-        elif _MEDIUM_RANK[tier.medium] < _MEDIUM_RANK[lowest[1]]:
+        if not tier_kind(tier.medium).volatile:
+            persistent = tier
+        elif persistent is not None:
             problems.append(
-                f"tiers[{tier.position}].medium: a {tier.medium.value} tier cannot be below "
-                f"a {lowest[1].value} tier (tiers[{lowest[0]}]); order tiers gpu, cpu, disk "
-                f"from top to bottom, got {_show(tier.medium.value)}"
+                f"tiers[{tier.position}].medium: a volatile {tier.medium} tier cannot be below "
+                f"the persistent {persistent.medium} tier tiers[{persistent.position}] (it "
+                "would lose on a restart what that tier demoted to it); put volatile tiers "
+                f"above persistent ones, got {_show(tier.medium)}"
             )
     enabled = [tier.enabled for tier in tiers]
     readable = all(value is True or value is False or value == "auto" for value in enabled)
@@ -569,8 +643,8 @@ _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
 # Error types whose message already says all there is; no ", got <value>" is added.
 _NO_VALUE_SHOWN = {
     "missing",
+    "missing_medium",
     "extra_forbidden",
-    "union_tag_not_found",
     "unknown_policy",
     "tier_count",
     "tier_chain",
@@ -622,25 +696,36 @@ def _path(loc: Sequence[int | str]) -> str:
     return text or "(top level)"
 
 
-def _strip_tag(loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], str | None]:
-    """`loc` without the medium tag pydantic inserts after a tier's index, and that medium."""
-    if len(loc) >= 3 and loc[0] == "tiers" and isinstance(loc[1], int):
-        tag = loc[2]
-        if isinstance(tag, str) and tag in _TIER_CLASSES:
-            return loc[:2] + loc[3:], tag
-    return loc, None
+def _medium_at(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> str | None:
+    """The medium of the tier table a key path `tiers[i].<key>` is in (None: not in a tier,
+    or the table has no readable medium)."""
+    tiers = data.get("tiers")
+    if len(loc) != 3 or loc[0] != "tiers" or not isinstance(tiers, list | tuple):
+        return None
+    index = loc[1]
+    if not isinstance(index, int) or not 0 <= index < len(tiers):
+        return None
+    table = tiers[index]
+    medium = table.get("medium") if isinstance(table, Mapping) else None
+    return medium if isinstance(medium, str) else None
 
 
-def _unknown_key_message(key: object, medium: str | None) -> str:
-    """The message for an unknown key, naming the keys that are allowed where it was found."""
-    if medium is None:
+def _unknown_key_message(key: object, loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
+    """The message for an unknown key, naming the keys that are allowed where it was found
+    and, in a tier, the kinds of tier that take it."""
+    from kvtier.tiers.registry import registered_media, tier_kind
+
+    if len(loc) == 1:
         allowed = ", ".join(HierarchyConfig.model_fields)
         return f"unknown key; allowed keys at the top level: {allowed}"
-    allowed = ", ".join(_TIER_CLASSES[medium].model_fields)
+    medium = _medium_at(data, loc)
+    if medium is None or medium not in registered_media():
+        return "unknown key"
+    allowed = ", ".join(tier_kind(medium).config_class.model_fields)
     owners = [
         other
-        for other, model in _TIER_CLASSES.items()
-        if other != medium and key in model.model_fields
+        for other in registered_media()
+        if other != medium and key in tier_kind(other).config_class.model_fields
     ]
     message = "unknown key"
     if owners:
@@ -648,23 +733,24 @@ def _unknown_key_message(key: object, medium: str | None) -> str:
     return f"{message}; a {medium} tier takes: {allowed}"
 
 
-def _problem_lines(detail: ErrorDetails) -> list[str]:
-    """One pydantic error as problem lines (a cross-tier error carries several)."""
+def _problem_lines(detail: ErrorDetails, data: Mapping[str, Any]) -> list[str]:
+    """One pydantic error (in validating `data`) as problem lines (a cross-tier error carries
+    several)."""
     kind = detail["type"]
     value = detail["input"]
     ctx = detail.get("ctx") or {}
-    loc, medium = _strip_tag(tuple(detail["loc"]))
+    loc = tuple(detail["loc"])
     if kind == "tier_chain":
         return detail["msg"].splitlines()
-    if kind == "union_tag_invalid":
+    if kind == "unknown_medium":
         loc += ("medium",)
-        value = value.get("medium") if isinstance(value, Mapping) else ctx.get("tag")
-        message = 'expected one of "gpu", "cpu", "disk"'
-    elif kind == "union_tag_not_found":
+        value = value.get("medium") if isinstance(value, Mapping) else value
+        message = detail["msg"]
+    elif kind == "missing_medium":
         loc += ("medium",)
         message = _MESSAGES["missing"]
     elif kind == "extra_forbidden":
-        message = _unknown_key_message(loc[-1], medium if len(loc) == 3 else None)
+        message = _unknown_key_message(loc[-1], loc, data)
     elif kind == "literal_error":
         expected = _QUOTED.findall(str(ctx.get("expected", "")))
         message = "expected one of " + ", ".join(json.dumps(item) for item in expected)
@@ -680,11 +766,12 @@ def _problem_lines(detail: ErrorDetails) -> list[str]:
     return [line]
 
 
-def _problems_from(error: ValidationError) -> list[str]:
-    """Every problem in `error`, one line each, in the order pydantic found them."""
+def _problems_from(error: ValidationError, data: Mapping[str, Any]) -> list[str]:
+    """Every problem in `error` (from validating `data`), one line each, in the order
+    pydantic found them."""
     problems: list[str] = []
     for detail in error.errors(include_url=False):
-        for line in _problem_lines(detail):
+        for line in _problem_lines(detail, data):
             if line not in problems:
                 problems.append(line)
     return problems
@@ -706,7 +793,7 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Hierarch
     try:
         return HierarchyConfig.model_validate(data)
     except ValidationError as error:
-        problems = _problems_from(error)
+        problems = _problems_from(error, data if isinstance(data, Mapping) else {})
     if isinstance(data, Mapping):
         # Cross-tier rules only run once every field is valid; check them on the raw data
         # too, so that a duplicate name is reported along with a bad capacity.

@@ -192,7 +192,7 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
     dirs: list[Path] = []
     for tier in config.active_tiers():
         path = getattr(tier, "path", None)
-        if tier.medium.value != "disk" or not isinstance(path, Path):
+        if tier.kind.volatile or not isinstance(path, Path):
             continue
         if path.exists():
             if not path.is_dir():

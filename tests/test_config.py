@@ -384,7 +384,7 @@ def test_many_problems_are_reported_together() -> None:
         "tiers[1].medium: ",
         "tiers[2].policy: ",
         "tiers: tier names must be unique",
-        "tiers[3].medium: a cpu tier cannot be below a disk tier",
+        "tiers[3].medium: a volatile cpu tier cannot be below the persistent disk tier tiers[2]",
     ]
     for prefix in prefixes:
         assert any(line.startswith(prefix) for line in problems), (prefix, problems)
@@ -417,30 +417,49 @@ def test_literal_and_type_errors_show_the_value() -> None:
     [
         (
             [("a", "disk"), ("b", "cpu")],
-            "tiers[1].medium: a cpu tier cannot be below a disk tier (tiers[0])",
-        ),
-        (
-            [("a", "cpu"), ("b", "gpu")],
-            "tiers[1].medium: a gpu tier cannot be below a cpu tier (tiers[0])",
+            "tiers[1].medium: a volatile cpu tier cannot be below the persistent disk tier "
+            "tiers[0] (it would lose on a restart what that tier demoted to it); "
+            'put volatile tiers above persistent ones, got "cpu"',
         ),
         (
             [("a", "gpu"), ("b", "disk"), ("c", "gpu")],
-            "tiers[2].medium: a gpu tier cannot be below a disk tier (tiers[1])",
+            "tiers[2].medium: a volatile gpu tier cannot be below the persistent disk tier "
+            "tiers[1] (it would lose on a restart what that tier demoted to it); "
+            'put volatile tiers above persistent ones, got "gpu"',
         ),
     ],
 )
-def test_bad_ordering(tiers: list[tuple[str, str]], expected: str) -> None:
+def test_volatile_tier_below_a_persistent_one(tiers: list[tuple[str, str]], expected: str) -> None:
     data = minimal(tiers=[{"name": n, "medium": m, "capacity": 1} for n, m in tiers])
-    [line] = problems_of(data)
-    assert line.startswith(expected)
+    assert problems_of(data) == [expected]
 
 
-def test_good_ordering_allows_repeated_media() -> None:
-    media = ["gpu", "gpu", "cpu", "cpu", "disk", "disk"]
+def test_each_volatile_tier_below_a_persistent_one_is_reported() -> None:
+    media = ["disk", "cpu", "disk", "gpu"]
     data = minimal(
         tiers=[{"name": f"t{i}", "medium": m, "capacity": 1} for i, m in enumerate(media)]
     )
-    assert len(parse_config(data).tiers) == 6
+    problems = problems_of(data)
+    assert [line.split(" (")[0] for line in problems] == [
+        "tiers[1].medium: a volatile cpu tier cannot be below the persistent disk tier tiers[0]",
+        "tiers[3].medium: a volatile gpu tier cannot be below the persistent disk tier tiers[2]",
+    ]
+
+
+@pytest.mark.parametrize(
+    "media",
+    [
+        ["gpu", "gpu", "cpu", "cpu", "disk", "disk"],
+        ["cpu", "gpu"],  # the config's order is the chain's: no medium rank any more
+        ["cpu", "gpu", "cpu", "disk"],
+        ["disk", "disk"],
+    ],
+)
+def test_any_order_of_volatile_tiers_above_persistent_ones_is_valid(media: list[str]) -> None:
+    data = minimal(
+        tiers=[{"name": f"t{i}", "medium": m, "capacity": 1} for i, m in enumerate(media)]
+    )
+    assert [tier.medium for tier in parse_config(data).tiers] == media
 
 
 def test_zero_tiers() -> None:
@@ -478,6 +497,52 @@ def test_auto_is_only_for_gpu_tiers() -> None:
     data["tiers"][1]["enabled"] = "auto"
     line = the_problem(data, "tiers[1].enabled")
     assert "only allowed on a gpu tier" in line
+
+
+def test_watermarks_default_to_demoting_from_98_down_to_95_percent() -> None:
+    config = parse_config(minimal())
+    assert [(t.high_watermark, t.low_watermark) for t in config.tiers] == [(0.98, 0.95)] * 3
+    assert "watermark" not in config.describe()  # defaults are not shown
+
+
+def test_watermarks_are_read_and_shown_when_set() -> None:
+    data = minimal()
+    data["tiers"][1].update(high_watermark=1, low_watermark=0.5)
+    config = parse_config(data)
+    cpu = config.tiers[1]
+    assert (cpu.high_watermark, cpu.low_watermark) == (1.0, 0.5)
+    assert isinstance(cpu.high_watermark, float)
+    line = config.describe().splitlines()[2]
+    assert "high_watermark=1.0 low_watermark=0.5 pin_memory=true" in line
+
+
+@pytest.mark.parametrize(
+    ("watermarks", "expected"),
+    [
+        (
+            {"high_watermark": 0.9},
+            "tiers[0].low_watermark: must be below high_watermark (0.9), got 0.95",
+        ),
+        (
+            {"high_watermark": 0.8, "low_watermark": 0.8},
+            "tiers[0].low_watermark: must be below high_watermark (0.8), got 0.8",
+        ),
+        (
+            {"high_watermark": 1.5},
+            "tiers[0].high_watermark: must be a fraction above 0 and at most 1, got 1.5",
+        ),
+        (
+            {"low_watermark": 0},
+            "tiers[0].low_watermark: must be a fraction above 0 and at most 1, got 0",
+        ),
+        ({"low_watermark": "half"}, 'tiers[0].low_watermark: expected a number, got "half"'),
+        ({"high_watermark": True}, "tiers[0].high_watermark: expected a number, got true"),
+    ],
+)
+def test_bad_watermarks(watermarks: dict[str, Any], expected: str) -> None:
+    data = minimal()
+    data["tiers"][0].update(watermarks)
+    assert problems_of(data) == [expected]
 
 
 def test_at_least_one_tier_enabled() -> None:

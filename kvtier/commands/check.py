@@ -160,18 +160,33 @@ def check(config_path: Path, repair: bool) -> None:
       kvtier check --config my-chain.toml --repair
     """
     from kvtier.config import DiskTierConfig, load_config
+    from kvtier.tiers.registry import TierAccess
 
     config = load_config(config_path)
-    tiers = [tier for tier in config.tiers if isinstance(tier, DiskTierConfig)]
+    # The tiers whose blocks kvtier itself keeps in slots across restarts.
+    tiers = [
+        tier
+        for tier in config.tiers
+        if not tier.kind.volatile
+        and tier.kind.access is TierAccess.HOST_BUFFERS
+        and not tier.kind.owns_index
+    ]
     if not tiers:
         out.print(f"{config_path}: no disk tier, nothing to check", markup=False)
         return
     results: list[TierCheck] = []
     for tier in tiers:
-        result = check_disk_tier(tier, config, repair)
+        if isinstance(tier, DiskTierConfig):
+            result = check_disk_tier(tier, config, repair)
+        else:
+            result = TierCheck(tier.name, Path(), EXIT_UNCHECKED)
+            result.lines.append(
+                f"cannot check: a {tier.medium} tier is not a kvtier disk store "
+                "(kvtier check reads only those)"
+            )
         results.append(result)
         disabled = "" if tier.enabled is True else f" (enabled = {tier.enabled!r} in the config)"
-        out.print(f"disk tier {tier.name!r}{disabled}:", markup=False)
+        out.print(f"{tier.medium} tier {tier.name!r}{disabled}:", markup=False)
         for line in result.lines:
             out.print(f"  {line}", markup=False)
         if result.problems:
