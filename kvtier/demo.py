@@ -103,7 +103,7 @@ def replay_tier(
     manager.check()
     return TierReplay(
         manager.name,
-        manager.medium.value,
+        str(manager.medium),
         manager.policy.name,
         manager.backend.num_blocks,
         len(requests),

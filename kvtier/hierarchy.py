@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -46,15 +47,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.config import (
-    CPUTierConfig,
-    DiskTierConfig,
-    GPUTierConfig,
-    HierarchyConfig,
-    load_config,
-    parse_config,
-)
-from kvtier.engine import CALLER, Priority, TensorCopier, TransferEngine
+from kvtier.config import BaseTierConfig, HierarchyConfig, load_config, parse_config
+from kvtier.engine import CALLER, MoveResult, Priority, TensorCopier, TransferEngine
 from kvtier.engine.engine import finish_even_if_cancelled
 from kvtier.engine.staging import DEFAULT_STAGING_BYTES, StagingArena
 from kvtier.engine.supervisor import JobSupervisor, SupervisorCounters
@@ -64,13 +58,17 @@ from kvtier.manager import (
     ChainCounters,
     OffloadingEvent,
     TieredManager,
-    TierManager,
     TierStats,
     TransferJob,
     make_tier_manager,
 )
+from kvtier.manager.chain_tier import ChainTier
+from kvtier.manager.jobs import PromotionHold
+from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tiered import slot_ids
-from kvtier.tiers.pool import TorchPool, cuda_available
+from kvtier.tiers.keyed import KeyedStorage
+from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.registry import TierAccess, TierContext, open_storage
 from kvtier.tiers.storage import BlockStorage
 
 log = logging.getLogger("kvtier.hierarchy")
@@ -152,8 +150,9 @@ class HierarchyStats:
 
 def _describe(storage: BlockStorage) -> str:
     """Where a tier's bytes live, for `tiers` and reports (fixed for the tier's lifetime)."""
-    if isinstance(storage, TorchPool):
-        return storage.describe()
+    describe = getattr(storage, "describe", None)
+    if callable(describe):
+        return str(describe())
     path = getattr(storage, "path", None)
     direct = getattr(storage, "direct_io_active", False)
     compression = getattr(storage, "compression", "none")
@@ -207,6 +206,7 @@ class Hierarchy:
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
         disk_options: Mapping[str, Any] | None = None,
+        tier_options: Mapping[str, Mapping[str, Any]] | None = None,
         flush_on_close: bool | None = None,
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
@@ -215,7 +215,9 @@ class Hierarchy:
         `flush_on_close`: copy what only volatile tiers hold down to the bottom tier when
         closing; None (default) means yes when the chain has a persistent tier.
         `flush_timeout_s`: time budget of that flush. `staging_bytes`: host memory for
-        snapshots of blocks on their way to slow tiers (see `StagingArena`)."""
+        snapshots of blocks on their way to slow tiers (see `StagingArena`).
+        `tier_options`: per medium, options for its opener (e.g. `{"disk": {"io": ...}}`);
+        `disk_options` is the same for the disk medium."""
         if load_timeout_s is not None and not load_timeout_s > 0:
             raise InvalidValueError(f"load_timeout_s must be > 0, got {load_timeout_s}")
         if not flush_timeout_s > 0:
@@ -229,7 +231,9 @@ class Hierarchy:
         self.block_size = config.block_size
         self._max_concurrency = max_concurrency
         self._max_pending_cascades = max_pending_cascades
-        self._disk_options = dict(disk_options or {})
+        self._tier_options = {medium: dict(opts) for medium, opts in (tier_options or {}).items()}
+        if disk_options:
+            self._tier_options.setdefault("disk", {}).update(disk_options)
         self.flush_on_close = flush_on_close
         self.flush_timeout_s = flush_timeout_s
         self._staging_bytes = staging_bytes
@@ -240,6 +244,8 @@ class Hierarchy:
         self._supervisor: JobSupervisor | None = None
         self._storages: list[BlockStorage] = []
         self._changed: asyncio.Event | None = None
+        self._staged: dict[int, asyncio.Future[None]] = {}  # job id -> sources released
+        self._reads: set[asyncio.Task[MoveResult]] = set()  # reads outliving their get
         self._calls = HierarchyCounters()
         self._info: list[TierInfo] = []
         self._state = "new"
@@ -280,21 +286,16 @@ class Hierarchy:
             raise ManagerClosedError(f"a hierarchy opens once; this one is {self._state}")
         self._state = "opening"
         copier = TensorCopier()
-        tiers: list[TierManager] = []
+        tiers: list[ChainTier] = []
         try:
             for tier in self.config.active_tiers():
                 storage = await self._open_storage(tier, copier)
                 self._storages.append(storage)
-                manager = make_tier_manager(
-                    tier.num_blocks, self.block_size, tier.medium, tier.policy, name=tier.name
-                )
-                restored = storage.restore()
-                if restored:
-                    manager.restore([(block.key, block.slot) for block in restored])
-                tiers.append(manager)
+                tiers.append(self._bookkeeping(tier, storage))
                 where = _describe(storage)
+                policy = "own" if tier.kind.owns_index else tier.policy
                 self._info.append(
-                    TierInfo(tier.name, tier.medium.value, tier.policy, tier.num_blocks, where)
+                    TierInfo(tier.name, str(tier.medium), policy, tier.num_blocks, where)
                 )
         except BaseException:
             for storage in self._storages:
@@ -307,7 +308,8 @@ class Hierarchy:
             write_policy=self.config.write_policy,
             watermarks=[_watermarks_of(tier) for tier in active],
         )
-        slow = any(not isinstance(storage, TorchPool) for storage in self._storages)
+        tensor = [tier.kind.access is TierAccess.TENSOR for tier in active]
+        slow = not all(tensor)
         staging = StagingArena.sized(self._staging_bytes, self.block_size) if slow else None
         self._engine = TransferEngine(
             self._manager,
@@ -316,6 +318,7 @@ class Hierarchy:
             max_concurrency=self._max_concurrency,
             max_pending_cascades=self._max_pending_cascades,
             staging=staging,
+            tensor_tiers=tensor,
         )
         self._supervisor = JobSupervisor(self._engine, self._poke)
         self._changed = asyncio.Event()
@@ -323,26 +326,37 @@ class Hierarchy:
             self.flush_on_close = any(storage.persistent for storage in self._storages)
         self._state = "open"
 
-    async def _open_storage(
-        self, tier: GPUTierConfig | CPUTierConfig | DiskTierConfig, copier: TensorCopier
-    ) -> BlockStorage:
-        if isinstance(tier, DiskTierConfig):
-            from kvtier.tiers.disk import DiskStore
-
-            return await asyncio.to_thread(
-                lambda: DiskStore.from_config(
-                    tier, self.block_size, self.config.model_id, **self._disk_options
+    def _bookkeeping(self, tier: BaseTierConfig, storage: BlockStorage) -> ChainTier:
+        """The chain's bookkeeping of one open tier: a slot pool with its policy (restored
+        from what a persistent tier holds), or, for a tier that owns its index, a memory of
+        what it holds that asks the store about the rest."""
+        if tier.kind.owns_index:
+            if not isinstance(storage, KeyedStorage):
+                raise InvalidValueError(
+                    f"tier {tier.name!r}: a {tier.kind.medium} tier owns its index, so its "
+                    f"storage must be a KeyedStorage, got {type(storage).__name__}"
                 )
+            storage.set_listener(self._poke)
+            return KeyedTierManager(
+                storage,
+                tier.num_blocks,
+                self.block_size,
+                name=tier.name,
+                medium=str(tier.medium),
             )
-        if isinstance(tier, GPUTierConfig):
-            return TorchPool(tier.num_blocks, self.block_size, tier.device, copier=copier)
-        return TorchPool(
-            tier.num_blocks,
-            self.block_size,
-            "cpu",
-            pin_memory=tier.pin_memory and cuda_available(),
-            copier=copier,
+        manager = make_tier_manager(
+            tier.num_blocks, self.block_size, tier.medium, tier.policy, name=tier.name
         )
+        restored = storage.restore()
+        if restored:
+            manager.restore([(block.key, block.slot) for block in restored])
+        return manager
+
+    async def _open_storage(self, tier: BaseTierConfig, copier: TensorCopier) -> BlockStorage:
+        """The tier's storage, opened by its kind's opener (see `kvtier.tiers.registry`)."""
+        options = self._tier_options.get(tier.kind.medium, {})
+        context = TierContext(self.block_size, self.config.model_id, copier, options)
+        return await open_storage(tier, context)
 
     async def close(self) -> None:
         """Flush (see `flush_on_close`), wait for transfers in flight (at most
@@ -362,6 +376,9 @@ class Hierarchy:
         try:
             supervisor = self._supervisor
             budget = max(0.0, deadline - loop.time())
+            if self._reads:
+                await asyncio.wait(list(self._reads), timeout=budget)
+                budget = max(0.0, deadline - loop.time())
             if supervisor is not None and not await supervisor.drain(budget):
                 log.warning(
                     "closing: %d transfers still running after %.1f s; cancelling them",
@@ -484,14 +501,16 @@ class Hierarchy:
         slots: npt.NDArray[np.int64],
         out: torch.Tensor,
         first_row: int,
-        *,
-        unpin: bool = True,
+        deadline: float | None,
+        release: Callable[[], None],
     ) -> int:
-        """Copy blocks pinned at the top (in `slots`) into `out[first_row:]`; unpin them
-        (unless the caller owns the pins); how many leading blocks arrived."""
-        manager, engine = self._open()
-        try:
-            result = await engine.transfer(
+        """Copy blocks pinned at the top (in `slots`) into `out[first_row:]`; how many
+        leading blocks arrived by the deadline (0 if the read is still running then).
+        `release` gives the pins back once the read is over, even if that is after this
+        call returned (the late read only fills rows the caller no longer gets)."""
+        _, engine = self._open()
+        read = asyncio.get_running_loop().create_task(
+            engine.transfer(
                 part,
                 0,
                 engine.endpoint(0),
@@ -501,11 +520,23 @@ class Hierarchy:
                 np.arange(first_row, first_row + len(part), dtype=np.int64),
                 Priority.LOAD,
             )
-        finally:
-            if unpin:
-                manager.complete_load(part)
-        if unpin:
-            manager.touch(part)
+        )
+        self._reads.add(read)
+
+        def finished(task: asyncio.Task[MoveResult]) -> None:
+            self._reads.discard(task)
+            release()
+
+        read.add_done_callback(finished)
+        remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        try:
+            done, _ = await asyncio.wait([read], timeout=remaining)
+        except asyncio.CancelledError:
+            raise  # the read goes on; `finished` releases its pins when it ends
+        if not done:
+            self._calls.get_timeouts += 1
+            return 0
+        result = read.result()
         good = 0
         while good < len(part) and part[good] not in result.failed:
             good += 1
@@ -551,7 +582,10 @@ class Hierarchy:
             if ready:
                 part = batch[:ready]
                 slots = slot_ids(manager.prepare_load(part))
-                good = await self._read_pinned(part, slots, out, served)
+                good = await self._read_pinned(
+                    part, slots, out, served, deadline, functools.partial(self._unpin, part)
+                )
+                manager.touch(part[:good])
                 served += good
                 if good < ready:
                     break
@@ -565,16 +599,17 @@ class Hierarchy:
                     break
                 continue
             hold = manager.hold_promotion(batch)
+            released = False
             if hold is None:  # being written by a put or a demotion: wait for it
                 if not await self._wait_for_change(deadline):
                     self._calls.get_timeouts += 1
                     break
                 continue
             try:
-                task = self._supervisor_of().task_of(hold.job_id)
-                if task is not None and not task.done():
+                staged = self._staged.get(hold.job_id)
+                if staged is not None and not staged.done():
                     remaining = None if deadline is None else deadline - time.perf_counter()
-                    done, _ = await asyncio.wait([task], timeout=remaining)
+                    done, _ = await asyncio.wait([staged], timeout=remaining)
                     if not done:
                         self._calls.get_timeouts += 1
                         break
@@ -582,20 +617,25 @@ class Hierarchy:
                 lead = 0
                 while lead < len(granted) and granted[lead] == hold.keys[lead]:
                     lead += 1
-                if lead:
-                    manager.touch(granted[:lead])
-                    assert hold.slots is not None  # set with `granted` by complete_job
-                    good = await self._read_pinned(
-                        granted[:lead], hold.slots[:lead], out, served, unpin=False
-                    )
-                    served += good
-                    if good < lead:
-                        break
-                elif not await self._wait_for_change(deadline):  # nothing arrived: look again
-                    self._calls.get_timeouts += 1
+                if not lead:
+                    break  # the promotion brought none of them: a miss (recompute)
+                manager.touch(granted[:lead])
+                assert hold.slots is not None  # set with `granted` by complete_job
+                released = True  # the read gives the hold back when it is over
+                good = await self._read_pinned(
+                    granted[:lead],
+                    hold.slots[:lead],
+                    out,
+                    served,
+                    deadline,
+                    functools.partial(self._release_hold, hold),
+                )
+                served += good
+                if good < lead:
                     break
             finally:
-                manager.release_hold(hold)
+                if not released:
+                    manager.release_hold(hold)
         self._calls.get_served += served
         latencies = self._calls.get_latency_s
         latencies.append(time.perf_counter() - started)
@@ -694,8 +734,13 @@ class Hierarchy:
         return copied
 
     async def drain(self) -> None:
-        """Wait until no transfer job (promotion, demotion, cascade) is in flight."""
-        await self._supervisor_of().drain()
+        """Wait until no transfer job (promotion, demotion, cascade) and no read a `get`
+        gave up on at its deadline is in flight."""
+        supervisor = self._supervisor_of()
+        while supervisor.busy or self._reads:
+            await supervisor.drain()
+            if self._reads:
+                await asyncio.wait(list(self._reads))
 
     def check(self) -> None:
         """Verify the bookkeeping of every tier (raises BlockStateError)."""
@@ -718,6 +763,18 @@ class Hierarchy:
         if not blocks.is_contiguous():
             raise InvalidValueError("put: blocks must be a contiguous tensor")
 
+    def _unpin(self, keys: list[OffloadKey]) -> None:
+        manager = self._manager
+        if manager is not None and not manager.closed:
+            manager.complete_load(keys)
+        self._poke()
+
+    def _release_hold(self, hold: PromotionHold) -> None:
+        manager = self._manager
+        if manager is not None and not manager.closed:
+            manager.release_hold(hold)
+        self._poke()
+
     def _supervisor_of(self) -> JobSupervisor:
         supervisor = self._supervisor
         if supervisor is None:
@@ -725,8 +782,9 @@ class Hierarchy:
         return supervisor
 
     def _spawn(self, jobs: list[TransferJob]) -> None:
-        """Start jobs in the background; a background demotion pokes waiting stores as soon
-        as it has given its slots back."""
+        """Start jobs in the background. Each pokes the waiters once it no longer reads its
+        sources (a demotion gave its slots back; a promotion's blocks reached the top and its
+        readers got them), which may be long before its writes to slow tiers are done."""
         if not jobs:
             return
         _, engine = self._open()
@@ -735,11 +793,15 @@ class Hierarchy:
         for job in jobs:
             if not engine.admit(job):
                 continue
-            staged: asyncio.Future[None] | None = None
-            if job.drain:
-                staged = loop.create_future()
-                staged.add_done_callback(lambda _: self._poke())
+            staged: asyncio.Future[None] = loop.create_future()
+            self._staged[job.id] = staged
+            staged.add_done_callback(functools.partial(self._job_staged, job.id))
             supervisor.spawn(job, staged)
+
+    def _job_staged(self, job_id: int, _: asyncio.Future[None]) -> None:
+        """A job gave its sources back (and a promotion its blocks to its readers)."""
+        self._staged.pop(job_id, None)
+        self._poke()
 
     def _poke(self) -> None:
         """Wake everything waiting for a change (a job done, slots given back, a store)."""

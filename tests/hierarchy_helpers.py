@@ -40,9 +40,11 @@ def chain_config(
     block_size: int = BLOCK,
     model_id: str = "",
     device: str = "cuda",
+    reserve: bool = True,
 ) -> dict[str, Any]:
     """A gpu -> cpu -> disk chain (any tier None is left out). The gpu tier asks for cuda,
-    which falls back to the CPU where there is none."""
+    which falls back to the CPU where there is none. `reserve=False` sets every tier's
+    high_watermark to 1 (no reserve of free slots), for tests of exact placement."""
     tiers: list[dict[str, Any]] = []
     if gpu:
         tiers.append(
@@ -60,6 +62,9 @@ def chain_config(
                 "path": str(tmp_path / "disk"),
             }
         )
+    if not reserve:
+        for tier in tiers:
+            tier["high_watermark"] = 1.0
     return {
         "block_size": block_size,
         "model_id": model_id,

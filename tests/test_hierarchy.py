@@ -61,7 +61,7 @@ async def test_gpu_tier_without_cuda_says_it_runs_on_cpu(tmp_path: Path) -> None
 async def test_spill_follows_each_tier_policy_and_reads_back_bit_exact(tmp_path: Path) -> None:
     """GPU 4, CPU 8, disk 32 blocks, LRU: after 44 puts the newest 4 are at the top, the next
     8 in the CPU tier, the oldest 32 on disk; every block still held reads back bit-exact."""
-    async with Hierarchy.from_config(chain_config(tmp_path)) as h:
+    async with Hierarchy.from_config(chain_config(tmp_path, reserve=False)) as h:
         all_keys = keys_(*range(44))
         for i in range(44):
             assert await h.put([all_keys[i]], blocks_of([all_keys[i]])) == 1
@@ -137,7 +137,8 @@ async def test_put_skips_blocks_already_held(tmp_path: Path) -> None:
 
 
 async def test_events_report_each_tier(tmp_path: Path) -> None:
-    async with Hierarchy.from_config(chain_config(tmp_path, gpu=2, cpu=2, disk=2)) as h:
+    config = chain_config(tmp_path, gpu=2, cpu=2, disk=2, reserve=False)
+    async with Hierarchy.from_config(config) as h:
         ks = keys_(*range(7))
         for k in ks:
             await h.put([k], blocks_of([k]))
@@ -235,7 +236,8 @@ def disk_slot(h: Hierarchy, k: bytes) -> int:
 
 
 async def test_flipped_bytes_on_disk_are_a_miss_and_the_block_is_dropped(tmp_path: Path) -> None:
-    async with Hierarchy.from_config(chain_config(tmp_path, gpu=None, cpu=2, disk=8)) as h:
+    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False)
+    async with Hierarchy.from_config(config) as h:
         ks = keys_(*range(6))
         for k in ks:
             await h.put([k], blocks_of([k]))
@@ -504,7 +506,7 @@ async def test_gpu_tier_on_cuda_round_trip_and_spill(tmp_path: Path) -> None:
 
 
 async def test_flush_keeps_volatile_blocks_across_a_restart(tmp_path: Path) -> None:
-    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32)
+    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32, reserve=False)
     ks = keys_(*range(8))
     async with Hierarchy.from_config(config, flush_on_close=True) as h:
         for k in ks:
@@ -522,7 +524,7 @@ async def test_flush_keeps_volatile_blocks_across_a_restart(tmp_path: Path) -> N
 async def test_without_flush_a_write_back_chain_keeps_only_what_reached_the_disk(
     tmp_path: Path,
 ) -> None:
-    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32)
+    config = chain_config(tmp_path, gpu=2, cpu=4, disk=32, reserve=False)
     ks = keys_(*range(8))
     async with Hierarchy.from_config(config, flush_on_close=False) as h:
         for k in ks:

@@ -4,6 +4,7 @@ instant copies, its per-tier hits, and the command's chained form."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,14 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-def lru_chain(*blocks: int) -> tuple[ChainTier, ...]:
+NO_RESERVE = (0.95, 1.0)
+"""Watermarks that keep no free slots in reserve: hand-worked chains place every block."""
+
+
+def lru_chain(*blocks: int, reserve: bool = False) -> tuple[ChainTier, ...]:
     specs = parse_capacities(",".join(str(b) for b in blocks))
-    return chain_tiers(specs, ["lru"] * len(blocks), unique_blocks=1)
+    tiers = chain_tiers(specs, ["lru"] * len(blocks), unique_blocks=1)
+    return tiers if reserve else tuple(replace(tier, watermarks=NO_RESERVE) for tier in tiers)
 
 
 # Requests as Mooncake prefixes are: a block id names its whole prefix, so a request's ids

@@ -242,9 +242,12 @@ class TransferEngine:
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
         staging: StagingArena | None = None,
+        tensor_tiers: Sequence[bool] | None = None,
     ) -> None:
         """`staging`: the arena that lets demotions and cascades to slow tiers give their
-        sources back after a memory copy; None: they hold them until written."""
+        sources back after a memory copy; None: they hold them until written.
+        `tensor_tiers`: per tier, whether its bytes are a torch tensor pool (its kind's
+        declared access; default: whether the storage is a `TorchPool`)."""
         if len(storages) != len(manager.tiers):
             raise InvalidValueError(f"{len(storages)} storages for {len(manager.tiers)} tiers")
         if max_pending_cascades < 0:
@@ -259,6 +262,13 @@ class TransferEngine:
         self.max_concurrency = max_concurrency
         self.max_pending_cascades = max_pending_cascades
         self.staging = staging
+        self.tensor_tiers = (
+            list(tensor_tiers)
+            if tensor_tiers is not None
+            else [isinstance(storage, TorchPool) for storage in storages]
+        )
+        if len(self.tensor_tiers) != len(self.storages):
+            raise InvalidValueError(f"{len(self.tensor_tiers)} access flags for {len(storages)}")
         self.counters = EngineCounters()
         self._lanes: dict[int, PrioritySemaphore] = {}
         self._cascades_in_flight = 0
@@ -428,13 +438,14 @@ class TransferEngine:
                 del state.writes[index]
 
     def _stageable(self, job: TransferJob, step: CopyStep, count: int) -> bool:
-        """Whether a step may snapshot its sources and write in the background: a demotion
-        or cascade from a memory tier to a tier that is not a tensor pool."""
+        """Whether a step may snapshot its sources and write in the background: a copy down
+        the chain (a demotion or cascade, also one a promotion makes room with) from a memory
+        tier to a tier that is not a tensor pool."""
         return (
             self.staging is not None
-            and job.kind is not JobKind.PROMOTE
-            and isinstance(self.storages[step.src], TorchPool)
-            and not isinstance(self.storages[step.dst], TorchPool)
+            and step.dst > step.src
+            and self.tensor_tiers[step.src]
+            and not self.tensor_tiers[step.dst]
             and self.staging.fits(count)
         )
 
@@ -498,8 +509,8 @@ class TransferEngine:
                 writing = {job.steps[index].dst for index in state.writes}
                 done = {step.dst for step in job.steps} - writing
                 issued = all(i in state.settled or i in state.writes for i in range(len(job.steps)))
-                if done and issued and job.kind is not JobKind.PROMOTE:
-                    self.manager.settle_tiers(job, done, state.failed)
+                if done and issued:
+                    self.manager.settle_tiers(job, done, state.failed, state.corrupt)
         finally:
             if staged is not None and not staged.done():
                 staged.set_result(None)

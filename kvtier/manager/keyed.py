@@ -45,7 +45,7 @@ class _KeyedSpec(BlockIDsLoadStoreSpec):
     """Handles of blocks in a tier that owns its index (meaningful only in one job)."""
 
     @classmethod
-    def medium(cls) -> str:  # type: ignore[override]
+    def medium(cls) -> str:
         return "keyed"
 
 

@@ -30,7 +30,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import (
@@ -39,6 +38,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
+from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.jobs import (
     CopyStep,
     JobKind,
@@ -46,7 +46,6 @@ from kvtier.manager.jobs import (
     TransferJob,
     failed_pairs_of,
 )
-from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.tier import TierStats
 from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
@@ -328,11 +327,20 @@ class TieredManager(OffloadingManager):
         del self._open_jobs[job.id]
         self._settle_pending(job, job.pending, failed_pairs_of(job, set(failed)))
         job.pending = []
+        self._discard_corrupt(corrupt)
+        self._finish_promotion(job)
+
+    def _discard_corrupt(self, corrupt: Iterable[tuple[int, OffloadKey]]) -> None:
+        """Drop blocks whose stored bytes were found bad (once unpinned; idempotent)."""
         by_tier: dict[int, list[OffloadKey]] = {}
         for index, key in corrupt:
             by_tier.setdefault(index, []).append(key)
-        for index, keys_ in by_tier.items():
-            self.counters.corrupt_dropped += len(self.tiers[index].discard(keys_))
+        for index, keys in by_tier.items():
+            self.counters.corrupt_dropped += len(self.tiers[index].discard(keys))
+
+    def _finish_promotion(self, job: TransferJob) -> None:
+        """The job's blocks at the top are settled: it promotes them no more, and each
+        reader holding a claim on them gets the ones that arrived, pinned. Idempotent."""
         for key in job.promoted:
             if self._promoting.get(key) is job:
                 del self._promoting[key]
@@ -346,18 +354,21 @@ class TieredManager(OffloadingManager):
         job: TransferJob,
         tiers: Collection[int],
         failed: Iterable[tuple[int, OffloadKey]] = (),
+        corrupt: Iterable[tuple[int, OffloadKey]] = (),
     ) -> None:
         """Settle early the blocks `job` writes into `tiers`, whose copies are all done
         (`failed`: as in `complete_job`): they become readable (or are dropped) now, while
-        the job's other copies (to slow tiers) go on. `complete_job` settles the rest."""
+        the job's other copies (to slow tiers) go on. `complete_job` settles the rest.
+        Settling the top tier of a promotion also hands its blocks to the waiting readers."""
         self._check_open()
         if job.id not in self._open_jobs:
             raise BlockStateError(f"{job!r} is not open (completed, or never emitted)")
         now = [(index, keys) for index, keys in job.pending if index in tiers]
-        if not now:
-            return
         job.pending = [(index, keys) for index, keys in job.pending if index not in tiers]
         self._settle_pending(job, now, failed_pairs_of(job, set(failed)))
+        self._discard_corrupt(corrupt)  # before any reader looks them up again
+        if 0 in tiers:
+            self._finish_promotion(job)
 
     def _settle_pending(
         self,

@@ -27,12 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import HierarchyConfig
+from kvtier.config import BaseTierConfig, HierarchyConfig
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.manager.tiered import WritePolicy
 from kvtier.simulation.sweep import Capacity, CapacitySpec, SimTrace
+
+DEFAULT_WATERMARKS = (
+    float(BaseTierConfig.model_fields["low_watermark"].default),
+    float(BaseTierConfig.model_fields["high_watermark"].default),
+)
+"""A tier's (low, high) watermarks when no config gives them (the config's defaults)."""
 
 CHAIN_BLOCK_SIZE = 1
 """Block size given to the bookkeeping-only tiers: no bytes move, so any size will do."""
@@ -50,12 +56,15 @@ def offload_key_of(key: Hashable) -> OffloadKey:
 
 @dataclass(frozen=True, slots=True)
 class ChainTier:
-    """One tier of a simulated chain: its name, nominal medium, policy and capacity."""
+    """One tier of a simulated chain: its name, nominal medium, policy, capacity and
+    (low, high) watermarks: a tier above another keeps a reserve of free slots, as in a
+    Hierarchy, so the decisions (and hits) are the same."""
 
     name: str
     medium: str
     policy: str
     capacity: Capacity
+    watermarks: tuple[float, float] = DEFAULT_WATERMARKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +205,7 @@ def chain_tiers_from_config(
             str(tier.medium),
             tier.policy,
             Capacity(str(tier.capacity), tier.num_blocks),
+            (tier.low_watermark, tier.high_watermark),
         )
         for tier in active
     )
@@ -216,6 +226,7 @@ def build_chain(tiers: Sequence[ChainTier], write_policy: WritePolicy) -> Tiered
             for tier in tiers
         ],
         write_policy=write_policy,
+        watermarks=[tier.watermarks for tier in tiers],
     )
 
 
