@@ -169,14 +169,16 @@ def replay_config(
 ) -> HierarchyConfig:
     """`config` with `block_size = block_bytes` and every tier's capacity set to its block
     count (so each tier holds as many blocks as configured, and hit ratios are the config's).
-    With `disk_root`, each disk tier's directory becomes `disk_root / <tier name>`."""
+    With `disk_root`, each persistent tier's directory becomes `disk_root / <tier name>`."""
     data = config.model_dump(mode="json")
     data["block_size"] = block_bytes
     tiers = []
     for raw, tier in zip(data["tiers"], config.tiers, strict=True):
         raw = dict(raw)
         raw["capacity"] = tier.num_blocks
-        if raw["medium"] == "disk" and disk_root is not None:
+        # Every persistent tier with a directory of its own, whatever its medium, so the
+        # replay never empties a directory it does not own (see prepare_disk_dirs).
+        if not tier.kind.volatile and "path" in raw and disk_root is not None:
             raw["path"] = str(disk_root / tier.name)
         tiers.append(raw)
     data["tiers"] = tiers
