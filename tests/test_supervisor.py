@@ -23,11 +23,12 @@ from kvtier import Hierarchy
 from kvtier.engine import TransferEngine
 from kvtier.engine.moves import MoveResult
 from kvtier.engine.supervisor import JobSupervisor
+from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredManager, TransferJob, make_tier_manager
 from kvtier.manager.jobs import JobKind
 from kvtier.manager.tiered import slot_ids
-from kvtier.testing.faults import CallKind, ErrorSpec, FlakyStorage, install
+from kvtier.testing.faults import CallKind, ErrorSpec, FlakyStorage, install, uninstall
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.storage import BlockStorage
@@ -191,41 +192,35 @@ async def test_a_get_from_a_hung_lower_tier_returns_at_its_deadline(tmp_path: Pa
         settled(h)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Hierarchy.get reads blocks already at the top tier (_read_pinned -> "
-    "engine.transfer) with no deadline: a hung top-tier read (a disk-only chain's disk) "
-    "holds the get past timeout_s until the read returns",
-)
 async def test_a_get_from_a_hung_top_tier_returns_at_its_deadline(tmp_path: Path) -> None:
+    """A read of blocks already at the top (a disk-only chain's disk) that hangs: the get
+    returns at its deadline; the late read keeps its pins until it ends (drain waits)."""
     config = chain_config(tmp_path, gpu=None, cpu=None, disk=8)
     async with Hierarchy.from_config(config) as h:
         ks = keys_(1, 2)
         assert await h.put(ks, blocks_of(ks)) == 2
         flaky = install(h, 0)
         hang = flaky.block("read")
-        asyncio.get_running_loop().call_later(3.0, hang.release)  # ends the test either way
+        asyncio.get_running_loop().call_later(3.0, hang.release)  # unblocks it either way
         started = time.monotonic()
         out = await h.get(ks, timeout_s=0.3)
         elapsed = time.monotonic() - started
-        hang.release()
-        await h.drain()
-        settled(h)
         assert elapsed <= 0.3 + 1.0, f"get(timeout_s=0.3) returned after {elapsed:.2f} s"
-        assert out.shape[0] == 0
+        assert out.shape[0] == 0 and h.stats().calls.get_timeouts == 1
+        assert h.stats().tiers[0].pinned == 2  # the late read still reads those slots
+        hang.release()
+        await asyncio.wait_for(h.drain(), 2)
+        settled(h)
+        out = await h.get(ks)
+        assert out.shape[0] == 2
+        assert_prefix(out, ks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Hierarchy.get: when a promotion fails because a copy raised (the source stays "
-    "intact), get's loop finds the block below again and starts a new promotion at every "
-    "wake-up (WAIT_SLICE_S), so a tier that keeps raising makes each get of a block below "
-    "wait out its whole deadline and run dozens of failing promotion jobs instead of "
-    "returning the miss",
-)
 async def test_a_get_whose_promotion_fails_returns_the_miss_without_retrying(
     tmp_path: Path,
 ) -> None:
+    """A promotion whose copy raised brought nothing: that is a miss at once, not a new
+    promotion at every wake-up until the deadline."""
     config = chain_config(tmp_path, gpu=None, cpu=4, disk=16)
     async with Hierarchy.from_config(config) as h:
         ks = keys_(*range(8))
@@ -449,3 +444,36 @@ async def test_flaky_storage_rules(tmp_path: Path) -> None:
     assert await asyncio.wait_for(pending, 1) == [None]
     assert hung.gate is not None and hung.gate.is_set() and flaky.faults == []
     assert not flaky.persistent and flaky.num_blocks == 4
+
+
+async def test_install_and_uninstall_swap_a_tier_and_its_access(tmp_path: Path) -> None:
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=16)
+    async with Hierarchy.from_config(config) as h:
+        engine = h._engine
+        assert engine is not None
+        pool = h.storages[0]
+        assert isinstance(pool, TorchPool) and engine.tensor_tiers == [True, False]
+        flaky = install(h, 0)
+        assert h.storages[0] is flaky and engine.storages[0] is flaky and flaky.inner is pool
+        assert engine.tensor_tiers == [False, False]  # driven through read/write now
+        ks = keys_(*range(8))
+        for k in ks:
+            assert await h.put([k], blocks_of([k])) == 1
+        out = await h.get(ks)
+        assert out.shape[0] == 8
+        assert_prefix(out, ks)
+        assert flaky.counters.calls["write"] >= 8 and flaky.counters.calls["read"] >= 1
+        with pytest.raises(InvalidValueError):
+            install(h, 1, flaky)  # it wraps another tier's storage
+        await h.drain()
+        assert uninstall(h, 0) is pool
+        assert [s is pool for s in h.storages] == [True, False]
+        assert [s is pool for s in engine.storages] == [True, False]
+        assert engine.tensor_tiers == [True, False]
+        with pytest.raises(InvalidValueError):
+            uninstall(h, 0)
+        assert_prefix(await h.get(ks), ks)
+        await h.drain()
+        settled(h)
+    with pytest.raises(ManagerClosedError):
+        install(h, 0)

@@ -125,6 +125,8 @@ class FlakyStorage(BlockStorage):
         self.block_size = inner.block_size
         self.faults: list[Fault] = []
         self.counters = FlakyCounters()
+        self.replaced_access = False
+        """Set by `install`: the engine's "tensor pool" flag of the tier it replaced."""
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -286,9 +288,9 @@ def install(
     tier `tier_index`'s storage in an open `hierarchy`, and return it.
 
     For tests only: it replaces the storage in the hierarchy's and its engine's private
-    lists (and marks the tier as not a tensor pool for the engine), so every later copy
-    goes through the wrapper (see the module docstring for what
-    changes when a `TorchPool` is wrapped). `uninstall` puts the wrapped storage back."""
+    lists and clears the engine's "tensor pool" flag of the tier, so every later copy goes
+    through the wrapper (see the module docstring for what changes when a `TorchPool` is
+    wrapped). `uninstall` puts the wrapped storage back."""
     engine = hierarchy._engine
     if engine is None or hierarchy.closed:
         raise ManagerClosedError("install needs an open hierarchy")
@@ -299,7 +301,8 @@ def install(
         raise InvalidValueError(f"{flaky!r} does not wrap tier {tier_index}'s {current!r}")
     hierarchy._storages[tier_index] = flaky
     engine.storages[tier_index] = flaky
-    _set_tensor_access(engine, tier_index, False)  # a wrapper is driven by read/write
+    flaky.replaced_access = engine.tensor_tiers[tier_index]
+    engine.tensor_tiers[tier_index] = False  # a wrapper is driven through read/write
     return flaky
 
 
@@ -312,18 +315,8 @@ def uninstall(hierarchy: Hierarchy, tier_index: int) -> BlockStorage:
     current.clear()
     hierarchy._storages[tier_index] = current.inner
     engine.storages[tier_index] = current.inner
-    from kvtier.tiers.pool import TorchPool  # torch only where a hierarchy is open anyway
-
-    _set_tensor_access(engine, tier_index, isinstance(current.inner, TorchPool))
+    engine.tensor_tiers[tier_index] = current.replaced_access
     return current.inner
-
-
-def _set_tensor_access(engine: object, tier_index: int, tensor: bool) -> None:
-    """Keep an engine's per-tier "its bytes are a tensor pool" flags (where it has them)
-    in line with the storage now in place, so that it copies through read/write."""
-    flags = getattr(engine, "tensor_tiers", None)
-    if isinstance(flags, list):
-        flags[tier_index] = tensor
 
 
 __all__ = [
