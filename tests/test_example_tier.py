@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,7 +21,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import OffloadKey
 from kvtier.testing.keyed import KeyedStorageTests
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.registry import tier_kind
+from kvtier.tiers.registry import register_tier, tier_kind, unregister_tier
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "memory_kv_tier.py"
 
@@ -38,6 +39,17 @@ def load_example() -> ModuleType:
 
 
 memkv = load_example()
+unregister_tier(memkv.MEDIUM)  # registered only while this module's tests run (fixture below)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def memkv_registered() -> Iterator[None]:
+    """The example's medium, for this module only: other tests see the built-in media."""
+    register_tier(memkv.KIND, replace=True)
+    try:
+        yield
+    finally:
+        unregister_tier(memkv.MEDIUM)
 
 
 class TestMemoryKVStorage(KeyedStorageTests):

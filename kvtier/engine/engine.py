@@ -269,6 +269,12 @@ class TransferEngine:
         )
         if len(self.tensor_tiers) != len(self.storages):
             raise InvalidValueError(f"{len(self.tensor_tiers)} access flags for {len(storages)}")
+        for index, (tensor, storage) in enumerate(zip(self.tensor_tiers, storages, strict=True)):
+            if tensor and not isinstance(storage, TorchPool):
+                raise InvalidValueError(
+                    f"tier {self.names[index]!r} is declared a tensor pool, but its storage is "
+                    f"a {type(storage).__name__}: declare its access as host buffers or client"
+                )
         self.counters = EngineCounters()
         self._lanes: dict[int, PrioritySemaphore] = {}
         self._cascades_in_flight = 0
