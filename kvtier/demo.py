@@ -21,7 +21,7 @@ from kvtier.traces import TraceRequest
 
 REFERENCE_FRACTIONS = (0.01, 0.05, 0.10, 0.25, 0.50)
 
-# Reference hit ratios of the shipped conversation trace (shared/data/traces/README.md,
+# Reference hit ratios of the shipped conversation trace (kvtier/data/NOTICE.md,
 # computed independently with libCacheSim): fraction -> (LRU, ARC).
 REFERENCE_HIT_RATIOS: dict[float, tuple[float, float]] = {
     0.01: (0.052270, 0.064562),

@@ -17,7 +17,7 @@ ACCESSES = 288_500
 UNIQUE_BLOCKS = 182_790
 
 # Reference hit ratios of the Mooncake FAST'25 conversation trace, copied from
-# shared/data/traces/README.md ("Reference hit ratios (computed independently of this
+# kvtier/data/NOTICE.md ("Reference hit ratios (computed independently of this
 # project)": libCacheSim's Python bindings, cross-checked by an independent implementation).
 # Method there: flatten the trace (each request's hash ids, left to right, one unit-size block
 # access each), cold start, every miss admitted, capacity = floor(fraction * unique blocks).

@@ -4,7 +4,7 @@ Bookkeeping only (no bytes move): each policy is replayed with `kvtier.policies.
 exactly as a tier drives it, at each capacity; Belady's OPT and the infinite-cache bound are
 computed on the same accesses. When the accesses are those of the shipped conversation trace
 (recognized by content, whatever file or compression they came from), each figure is shown
-next to the independently computed reference of `shared/data/traces/README.md`.
+next to the independently computed reference of `kvtier/data/NOTICE.md`.
 
 Method (the reference's): flatten the trace (each request's hash ids, left to right, one
 access each), cold start, every miss admitted, capacity = floor(fraction x unique blocks).
@@ -42,7 +42,7 @@ SHIPPED_ACCESS_DIGEST = "0aab94d4d574ea3fc9498b7400862d4e358bc9f064e843ef776aecf
 """sha256 of the shipped trace's 288,500 block accesses as little-endian uint64s."""
 
 # Belady's OPT and the best possible hit ratio of the shipped conversation trace, from the
-# same reference table (shared/data/traces/README.md) as demo.REFERENCE_HIT_RATIOS.
+# same reference table (kvtier/data/NOTICE.md) as demo.REFERENCE_HIT_RATIOS.
 REFERENCE_OPT_HIT_RATIOS: dict[float, float] = {
     0.01: 0.246319,
     0.05: 0.366412,
