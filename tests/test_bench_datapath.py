@@ -7,8 +7,12 @@ rows) and `DiskStore.read` splitting a large batch over its worker threads.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -165,7 +169,22 @@ TINY = (
     "--repeats",
     "1",
 )
-PAIRS = ("cpu -> cpu (scattered)", "cpu -> cpu (contiguous)", "cpu -> disk", "disk -> cpu")
+PAIRS = (
+    "cpu -> cpu (scattered)",
+    "cpu -> cpu (contiguous)",
+    "cpu -> disk",
+    "cpu -> disk (serial)",
+    "cpu -> disk (concurrent)",
+    "disk -> cpu",
+    "disk -> cpu (serial)",
+    "disk -> cpu (concurrent)",
+)
+DISK_CASES = {  # (pair, case): (blocks per call, queue depth)
+    ("cpu -> disk", "serial"): (20, 1),
+    ("cpu -> disk", "concurrent"): (20, 16),
+    ("disk -> cpu", "serial"): (16, 1),
+    ("disk -> cpu", "concurrent"): (16, 16),
+}
 
 
 def bench(*args: str) -> tuple[int, str, str]:
@@ -180,9 +199,16 @@ def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     for pair in PAIRS:
         for size in ("4 KiB", "8 KiB"):
             assert any(pair in line and size in line for line in lines), (pair, size)
-    for column in ("kvtier GB/s", "baseline GB/s", "ratio", ">= 80%?"):
+    for column in ("kvtier GB/s", "kvtier blocks/s", "baseline GB/s", "qd", "ratio", ">= 80%?"):
         assert column in stdout
-    assert "os.pwrite (buffered) + os.fsync" in stdout and "O_DIRECT" in stdout
+    baselines = stdout[stdout.index("Baselines:") :].splitlines()
+    for pair in PAIRS[2:]:  # every disk baseline is listed with its queue depth
+        line = next(line for line in baselines if line.startswith(f"  {pair}: "))
+        depth = 16 if "concurrent" in pair else 1
+        assert f"(queue depth {depth})" in line, line
+    assert "os.pwritev, O_DIRECT, + os.fdatasync of 20-block batches" in stdout
+    assert "os.preadv, O_DIRECT, of 16-block runs" in stdout
+    assert "batches per fsync" in stdout.lower()
     assert "median of 1 repeat;" in stdout
     if torch.cuda.is_available():
         assert "cpu -> gpu" in stdout and "gpu -> cpu" in stdout
@@ -210,6 +236,7 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
             ("cpu -> cpu", "contiguous"),
             ("cpu -> disk", ""),
             ("disk -> cpu", ""),
+            *DISK_CASES,
         )
         for size in (4096, 8192)
     }
@@ -219,9 +246,18 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
             assert name in row
         assert row["verified"] is True
         assert len(row["kvtier_s"]) == len(row["baseline_s"]) == 1
-        assert row["kvtier_gbps"] > 0 and row["baseline_gbps"] > 0 and row["ratio"] > 0
+        for name in ("kvtier_gbps", "baseline_gbps", "ratio", "kvtier_blocks_per_s"):
+            assert math.isfinite(row[name]) and row[name] > 0, (name, row)
         assert row["target_met"] == (row["ratio"] >= 0.8)
         assert row["nbytes"] == row["blocks"] * row["block_size"]
+        assert row["kvtier_blocks_per_s"] == pytest.approx(
+            row["kvtier_gbps"] * 1e9 / row["block_size"]
+        )
+        per_call, depth = DISK_CASES.get((row["pair"], row["case"]), (row["blocks"], 1))
+        assert (row["blocks_per_batch"], row["queue_depth"]) == (per_call, depth), row
+        assert row["blocks"] % (per_call * depth) == 0  # every lane has whole calls
+        if row["pair"] in ("cpu -> disk", "disk -> cpu"):
+            assert f"(queue depth {depth})" in row["baseline"]
     if torch.cuda.is_available():
         assert any(row["pair"] == "gpu -> cpu" for row in rows)
     else:
@@ -235,15 +271,139 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
     env = document["environment"]
     assert env["directory"].startswith(str(tmp_path)) and env["filesystem"]
     assert set(env["disk_direct_io"]) == {"4 KiB", "8 KiB"}
+    # the serving rows move about --disk-size, but at least one batch per lane: 16 lanes of
+    # one 20-block write; reads of the first 16 lanes of one 16-block run
+    serving = [row for row in rows if row["case"] in ("serial", "concurrent")]
+    assert {(row["pair"], row["blocks"]) for row in serving} == {
+        ("cpu -> disk", 320),
+        ("disk -> cpu", 256),
+    }
+    for row in serving:
+        if row["pair"] == "cpu -> disk":
+            counters = row["store_counters"]
+            assert counters["write_calls"] == 2 * 320 // 20  # warm-up + 1 repeat
+            per_fsync = row["batches_per_fsync"]
+            assert per_fsync is None or (math.isfinite(per_fsync) and per_fsync > 0)
 
 
+@pytest.mark.parametrize("pairs", ["cpu", "disk"])
 def test_bench_exits_1_when_a_pair_moves_wrong_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pairs: str
 ) -> None:
     monkeypatch.setattr(datapath, "_rows_match", lambda *args: False)
-    code, stdout, _ = bench(*TINY, "--pairs", "cpu", "--block-sizes", "4KiB")
+    code, stdout, _ = bench(
+        *TINY, "--pairs", pairs, "--block-sizes", "4KiB", "--dir", str(tmp_path)
+    )
     assert code == 1
     assert "WRONG BYTES" in stdout and "ERROR:" in stdout
+    if pairs == "disk":
+        for pair in PAIRS[2:]:
+            assert any(pair in line and "WRONG BYTES" in line for line in stdout.splitlines())
+
+
+async def test_each_serving_row_is_verified_by_its_own_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes are checked twice after timing: concurrent writes read back serially, then
+    serial writes read back concurrently. A failure of the second check marks exactly the
+    serial write row and the concurrent read row."""
+    checks: list[bool] = []
+    real = datapath._rows_match
+
+    def second_check_fails(*args: object) -> bool:
+        checks.append(real(*args))  # type: ignore[arg-type]
+        return checks[-1] and len(checks) != 2
+
+    monkeypatch.setattr(datapath, "_rows_match", second_check_fails)
+    rows, info = await datapath.measure_disk_serving(
+        4096, 64 << 10, 1, tmp_path, np.random.default_rng(0)
+    )
+    assert checks == [True, True]  # the real comparisons passed
+    verified = {(row.pair, row.case): row.verified for row in rows}
+    assert verified == {
+        ("cpu -> disk", "serial"): False,
+        ("cpu -> disk", "concurrent"): True,
+        ("disk -> cpu", "serial"): True,
+        ("disk -> cpu", "concurrent"): False,
+    }
+    assert info["raw_write"] in ("O_DIRECT", "buffered")
+    assert list(tmp_path.iterdir()) == []  # the store's directory and raw file are gone
+
+
+def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not datapath._O_DIRECT:
+        pytest.skip("no O_DIRECT on this platform")
+    real_open = os.open
+
+    def refusing(path: object, flags: int, *args: int, **kwargs: object) -> int:
+        if flags & datapath._O_DIRECT and Path(str(path)).name.startswith("raw-"):
+            raise OSError(errno.EINVAL, "O_DIRECT refused (test)")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refusing)
+    code, stdout, stderr = bench(
+        *TINY, "--pairs", "disk", "--block-sizes", "4KiB", "--dir", str(tmp_path)
+    )
+    assert code == 0, stdout + stderr
+    baselines = stdout[stdout.index("Baselines:") :].splitlines()
+    for pair in ("cpu -> disk", "cpu -> disk (serial)", "cpu -> disk (concurrent)"):
+        line = next(line for line in baselines if line.startswith(f"  {pair}: "))
+        assert "buffered (O_DIRECT not available)" in line and "queue depth" in line
+    assert "The raw disk baselines ran buffered for 4 KiB blocks" in stdout
+
+
+def test_group_commit_counters_are_read_where_the_store_has_them() -> None:
+    class Before:  # a store whose stats have no group-commit counters
+        stats = SimpleNamespace(blocks_written=5)
+
+    class After:  # one that counts them, behind a stats() method
+        def stats(self) -> SimpleNamespace:
+            return SimpleNamespace(write_groups=3, write_batches=12, fsyncs=4, index_commits=3)
+
+    assert datapath._group_commit_counters(Before()) == {}
+    assert datapath._group_commit_counters(After()) == {
+        "write_groups": 3,
+        "write_batches": 12,
+        "fsyncs": 4,
+        "index_commits": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("counters", "per_fsync"),
+    [
+        ({"write_calls": 32}, None),  # the store counts nothing
+        ({"write_calls": 32, "write_batches": 32, "fsyncs": 8}, 4.0),
+        ({"write_calls": 32, "write_groups": 16}, 2.0),  # no fsyncs counter: groups
+        ({"write_calls": 32, "fsyncs": 0}, None),
+    ],
+)
+def test_batches_per_fsync_comes_from_the_store_counters(
+    counters: dict[str, int], per_fsync: float | None
+) -> None:
+    row = datapath.Row(
+        "cpu -> disk",
+        "concurrent",
+        4096,
+        320,
+        320 * 4096,
+        (1.0,),
+        (1.0,),
+        "b",
+        True,
+        batch_blocks=20,
+        queue_depth=16,
+        store_counters=counters,
+    )
+    assert row.batches_per_fsync == per_fsync
+    report = datapath.Report(datapath.Settings(), rows=[row])
+    text = " ".join(str(getattr(item, "plain", "")) for item in datapath.render(report))
+    if per_fsync is None:
+        assert "Batches per fsync: not reported" in text
+    else:
+        assert f"cpu -> disk (concurrent), 4 KiB: {per_fsync:.2f} batches per fsync" in text
 
 
 @pytest.mark.parametrize(

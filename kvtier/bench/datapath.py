@@ -12,16 +12,33 @@ slots (independent random permutations of the source and destination rows) and a
 contiguous run; baseline: one `dst.copy_(src)` of the two pools' whole tensors (the same
 total bytes).
 
-``cpu -> disk``: `DiskStore.write` of N blocks (fsync on, O_DIRECT where the probe allows,
-no compression) taken from scattered rows of a host pool into consecutive slots of the store,
-fresh keys every time (so each write first unindexes the previous occupants, as in a full
-tier); baseline: `os.pwrite` of the same pool memory (buffered, one call) and `os.fsync`, to
-a preallocated file in the same directory.
+``cpu -> disk``: `DiskStore.write` of N blocks in one call (fsync on, O_DIRECT where the
+probe allows, no compression) taken from scattered rows of a host pool into consecutive slots
+of the store, fresh keys every time (so each write first unindexes the previous occupants, as
+in a full tier); baseline: one `os.pwrite` of the same bytes from page-aligned memory with
+O_DIRECT, then `os.fdatasync`, to a preallocated file in the same directory (queue depth 1).
 
-``disk -> cpu``: `DiskStore.read` of those N blocks (every checksum verified) into scattered
-rows of another host pool; baseline: `os.preadv` of the same bytes straight from the store's
-slab file, with O_DIRECT (into page-aligned memory) when the filesystem allows it, so that
-neither side reads from the page cache; otherwise both read buffered, and the table says so.
+``disk -> cpu``: `DiskStore.read` of those N blocks in one call (every checksum verified)
+into scattered rows of another host pool; baseline: one `os.preadv` of the same bytes
+straight from the store's slab file, with O_DIRECT (into page-aligned memory), so that
+neither side reads from the page cache (queue depth 1).
+
+``cpu -> disk (serial / concurrent)``, serving-sized: what a serving engine's demotions do.
+`DiskStore.write` of `SERVING_WRITE_BLOCKS` (20) blocks per call, each call durable (fsync
+on), fresh keys into every slot of a store of `serving_blocks` slots (about the same bytes
+as the one-batch row, at least one batch per lane); serial: one call at a time; concurrent:
+`SERVING_QUEUE_DEPTH` (16) callers in one `asyncio.gather`, each writing its own region of
+consecutive slots one batch after another, so 16 calls are in flight. Baseline: as many
+threads (1 or 16), each doing `os.pwritev` + `os.fdatasync` of the same 20-block batches of
+the same bytes with O_DIRECT into its own region of a preallocated file, the queue depth that
+saturates the device. The row also sums `DiskStore.stats()`'s group-commit counters
+(`GROUP_COMMIT_COUNTERS`, where the store has them) into batches per fsync.
+
+``disk -> cpu (serial / concurrent)``, serving-sized: `DiskStore.read` of
+`SERVING_READ_BLOCKS` (16) consecutive slots per call (a prefix), 1 or 16 callers; baseline:
+1 or 16 threads doing O_DIRECT `os.preadv` of the same 16-block runs from the store's slab
+file. Where the filesystem refuses O_DIRECT, every raw baseline runs buffered (reads from a
+warm page cache, writes still fdatasync'ed), and the output says so.
 
 ``cpu -> gpu`` / ``gpu -> cpu`` (only where `torch.cuda.is_available()`): `TensorCopier.copy`
 between a pinned host pool and a pool on the GPU, scattered and contiguous, both directions;
@@ -51,6 +68,7 @@ directory, `~/.cache/kvtier`, so on the same filesystem), removed at the end.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import gc
@@ -64,7 +82,8 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +94,7 @@ import torch
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
 
 GB = 1e9
@@ -97,6 +117,22 @@ QUICK_DISK_BYTES = 32 * MIB
 QUICK_GPU_BYTES = 256 * MIB
 QUICK_REPEATS = 3
 
+SERVING_WRITE_BLOCKS = 20
+"""Blocks per `DiskStore.write` in the serving-sized rows: about what one demotion batch of a
+serving engine holds."""
+SERVING_READ_BLOCKS = 16
+"""Blocks per `DiskStore.read` in the serving-sized rows: a typical prefix read back."""
+SERVING_QUEUE_DEPTH = 16
+"""Calls in flight in the concurrent rows, on both sides: kvtier's concurrent `DiskStore`
+calls and the raw baseline's threads (enough to saturate an SSD or a virtual disk)."""
+GROUP_COMMIT_COUNTERS: tuple[str, ...] = (
+    "write_groups",
+    "write_batches",
+    "fsyncs",
+    "index_commits",
+)
+"""`DiskStoreStats` counters of group commit, reported where the store has them."""
+
 PARTS: tuple[str, ...] = ("cpu", "disk", "gpu", "bookkeeping")
 """What can be measured: CPU-tier copies, disk writes and reads, GPU <-> pinned CPU copies,
 bookkeeping throughput."""
@@ -115,9 +151,14 @@ _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 class Row:
     """One measurement: kvtier against its baseline for one pair, case and block size.
 
-    `kvtier_s` / `baseline_s` are every repeat's wall-clock seconds (warm-up excluded);
-    `baseline` says what the baseline did; `verified` whether every block arrived intact in
-    the place it belongs after the timed runs.
+    `blocks` / `nbytes` are what one timed run moves; `kvtier_s` / `baseline_s` are every
+    repeat's wall-clock seconds (warm-up excluded); `baseline` says what the baseline did
+    (and at which queue depth); `verified` whether every block arrived intact in the place it
+    belongs after the timed runs. A run is made of calls of `batch_blocks` blocks each (0: one
+    call of all `blocks`), `queue_depth` of them in flight at once on both sides (kvtier's
+    concurrent calls, the baseline's threads). `store_counters` holds, for the disk write
+    rows, `DiskStore.stats()`'s group-commit counters summed over the row's runs, and
+    `write_calls`, the `DiskStore.write` calls made in those runs.
     """
 
     pair: str
@@ -129,6 +170,39 @@ class Row:
     baseline_s: tuple[float, ...]
     baseline: str
     verified: bool
+    batch_blocks: int = 0
+    queue_depth: int = 1
+    store_counters: dict[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def blocks_per_batch(self) -> int:
+        """Blocks per kvtier call (and per baseline I/O call)."""
+        return self.batch_blocks or self.blocks
+
+    @property
+    def kvtier_blocks_per_s(self) -> float:
+        """kvtier's blocks per second from its median time (small blocks are bound by
+        per-block CPU work, which this shows better than GB/s)."""
+        seconds = statistics.median(self.kvtier_s)
+        return self.blocks / seconds if seconds > 0 else math.inf
+
+    @property
+    def baseline_blocks_per_s(self) -> float:
+        """The baseline's blocks per second from its median time."""
+        seconds = statistics.median(self.baseline_s)
+        return self.blocks / seconds if seconds > 0 else math.inf
+
+    @property
+    def batches_per_fsync(self) -> float | None:
+        """Write batches per fsync the store made for this row (group commit merges
+        concurrent batches into one fsync): `write_batches` (else the calls made) over
+        `fsyncs` (else `write_groups`); None where the store counts neither."""
+        counters = self.store_counters
+        batches = counters.get("write_batches", counters.get("write_calls", 0))
+        syncs = counters.get("fsyncs", counters.get("write_groups"))
+        if not syncs or not batches:
+            return None
+        return batches / syncs
 
     @property
     def kvtier_gbps(self) -> float:
@@ -167,6 +241,10 @@ class Row:
         data["kvtier_gbps"] = self.kvtier_gbps
         data["baseline_gbps"] = self.baseline_gbps
         data["ratio"] = self.ratio
+        data["blocks_per_batch"] = self.blocks_per_batch
+        data["kvtier_blocks_per_s"] = self.kvtier_blocks_per_s
+        data["baseline_blocks_per_s"] = self.baseline_blocks_per_s
+        data["batches_per_fsync"] = self.batches_per_fsync
         data["target"] = TARGET
         data["target_met"] = self.target_met
         return data
@@ -440,6 +518,8 @@ async def measure_cpu_copies(
 
 
 def _pwrite_all(fd: int, buffer: memoryview, offset: int) -> None:
+    """Write all of `buffer` at `offset` with `os.pwrite`, resuming a short write (also used
+    by `kvtier.bench.writepath`)."""
     while buffer.nbytes:
         written = os.pwrite(fd, buffer, offset)
         if written <= 0:
@@ -448,13 +528,73 @@ def _pwrite_all(fd: int, buffer: memoryview, offset: int) -> None:
         offset += written
 
 
-def _pread_all(fd: int, buffer: memoryview, offset: int) -> None:
-    while buffer.nbytes:
-        got = os.preadv(fd, [buffer], offset)
+def _pwritev_all(fd: int, buffers: Sequence[npt.NDArray[np.uint8]], offset: int) -> None:
+    """Write the 1-D `buffers` back to back at `offset` with `os.pwritev`, resuming a short
+    write."""
+    pending = [buffer.data for buffer in buffers]
+    while pending:
+        written = os.pwritev(fd, pending, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote nothing at offset {offset}")
+        offset += written
+        pending = _advance(pending, written)
+
+
+def _preadv_all(fd: int, buffers: Sequence[npt.NDArray[np.uint8]], offset: int) -> None:
+    """Fill the 1-D `buffers` back to back from `offset` with `os.preadv`, resuming a short
+    read."""
+    pending = [buffer.data for buffer in buffers]
+    while pending:
+        got = os.preadv(fd, pending, offset)
         if got <= 0:
             raise OSError(errno.EIO, f"preadv read nothing at offset {offset}")
-        buffer = buffer[got:]
         offset += got
+        pending = _advance(pending, got)
+
+
+def _advance(buffers: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of `buffers` once their first `done` bytes have been moved."""
+    while buffers and done >= buffers[0].nbytes:
+        done -= buffers[0].nbytes
+        buffers = buffers[1:]
+    if done:
+        buffers = [buffers[0][done:], *buffers[1:]]
+    return buffers
+
+
+_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+"""What the disk store calls to make a batch durable (fsync where there is no fdatasync)."""
+
+
+@contextlib.contextmanager
+def _page_aligned(nbytes: int) -> Iterator[npt.NDArray[np.uint8]]:
+    """`nbytes` of anonymous, page-aligned memory (what O_DIRECT needs), every page touched."""
+    mapping = mmap.mmap(-1, nbytes)
+    array = np.frombuffer(mapping, dtype=np.uint8)
+    try:
+        array.fill(0)
+        yield array
+    finally:
+        del array
+        with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
+            mapping.close()
+
+
+def _open_raw_write(path: Path, block_size: int) -> tuple[bool, int]:
+    """(whether O_DIRECT is on, fd) of a new file for a raw write baseline: O_DIRECT unless
+    the filesystem refuses it (or blocks are not whole 4 KiB pages), else buffered."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
+    if _O_DIRECT and block_size % 4096 == 0:
+        try:
+            return True, os.open(path, flags | _O_DIRECT, 0o600)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+    return False, os.open(path, flags, 0o600)
+
+
+def _raw_mode(direct: bool) -> str:
+    return "O_DIRECT" if direct else "buffered (O_DIRECT not available)"
 
 
 def _preallocate(fd: int, size: int) -> None:
@@ -466,15 +606,6 @@ def _preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
-@contextlib.contextmanager
-def _opened(path: Path | str, flags: int) -> Iterator[int]:
-    fd = os.open(path, flags | _O_CLOEXEC, 0o600)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
 async def measure_disk(
     block_size: int,
     nbytes: int,
@@ -482,8 +613,9 @@ async def measure_disk(
     directory: Path,
     rng: np.random.Generator,
 ) -> tuple[list[Row], dict[str, Any]]:
-    """`DiskStore.write` and `DiskStore.read` of one batch against raw pwrite + fsync and
-    raw (O_DIRECT where possible) preadv of the same bytes; also what the store used."""
+    """`DiskStore.write` and `DiskStore.read` of one batch against a raw O_DIRECT pwrite +
+    fdatasync and a raw O_DIRECT preadv of the same bytes (buffered where the filesystem
+    refuses O_DIRECT); also what the store and the baselines used."""
     from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
 
     count = _blocks(nbytes, block_size)
@@ -517,63 +649,63 @@ async def measure_disk(
     keys = fresh_keys()
     try:
         raw_path = directory / f"raw-{block_size}.bin"
-        with _opened(raw_path, os.O_RDWR | os.O_CREAT) as raw_fd:
+        raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
+        try:
             _preallocate(raw_fd, total)
-            pool_bytes = pool_rows.reshape(-1).data.cast("B")
+            with _page_aligned(total) as raw_source:
+                # the bytes the store writes, in slot order, in memory O_DIRECT can use
+                raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
 
-            async def kvtier_write() -> float:
-                nonlocal keys
-                keys = fresh_keys()
-                start = time.perf_counter()
-                failures = await store.write(keys, slots, sources)
-                elapsed = time.perf_counter() - start
-                _raise_failures("write", failures)
-                return elapsed
+                async def kvtier_write() -> float:
+                    nonlocal keys
+                    keys = fresh_keys()
+                    start = time.perf_counter()
+                    failures = await store.write(keys, slots, sources)
+                    elapsed = time.perf_counter() - start
+                    _raise_failures("write", failures)
+                    return elapsed
 
-            def baseline_write() -> float:
-                start = time.perf_counter()
-                _pwrite_all(raw_fd, pool_bytes, 0)
-                os.fsync(raw_fd)
-                return time.perf_counter() - start
+                def baseline_write() -> float:
+                    start = time.perf_counter()
+                    _pwritev_all(raw_fd, [raw_source], 0)
+                    _fdatasync(raw_fd)
+                    return time.perf_counter() - start
 
-            write_s = await _paired(kvtier_write, baseline_write, repeats)
+                write_s = await _paired(kvtier_write, baseline_write, repeats)
+        finally:
+            os.close(raw_fd)
         raw_path.unlink()
 
         # Reads of the blocks just written; then fresh blocks are written and read back once
         # more, to check that both directions moved the right bytes.
         slab, offset = store.slot_location(0)
         raw_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
-        mapping = mmap.mmap(-1, total)
-        landing = memoryview(mapping)
         try:
-            np.frombuffer(mapping, dtype=np.uint8).fill(0)  # touch every page
+            with _page_aligned(total) as landing:
 
-            async def kvtier_read() -> float:
-                start = time.perf_counter()
-                failures = await store.read(keys, slots, targets)
-                elapsed = time.perf_counter() - start
-                _raise_failures("read", failures)
-                return elapsed
+                async def kvtier_read() -> float:
+                    start = time.perf_counter()
+                    failures = await store.read(keys, slots, targets)
+                    elapsed = time.perf_counter() - start
+                    _raise_failures("read", failures)
+                    return elapsed
 
-            def baseline_read() -> float:
-                start = time.perf_counter()
-                _pread_all(read_fd, landing, offset)
-                return time.perf_counter() - start
+                def baseline_read() -> float:
+                    start = time.perf_counter()
+                    _preadv_all(read_fd, [landing], offset)
+                    return time.perf_counter() - start
 
-            read_s = await _paired(kvtier_read, baseline_read, repeats)
+                read_s = await _paired(kvtier_read, baseline_read, repeats)
         finally:
             os.close(read_fd)
-            landing.release()
-            mapping.close()
         _fill(pool_rows, 99, rng)
         target_rows.fill(0)
         keys = fresh_keys()
         _raise_failures("write", await store.write(keys, slots, sources))
         failures = await store.read(keys, slots, targets)
-        verified = not any(failures) and _rows_match(
+        verified = all(failure is None for failure in failures) and _rows_match(
             pool_rows, write_ids, target_rows, read_ids, rng
         )
-        how = "O_DIRECT" if raw_direct else "buffered (page cache: O_DIRECT not available)"
         rows = [
             Row(
                 "cpu -> disk",
@@ -582,7 +714,8 @@ async def measure_disk(
                 count,
                 total,
                 *write_s,
-                "os.pwrite (buffered) + os.fsync of the same bytes, same filesystem",
+                f"os.pwrite, {_raw_mode(raw_write_direct)}, of the same bytes in one call + "
+                "os.fdatasync, to a preallocated file in the same directory (queue depth 1)",
                 verified,
             ),
             Row(
@@ -592,15 +725,282 @@ async def measure_disk(
                 count,
                 total,
                 *read_s,
-                f"os.preadv, {how}, of the same bytes from the store's slab file",
+                f"os.preadv, {_raw_mode(raw_direct)}, of the same bytes from the store's slab "
+                "file in one call (queue depth 1)",
                 verified,
             ),
         ]
+        info["raw_write"] = "O_DIRECT" if raw_write_direct else "buffered"
         info["raw_read"] = "O_DIRECT" if raw_direct else "buffered"
     finally:
         await store.aclose()
         shutil.rmtree(store.directory, ignore_errors=True)
     return rows, info
+
+
+def serving_blocks(nbytes: int, block_size: int) -> int:
+    """Blocks the serving-sized write rows move per timed run (and the store holds): about
+    `nbytes`, rounded to a whole number of `SERVING_WRITE_BLOCKS`-block batches per lane of
+    the concurrent rows, and at least one batch per lane (so `SERVING_QUEUE_DEPTH` batches
+    really are in flight at once, even with large blocks). The read rows read the first
+    whole number of `SERVING_READ_BLOCKS`-block runs per lane of them."""
+    batch_bytes = SERVING_WRITE_BLOCKS * block_size
+    per_lane = max(1, round(nbytes / (batch_bytes * SERVING_QUEUE_DEPTH)))
+    return per_lane * SERVING_QUEUE_DEPTH * SERVING_WRITE_BLOCKS
+
+
+def _lanes(calls: int, depth: int) -> list[list[int]]:
+    """`calls` call numbers cut into `depth` lanes of consecutive calls (sizes differing by
+    at most one): each lane is one caller that issues its calls one after another, so that
+    `depth` calls are in flight at once, each lane in its own region of slots or file."""
+    return [[int(c) for c in lane] for lane in np.array_split(np.arange(calls), depth)]
+
+
+def _group_commit_counters(store: Any) -> dict[str, int]:
+    """The group-commit counters `DiskStore.stats` has (none before the store counts them;
+    read with `getattr` so that the benchmark runs against either). `stats` is a property
+    today; a method is called."""
+    stats = store.stats
+    if callable(stats):
+        stats = stats()
+    counters: dict[str, int] = {}
+    for name in GROUP_COMMIT_COUNTERS:
+        value = getattr(stats, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            counters[name] = value
+    return counters
+
+
+async def measure_disk_serving(
+    block_size: int,
+    nbytes: int,
+    repeats: int,
+    directory: Path,
+    rng: np.random.Generator,
+) -> tuple[list[Row], dict[str, Any]]:
+    """The serving-sized disk rows: `DiskStore.write` of `SERVING_WRITE_BLOCKS`-block
+    batches (fsync on) and `DiskStore.read` of `SERVING_READ_BLOCKS`-block runs, one call at a
+    time ("serial") and `SERVING_QUEUE_DEPTH` calls at once ("concurrent", one
+    `asyncio.gather` of that many callers), against raw O_DIRECT `pwritev` + `fdatasync` /
+    `preadv` of the same batches and runs from the same number of threads. Also what the
+    store and the baselines used."""
+    from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
+
+    count = serving_blocks(nbytes, block_size)
+    total = count * block_size
+    wb, rb, depth = SERVING_WRITE_BLOCKS, SERVING_READ_BLOCKS, SERVING_QUEUE_DEPTH
+    pool, pool_rows = _host_pool(count, block_size)
+    target, target_rows = _host_pool(count, block_size)
+    _fill(pool_rows, 1, rng)
+    target_rows.fill(0)
+    write_ids = rng.permutation(count)  # slot j gets pool row write_ids[j]
+    read_ids = rng.permutation(count)  # slot j is read into target row read_ids[j]
+    slots = list(range(count))
+    sources = pool.rows(write_ids)
+    targets = target.rows(read_ids)
+    # Call c of the writes covers slots [c * wb, (c + 1) * wb), of the reads [c * rb, ...).
+    # Writes cover every slot, in the same number of calls per lane. Timed reads cover the
+    # first `timed_reads` runs, a whole number per lane, so that `depth` reads really are in
+    # flight until the end (and the serial row reads the same); the check reads them all.
+    write_calls = count // wb
+    read_calls = count // rb
+    timed_reads = read_calls // depth * depth
+    read_blocks = timed_reads * rb
+    write_lanes = {1: _lanes(write_calls, 1), depth: _lanes(write_calls, depth)}
+    read_lanes = {1: _lanes(timed_reads, 1), depth: _lanes(timed_reads, depth)}
+    check_lanes = {1: _lanes(read_calls, 1), depth: _lanes(read_calls, depth)}
+    store = await DiskStore.open_async(
+        directory / f"serving-{block_size}",
+        block_size=block_size,
+        num_blocks=count,
+        fsync=True,
+        direct_io="auto",
+        slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, total),  # one file, for the raw read
+    )
+    info: dict[str, Any] = {"direct_io": store.direct_io_active}
+    generation = [0]
+    keys: list[OffloadKey] = []
+
+    def fresh_keys() -> list[OffloadKey]:
+        generation[0] += 1
+        first = (1 << 40) + generation[0] * count  # apart from measure_disk's keys
+        return [key_from_int(first + i) for i in range(count)]
+
+    async def kvtier_writes(lanes: list[list[int]]) -> None:
+        """Fresh keys into every slot, `len(lanes)` batches in flight."""
+        nonlocal keys
+        keys = fresh_keys()
+
+        async def lane(calls: list[int]) -> None:
+            for c in calls:
+                part = slice(c * wb, (c + 1) * wb)
+                failures = await store.write(keys[part], slots[part], sources[part])
+                _raise_failures("write", failures)
+
+        await asyncio.gather(*(lane(calls) for calls in lanes))
+
+    async def kvtier_reads(lanes: list[list[int]]) -> list[ReadFailure | None]:
+        """The runs of `lanes` read into their target rows, `len(lanes)` runs in flight."""
+        failures: list[ReadFailure | None] = []
+
+        async def lane(calls: list[int]) -> None:
+            for c in calls:
+                part = slice(c * rb, (c + 1) * rb)
+                failures.extend(await store.read(keys[part], slots[part], targets[part]))
+
+        await asyncio.gather(*(lane(calls) for calls in lanes))
+        return failures
+
+    rows: list[Row] = []
+    executor = ThreadPoolExecutor(depth, thread_name_prefix="kvtier-bench-raw")
+    try:
+        raw_path = directory / f"raw-serving-{block_size}.bin"
+        raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
+        try:
+            _preallocate(raw_fd, total)
+            with _page_aligned(total) as raw_source:
+                blocks_out = list(raw_source.reshape(count, block_size))
+                raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
+
+                def raw_write_lane(calls: list[int]) -> None:
+                    for c in calls:
+                        part = blocks_out[c * wb : (c + 1) * wb]
+                        _pwritev_all(raw_fd, part, c * wb * block_size)
+                        _fdatasync(raw_fd)
+
+                for qd in (1, depth):
+                    # DiskStore's group-commit counters over this row's runs (warm-up too),
+                    # and the write calls made in them
+                    counters: dict[str, int] = {"write_calls": 0}
+
+                    async def kvtier_write(
+                        qd: int = qd, counters: dict[str, int] = counters
+                    ) -> float:
+                        before = _group_commit_counters(store)
+                        start = time.perf_counter()
+                        await kvtier_writes(write_lanes[qd])
+                        elapsed = time.perf_counter() - start
+                        for name, value in _group_commit_counters(store).items():
+                            counters[name] = counters.get(name, 0) + value - before.get(name, 0)
+                        counters["write_calls"] += write_calls
+                        return elapsed
+
+                    def baseline_write(qd: int = qd) -> float:
+                        return _timed_lanes(executor, raw_write_lane, write_lanes[qd])
+
+                    write_s = await _paired(kvtier_write, baseline_write, repeats)
+                    rows.append(
+                        Row(
+                            "cpu -> disk",
+                            _case(qd),
+                            block_size,
+                            count,
+                            total,
+                            *write_s,
+                            f"os.pwritev, {_raw_mode(raw_write_direct)}, + os.fdatasync of "
+                            f"{wb}-block batches of the same bytes, {_threads(qd)}, to a "
+                            f"preallocated file in the same directory (queue depth {qd})",
+                            False,  # set below, once the bytes are checked
+                            batch_blocks=wb,
+                            queue_depth=qd,
+                            store_counters=counters,
+                        )
+                    )
+        finally:
+            os.close(raw_fd)
+        raw_path.unlink()
+
+        slab, first = store.slot_location(0)
+        if store.slot_location(count - 1) != (slab, first + (count - 1) * block_size):
+            raise InvalidValueError(f"{store!r} does not keep its slots in one run of one file")
+        raw_read_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
+        try:
+            with _page_aligned(total) as landing:
+                blocks_in = list(landing.reshape(count, block_size))
+
+                def raw_read_lane(calls: list[int]) -> None:
+                    for c in calls:
+                        offset = first + c * rb * block_size
+                        _preadv_all(read_fd, blocks_in[c * rb : (c + 1) * rb], offset)
+
+                for qd in (1, depth):
+
+                    async def kvtier_read(qd: int = qd) -> float:
+                        start = time.perf_counter()
+                        failures = await kvtier_reads(read_lanes[qd])
+                        elapsed = time.perf_counter() - start
+                        _raise_failures("read", failures)
+                        return elapsed
+
+                    def baseline_read(qd: int = qd) -> float:
+                        return _timed_lanes(executor, raw_read_lane, read_lanes[qd])
+
+                    read_s = await _paired(kvtier_read, baseline_read, repeats)
+                    rows.append(
+                        Row(
+                            "disk -> cpu",
+                            _case(qd),
+                            block_size,
+                            read_blocks,
+                            read_blocks * block_size,
+                            *read_s,
+                            f"os.preadv, {_raw_mode(raw_read_direct)}, of {rb}-block runs of "
+                            f"the same bytes from the store's slab file, {_threads(qd)} "
+                            f"(queue depth {qd})",
+                            False,
+                            batch_blocks=rb,
+                            queue_depth=qd,
+                        )
+                    )
+        finally:
+            os.close(read_fd)
+
+        # Fresh bytes, written one way and read back the other: concurrent writes and serial
+        # reads, then serial writes and concurrent reads; each row's own calls are checked.
+        checked: dict[tuple[str, int], bool] = {}
+        for write_qd, read_qd, gen in ((depth, 1, 98), (1, depth, 99)):
+            _fill(pool_rows, gen, rng)
+            target_rows.fill(0)
+            await kvtier_writes(write_lanes[write_qd])
+            failures = await kvtier_reads(check_lanes[read_qd])
+            good = all(failure is None for failure in failures) and _rows_match(
+                pool_rows, write_ids, target_rows, read_ids, rng
+            )
+            checked["cpu -> disk", write_qd] = checked["disk -> cpu", read_qd] = good
+        rows = [replace(row, verified=checked[row.pair, row.queue_depth]) for row in rows]
+        info["raw_write"] = "O_DIRECT" if raw_write_direct else "buffered"
+        info["raw_read"] = "O_DIRECT" if raw_read_direct else "buffered"
+    finally:
+        executor.shutdown(wait=True)
+        await store.aclose()
+        shutil.rmtree(store.directory, ignore_errors=True)
+    return rows, info
+
+
+def _case(queue_depth: int) -> str:
+    return "serial" if queue_depth == 1 else "concurrent"
+
+
+def _threads(queue_depth: int) -> str:
+    if queue_depth == 1:
+        return "one thread"
+    return f"{queue_depth} threads, each in its own region"
+
+
+def _timed_lanes(
+    executor: ThreadPoolExecutor, work: Callable[[list[int]], None], lanes: list[list[int]]
+) -> float:
+    """Seconds to run `work` on every lane at once, one thread per lane (a single lane runs
+    in this thread)."""
+    start = time.perf_counter()
+    if len(lanes) == 1:
+        work(lanes[0])
+    else:
+        futures = [executor.submit(work, lane) for lane in lanes]
+        concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()
+    return time.perf_counter() - start
 
 
 def _open_for_raw_read(path: Path, direct: bool, block_size: int) -> tuple[bool, int]:
@@ -744,14 +1144,18 @@ def gpu_unavailable_reason() -> str | None:
 
 def step_count(settings: Settings) -> int:
     """How many progress steps `run_datapath_benchmark` reports for `settings`."""
-    per_size = sum(1 for part in ("cpu", "disk") if part in settings.parts)
+    per_size = ("cpu" in settings.parts) + 2 * ("disk" in settings.parts)
     if "gpu" in settings.parts and gpu_unavailable_reason() is None:
         per_size += 1
     return per_size * len(settings.block_sizes) + ("bookkeeping" in settings.parts)
 
 
 def _disk_bytes_needed(settings: Settings) -> int:
-    return max(_blocks(settings.disk_bytes, size) * size for size in settings.block_sizes)
+    """Largest measurement's bytes (each has a store and a raw file of that size at once)."""
+    return max(
+        max(_blocks(settings.disk_bytes, size), serving_blocks(settings.disk_bytes, size)) * size
+        for size in settings.block_sizes
+    )
 
 
 def _environment(directory: Path | None) -> dict[str, Any]:
@@ -821,6 +1225,7 @@ async def _measure(
 ) -> None:
     rng = np.random.default_rng(settings.seed)
     direct: dict[str, bool] = {}
+    buffered_raw: list[str] = []
     for block_size in settings.block_sizes:
         size = format_size(block_size)
         if "cpu" in settings.parts:
@@ -831,13 +1236,19 @@ async def _measure(
             tick(f"cpu copies, {size} blocks")
         if "disk" in settings.parts:
             assert workdir is not None
-            rows, info = await measure_disk(
-                block_size, settings.disk_bytes, settings.repeats, workdir, rng
-            )
-            report.rows += rows
-            direct[size] = bool(info["direct_io"])
-            gc.collect()
-            tick(f"disk, {size} blocks")
+            for measure, step in (
+                (measure_disk, "one batch"),
+                (measure_disk_serving, "serving-sized batches"),
+            ):
+                rows, info = await measure(
+                    block_size, settings.disk_bytes, settings.repeats, workdir, rng
+                )
+                report.rows += rows
+                direct[size] = direct.get(size, True) and bool(info["direct_io"])
+                if "buffered" in (info["raw_write"], info["raw_read"]) and size not in buffered_raw:
+                    buffered_raw.append(size)
+                gc.collect()
+                tick(f"disk, {size} blocks, {step}")
         if with_gpu:
             report.rows += await measure_gpu_copies(
                 block_size, settings.gpu_bytes, settings.repeats, rng
@@ -854,9 +1265,49 @@ async def _measure(
                 f"{report.environment.get('filesystem', 'this filesystem')}: the disk tier "
                 "and the raw read went through the page cache there."
             )
+    if buffered_raw:
+        report.notes.append(
+            f"The raw disk baselines ran buffered for {', '.join(buffered_raw)} blocks: the "
+            "filesystem refused O_DIRECT (or the block size is not a multiple of 4 KiB). Their "
+            "writes still end in fdatasync; their reads may come from the page cache."
+        )
 
 
 # -- output --------------------------------------------------------------------------------
+
+
+def _group_commit_lines(rows: Sequence[Row]) -> list[Any]:
+    """Batches per fsync of the disk write rows, from `DiskStore.stats()`'s group-commit
+    counters, or one line saying the store does not count them."""
+    from rich.text import Text
+
+    written = [row for row in rows if "write_calls" in row.store_counters]
+    if not written:
+        return []
+    lines: list[Any] = []
+    for row in written:
+        per_fsync = row.batches_per_fsync
+        if per_fsync is None:
+            continue
+        counters = ", ".join(
+            f"{name} {row.store_counters[name]:,}"
+            for name in (*GROUP_COMMIT_COUNTERS, "write_calls")
+            if name in row.store_counters
+        )
+        lines.append(
+            Text(
+                f"  {row.label}, {format_size(row.block_size)}: {per_fsync:.2f} batches per "
+                f"fsync ({counters})"
+            )
+        )
+    if not lines:
+        return [
+            Text(
+                "Batches per fsync: not reported, this DiskStore's stats() has none of the "
+                f"group-commit counters ({', '.join(GROUP_COMMIT_COUNTERS)})."
+            )
+        ]
+    return [Text("Group commit (DiskStore.stats() over each write row's runs):"), *lines]
 
 
 def render(report: Report) -> list[Any]:
@@ -875,14 +1326,26 @@ def render(report: Report) -> list[Any]:
             ),
             title_justify="left",
         )
-        for column in ("pair", "block size", "blocks/batch", "kvtier GB/s", "baseline GB/s"):
+        columns = (
+            "pair",
+            "block size",
+            "blocks/batch",
+            "qd",
+            "kvtier GB/s",
+            "kvtier blocks/s",
+            "baseline GB/s",
+        )
+        for column in columns:
             table.add_column(column, justify="left" if column == "pair" else "right")
         table.add_column("ratio", justify="right")
         table.add_column(f">= {TARGET:.0%}?", justify="left")
-        order: dict[str, int] = {}
+        # Rows of one pair together (its one-batch row first), each case by block size.
+        pairs: dict[str, int] = {}
+        labels: dict[str, int] = {}
         for row in report.rows:
-            order.setdefault(row.label, len(order))
-        rows = sorted(report.rows, key=lambda r: (order[r.label], r.block_size))
+            pairs.setdefault(row.pair, len(pairs))
+            labels.setdefault(row.label, len(labels))
+        rows = sorted(report.rows, key=lambda r: (pairs[r.pair], labels[r.label], r.block_size))
         previous = None
         for row in rows:
             if previous is not None and row.label != previous:
@@ -892,8 +1355,10 @@ def render(report: Report) -> list[Any]:
             table.add_row(
                 row.label,
                 format_size(row.block_size),
-                f"{row.blocks:,}",
+                f"{row.blocks_per_batch:,}",
+                f"{row.queue_depth}",
                 f"{row.kvtier_gbps:.2f}",
+                f"{row.kvtier_blocks_per_s:,.0f}",
                 f"{row.baseline_gbps:.2f}",
                 f"{row.ratio:.0%}",
                 verdict,
@@ -901,16 +1366,21 @@ def render(report: Report) -> list[Any]:
         shown.append(table)
         baselines: dict[str, str] = {}
         for row in rows:
-            baselines.setdefault(row.pair, row.baseline)
+            baselines.setdefault(row.label, row.baseline)
         shown.append(Text("Baselines:"))
-        for pair, baseline in baselines.items():
-            shown.append(Text(f"  {pair}: {baseline}"))
+        for label, baseline in baselines.items():
+            shown.append(Text(f"  {label}: {baseline}"))
         shown.append(
             Text(
                 "ratio = median over repeats of kvtier GB/s / baseline GB/s measured back to "
-                "back in the same repeat (so it need not equal the ratio of the two medians)."
+                "back in the same repeat (so it need not equal the ratio of the two medians). "
+                "qd = calls in flight at once, the same on both sides: kvtier's concurrent "
+                "calls, the baseline's threads. serial / concurrent: "
+                f"{SERVING_WRITE_BLOCKS}-block writes (fsync on) and {SERVING_READ_BLOCKS}-block "
+                f"reads, one at a time / {SERVING_QUEUE_DEPTH} at once."
             )
         )
+        shown += _group_commit_lines(rows)
     for part, reason in report.skipped.items():
         shown.append(Text(f"{part} rows skipped: {reason}"))
     if report.bookkeeping:

@@ -22,6 +22,8 @@ from kvtier.errors import InvalidValueError
 
 EXIT_WRONG_BYTES = 1
 TABLE_WIDTH = 110
+DATAPATH_TABLE_WIDTH = 132
+"""The data-path table's width when output is piped (it has more columns)."""
 
 DATAPATH_ONLY = ("block_sizes", "repeats", "copy_size", "disk_size", "gpu_size", "pairs")
 """Options (parameter names) of the data-path measurement, refused with --write-path."""
@@ -182,15 +184,22 @@ def bench(
     \b
       cpu -> cpu   TensorCopier.copy between host pools, scattered slots and one
                    contiguous run | one torch copy_ of the whole pool
-      cpu -> disk  DiskStore.write (fsync, O_DIRECT where possible) | os.pwrite + os.fsync
-      disk -> cpu  DiskStore.read (checksums verified) | os.preadv with O_DIRECT
+      cpu -> disk  DiskStore.write (fsync, O_DIRECT where possible) of one batch
+                   | one O_DIRECT os.pwrite + os.fdatasync;
+                   serial / concurrent: 20-block batches, 1 / 16 in flight
+                   | O_DIRECT os.pwritev + os.fdatasync per batch, 1 / 16 threads
+      disk -> cpu  DiskStore.read (checksums verified) of one batch | one O_DIRECT
+                   os.preadv; serial / concurrent: 16-block reads, 1 / 16 in flight
+                   | O_DIRECT os.preadv of 16-block runs, 1 / 16 threads
       cpu <-> gpu  TensorCopier.copy, pinned host pool and GPU pool (only with CUDA)
                    | one pinned copy_(non_blocking=True) + synchronize
 
-    and the bookkeeping's block-operations per second. Each figure is the median of
-    --repeats runs after a warm-up run; the ratio pairs kvtier with the baseline run right
-    next to it. After timing, every pair's bytes are checked block by block. Nothing here
-    is a pass/fail test of speed: the VM or disk you run on may be noisy.
+    with kvtier's blocks/s, the queue depth (qd) of both sides, the disk store's
+    batches per fsync, and the bookkeeping's block-operations per second. Each figure is
+    the median of --repeats runs after a warm-up run; the ratio pairs kvtier with the
+    baseline run right next to it. After timing, every pair's bytes are checked block by
+    block. Nothing here is a pass/fail test of speed: the VM or disk you run on may be
+    noisy.
 
     With --write-path, what a serving engine waits for instead (puts and gets of 16 blocks,
     chains taking turns in interleaved rounds; files in a temporary directory inside --dir,
@@ -241,7 +250,7 @@ def bench(
 
     with progress("measuring the data path", step_count(settings)) as advance:
         report = run_datapath_benchmark(settings, progress=lambda _: advance(1))
-    _show(report.to_json() if as_json else render(report))
+    _show(report.to_json() if as_json else render(report), width=DATAPATH_TABLE_WIDTH)
     if report.wrong_bytes:
         sys.exit(EXIT_WRONG_BYTES)
 
@@ -293,14 +302,14 @@ def _bench_write_path(
         sys.exit(EXIT_WRONG_BYTES)
 
 
-def _show(shown: str | list[Any]) -> None:
-    """Print a JSON document as is, or rich renderables."""
+def _show(shown: str | list[Any], width: int = TABLE_WIDTH) -> None:
+    """Print a JSON document as is, or rich renderables (`width` columns when piped)."""
     if isinstance(shown, str):
         click.echo(shown)
         return
     # Piped or redirected output is not squeezed into 80 columns: the table stays readable.
     console = out
     if not out.is_terminal:
-        console = Console(width=TABLE_WIDTH, highlight=False, soft_wrap=True)
+        console = Console(width=width, highlight=False, soft_wrap=True)
     for renderable in shown:
         console.print(renderable)
