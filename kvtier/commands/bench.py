@@ -84,8 +84,8 @@ def parse_parts(text: str) -> tuple[str, ...]:
 @click.option(
     "--quick",
     is_flag=True,
-    help="Smaller measurements and 3 repeats: about 15 s (the default run takes from 20 s "
-    "to a couple of minutes, depending on the disk).",
+    help="Smaller measurements and 3 repeats: about 35 s on a 2-core VM (the default run "
+    "takes from 1 to a few minutes, depending on the disk).",
 )
 @click.option(
     "--copy-size",
