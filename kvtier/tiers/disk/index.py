@@ -144,6 +144,28 @@ class BlockIndex:
                     raise
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
+    def update(
+        self, deleted: Iterable[OffloadKey], records: Iterable[tuple[OffloadKey, bytes]]
+    ) -> None:
+        """In one transaction: remove the records of `deleted` (absent ones are ignored), then
+        write `records` ((key, packed `IndexRecord`) each, replacing a key's record). This is
+        the one commit of a store's write group. Grows the map once and retries if it is full."""
+        removed = list(deleted)
+        written = list(records)
+        for attempt in range(2):
+            try:
+                with self._env.begin(db=self._blocks, write=True) as txn:
+                    for key in removed:
+                        txn.delete(key)
+                    if written:
+                        with txn.cursor() as cursor:
+                            cursor.putmulti(written)
+                return
+            except lmdb.MapFullError:
+                if attempt:
+                    raise
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
     def close(self) -> None:
         """Close the environment (committed data is already on disk)."""
         self._env.close()

@@ -79,27 +79,31 @@ class SlabLayout:
         most IOV_MAX each), in slot order. A member for which `ends_run(member)` is true is
         the last of its run (a block written short of its slot cannot be followed by the next
         slot's bytes in the same call)."""
-        order = sorted(members, key=lambda member: slots[member])
+        # Hot (once per block of every batch): locate() is inlined; consecutive slots share a
+        # file unless the later one starts a file.
+        order = sorted(members, key=slots.__getitem__)
+        per_file = self.slots_per_file
         runs: list[Run] = []
         current: list[int] = []
-        file = offset = previous = 0
+        previous = -2
         for member in order:
             slot = slots[member]
-            member_file, member_offset = self.locate(slot)
             if (
-                current
-                and member_file == file
-                and slot == previous + 1
+                slot == previous + 1
+                and slot % per_file
                 and len(current) < IOV_MAX
                 and not (ends_run is not None and ends_run(current[-1]))
             ):
                 current.append(member)
             else:
                 if current:
-                    runs.append(Run(file, offset, tuple(current)))
+                    runs.append(self._run(slots[current[0]], current))
                 current = [member]
-                file, offset = member_file, member_offset
             previous = slot
         if current:
-            runs.append(Run(file, offset, tuple(current)))
+            runs.append(self._run(slots[current[0]], current))
         return runs
+
+    def _run(self, first_slot: int, members: list[int]) -> Run:
+        file, index = divmod(first_slot, self.slots_per_file)
+        return Run(file, index * self.block_size, tuple(members))
