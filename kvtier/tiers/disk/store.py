@@ -215,9 +215,10 @@ _staging_cache = threading.local()
 def _staging(nbytes: int) -> HostBuffer:
     """A page-aligned buffer of `nbytes` bytes (anonymous mmap memory), suitable for O_DIRECT.
 
-    Each thread reuses one buffer (up to 64 MiB) from batch to batch, so that staging does not
-    pay an mmap and a page fault per page every time; a batch is run by one thread and uses
-    its staging memory only until it returns. The contents are left over from earlier use."""
+    Each thread reuses one buffer (up to 64 MiB) from call to call, so that staging does not
+    pay an mmap and a page fault per page every time; a read part or a written run uses its
+    thread's staging memory only until it returns. The contents are left over from earlier
+    use."""
     if nbytes > _STAGING_CACHE_BYTES:
         return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
     cached: HostBuffer | None = getattr(_staging_cache, "buffer", None)
