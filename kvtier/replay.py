@@ -634,7 +634,8 @@ async def replay(
     series: list[SeriesPoint] = []
     interrupted = False
     timings: dict[str, float] = {"load_trace_s": load_trace_s}
-    hierarchy = Hierarchy.from_config(config)
+    # No flush on close: the next replay empties the disk tiers anyway (it starts cold).
+    hierarchy = Hierarchy.from_config(config, flush_on_close=False)
     async with hierarchy as h:
         opened = time.perf_counter()
         timings["open_s"] = opened - started
