@@ -512,3 +512,79 @@ async def test_a_torn_or_foreign_in_flight_log_reads_as_empty(tmp_path: Path, da
     finally:
         await disk.aclose()
 
+
+
+# --------------------------------------------------------------------------------------------
+# Reads first
+# --------------------------------------------------------------------------------------------
+
+
+class ReadGateIO(GateIO):
+    """A GateIO whose preadv also waits at a gate of its own while that one is shut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_arrived = threading.Event()
+        self._read_open = threading.Event()
+        self._read_open.set()
+
+    def shut_reads(self) -> None:
+        self.read_arrived.clear()
+        self._read_open.clear()
+
+    def open_reads(self) -> None:
+        self._read_open.set()
+
+    def preadv(self, fd: int, buffers: Any, offset: int) -> int:
+        if not self._read_open.is_set():
+            self.read_arrived.set()
+            if not self._read_open.wait(GATE_TIMEOUT):
+                raise OSError(errno.ETIMEDOUT, "the test never opened the read gate")
+        return super().preadv(fd, buffers, offset)
+
+
+async def test_a_write_group_waits_for_the_reads_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group does not start while a read is on the device (here: held in preadv), so the
+    read is not slowed down by it; it starts as soon as the read is done."""
+    monkeypatch.setattr(disk_store, "READS_FIRST_WAIT_S", GATE_TIMEOUT)
+    io = ReadGateIO()
+    disk = open_store(tmp_path, io=io)
+    try:
+        await write(disk, [1], [1])
+        io.shut_reads()
+        reading = asyncio.create_task(read(disk, [1], [1]))
+        assert await asyncio.to_thread(io.read_arrived.wait, GATE_TIMEOUT)
+        writes_before = len(io.log)
+        writing = asyncio.create_task(write(disk, [2], [2]))
+        await asyncio.sleep(0.2)
+        assert not writing.done() and len(io.log) == writes_before  # held back
+        io.open_reads()
+        assert await reading == [None]
+        assert await asyncio.wait_for(writing, GATE_TIMEOUT) == [None]
+        await assert_intact(disk, [1, 2], [1, 2])
+    finally:
+        io.open_reads()
+        await disk.aclose()
+
+
+async def test_reads_never_starve_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a read stuck on the device, a write still goes through after the bounded wait."""
+    monkeypatch.setattr(disk_store, "READS_FIRST_WAIT_S", 0.05)
+    io = ReadGateIO()
+    disk = open_store(tmp_path, io=io)
+    try:
+        await write(disk, [1], [1])
+        io.shut_reads()
+        reading = asyncio.create_task(read(disk, [1], [1]))
+        assert await asyncio.to_thread(io.read_arrived.wait, GATE_TIMEOUT)
+        assert await asyncio.wait_for(write(disk, [2], [2]), GATE_TIMEOUT) == [None]
+        assert not reading.done()
+        io.open_reads()
+        assert await reading == [None]
+    finally:
+        io.open_reads()
+        await disk.aclose()

@@ -196,6 +196,10 @@ READ_SPLIT_BYTES = 8 << 20
 """A read of at least twice this many bytes is split over the worker threads (see
 `DiskStore._read_parts`)."""
 
+READS_FIRST_WAIT_S = 0.01
+"""Longest a write group waits, before it starts, for the reads in flight to finish: on one
+device a write in flight slows a read down, so reads go first; writes are never starved."""
+
 WRITE_GROUP_BYTES = 32 << 20
 """Most block bytes one write group takes from the queue (a single larger call is a group of
 its own): bounds the latency of one group, so that a call queued behind it waits little."""
@@ -403,6 +407,8 @@ class DiskStore(BlockStorage):
         # _closed is set under _queue_lock too, so nothing is queued after close() drains.
         self._queue: deque[_Job] = deque()
         self._queue_lock = threading.Lock()
+        self._reads_in_flight = 0
+        self._reads_done = threading.Condition()
         self._draining = False
         # Writers of the index (a write group from its first step to its commit, `check`,
         # test backdoors) take _index_lock, in order; the in-memory maps themselves are
@@ -907,8 +913,11 @@ class DiskStore(BlockStorage):
                 self._draining = True
 
     def _drain(self) -> None:
-        """The write lane's task: run groups until the queue is empty."""
+        """The write lane's task: run groups until the queue is empty; each group lets the
+        reads in flight finish first (for at most READS_FIRST_WAIT_S)."""
         while True:
+            with self._reads_done:
+                self._reads_done.wait_for(lambda: self._reads_in_flight == 0, READS_FIRST_WAIT_S)
             with self._queue_lock:
                 jobs = self._take_group()
                 if not jobs:
@@ -1330,7 +1339,21 @@ class DiskStore(BlockStorage):
     def _read_blocks(
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
     ) -> list[ReadFailure | None]:
-        """The blocking body of `read` (runs in the executor)."""
+        """The blocking body of `read` (runs in the read pool), counted as in flight so the
+        write lane lets it finish before starting a group."""
+        with self._reads_done:
+            self._reads_in_flight += 1
+        try:
+            return self._read_blocks_now(keys, slots, buffers)
+        finally:
+            with self._reads_done:
+                self._reads_in_flight -= 1
+                if self._reads_in_flight == 0:
+                    self._reads_done.notify_all()
+
+    def _read_blocks_now(
+        self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
+    ) -> list[ReadFailure | None]:
         count = len(keys)
         block_size = self.block_size
         results: list[ReadFailure | None] = [None] * count
