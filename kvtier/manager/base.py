@@ -8,7 +8,7 @@ must never block.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from kvtier.keys import OffloadKey
@@ -50,6 +50,31 @@ class OffloadingEvent:
     medium: str
     removed: bool
     tier: str = field(default="")
+
+
+class EventLog:
+    """A tier's stored / removed batches since they were last taken (records nothing when
+    disabled, e.g. in simulations that never read them)."""
+
+    def __init__(self, block_size: int, medium: str, tier: str, *, enabled: bool = True) -> None:
+        self.block_size = block_size
+        self.medium = medium
+        self.tier = tier
+        self._events: list[OffloadingEvent] | None = [] if enabled else None
+
+    def record(self, keys: Sequence[OffloadKey], removed: bool) -> None:
+        """One batch (none when `keys` is empty)."""
+        if self._events is not None and keys:
+            self._events.append(
+                OffloadingEvent(tuple(keys), self.block_size, self.medium, removed, self.tier)
+            )
+
+    def take(self) -> list[OffloadingEvent]:
+        """The batches recorded since the last call, oldest first."""
+        if self._events is None:
+            return []
+        events, self._events = self._events, []
+        return events
 
 
 class OffloadingManager(ABC):

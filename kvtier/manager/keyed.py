@@ -26,7 +26,7 @@ from typing import Protocol
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
 from kvtier.keys import OffloadKey
-from kvtier.manager.base import OffloadingEvent, PrepareStoreOutput, ReqContext
+from kvtier.manager.base import EventLog, OffloadingEvent, PrepareStoreOutput, ReqContext
 from kvtier.manager.tier import TierStats
 from kvtier.specs import LoadStoreSpec
 from kvtier.specs.base import BlockIDsLoadStoreSpec
@@ -77,7 +77,7 @@ class KeyedTierManager:
         self._num_blocks = num_blocks
         self._known: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()  # LRU first
         self._handles = itertools.count()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events = EventLog(block_size, medium, name, enabled=enable_events)
         self._num_pending = 0
         self._num_pinned_blocks = 0
         self._closed = False
@@ -195,10 +195,7 @@ class KeyedTierManager:
                 stored.append(key)
             else:
                 del self._known[key]
-        if stored and self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(stored), self.block_size, self._medium, False, self.name)
-            )
+        self._events.record(stored, removed=False)
         self._forget_overflow()
 
     # -- chain support ---------------------------------------------------------------------
@@ -224,10 +221,7 @@ class KeyedTierManager:
             if block is not None and block.ref_cnt == 0:
                 del self._known[key]
                 dropped.append(key)
-        if dropped and self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(dropped), self.block_size, self._medium, True, self.name)
-            )
+        self._events.record(dropped, removed=True)
         return dropped
 
     def evict_to_drain(self, count: int) -> tuple[list[OffloadKey], list[BlockStatus]]:
@@ -241,10 +235,7 @@ class KeyedTierManager:
     # -- housekeeping ----------------------------------------------------------------------
 
     def take_events(self) -> list[OffloadingEvent]:
-        if self._events is None:
-            return []
-        events, self._events = self._events, []
-        return events
+        return self._events.take()
 
     def stats(self) -> TierStats:
         ready = len(self._known) - self._num_pending
@@ -297,12 +288,14 @@ class KeyedTierManager:
         excess = len(self._known) - self._num_blocks
         if excess <= 0:
             return
-        for key in list(itertools.islice(self._known, excess * 2 + 8)):
-            if excess <= 0:
-                break
-            if self._known[key].ref_cnt == 0:
-                del self._known[key]
-                excess -= 1
+        doomed: list[OffloadKey] = []
+        for key, block in self._known.items():
+            if block.ref_cnt == 0:
+                doomed.append(key)
+                if len(doomed) == excess:
+                    break
+        for key in doomed:
+            del self._known[key]
 
     def __len__(self) -> int:
         return len(self._known)

@@ -11,6 +11,7 @@ from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import (
+    EventLog,
     OffloadingEvent,
     OffloadingManager,
     PrepareStoreOutput,
@@ -67,7 +68,7 @@ class TierManager(OffloadingManager):
         self.name = name or str(backend.medium)
         self.medium: str = backend.medium
         self.block_size = backend.block_size
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._events = EventLog(self.block_size, self.medium, self.name, enabled=enable_events)
         self._num_pending = 0
         self._num_evictable = 0
         self._num_draining = 0
@@ -158,12 +159,7 @@ class TierManager(OffloadingManager):
             self._num_evictable -= len(evicted)
             evicted_keys = [key for key, _ in evicted]
             evicted_spec = backend.evict_blocks(evicted_keys, [block for _, block in evicted])
-            if self._events is not None:
-                self._events.append(
-                    OffloadingEvent(
-                        tuple(evicted_keys), self.block_size, self.medium, True, self.name
-                    )
-                )
+            self._events.record(evicted_keys, removed=True)
         blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
         self._num_pending += len(blocks)
@@ -204,10 +200,7 @@ class TierManager(OffloadingManager):
             return
         self._num_pending -= len(stored)
         self._num_evictable += len(stored)
-        if self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(stored), self.block_size, self.medium, False, self.name)
-            )
+        self._events.record(stored, removed=False)
 
     def evict_to_drain(self, count: int) -> tuple[list[OffloadKey], list[BlockStatus]]:
         """Evict up to `count` ready, unpinned blocks by the policy, keeping their slots
@@ -224,10 +217,7 @@ class TierManager(OffloadingManager):
         blocks = [block for _, block in evicted]
         self._num_evictable -= len(blocks)
         self._num_draining += len(blocks)
-        if self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(keys), self.block_size, self.medium, True, self.name)
-            )
+        self._events.record(keys, removed=True)
         return keys, blocks
 
     def release_drained(self, blocks: Collection[BlockStatus]) -> None:
@@ -294,10 +284,7 @@ class TierManager(OffloadingManager):
             free(block)
             self._num_evictable -= 1
             dropped.append(key)
-        if dropped and self._events is not None:
-            self._events.append(
-                OffloadingEvent(tuple(dropped), self.block_size, self.medium, True, self.name)
-            )
+        self._events.record(dropped, removed=True)
         return dropped
 
     def restore(self, blocks: Collection[tuple[OffloadKey, int]]) -> None:
@@ -323,10 +310,7 @@ class TierManager(OffloadingManager):
     # -- housekeeping ----------------------------------------------------------------------
 
     def take_events(self) -> list[OffloadingEvent]:
-        if self._events is None:
-            return []
-        events, self._events = self._events, []
-        return events
+        return self._events.take()
 
     def shutdown(self) -> None:
         self._closed = True
