@@ -170,15 +170,6 @@ class FlushReport:
     left: int
 
 
-def _watermarks_of(tier: object) -> tuple[float, float] | None:
-    """A tier config's (low, high) watermarks, or None when it sets none."""
-    low = getattr(tier, "low_watermark", None)
-    high = getattr(tier, "high_watermark", None)
-    if isinstance(low, float | int) and isinstance(high, float | int):
-        return float(low), float(high)
-    return None
-
-
 def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
     given: object = keys
     if isinstance(given, bytes | str) or not isinstance(given, Sequence):
@@ -287,8 +278,9 @@ class Hierarchy:
         self._state = "opening"
         copier = TensorCopier()
         tiers: list[ChainTier] = []
+        active = self.config.active_tiers()
         try:
-            for tier in self.config.active_tiers():
+            for tier in active:
                 storage = await self._open_storage(tier, copier)
                 self._storages.append(storage)
                 tiers.append(self._bookkeeping(tier, storage))
@@ -302,11 +294,10 @@ class Hierarchy:
                 await storage.aclose()
             self._state = "closed"
             raise
-        active = self.config.active_tiers()
         self._manager = TieredManager(
             tiers,
             write_policy=self.config.write_policy,
-            watermarks=[_watermarks_of(tier) for tier in active],
+            watermarks=[(tier.low_watermark, tier.high_watermark) for tier in active],
         )
         tensor = [tier.kind.access is TierAccess.TENSOR for tier in active]
         slow = not all(tensor)
@@ -529,10 +520,8 @@ class Hierarchy:
 
         read.add_done_callback(finished)
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        try:
-            done, _ = await asyncio.wait([read], timeout=remaining)
-        except asyncio.CancelledError:
-            raise  # the read goes on; `finished` releases its pins when it ends
+        # Cancelled here, the read goes on; `finished` releases its pins when it ends.
+        done, _ = await asyncio.wait([read], timeout=remaining)
         if not done:
             self._calls.get_timeouts += 1
             return 0
@@ -716,7 +705,7 @@ class Hierarchy:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             await asyncio.wait(tasks, timeout=remaining)
         self._poke()
-        copied = sum(1 for key in sent if manager.tiers[bottom].lookup(key) is True)
+        copied = sum(1 for key in sent if manager.tiers[bottom].has(key) is True)
         left = sum(
             1
             for tier in manager.tiers[:-1]

@@ -412,7 +412,7 @@ class TransferEngine:
         keys = [step.keys[i] for i in alive]
         src_ids, dst_ids = step.src_ids[alive], step.dst_ids[alive]
         priority = PRIORITY_OF[state.job.kind]
-        if self._stageable(state.job, step, len(keys)):
+        if self._stageable(step, len(keys)):
             rows = await self._stage(step, src_ids)
             if rows is None:
                 state.collect(index, MoveResult(failed=frozenset(keys)))
@@ -443,7 +443,7 @@ class TransferEngine:
                 state.collect(index, task.result())
                 del state.writes[index]
 
-    def _stageable(self, job: TransferJob, step: CopyStep, count: int) -> bool:
+    def _stageable(self, step: CopyStep, count: int) -> bool:
         """Whether a step may snapshot its sources and write in the background: a copy down
         the chain (a demotion or cascade, also one a promotion makes room with) from a memory
         tier to a tier that is not a tensor pool."""

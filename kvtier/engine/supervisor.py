@@ -58,10 +58,6 @@ class JobSupervisor:
         task.add_done_callback(lambda done: self._finished(job, staged, done))
         return task
 
-    def task_of(self, job_id: int) -> asyncio.Task[None] | None:
-        """The task running job `job_id`, while it runs."""
-        return self._tasks.get(job_id)
-
     @property
     def busy(self) -> bool:
         return bool(self._tasks)

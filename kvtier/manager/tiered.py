@@ -320,9 +320,7 @@ class TieredManager(OffloadingManager):
         (tier, key) sources whose stored bytes were bad; they are dropped from that tier once
         unpinned. Every pin and pending block of the job is released exactly once.
         """
-        self._check_open()
-        if job.id not in self._open_jobs:
-            raise BlockStateError(f"{job!r} is not open (completed twice, or never emitted)")
+        self._check_job_open(job)
         self.release_sources(job)
         del self._open_jobs[job.id]
         self._settle_pending(job, job.pending, failed_pairs_of(job, set(failed)))
@@ -360,9 +358,7 @@ class TieredManager(OffloadingManager):
         (`failed`: as in `complete_job`): they become readable (or are dropped) now, while
         the job's other copies (to slow tiers) go on. `complete_job` settles the rest.
         Settling the top tier of a promotion also hands its blocks to the waiting readers."""
-        self._check_open()
-        if job.id not in self._open_jobs:
-            raise BlockStateError(f"{job!r} is not open (completed, or never emitted)")
+        self._check_job_open(job)
         now = [(index, keys) for index, keys in job.pending if index in tiers]
         job.pending = [(index, keys) for index, keys in job.pending if index not in tiers]
         self._settle_pending(job, now, failed_pairs_of(job, set(failed)))
@@ -393,16 +389,19 @@ class TieredManager(OffloadingManager):
         """The job no longer reads its sources (every copy is done or has its own snapshot of
         the bytes): unpin them and free the slots it drained, so a store may reuse them while
         the copies to slow tiers go on. Idempotent; `complete_job` calls it too."""
-        self._check_open()
+        self._check_job_open(job)
         if job.sources_released:
             return
-        if job.id not in self._open_jobs:
-            raise BlockStateError(f"{job!r} is not open (completed, or never emitted)")
         job.sources_released = True
         for index, keys in job.pins:
             self.tiers[index].complete_load(keys)
         for index, blocks in job.drain:
             self.tiers[index].release_drained(blocks)
+
+    def _check_job_open(self, job: TransferJob) -> None:
+        self._check_open()
+        if job.id not in self._open_jobs:
+            raise BlockStateError(f"{job!r} is not open (completed already, or never emitted)")
 
     def is_open(self, job: TransferJob) -> bool:
         """Whether `job` was emitted and is not completed yet."""
@@ -498,11 +497,6 @@ class TieredManager(OffloadingManager):
                 self._emit(job)
             else:  # every victim is held below already (or dropped): nothing to read
                 tier.release_drained(blocks)
-
-    def reserve_of(self, index: int) -> tuple[int, int]:
-        """(free slots below which tier `index` is refilled, free slots a refill aims for);
-        (0, 0) for a tier that keeps no reserve."""
-        return self._reserves[index]
 
     def _demote(
         self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
