@@ -158,8 +158,33 @@ def _ratio(value: float, reference: float) -> float:
     return value / reference if reference > 0 else math.inf
 
 
+class LatencyRow:
+    """Percentiles of a row's `latencies_s` (seconds), shared by the put and get rows."""
+
+    __slots__ = ()
+    latencies_s: tuple[float, ...]
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile_ms(self.latencies_s, 50)
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile_ms(self.latencies_s, 99)
+
+
+def latency_row_dict(row: Any, count_name: str) -> dict[str, Any]:
+    """A latency row as JSON data: its fields, `count_name` (how many samples), p50, p99."""
+    data: dict[str, Any] = asdict(row)
+    data["latencies_s"] = list(row.latencies_s)
+    data[count_name] = len(row.latencies_s)
+    data["p50_ms"] = row.p50_ms
+    data["p99_ms"] = row.p99_ms
+    return data
+
+
 @dataclass(frozen=True, slots=True)
-class PutRow:
+class PutRow(LatencyRow):
     """The puts of one chain: every put's latency (seconds), the late starts, and the
     changes of the hierarchy's `put_*` counters over the timed puts."""
 
@@ -170,25 +195,12 @@ class PutRow:
     late_starts: int
     counters: dict[str, int]
 
-    @property
-    def p50_ms(self) -> float:
-        return percentile_ms(self.latencies_s, 50)
-
-    @property
-    def p99_ms(self) -> float:
-        return percentile_ms(self.latencies_s, 99)
-
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["latencies_s"] = list(self.latencies_s)
-        data["puts"] = len(self.latencies_s)
-        data["p50_ms"] = self.p50_ms
-        data["p99_ms"] = self.p99_ms
-        return data
+        return latency_row_dict(self, "puts")
 
 
 @dataclass(frozen=True, slots=True)
-class GetRow:
+class GetRow(LatencyRow):
     """The gets of one phase (idle or under a write stream) of disk-resident prefixes.
 
     `not_on_disk`: blocks found elsewhere than only on the disk tier right before their get
@@ -211,21 +223,8 @@ class GetRow:
     written_bytes: int = 0
     gets_without_stream: int = 0
 
-    @property
-    def p50_ms(self) -> float:
-        return percentile_ms(self.latencies_s, 50)
-
-    @property
-    def p99_ms(self) -> float:
-        return percentile_ms(self.latencies_s, 99)
-
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["latencies_s"] = list(self.latencies_s)
-        data["gets"] = len(self.latencies_s)
-        data["p50_ms"] = self.p50_ms
-        data["p99_ms"] = self.p99_ms
-        return data
+        return latency_row_dict(self, "gets")
 
 
 @dataclass(frozen=True, slots=True)
