@@ -199,11 +199,9 @@ async def promote(wrapped: tuple[int, ...], tmp: Path) -> Prepared:
     return rig, job, lambda: None
 
 
-async def cascade(wrapped: tuple[int, ...], tmp: Path) -> Prepared:
-    """Write-through: a new block is copied down the whole chain."""
-    rig = make_rig(wrapped, write_policy="write-through")
-    await fill(rig, 12)
-    new = key(100)
+async def store_one(rig: Rig, new: OffloadKey) -> list[TransferJob]:
+    """Store one block at the top as a caller would (its demotion first, if any); the jobs
+    the store left queued."""
     out = rig.manager.prepare_store([new])
     assert out is not None
     if out.demotion is not None:
@@ -211,7 +209,14 @@ async def cascade(wrapped: tuple[int, ...], tmp: Path) -> Prepared:
         await rig.engine.run(out.demotion)
     write_top(rig, new, int(slot_ids(out.store_spec)[0]))
     rig.manager.complete_store([new])
-    (job,) = rig.manager.take_jobs()
+    return rig.manager.take_jobs()
+
+
+async def cascade(wrapped: tuple[int, ...], tmp: Path) -> Prepared:
+    """Write-through: a new block is copied down the whole chain."""
+    rig = make_rig(wrapped, write_policy="write-through")
+    await fill(rig, 12)
+    (job,) = await store_one(rig, key(100))
     assert job.kind is JobKind.CASCADE and [s.dst for s in job.steps] == [1, 2]
     assert rig.engine.admit(job)
     return rig, job, lambda: None
@@ -222,15 +227,7 @@ async def reserve(wrapped: tuple[int, ...], tmp: Path) -> Prepared:
     slots drain until the job has read them)."""
     rig = make_rig(wrapped, watermarks=[None, (0.5, 0.75), None])
     await fill(rig, 5)
-    new = key(100)
-    out = rig.manager.prepare_store([new])
-    assert out is not None
-    if out.demotion is not None:
-        rig.jobs.append(out.demotion)
-        await rig.engine.run(out.demotion)
-    write_top(rig, new, int(slot_ids(out.store_spec)[0]))
-    rig.manager.complete_store([new])
-    (job,) = rig.manager.take_jobs()
+    (job,) = await store_one(rig, key(100))
     assert job.background and job.drain and rig.manager.tiers[1].num_draining > 0
     return rig, job, lambda: None
 
