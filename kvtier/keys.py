@@ -16,6 +16,36 @@ OffloadKey = NewType("OffloadKey", bytes)
 GROUP_IDX_BYTES = 4
 _MAX_GROUP_IDX = (1 << (8 * GROUP_IDX_BYTES)) - 1
 
+MIN_KEY_BYTES = 1
+"""The shortest key any tier accepts."""
+MAX_KEY_BYTES = 255
+"""The longest key any tier accepts: enough for a 32-byte hash with its group index many
+times over, short enough for a disk tier's fixed-size block header and LMDB's key limit."""
+
+
+def describe_key(key: object, limit: int = 24) -> str:
+    """A short printable form of a (possibly malformed) key, for error messages."""
+    if isinstance(key, bytes | bytearray | memoryview):
+        data = bytes(key)
+        shown = data[:limit].hex()
+        return f"{shown}...({len(data)} bytes)" if len(data) > limit else (shown or "b''")
+    text = repr(key)
+    return text if len(text) <= 2 * limit else text[: 2 * limit] + "..."
+
+
+def check_key(key: object, what: str = "key") -> OffloadKey:
+    """`key` as an `OffloadKey`, or a KeyFormatError naming it and what is wrong: a key is
+    `bytes` of MIN_KEY_BYTES to MAX_KEY_BYTES bytes. Every entry point of kvtier checks its
+    keys with this before it changes any state, so one bad key never costs the good ones."""
+    if not isinstance(key, bytes):
+        raise KeyFormatError(f"{what} must be bytes, got {type(key).__name__} {describe_key(key)}")
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise KeyFormatError(
+            f"{what} must have {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, got {len(key)}: "
+            f"{describe_key(key)}"
+        )
+    return OffloadKey(key)
+
 
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
     """Pack `block_hash` and `group_idx` into an `OffloadKey`."""
@@ -25,7 +55,7 @@ def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
         raise KeyFormatError(f"group_idx must be an int, got {type(group_idx).__name__}")
     if not 0 <= group_idx <= _MAX_GROUP_IDX:
         raise KeyFormatError(f"group_idx must be in [0, {_MAX_GROUP_IDX}], got {group_idx}")
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
+    return check_key(bytes(block_hash) + group_idx.to_bytes(GROUP_IDX_BYTES, "big"), "offload key")
 
 
 def split_offload_key(key: OffloadKey) -> tuple[bytes, int]:
@@ -33,9 +63,7 @@ def split_offload_key(key: OffloadKey) -> tuple[bytes, int]:
     if not isinstance(key, bytes):
         raise KeyFormatError(f"an offload key must be bytes, got {type(key).__name__}")
     if len(key) < GROUP_IDX_BYTES:
-        raise KeyFormatError(
-            f"an offload key has at least {GROUP_IDX_BYTES} bytes, got {len(key)}"
-        )
+        raise KeyFormatError(f"an offload key has at least {GROUP_IDX_BYTES} bytes, got {len(key)}")
     return key[:-GROUP_IDX_BYTES], int.from_bytes(key[-GROUP_IDX_BYTES:], "big")
 
 

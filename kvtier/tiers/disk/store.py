@@ -79,10 +79,9 @@ from kvtier.errors import (
     DiskLockedError,
     DiskTierError,
     InvalidValueError,
-    KeyFormatError,
     StorageClosedError,
 )
-from kvtier.keys import OffloadKey
+from kvtier.keys import OffloadKey, check_key
 from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError, Compression, Stored
 from kvtier.tiers.disk.index import LAYOUT_VERSION, BlockIndex, IndexRecord, layout_fingerprint
 from kvtier.tiers.disk.inflight import InflightLog
@@ -769,11 +768,7 @@ class DiskStore(BlockStorage):
         return value
 
     def _check_key(self, key: object, what: str) -> OffloadKey:
-        if not isinstance(key, bytes):
-            raise KeyFormatError(f"{what} must be bytes, got {type(key).__name__}")
-        if not key or len(key) > 511:
-            raise KeyFormatError(f"{what} must have 1 to 511 bytes, got {len(key)}")
-        return OffloadKey(key)
+        return check_key(key, what)
 
     def _check_batch(
         self,
