@@ -20,7 +20,7 @@ import lmdb
 
 from kvtier.keys import OffloadKey
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 """Version of the on-disk layout (slab addressing, record format). Part of the fingerprint,
 so blocks written under another layout are never served."""
 

@@ -57,6 +57,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import logging
 import mmap
 import operator
 import os
@@ -71,7 +72,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import lmdb
 import numpy as np
-import xxhash
 
 from kvtier.errors import (
     DirectIOError,
@@ -81,12 +81,33 @@ from kvtier.errors import (
     InvalidValueError,
     StorageClosedError,
 )
-from kvtier.keys import OffloadKey, check_key
+from kvtier.keys import MAX_KEY_BYTES, OffloadKey, check_key
 from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError, Compression, Stored
+from kvtier.tiers.disk.header import (
+    EMPTY_ENTRY,
+    ENTRY_BYTES,
+    HEADERS_FILE,
+    BlockHeader,
+    bound_checksum,
+    entry_offset,
+    headers_file_bytes,
+    namespace_bytes,
+    pack_file_header,
+    unpack_entry,
+    unpack_file_header,
+)
 from kvtier.tiers.disk.index import LAYOUT_VERSION, BlockIndex, IndexRecord, layout_fingerprint
+from kvtier.tiers.disk.index_check import (
+    DATA_FILE,
+    lmdb_file_problem,
+    move_aside,
+    probe_index,
+    take_clean_stamp,
+    write_clean_stamp,
+)
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import FileIO, IOBuffer
-from kvtier.tiers.disk.slab import ALIGNMENT, Run, SlabLayout, round_up, slab_file_name
+from kvtier.tiers.disk.slab import ALIGNMENT, IOV_MAX, Run, SlabLayout, round_up, slab_file_name
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
 
 if TYPE_CHECKING:
@@ -114,6 +135,8 @@ _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_log = logging.getLogger("kvtier.disk")
 
 _T = TypeVar("_T")
 
@@ -236,12 +259,50 @@ def _is_aligned(buffer: HostBuffer) -> bool:
     return int(buffer.ctypes.data) % ALIGNMENT == 0
 
 
-def _checksum(data: Stored) -> int:
-    return xxhash.xxh3_64_intdigest(data)
+def _bound_checksums(
+    namespace: bytes,
+    keys: Sequence[OffloadKey],
+    slots: Sequence[int],
+    lengths: Sequence[int],
+    codecs: Sequence[int],
+    seqs: Sequence[int],
+    blocks: Sequence[Stored],
+) -> list[int]:
+    """The bound checksum (`header.bound_checksum`) of each block of a group."""
+    return [
+        bound_checksum(namespace, key, slot, length, codec, seq, data)
+        for key, slot, length, codec, seq, data in zip(
+            keys, slots, lengths, codecs, seqs, blocks, strict=True
+        )
+    ]
 
 
-def _checksums(blocks: Sequence[Stored]) -> list[int]:
-    return [_checksum(data) for data in blocks]
+def _create_or_open(path: Path) -> int:
+    """Open `path` read-write, creating it with exactly mode 0600 if missing (a file kvtier
+    did not create keeps its mode); a symlink is refused (O_NOFOLLOW)."""
+    flags = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+    except FileExistsError:
+        return os.open(path, flags)
+    try:
+        os.fchmod(fd, _FILE_MODE)  # a umask may have narrowed it
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve `size` bytes for a file (its size grows to at least `size`); a filesystem
+    without fallocate gets a sparse file instead."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
 
 
 def _index_failure(error: Exception) -> OSError:
@@ -306,6 +367,7 @@ def _settle(settlements: list[_Settlement]) -> None:
             future.set_result(result)
         else:
             future.set_exception(error)
+
 
 _UINT8 = np.dtype(np.uint8)
 
@@ -387,6 +449,7 @@ class DiskStore(BlockStorage):
         self.fsync = fsync
         self._max_workers = max_workers
         self.fingerprint = layout_fingerprint(block_size, model_id)
+        self._namespace = namespace_bytes(self.fingerprint)
         self.directory = Path(directory)
         self.path = self.directory / f"kvtier-{self.fingerprint}"
         """The store's own directory."""
@@ -397,6 +460,12 @@ class DiskStore(BlockStorage):
         self._lock_fd: int | None = None
         self._index: BlockIndex | None = None
         self._inflight: InflightLog | None = None
+        self._headers_fd: int | None = None
+        self._index_sound = False
+        """Whether the index may be stamped as cleanly closed (set once it is known good)."""
+        self.rebuilt_index: str | None = None
+        """Why the index was rebuilt from the slab headers when the store opened (missing,
+        damaged, ...), or None when it was opened as it was."""
         self._reader: ThreadPoolExecutor | None = None
         self._lane: ThreadPoolExecutor | None = None
         self._helpers: ThreadPoolExecutor | None = None
@@ -466,25 +535,92 @@ class DiskStore(BlockStorage):
         _private_dir(self.path)
         self._take_lock()
         index_path = self.path / _INDEX_DIR
+        recorded = self._open_headers()
+        damage = self._index_damage(index_path, recorded is not None)
+        if damage is not None and index_path.exists():
+            aside = move_aside(index_path)
+            _log.warning("disk tier %s: index moved aside to %s: %s", self.path, aside, damage)
         _private_dir(index_path)
-        self._index = BlockIndex(
-            index_path,
-            map_size=max(1 << 24, round_up(self.num_blocks * 512, 1 << 20)),
-            durable=self.fsync,
-        )
-        for name in ("data.mdb", "lock.mdb"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(index_path / name, _FILE_MODE)
+        self._index = self._new_index(index_path)
+        if damage is not None and recorded is not None:
+            # The slab headers say how the store was laid out; the index is rebuilt to match.
+            self._open_index.write_layout(recorded, self.num_blocks)
         slots_per_file = self._check_layout(max(1, slab_file_bytes // self.block_size))
         self._layout = SlabLayout(self.num_blocks, self.block_size, slots_per_file)
+        if recorded is None:
+            self._write_file_header(self._layout_meta(slots_per_file))
         self._inflight = InflightLog(self.path / _INFLIGHT_FILE, _FILE_MODE)
-        self._open_slabs(self._load_records())
+        sizes = self._open_slab_files()
+        if damage is not None:
+            self.rebuilt_index = damage
+            records = self._rebuild_from_headers(sizes)
+        else:
+            records = self._load_records()
+        self._settle_records(records, sizes)
+        self._index_sound = True
         self._direct_io = self._setup_direct_io(direct_io)
         if self.fsync:
             # New files and directories survive a power cut only once their directory entries
             # are on disk too.
             for directory in (self.directory, self.path, index_path):
                 _fsync_directory(directory)
+
+    def _new_index(self, index_path: Path) -> BlockIndex:
+        """Open (or create) the LMDB index, its file mode tightened and its space reserved:
+        the map is preallocated, so a full disk fails here, not at a later commit."""
+        reserve = max(1 << 20, round_up(self.num_blocks * 512, 1 << 20))
+        index = BlockIndex(index_path, map_size=reserve, durable=self.fsync)
+        try:
+            for name in ("data.mdb", "lock.mdb"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(index_path / name, _FILE_MODE)
+            fd = os.open(index_path / DATA_FILE, os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW)
+            try:
+                if os.fstat(fd).st_size < reserve:
+                    _preallocate(fd, reserve)
+            finally:
+                os.close(fd)
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    def _index_damage(self, index_path: Path, has_headers: bool) -> str | None:
+        """Why the index cannot be opened as it is (it is then rebuilt from the headers), or
+        None when it is sound, or absent in a new store. See `index_check.py`."""
+        data = index_path / DATA_FILE
+        if not data.exists():
+            return "the index is missing" if has_headers else None
+        problem = lmdb_file_problem(data)
+        if problem is not None:
+            return f"damaged index file: {problem}"
+        if take_clean_stamp(index_path):
+            return None
+        problem = probe_index(index_path, IndexRecord.FORMAT.size, MAX_KEY_BYTES)
+        return None if problem is None else f"damaged index: {problem}"
+
+    def _open_headers(self) -> dict[str, Any] | None:
+        """Open (or create) `headers.bin`; the layout its first page records, or None for a
+        new (or unreadable) header file."""
+        # Plain system calls, not `self._io`: the header file is small metadata beside the
+        # slab files, whose calls tests count and fault.
+        fd = _create_or_open(self.path / HEADERS_FILE)
+        self._headers_fd = fd
+        first = os.pread(fd, 4096, 0)
+        recorded = unpack_file_header(first)
+        if recorded is not None and recorded != self._layout_meta(
+            recorded.get("slots_per_file", 0)
+        ):
+            raise DiskLayoutError(
+                f"{self.path}: its header file records layout {recorded}, expected fingerprint "
+                f"{self.fingerprint}; refusing to serve its blocks"
+            )
+        return recorded
+
+    def _write_file_header(self, layout: dict[str, Any]) -> None:
+        fd = self._headers_fd
+        if fd is not None:
+            os.pwrite(fd, pack_file_header(layout), 0)
 
     def _take_lock(self) -> None:
         fd = os.open(self.path / _LOCK_FILE, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, _FILE_MODE)
@@ -543,20 +679,73 @@ class DiskStore(BlockStorage):
                 records[key] = IndexRecord.unpack(value)
         return records
 
-    def _open_slabs(self, records: dict[OffloadKey, IndexRecord]) -> None:
-        """Open, size and preallocate the slab files; drop (durably, before any file shrinks)
-        the records of slots that no longer exist or whose bytes were cut off, and those of
-        the slots in the in-flight log whose bytes no longer match them (a write group was
-        interrupted: see `inflight.py`)."""
-        index = self._open_index
-        inflight = self._inflight
-        layout = self._layout
+    def _open_slab_files(self) -> list[int]:
+        """Open (creating the missing) slab files; their sizes before this open."""
         sizes: list[int] = []
-        for file in range(layout.num_files):
+        for file in range(self._layout.num_files):
             path = str(self.path / slab_file_name(file))
             fd = self._io.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, _FILE_MODE)
             self._fds.append(fd)
             sizes.append(self._io.size(fd))
+        return sizes
+
+    def _rebuild_from_headers(self, sizes: list[int]) -> dict[OffloadKey, IndexRecord]:
+        """Rebuild the (fresh, empty) index from the slab headers: the newest header of each
+        key whose bytes verify becomes its record. A full scan of the stored blocks; logged
+        with progress."""
+        headers_fd = self._headers_fd
+        layout = self._layout
+        if headers_fd is None:
+            return {}
+        size = os.fstat(headers_fd).st_size
+        slots = min(layout.num_blocks, max(0, size - entry_offset(0)) // ENTRY_BYTES)
+        _log.warning("disk tier %s: rebuilding the index from %d slot headers", self.path, slots)
+        candidates: dict[OffloadKey, list[tuple[int, BlockHeader]]] = {}
+        chunk_slots = 4096
+        for first in range(0, slots, chunk_slots):
+            count = min(chunk_slots, slots - first)
+            data = os.pread(headers_fd, count * ENTRY_BYTES, entry_offset(first))
+            view = memoryview(data)
+            for i in range(len(data) // ENTRY_BYTES):
+                header = unpack_entry(
+                    view[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES], self._namespace
+                )
+                if header is not None:
+                    candidates.setdefault(header.key, []).append((first + i, header))
+        scratch = _staging(2 * self.block_size).reshape(2, self.block_size)
+        records: dict[OffloadKey, IndexRecord] = {}
+        report_every = max(1, len(candidates) // 10)
+        for done, (key, found) in enumerate(candidates.items(), 1):
+            for slot, header in sorted(found, key=lambda item: -item[1].seq):
+                record = IndexRecord(slot, header.length, header.codec, header.checksum, header.seq)
+                file, offset = layout.locate(slot)
+                if sizes[file] < offset + max(record.length, 1):
+                    continue
+                if self._check_record(key, record, *scratch) is None:
+                    records[key] = record
+                    break
+            if done % report_every == 0:
+                _log.info("disk tier %s: verified %d of %d keys", self.path, done, len(candidates))
+        index = self._open_index
+        packed = [(key, record.pack()) for key, record in records.items()]
+        for start in range(0, len(packed), 65536):
+            index.update((), packed[start : start + 65536])
+        _log.warning(
+            "disk tier %s: index rebuilt: %d blocks recovered from %d headers",
+            self.path,
+            len(records),
+            sum(len(found) for found in candidates.values()),
+        )
+        return records
+
+    def _settle_records(self, records: dict[OffloadKey, IndexRecord], sizes: list[int]) -> None:
+        """Size and preallocate the slab files and the header file; drop (durably, before any
+        file shrinks) the records of slots that no longer exist or whose bytes were cut off,
+        and those of the slots in the in-flight log whose bytes no longer match them (a write
+        group was interrupted: see `inflight.py`)."""
+        index = self._open_index
+        inflight = self._inflight
+        layout = self._layout
         suspects = set(inflight.read()) if inflight is not None else set()
         scratch = _staging(2 * self.block_size).reshape(2, self.block_size)
         dropped: list[OffloadKey] = []
@@ -568,7 +757,7 @@ class DiskStore(BlockStorage):
                 file < 0
                 or sizes[file] < offset + max(record.length, 1)
                 or slot in by_slot
-                or (slot in suspects and self._check_record(record, *scratch) is not None)
+                or (slot in suspects and self._check_record(key, record, *scratch) is not None)
             ):
                 dropped.append(key)
             else:
@@ -582,12 +771,17 @@ class DiskStore(BlockStorage):
         self._records = kept
         self._slot_keys = {record.slot: key for key, record in kept.items()}
         self._restored = sorted(kept.items(), key=lambda item: item[1].seq)
-        self._next_seq = max((record.seq for record in kept.values()), default=0) + 1
+        self._next_seq = max((record.seq for record in records.values()), default=0) + 1
         for file, fd in enumerate(self._fds):
             wanted = layout.file_bytes(file)
             if sizes[file] > wanted:
                 self._io.truncate(fd, wanted)
             self._io.allocate(fd, wanted)
+        if self._headers_fd is not None:
+            wanted = headers_file_bytes(layout.num_blocks)
+            if os.fstat(self._headers_fd).st_size > wanted:
+                os.ftruncate(self._headers_fd, wanted)
+            _preallocate(self._headers_fd, wanted)
         for extra in self.path.glob("slab-*.bin"):
             number = extra.name.removeprefix("slab-").removesuffix(".bin")
             if number.isdigit() and int(number) >= layout.num_files:
@@ -637,9 +831,18 @@ class DiskStore(BlockStorage):
             with contextlib.suppress(OSError):
                 self._inflight.close()
             self._inflight = None
+        if self._headers_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._headers_fd)
+            self._headers_fd = None
         if self._index is not None:
+            index_path = self._index.path
             self._index.close()
             self._index = None
+            if self._index_sound:
+                # Next open trusts the index without a probe while it matches this stamp.
+                with contextlib.suppress(OSError):
+                    write_clean_stamp(index_path)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # releases the flock
@@ -715,6 +918,13 @@ class DiskStore(BlockStorage):
         """The index record of `key`, or None."""
         with self._map_lock:
             return self._records.get(key)
+
+    def checksum_of(self, key: OffloadKey, record: IndexRecord, stored: Stored) -> int:
+        """The checksum `record` must hold for `key` whose stored bytes are `stored` (what
+        every read verifies: bytes, key, namespace, slot, length, codec and sequence)."""
+        return bound_checksum(
+            self._namespace, key, record.slot, record.length, record.codec, record.seq, stored
+        )
 
     def slot_location(self, slot: int) -> tuple[Path, int]:
         """(slab file, byte offset) where `slot` is stored, for tools and tests."""
@@ -1004,13 +1214,30 @@ class DiskStore(BlockStorage):
                 dropped = [slot_keys[slot] for slot in slots if slot in slot_keys]
                 dropped += [key for key in forgotten if key in records]
                 dropped = list(dict.fromkeys(dropped))
+                records_before = {key: records[key] for key in dropped}
                 self._drop_locked(dropped)
             # 2. The bytes (their slots noted in the in-flight log first), and 3. one
             # fdatasync per slab file.
             if count and self._inflight is not None:
                 with contextlib.suppress(OSError):  # see inflight.py: only weakens cleanup
                     self._inflight.record(slots)
-            codecs, lengths, results, checksums, files = self._write_data(slots, buffers)
+            first_seq = self._next_seq
+            seqs = range(first_seq, first_seq + count)
+            self._next_seq = first_seq + count
+            codecs, lengths, results, checksums, files = self._write_data(
+                keys, slots, seqs, buffers
+            )
+            # 2b. The headers of the blocks written, and cleared ones for forgotten blocks
+            # whose slots this group does not rewrite.
+            rewritten = set(slots)
+            cleared = [
+                record.slot
+                for key in dropped
+                if (record := records_before.get(key)) is not None and record.slot not in rewritten
+            ]
+            headers_written = self._write_headers(
+                keys, slots, seqs, lengths, codecs, checksums, results, cleared
+            )
             fsyncs = 0
             if self.fsync:
                 for file, members in files.items():
@@ -1020,18 +1247,21 @@ class DiskStore(BlockStorage):
                     except OSError as error:
                         for member in members:
                             results[member] = error
+                if headers_written and self._headers_fd is not None:
+                    try:
+                        os.fdatasync(self._headers_fd)
+                    except OSError as error:
+                        results = [error if result is None else result for result in results]
             # 4. One transaction: the stale records out, the new ones in.
             pack = IndexRecord.FORMAT.pack
-            seq = self._next_seq
             new: list[tuple[OffloadKey, IndexRecord]] = []
             packed: list[tuple[OffloadKey, bytes]] = []
-            for key, slot, length, codec, checksum, result in zip(
-                keys, slots, lengths, codecs, checksums, results, strict=True
+            for key, slot, length, codec, checksum, seq, result in zip(
+                keys, slots, lengths, codecs, checksums, seqs, results, strict=True
             ):
                 if result is None:
                     new.append((key, IndexRecord(slot, length, codec, checksum, seq)))
                     packed.append((key, pack(slot, length, codec, checksum, seq)))
-                    seq += 1
             stored_keys = {key for key, _ in new}
             deleted = [key for key in dropped if key not in stored_keys]
             commits = 0
@@ -1040,7 +1270,6 @@ class DiskStore(BlockStorage):
                 try:
                     index.update(deleted, packed)
                     commits += 1
-                    self._next_seq = seq
                 except lmdb.Error as error:
                     failure = _index_failure(error)
                     for member in range(count):
@@ -1073,7 +1302,11 @@ class DiskStore(BlockStorage):
         return results, forget_error
 
     def _write_data(
-        self, slots: list[int], buffers: list[HostBuffer]
+        self,
+        keys: list[OffloadKey],
+        slots: list[int],
+        seqs: Sequence[int],
+        buffers: list[HostBuffer],
     ) -> tuple[list[int], list[int], list[OSError | None], list[int], dict[int, list[int]]]:
         """Encode and write the blocks of a group: (codec, stored length, error or None,
         checksum) per block, and the blocks written per slab file. A large group's runs are
@@ -1096,14 +1329,17 @@ class DiskStore(BlockStorage):
         pending: list[Future[list[tuple[Run, OSError | None]]]] = []
         hashing: Future[list[int]] | None = None
         try:
+            hash_all = functools.partial(
+                _bound_checksums, self._namespace, keys, slots, lengths, codecs, seqs, stored
+            )
             if helpers is not None and total >= _HASH_ASIDE_BYTES:
-                hashing = helpers.submit(_checksums, stored)
+                hashing = helpers.submit(hash_all)
             if helpers is not None:
                 pending = [helpers.submit(self._write_runs, p, stored, lengths) for p in parts[1:]]
             outcomes = self._write_runs(parts[0], stored, lengths)
             for part in pending:
                 outcomes += part.result()
-            checksums = _checksums(stored) if hashing is None else hashing.result()
+            checksums = hash_all() if hashing is None else hashing.result()
         finally:
             # Also on an unexpected error: the buffers are not touched once we return.
             wait_all(pending)
@@ -1119,15 +1355,67 @@ class DiskStore(BlockStorage):
                     results[member] = error
         return codecs, lengths, results, checksums, files
 
+    def _write_headers(
+        self,
+        keys: list[OffloadKey],
+        slots: list[int],
+        seqs: Sequence[int],
+        lengths: list[int],
+        codecs: list[int],
+        checksums: list[int],
+        results: list[OSError | None],
+        cleared: list[int],
+    ) -> bool:
+        """Write the header entries of the group's written blocks and clear those of
+        `cleared` slots: one pwritev per run of consecutive slots. A failed run fails its
+        blocks (in `results`); a failed clear is left (its block stays verifiable, and an
+        index rebuild may bring a forgotten block back: right bytes, never wrong ones).
+        Whether anything was written."""
+        fd = self._headers_fd
+        if fd is None:
+            return False
+        entries: dict[int, tuple[int | None, bytes]] = {
+            slot: (None, EMPTY_ENTRY) for slot in cleared
+        }
+        namespace = self._namespace
+        for member, result in enumerate(results):
+            if result is None:
+                header = BlockHeader(
+                    keys[member], seqs[member], lengths[member], codecs[member], checksums[member]
+                )
+                entries[slots[member]] = (member, header.pack(namespace))
+        if not entries:
+            return False
+        order = sorted(entries)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and order[end] == order[end - 1] + 1 and end - start < IOV_MAX:
+                end += 1
+            run = order[start:end]
+            payload = b"".join(entries[slot][1] for slot in run)
+            try:
+                if os.pwrite(fd, payload, entry_offset(run[0])) != len(payload):
+                    raise OSError(errno.EIO, "short write of slot headers")
+            except OSError as error:
+                for slot in run:
+                    owner = entries[slot][0]
+                    if owner is not None:
+                        results[owner] = error
+            start = end
+        return True
+
     def _encode(self, buffers: list[HostBuffer]) -> tuple[list[int], list[Stored], list[int]]:
         """(codec, bytes to store, their length) per block; zstd work is spread over the
         helpers for a large group (zstd releases the GIL)."""
         count = len(buffers)
         block_size = self.block_size
         if self._codec.compression == "none":
-            return [int(Codec.NONE)] * count, [buffer.data for buffer in buffers], [
-                block_size
-            ] * count
+            return (
+                [int(Codec.NONE)] * count,
+                [buffer.data for buffer in buffers],
+                [block_size] * count,
+            )
         helpers = self._helpers
         ways = min(self._max_workers, count * block_size // WRITE_SPLIT_BYTES)
         if helpers is None or ways <= 1:
@@ -1268,15 +1556,28 @@ class DiskStore(BlockStorage):
             index.delete(victims)
             self._drop_from_memory(victims)
 
-    def _index_put(self, blocks: list[tuple[OffloadKey, int, int, int, int]]) -> None:
-        """Index `blocks` ((key, slot, length, codec, checksum) each) in one transaction,
-        with increasing sequence numbers (for test backdoors)."""
+    def _index_put(self, blocks: list[tuple[OffloadKey, int, int, bytes]]) -> None:
+        """Index `blocks` ((key, slot, codec, stored bytes) each) in one transaction, with
+        increasing sequence numbers and their headers written (for test backdoors that wrote
+        the bytes behind the store's back)."""
         index = self._open_index
         with self._index_lock:
             new = []
-            for key, slot, length, codec, checksum in blocks:
-                new.append((key, IndexRecord(slot, length, codec, checksum, self._next_seq)))
+            for key, slot, codec, stored in blocks:
+                seq = self._next_seq
                 self._next_seq += 1
+                checksum = bound_checksum(
+                    self._namespace, key, slot, len(stored), codec, seq, stored
+                )
+                new.append((key, IndexRecord(slot, len(stored), codec, checksum, seq)))
+            if self._headers_fd is not None:
+                for key, record in new:
+                    header = BlockHeader(
+                        key, record.seq, record.length, record.codec, record.checksum
+                    )
+                    os.pwrite(
+                        self._headers_fd, header.pack(self._namespace), entry_offset(record.slot)
+                    )
             index.update((), [(key, record.pack()) for key, record in new])
             with self._map_lock:
                 self._remember_locked(new)
@@ -1415,7 +1716,7 @@ class DiskStore(BlockStorage):
                 continue
             target = targets[member]
             stored = target[: record.length].data
-            if _checksum(stored) != record.checksum:
+            if self.checksum_of(keys[member], record, stored) != record.checksum:
                 results[member] = ReadFailure.CHECKSUM
                 continue
             if target is buffers[member] and record.length == block_size:
@@ -1497,7 +1798,7 @@ class DiskStore(BlockStorage):
                 for key, _ in entries[:-1]:
                     shared = f"slot also claimed by the newer record of {newest_key.hex()}"
                     problems.append(CheckProblem(key, slot, shared))
-                what = self._check_record(newest, scratch[0], scratch[1])
+                what = self._check_record(newest_key, newest, scratch[0], scratch[1])
                 if what is not None:
                     problems.append(CheckProblem(newest_key, slot, what))
             repaired = 0
@@ -1508,7 +1809,9 @@ class DiskStore(BlockStorage):
                 repaired = len(bad)
         return CheckReport(examined, tuple(problems), repaired)
 
-    def _check_record(self, record: IndexRecord, raw: HostBuffer, block: HostBuffer) -> str | None:
+    def _check_record(
+        self, key: OffloadKey, record: IndexRecord, raw: HostBuffer, block: HostBuffer
+    ) -> str | None:
         """What is wrong with `record` and its bytes, or None."""
         if not 0 <= record.slot < self.num_blocks:
             return f"slot out of range [0, {self.num_blocks})"
@@ -1534,9 +1837,12 @@ class DiskStore(BlockStorage):
         if got < record.length:
             return f"short read: {got} of {record.length} bytes"
         stored = raw[: record.length].data
-        actual = _checksum(stored)
+        actual = self.checksum_of(key, record, stored)
         if actual != record.checksum:
-            return f"checksum mismatch: indexed {record.checksum:016x}, stored {actual:016x}"
+            return (
+                f"checksum mismatch: indexed {record.checksum:016x}, stored bytes give "
+                f"{actual:016x} (damaged, or another block's)"
+            )
         try:
             self._codec.decode_into(record.codec, stored, block)
         except CodecError as error:

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.codec import BlockCodec
@@ -27,13 +26,13 @@ def stored_bytes(store: DiskStore, slot: int, length: int) -> bytes:
 
 def backdoor_read(store: DiskStore, slot: int) -> bytes:
     """The block that the index says lives in `slot`, read and decoded behind the store's back."""
-    records = [record for key in store if (record := store.record(key))]
-    owners = [record for record in records if record.slot == slot]
+    records = [(key, record) for key in store if (record := store.record(key))]
+    owners = [(key, record) for key, record in records if record.slot == slot]
     if len(owners) != 1:
         raise LookupError(f"slot {slot} is indexed for {len(owners)} keys")
-    record = owners[0]
+    key, record = owners[0]
     stored = stored_bytes(store, slot, record.length)
-    if xxhash.xxh3_64_intdigest(stored) != record.checksum:
+    if store.checksum_of(key, record, stored) != record.checksum:
         raise ValueError(f"slot {slot}: the stored bytes do not match the indexed checksum")
     block = np.empty(store.block_size, dtype=np.uint8)
     BlockCodec().decode_into(record.codec, stored, block)
@@ -52,8 +51,7 @@ def backdoor_write(store: DiskStore, key: OffloadKey, slot: int, data: bytes) ->
         os.pwrite(fd, payload, offset)
     finally:
         os.close(fd)
-    checksum = xxhash.xxh3_64_intdigest(payload)
-    store._index_put([(key, slot, len(payload), int(codec), checksum)])
+    store._index_put([(key, slot, int(codec), payload)])
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -1,0 +1,191 @@
+"""Is a disk store's LMDB index safe to map? Checked before the store opens it.
+
+LMDB maps its file and trusts it: a truncated `data.mdb`, or one with damaged pages, makes
+the process that reads it die of SIGBUS (or SIGSEGV), which no `try` can catch. So before a
+store maps its index:
+
+1. `lmdb_file_problem` reads the two meta pages with plain file I/O and checks them (magic,
+   version, page size, the last page and the roots inside the file). This catches a
+   truncated or overwritten file, the common damage, for the cost of two small reads.
+2. An index that was closed cleanly carries a stamp (`CLEAN_STAMP`: its size and xxh3-64,
+   written after the last commit of a clean close). When the file still matches its stamp it
+   is the file this store wrote and checked, and is opened at once.
+3. Otherwise (a killed process, a copied or edited file) `probe_index` walks every record in
+   a child process (`index_probe.py`): if that process dies of a signal, LMDB refuses the
+   file, or records are malformed, the index is damaged.
+
+A damaged index is moved aside (`move_aside`) and rebuilt from the slab headers; it is never
+written further. What can still happen: damage done to the file while it is open (by
+another program or the hardware) is found only at the next open; the checksums that bind
+every block to its key keep it from serving wrong bytes meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import xxhash
+
+DATA_FILE = "data.mdb"
+"""LMDB's data file in an index directory."""
+
+CLEAN_STAMP = "clean"
+"""The clean-close stamp, next to `data.mdb`."""
+
+PROBE_TIMEOUT_S = 120.0
+"""The longest a probe may walk an index before it is declared damaged (a cycle of pages
+could make the walk endless)."""
+
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_VERSION = 1
+_PAGE_HEADER = 16  # pgno (8), pad (2), flags (2), lower/upper (4)
+_P_META = 0x08
+_NO_PAGE = (1 << 64) - 1
+_META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
+_PROBE_SCRIPT = Path(__file__).with_name("index_probe.py")
+
+
+def _read_meta(data: bytes, offset: int) -> tuple[int, int, int, tuple[int, int]] | None:
+    """(page size, last page, txn id, (free root, main root)) of the meta page at `offset`,
+    or None when it is not a valid meta page."""
+    if len(data) < offset + _PAGE_HEADER + _META.size:
+        return None
+    flags = struct.unpack_from("<H", data, offset + 10)[0]
+    if not flags & _P_META:
+        return None
+    fields = _META.unpack_from(data, offset + _PAGE_HEADER)
+    magic, version = fields[0], fields[1]
+    free_pad, free_root, main_root = fields[4], fields[11], fields[19]
+    last_page, txn_id = fields[20], fields[21]
+    if magic != _LMDB_MAGIC or version != _LMDB_VERSION:
+        return None
+    return free_pad, last_page, txn_id, (free_root, main_root)
+
+
+def lmdb_file_problem(path: Path) -> str | None:
+    """What makes the LMDB data file at `path` unsafe to map, or None when its meta pages
+    are sound and everything they point at is inside the file."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            head = file.read(_PAGE_HEADER + _META.size)
+            first = _read_meta(head, 0)
+            if first is None:
+                return "the first meta page is not an LMDB meta page"
+            page_size = first[0]
+            if page_size < 512 or page_size > 65536 or page_size & (page_size - 1):
+                return f"impossible page size {page_size}"
+            file.seek(page_size)
+            second = _read_meta(file.read(_PAGE_HEADER + _META.size), 0)
+    except OSError as error:
+        return f"cannot read it: {error}"
+    if second is None:
+        return "the second meta page is not an LMDB meta page"
+    if size < 2 * page_size:
+        return f"{size} bytes, shorter than its two meta pages"
+    for name, meta in (("first", first), ("second", second)):
+        _, last_page, _, roots = meta
+        if (last_page + 1) * page_size > size:
+            return (
+                f"the {name} meta page ends the data at byte {(last_page + 1) * page_size}, "
+                f"but the file has {size} bytes (truncated?)"
+            )
+        for root in roots:
+            if root != _NO_PAGE and not 2 <= root <= last_page:
+                return f"the {name} meta page has a root page {root} outside [2, {last_page}]"
+    return None
+
+
+def _file_digest(path: Path) -> tuple[int, int]:
+    """(size, xxh3-64) of a file."""
+    digest = xxhash.xxh3_64()
+    size = 0
+    with path.open("rb") as file:
+        while chunk := file.read(8 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.intdigest()
+
+
+def write_clean_stamp(index_dir: Path) -> None:
+    """Stamp the index as closed cleanly (call after its last commit and close)."""
+    size, digest = _file_digest(index_dir / DATA_FILE)
+    stamp = index_dir / CLEAN_STAMP
+    temporary = stamp.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"size": size, "xxh3": digest}))
+    os.replace(temporary, stamp)
+
+
+def take_clean_stamp(index_dir: Path) -> bool:
+    """Whether the index still matches its clean-close stamp; the stamp is removed either
+    way (the index is about to be written)."""
+    stamp = index_dir / CLEAN_STAMP
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            stamp.unlink()
+    if not isinstance(recorded, dict):
+        return False
+    try:
+        return _file_digest(index_dir / DATA_FILE) == (recorded.get("size"), recorded.get("xxh3"))
+    except OSError:
+        return False
+
+
+def probe_index(
+    index_dir: Path, record_bytes: int, max_key_bytes: int, timeout_s: float = PROBE_TIMEOUT_S
+) -> str | None:
+    """Walk every record of the index in a child process; what is wrong with it, or None
+    when every record was read and is well formed."""
+    command = [
+        sys.executable,
+        "-I",
+        str(_PROBE_SCRIPT),
+        str(index_dir),
+        str(record_bytes),
+        str(max_key_bytes),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"walking the index took longer than {timeout_s:.0f} s"
+    except OSError as error:
+        return f"cannot start the index probe: {error}"
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        return f"reading the index killed a process with {name}"
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"the index probe failed: {done.stderr.strip()[-300:] or done.returncode}"
+    if not isinstance(answer, dict):
+        return f"the index probe answered {answer!r}"
+    if "error" in answer:
+        return f"LMDB refuses the index: {answer['error']}"
+    if answer.get("bad"):
+        return f"{answer['bad']} of {answer.get('records')} index records are malformed"
+    return None
+
+
+def move_aside(index_dir: Path) -> Path:
+    """Rename a damaged index directory out of the way (kept for inspection), returning its
+    new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        suffix = f".damaged-{stamp}" + (f"-{attempt}" if attempt else "")
+        target = index_dir.with_name(index_dir.name + suffix)
+        if not target.exists():
+            os.rename(index_dir, target)
+            return target
+    raise FileExistsError(f"no free name to move {index_dir} aside")
