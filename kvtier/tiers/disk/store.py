@@ -137,6 +137,14 @@ _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _log = logging.getLogger("kvtier.disk")
+_DAMAGE_ERRORS = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.InvalidError,
+    lmdb.BadTxnError,
+)
+"""LMDB errors that mean the index file is damaged (not full, not busy)."""
 
 _T = TypeVar("_T")
 
@@ -208,6 +216,9 @@ class DiskStoreStats:
     index_commits: int = 0
     """Index (LMDB) write transactions committed by the groups (at most one per group, plus
     one more after a failed commit)."""
+    index_rebuilds: int = 0
+    """Times a damaged index was found while the store was open and replaced by one written
+    from memory (a rebuild from the headers at open is `DiskStore.rebuilt_index`)."""
 
     def copy(self) -> DiskStoreStats:
         """An independent copy."""
@@ -565,6 +576,33 @@ class DiskStore(BlockStorage):
             for directory in (self.directory, self.path, index_path):
                 _fsync_directory(directory)
 
+    def _replace_index(self, pending: list[tuple[OffloadKey, IndexRecord]], why: str) -> None:
+        """Move the damaged index aside and write a new one holding every record in memory
+        plus `pending` (the caller holds _index_lock). Raises lmdb.Error / OSError when
+        that fails too (the index is then left closed: no further commit can succeed)."""
+        old = self._open_index
+        index_path = old.path
+        self._index = None
+        with contextlib.suppress(lmdb.Error):
+            old.close()
+        aside = move_aside(index_path)
+        _log.error("disk tier %s: %s; moved it aside to %s, rebuilding", self.path, why, aside)
+        _private_dir(index_path)
+        fresh = self._new_index(index_path)
+        try:
+            fresh.write_layout(self._layout_meta(self._layout.slots_per_file), self.num_blocks)
+            with self._map_lock:
+                records = [(key, record.pack()) for key, record in self._records.items()]
+            records += [(key, record.pack()) for key, record in pending]
+            for start in range(0, len(records), 65536):
+                fresh.update((), records[start : start + 65536])
+        except BaseException:
+            fresh.close()
+            raise
+        self._index = fresh
+        with self._map_lock:
+            self._stats.index_rebuilds += 1
+
     def _new_index(self, index_path: Path) -> BlockIndex:
         """Open (or create) the LMDB index, its file mode tightened and its space reserved:
         the map is preallocated, so a full disk fails here, not at a later commit."""
@@ -829,6 +867,8 @@ class DiskStore(BlockStorage):
         self._fds = []
         if self._inflight is not None:
             with contextlib.suppress(OSError):
+                if self._index_sound:  # every group has ended: nothing left to re-check
+                    self._inflight.clear()
                 self._inflight.close()
             self._inflight = None
         if self._headers_fd is not None:
@@ -1268,7 +1308,12 @@ class DiskStore(BlockStorage):
             forget_error: DiskTierError | None = None
             if deleted or packed:
                 try:
-                    index.update(deleted, packed)
+                    try:
+                        index.update(deleted, packed)
+                    except _DAMAGE_ERRORS as damage:
+                        # A damaged index is not written further: it is replaced by one
+                        # written from memory, which is the truth in this process.
+                        self._replace_index(new, f"a commit found the index damaged: {damage}")
                     commits += 1
                 except lmdb.Error as error:
                     failure = _index_failure(error)
