@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -126,15 +128,21 @@ def test_a_tier_in_use_cannot_be_checked_exit_4(stored: tuple[Path, list[int]]) 
 
 
 @pytest.mark.usefixtures("stored")
-def test_a_store_sized_for_another_capacity_is_not_opened_unless_repair(tmp_path: Path) -> None:
+def test_a_config_of_another_capacity_is_reported_and_never_resizes_the_store(
+    tmp_path: Path,
+) -> None:
     smaller = write_config(tmp_path, capacity=12)  # slots 12..15 would be cut off
-    code, stdout, _ = run("check", "--config", str(smaller))
-    assert code == 1
-    assert "16 blocks" in stdout and "not opened" in stdout
-    code, stdout, _ = run("check", "--config", str(smaller), "--repair")
-    assert code == 3, stdout
-    assert "4 records dropped when the store opened" in stdout
-    assert run("check", "--config", str(smaller))[0] == 0
+    for repair in ([], ["--repair"]):
+        code, stdout, _ = run("check", "--config", str(smaller), *repair)
+        assert code == 0, stdout
+        assert "the config says" in stdout and "capacity 12 blocks" in stdout
+        assert "built with block_size 4096, model_id 'test-model', capacity 16 blocks" in stdout
+        assert f"{BLOCKS} index records checked" in stdout
+    store = open_store(write_config(tmp_path))  # the 16-block config that built it
+    try:
+        assert len(store) == BLOCKS and store.stats.dropped_at_open == 0
+    finally:
+        store.close()
 
 
 def test_a_tier_directory_that_does_not_exist_holds_nothing_and_is_not_created(
@@ -171,6 +179,129 @@ def test_no_config_option_is_one_line_exit_2() -> None:
 def test_help_documents_the_exit_status() -> None:
     code, stdout, _ = run("check", "--help")
     assert code == 0
-    for status in ("0  every disk tier is sound", "1  problems found", "3  problems found"):
+    for status in ("0  every store is sound", "1  problems found", "3  problems found"):
         assert status in stdout
     assert "kvtier check --config" in stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a store by its directory; missing, stray and lost pieces (issue 9, item 7)
+# --------------------------------------------------------------------------------------------
+
+
+def store_dir_of(config: Path) -> Path:
+    store = open_store(config)
+    try:
+        return store.path
+    finally:
+        store.close()
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes (to show that nothing changed)."""
+    return {
+        str(path.relative_to(directory)): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.name not in ("lock.mdb",)
+    }
+
+
+@pytest.mark.parametrize("which", ["store", "tier"])
+def test_a_store_is_checked_by_its_directory_alone(
+    stored: tuple[Path, list[int]], which: str
+) -> None:
+    config, _ = stored
+    store_dir = store_dir_of(config)
+    target = store_dir if which == "store" else store_dir.parent
+    code, stdout, _ = run("check", str(target))
+    assert code == 0, stdout
+    assert f"{BLOCKS} index records checked" in stdout and "capacity 16 blocks" in stdout
+
+
+def test_a_missing_slab_file_is_reported_and_not_recreated_without_repair(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, capacity=4096)  # 16 MiB: one slab file of 4096 slots
+    store = open_store(config)
+    try:
+        keys = [key_from_int(i) for i in range(3)]
+        blocks = [np.full(BLOCK, i, np.uint8) for i in range(3)]
+        assert not any(asyncio.run(store.write(keys, [0, 1, 2], blocks)))
+        slab, _ = store.slot_location(0)
+    finally:
+        store.close()
+    slab.unlink()
+    before = snapshot(tmp_path / "tier")
+    for _ in range(2):  # and again: nothing was dropped
+        code, stdout, _ = run("check", "--config", str(config))
+        assert code == 1, stdout
+        assert stdout.count("slab-00000.bin is missing") == 3
+    assert not slab.exists() and snapshot(tmp_path / "tier") == before
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout
+    assert run("check", "--config", str(config))[0] == 0
+
+
+def test_a_stray_slab_file_is_a_note_that_repair_removes(stored: tuple[Path, list[int]]) -> None:
+    config, _ = stored
+    stray = store_dir_of(config) / "slab-xyz.bin"
+    stray.write_bytes(b"junk")
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 0 and "unknown file in the store directory: slab-xyz.bin" in stdout
+    assert stray.exists()
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 0 and "removed the stray slab file slab-xyz.bin" in stdout
+    assert not stray.exists()
+    assert "slab-xyz" not in run("check", "--config", str(config))[1]
+
+
+def delete_records(store_dir: Path, keys: list[bytes]) -> None:
+    env = lmdb.open(str(store_dir / "index"), max_dbs=2)
+    try:
+        with env.begin(db=env.open_db(b"blocks"), write=True) as txn:
+            for key in keys:
+                assert txn.delete(key)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "lose",
+    ["one record", "every record", "the index directory", "the index file", "a damaged index"],
+)
+def test_lost_records_are_found_and_repair_brings_every_block_back(
+    stored: tuple[Path, list[int]], lose: str
+) -> None:
+    config, slots = stored
+    store_dir = store_dir_of(config)
+    index = store_dir / "index"
+    if lose == "one record":
+        delete_records(store_dir, [key_from_int(3)])
+    elif lose == "every record":
+        delete_records(store_dir, [key_from_int(i) for i in range(BLOCKS)])
+    elif lose == "the index directory":
+        shutil.rmtree(index)
+    elif lose == "the index file":
+        (index / "data.mdb").unlink()
+    else:
+        with (index / "data.mdb").open("r+b") as file:
+            file.write(bytes(8192))  # both meta pages
+    before = snapshot(store_dir)
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 1, stdout
+    if lose in ("one record", "every record"):
+        lost = 1 if lose == "one record" else BLOCKS
+        assert stdout.count("lost record") == lost
+    else:
+        assert "--repair" in stdout and ("index" in stdout)
+    assert snapshot(store_dir) == before  # nothing changed without --repair
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 0, stdout
+    assert f"{BLOCKS} index records checked" in stdout
+    store = open_store(config)
+    try:
+        assert sorted(store.record(key_from_int(i)).slot for i in range(BLOCKS)) == slots  # type: ignore[union-attr]
+    finally:
+        store.close()

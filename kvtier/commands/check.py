@@ -1,29 +1,38 @@
-"""`kvtier check`: verify every block of a config's disk tiers; `--repair` drops the bad ones.
+"""`kvtier check`: verify every block of a disk store; `--repair` fixes what can be fixed.
 
-Each disk tier of the config is opened as a hierarchy would open it and checked with
-`DiskStore.check`: every index record against the slab files (slot in range and not shared,
-a sane length and codec, the file long enough, the xxh3 checksum of the stored bytes, and
-that they decode). Nothing is created: a tier whose directory does not exist holds nothing
-yet, and a store whose slab files do not match the config's capacity is not opened (opening
-would resize it) unless `--repair` is given.
+A store is named by its directory (`kvtier check PATH`: a store directory `kvtier-<fp>`, or
+a tier directory holding such stores, as `kvtier replay` leaves under `--out/disk/<tier>`) or
+by a config's disk tiers (`--config FILE`). The store's own header file says how it was built
+(block size, model id, capacity), so it is always checked as built, whatever a config says.
+
+Without `--repair` nothing is changed or created: the store is opened to inspect
+(`DiskStore(inspect=True)`) and `DiskStore.check` compares every index record with its slot's
+header and bytes, every header with the index (a sound block with no record is a lost
+record), and lists stray files. A missing or damaged index is reported. With `--repair` the
+store is opened normally (a damaged or missing index is moved aside and rebuilt from the slab
+headers), bad records are dropped, lost ones indexed again and stray slab files removed. A
+config whose capacity differs from the store's is reported, with the store's own settings;
+repair never resizes a store.
 
 Exit status (also in `--help`): 0 sound (or nothing stored, or no disk tier); 1 problems
-found and left in place; 2 bad options or config (one line); 3 problems found and all bad
-records dropped; 4 a tier could not be checked (in use by a running kvtier, or not
-openable). Several tiers: the first of 4, 1, 3, 0 that applies.
+found and left in place; 2 bad options or config (one line); 3 problems found and repaired;
+4 a store could not be checked (in use by a running kvtier, or not a kvtier store). Several
+stores: the first of 4, 1, 3, 0 that applies.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvtier.commands.options import config_option
 from kvtier.console import out, progress
+from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:
     from kvtier.config import DiskTierConfig, HierarchyConfig
@@ -38,53 +47,108 @@ _PRECEDENCE = (EXIT_UNCHECKED, EXIT_PROBLEMS, EXIT_REPAIRED, EXIT_OK)
 
 @dataclass
 class TierCheck:
-    """What checking one disk tier found."""
+    """What checking one store found."""
 
     name: str
     path: Path
     status: int = EXIT_OK
-    """The exit status this tier alone would give."""
+    """The exit status this store alone would give."""
     records: int = 0
     problems: list[str] = field(default_factory=list)
     dropped: int = 0
-    """Bad records dropped (by `--repair`, or by the store itself when it opened)."""
+    """Bad records dropped by `--repair` (or by the store itself when it opened)."""
+    reindexed: int = 0
+    """Lost records indexed again by `--repair`."""
     lines: list[str] = field(default_factory=list)
     """What to tell the user, in order."""
 
 
-def _slab_bytes(store_dir: Path) -> int | None:
-    """Total size of the store's slab files, None when there are none."""
-    sizes = [path.stat().st_size for path in store_dir.glob("slab-*.bin") if path.is_file()]
-    return sum(sizes) if sizes else None
+@dataclass(frozen=True)
+class StoreShape:
+    """How a store was built, read from its header file."""
+
+    block_size: int
+    model_id: str
+    num_blocks: int
+
+    def describe(self) -> str:
+        return (
+            f"block_size {self.block_size}, model_id {self.model_id!r}, capacity "
+            f"{self.num_blocks:,} blocks"
+        )
 
 
-def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool) -> TierCheck:
-    """Check (and with `repair`, repair) the store of one disk tier of `config`."""
+def store_shape(store_dir: Path) -> StoreShape | None:
+    """The shape recorded in a store directory's `headers.bin`, or None when it has none
+    (not a kvtier store, or one written by a kvtier older than layout version 2)."""
+    from kvtier.tiers.disk.header import (
+        FILE_HEADER_BYTES,
+        HEADERS_FILE,
+        slots_in_headers_file,
+        unpack_file_header,
+    )
+
+    try:
+        fd = os.open(store_dir / HEADERS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        layout = unpack_file_header(os.pread(fd, FILE_HEADER_BYTES, 0))
+        slots = slots_in_headers_file(os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    if layout is None:
+        return None
+    block_size, model_id = layout.get("block_size"), layout.get("model_id")
+    if not isinstance(block_size, int) or block_size < 1 or not isinstance(model_id, str):
+        return None
+    return StoreShape(block_size, model_id, slots)
+
+
+def store_dirs_at(path: Path) -> list[Path]:
+    """The stores at `path`: the store directory itself, or those directly inside it."""
+    from kvtier.tiers.disk.header import HEADERS_FILE
+
+    if (path / HEADERS_FILE).exists():
+        return [path]
+    return sorted(
+        child for child in path.glob("kvtier-*") if child.is_dir() and not child.is_symlink()
+    )
+
+
+def check_store(
+    name: str, store_dir: Path, repair: bool, expected: StoreShape | None = None
+) -> TierCheck:
+    """Check (and with `repair`, repair) the store in `store_dir`; `expected` is what a
+    config says it should be (a difference is reported, never acted on)."""
     from kvtier.errors import DiskLockedError, DiskTierError
-    from kvtier.tiers.disk import DiskStore, layout_fingerprint
+    from kvtier.tiers.disk import DiskStore
 
-    store_dir = tier.path / f"kvtier-{layout_fingerprint(config.block_size, config.model_id)}"
-    result = TierCheck(tier.name, store_dir)
-    if not store_dir.exists():
-        result.lines.append(f"nothing stored yet: {store_dir} does not exist")
-        return result
-    if not store_dir.is_dir():
+    result = TierCheck(name, store_dir)
+    shape = store_shape(store_dir)
+    if shape is None:
         result.status = EXIT_UNCHECKED
-        result.lines.append(f"cannot check: {store_dir} is not a directory")
-        return result
-    wanted = tier.num_blocks * config.block_size
-    found = _slab_bytes(store_dir)
-    if found is not None and found != wanted and not repair:
-        result.status = EXIT_PROBLEMS
-        result.problems.append(
-            f"the slab files hold {found // config.block_size:,} blocks, the config's tier "
-            f"{tier.num_blocks:,}: not opened, since opening resizes the store and drops the "
-            "blocks that no longer fit; check it with the config that wrote it, or --repair "
-            "to resize it to this one"
+        result.lines.append(
+            f"cannot check: {store_dir} has no readable headers.bin (not a kvtier store, or "
+            "one made by a kvtier before layout version 2)"
         )
         return result
+    if expected is not None and expected != shape:
+        result.lines.append(
+            f"note: the config says {expected.describe()}; this store was built with "
+            f"{shape.describe()}. It is checked as built; opening it with this config would "
+            "resize it. Use the config that built it, or another directory for the new one."
+        )
     try:
-        store = DiskStore.from_config(tier, config.block_size, config.model_id, max_workers=1)
+        store = DiskStore(
+            store_dir.parent,
+            block_size=shape.block_size,
+            num_blocks=shape.num_blocks,
+            model_id=shape.model_id,
+            direct_io=False,
+            max_workers=1,
+            inspect=not repair,
+        )
     except DiskLockedError:
         result.status = EXIT_UNCHECKED
         result.lines.append(
@@ -93,72 +157,79 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
         )
         return result
     except DiskTierError as error:
-        result.status = EXIT_UNCHECKED
-        result.lines.append(f"cannot check: {error}")
+        if repair or "--repair" not in str(error):
+            result.status = EXIT_UNCHECKED
+            result.lines.append(f"cannot check: {error}")
+        else:  # a missing or damaged index: a problem that --repair fixes
+            result.status = EXIT_PROBLEMS
+            result.problems.append(str(error))
         return result
     try:
-        mode = "O_DIRECT" if store.direct_io_active else "buffered"
-        dropped_at_open = store.stats.dropped_at_open
-        with progress(f"checking {tier.name}: {len(store):,} blocks", max(1, len(store))) as step:
+        with progress(f"checking {name}: {len(store):,} blocks", max(1, len(store))) as step:
             report = store.check(repair)
             step(max(1, len(store)))
+        dropped_at_open = store.stats.dropped_at_open
+        rebuilt = store.rebuilt_index
     finally:
         store.close()
     result.records = report.records
-    result.lines.append(f"{report.records:,} index records checked ({store_dir}, {mode} reads)")
-    if found is not None and found != wanted:
-        result.problems.append(
-            f"the slab files held {found // config.block_size:,} blocks, the config's tier "
-            f"{tier.num_blocks:,}: resized to the config (--repair)"
-        )
+    result.lines.append(
+        f"{report.records:,} index records checked ({store_dir}, {shape.describe()})"
+    )
+    if rebuilt is not None:
+        result.problems.append(f"{rebuilt}: moved aside and rebuilt from the slab headers")
     if dropped_at_open:
         result.problems.append(
             f"{dropped_at_open:,} records dropped when the store opened (slots beyond the slab "
-            "files or beyond this config's capacity, or a slot claimed by a newer record)"
+            "files, or a slot claimed by a newer record)"
         )
         result.dropped += dropped_at_open
     result.problems.extend(str(problem) for problem in report.problems)
+    result.lines.extend(f"note: {note}" for note in report.notes)
     result.dropped += report.repaired
+    result.reindexed = report.reindexed
     if result.problems:
-        result.status = EXIT_REPAIRED if repair or not report.problems else EXIT_PROBLEMS
+        result.status = EXIT_REPAIRED if repair else EXIT_PROBLEMS
     return result
 
 
-@click.command()
-@config_option("The tier chain (TOML) whose disk tiers to check.", required=True)
-@click.option(
-    "--repair",
-    is_flag=True,
-    help="Drop every bad index record (its block becomes a miss), durably.",
-)
-def check(config_path: Path, repair: bool) -> None:
-    """Verify every block stored in the disk tiers of a config.
+def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool) -> TierCheck:
+    """Check (and with `repair`, repair) the store of one disk tier of `config`."""
+    from kvtier.tiers.disk import layout_fingerprint
 
-    For each disk tier: every index record against the slab files (slot in range and not
-    claimed twice, a possible length and codec, the file long enough, the xxh3 checksum of
-    the stored bytes, and that they decode). Prints each problem as key, slot and what is
-    wrong. --repair drops the bad records, so their blocks read as misses instead of being
-    found bad on every read.
+    store_dir = tier.path / f"kvtier-{layout_fingerprint(config.block_size, config.model_id)}"
+    if not store_dir.exists():
+        result = TierCheck(tier.name, store_dir)
+        result.lines.append(f"nothing stored yet: {store_dir} does not exist")
+        return result
+    if not store_dir.is_dir() or store_dir.is_symlink():
+        result = TierCheck(tier.name, store_dir, EXIT_UNCHECKED)
+        result.lines.append(f"cannot check: {store_dir} is not a directory")
+        return result
+    expected = StoreShape(config.block_size, config.model_id, tier.num_blocks)
+    return check_store(tier.name, store_dir, repair, expected)
 
-    Nothing is created: a tier whose directory does not exist holds nothing yet. A store
-    whose slab files do not match the tier's capacity in the config is left alone (opening
-    it would resize it) unless --repair is given. A store opened by a running kvtier is
-    locked and cannot be checked until it stops.
 
-    \b
-    Exit status:
-      0  every disk tier is sound (or holds nothing, or the config has no disk tier)
-      1  problems found and left in place (run again with --repair)
-      2  bad options or config (one line on stderr)
-      3  problems found and every bad record dropped (--repair)
-      4  a tier could not be checked (in use by a running kvtier, or cannot be opened)
-    With several tiers the status is the first of 4, 1, 3, 0 that applies.
+def _print(title: str, result: TierCheck) -> None:
+    out.print(title, markup=False)
+    for line in result.lines:
+        out.print(f"  {line}", markup=False)
+    if result.problems:
+        count = len(result.problems)
+        out.print(f"  {count:,} problem{'' if count == 1 else 's'}:", markup=False)
+        for problem in result.problems:
+            out.print(f"    {problem}", markup=False)
+    if result.dropped:
+        plural = "" if result.dropped == 1 else "s"
+        out.print(f"  dropped {result.dropped:,} bad record{plural}", markup=False)
+    if result.reindexed:
+        plural = "" if result.reindexed == 1 else "s"
+        out.print(f"  indexed {result.reindexed:,} lost record{plural} again", markup=False)
+    if result.status == EXIT_OK and result.records:
+        out.print("  all sound", markup=False)
 
-    \b
-    Examples:
-      kvtier check --config configs/default.toml
-      kvtier check --config my-chain.toml --repair
-    """
+
+def _config_tiers(config_path: Path, repair: bool) -> list[tuple[str, TierCheck]]:
     from kvtier.config import DiskTierConfig, load_config
     from kvtier.tiers.registry import TierAccess
 
@@ -171,10 +242,7 @@ def check(config_path: Path, repair: bool) -> None:
         and tier.kind.access is TierAccess.HOST_BUFFERS
         and not tier.kind.owns_index
     ]
-    if not tiers:
-        out.print(f"{config_path}: no disk tier, nothing to check", markup=False)
-        return
-    results: list[TierCheck] = []
+    checked: list[tuple[str, TierCheck]] = []
     for tier in tiers:
         if isinstance(tier, DiskTierConfig):
             result = check_disk_tier(tier, config, repair)
@@ -184,26 +252,86 @@ def check(config_path: Path, repair: bool) -> None:
                 f"cannot check: a {tier.medium} tier is not a kvtier disk store "
                 "(kvtier check reads only those)"
             )
-        results.append(result)
         disabled = "" if tier.enabled is True else f" (enabled = {tier.enabled!r} in the config)"
-        out.print(f"{tier.medium} tier {tier.name!r}{disabled}:", markup=False)
-        for line in result.lines:
-            out.print(f"  {line}", markup=False)
-        if result.problems:
-            count = len(result.problems)
-            out.print(f"  {count:,} problem{'' if count == 1 else 's'}:", markup=False)
-            for problem in result.problems:
-                out.print(f"    {problem}", markup=False)
-        if result.dropped:
-            plural = "" if result.dropped == 1 else "s"
-            out.print(f"  dropped {result.dropped:,} bad record{plural}", markup=False)
-        elif result.status == EXIT_OK and result.records:
-            out.print("  all sound", markup=False)
-    statuses = {result.status for result in results}
+        checked.append((f"{tier.medium} tier {tier.name!r}{disabled}:", result))
+    return checked
+
+
+@click.command()
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@config_option("The tier chain (TOML) whose disk tiers to check (instead of PATH).")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Drop bad records, index lost blocks again, rebuild a damaged index (durably).",
+)
+def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
+    """Verify every block of a disk store, named by its directory (PATH) or by a config.
+
+    PATH is a store directory (kvtier-<fingerprint>) or a directory holding stores, such
+    as a disk tier's directory under `kvtier replay`'s --out (OUT/disk/<tier>). The store's
+    header file says how it was built, so it is always checked as built.
+
+    For each store: every index record against its slot's header and bytes (slot in range
+    and not claimed twice, the same key and sequence number, a possible length and codec,
+    the file long enough, the checksum that binds the bytes to their key, and that they
+    decode), every slot header against the index (a sound block without a record is a lost
+    record), and stray files. Prints each problem as key, slot and what is wrong.
+
+    Without --repair nothing is changed or created. --repair drops the bad records (their
+    blocks become misses), indexes lost blocks again, moves a damaged or missing index aside
+    and rebuilds it from the slab headers, and removes stray slab files. It never resizes a
+    store: a config whose capacity differs from the store's is reported with the settings
+    the store was built with. A store opened by a running kvtier is locked and cannot be
+    checked until it stops.
+
+    \b
+    Exit status:
+      0  every store is sound (or nothing is stored, or the config has no disk tier)
+      1  problems found and left in place (run again with --repair)
+      2  bad options or config (one line on stderr)
+      3  problems found and repaired (--repair)
+      4  a store could not be checked (in use by a running kvtier, or not a kvtier store)
+    With several stores the status is the first of 4, 1, 3, 0 that applies.
+
+    \b
+    Examples:
+      kvtier check kvtier-out/disk/disk
+      kvtier check --config configs/default.toml
+      kvtier check --config my-chain.toml --repair
+    """
+    checked: list[tuple[str, TierCheck]]
+    if path is not None and config_path is not None:
+        raise InvalidValueError(
+            "name one thing to check: a store directory (kvtier check PATH) or a config "
+            "(kvtier check --config FILE), not both"
+        )
+    if config_path is not None:
+        checked = _config_tiers(config_path, repair)
+        if not checked:
+            out.print(f"{config_path}: no disk tier, nothing to check", markup=False)
+            return
+        again: list[Any] = ["--config", config_path]
+    elif path is not None:
+        if not path.exists():
+            raise InvalidValueError(f"{path} does not exist")
+        if not path.is_dir():
+            raise InvalidValueError(f"{path} is not a directory (a store directory is)")
+        stores = store_dirs_at(path)
+        if not stores:
+            out.print(f"{path}: no kvtier store here, nothing to check", markup=False)
+            return
+        checked = [(f"store {s.name}:", check_store(s.name, s, repair)) for s in stores]
+        again = [path]
+    else:
+        raise InvalidValueError(
+            "name what to check: a store directory (kvtier check PATH) or --config FILE"
+        )
+    for title, result in checked:
+        _print(title, result)
+    statuses = {result.status for _, result in checked}
     status = next(code for code in _PRECEDENCE if code in statuses)
     if status == EXIT_PROBLEMS:
-        out.print(
-            f"problems found; `kvtier check --config {config_path} --repair` drops the bad records",
-            markup=False,
-        )
+        command = " ".join(str(part) for part in ["kvtier check", *again, "--repair"])
+        out.print(f"problems found; `{command}` repairs them", markup=False)
     sys.exit(status)

@@ -124,17 +124,18 @@ def write_clean_stamp(index_dir: Path) -> None:
     os.replace(temporary, stamp)
 
 
-def take_clean_stamp(index_dir: Path) -> bool:
+def take_clean_stamp(index_dir: Path, keep: bool = False) -> bool:
     """Whether the index still matches its clean-close stamp; the stamp is removed either
-    way (the index is about to be written)."""
+    way (the index is about to be written), unless `keep` (it is only to be read)."""
     stamp = index_dir / CLEAN_STAMP
     try:
         recorded = json.loads(stamp.read_text())
     except (OSError, ValueError):
         return False
     finally:
-        with contextlib.suppress(OSError):
-            stamp.unlink()
+        if not keep:
+            with contextlib.suppress(OSError):
+                stamp.unlink()
     if not isinstance(recorded, dict):
         return False
     try:

@@ -171,6 +171,10 @@ class CheckReport:
     records: int
     problems: tuple[CheckProblem, ...]
     repaired: int = 0
+    reindexed: int = 0
+    """Blocks whose lost index record was written again from their header (`repair=True`)."""
+    notes: tuple[str, ...] = ()
+    """What is worth knowing but not wrong with a block (stray files, a removed one)."""
 
     @property
     def ok(self) -> bool:
@@ -181,7 +185,10 @@ class CheckReport:
         head = f"{self.records} records, {len(self.problems)} problems"
         if self.repaired:
             head += f", {self.repaired} records dropped"
-        return "\n".join([head, *(f"  {problem}" for problem in self.problems)])
+        if self.reindexed:
+            head += f", {self.reindexed} lost records restored"
+        lines = [head, *(f"  {problem}" for problem in self.problems)]
+        return "\n".join(lines + [f"  note: {note}" for note in self.notes])
 
 
 @dataclass(slots=True)
@@ -423,6 +430,10 @@ class DiskStore(BlockStorage):
             threads of the one write lane (a large group's runs are written in parallel).
         io: the system calls on slab files; tests pass a `FaultyIO`.
         slab_file_bytes: largest slab file of a new store; an existing store keeps its own.
+        inspect: open an existing store only to `check` it: nothing is created, resized,
+            deleted or written (writes raise DiskTierError); a missing or damaged index is a
+            DiskTierError instead of being rebuilt, and the records that opening would drop
+            are kept for `check` to report.
     """
 
     def __init__(
@@ -439,6 +450,7 @@ class DiskStore(BlockStorage):
         max_workers: int = 4,
         io: FileIO | None = None,
         slab_file_bytes: int = DEFAULT_SLAB_FILE_BYTES,
+        inspect: bool = False,
     ) -> None:
         for name, value in (
             ("block_size", block_size),
@@ -473,6 +485,8 @@ class DiskStore(BlockStorage):
         self._inflight: InflightLog | None = None
         self._headers_fd: int | None = None
         self._index_sound = False
+        self.inspect = inspect
+        self._open_problems: list[CheckProblem] = []
         """Whether the index may be stamped as cleanly closed (set once it is known good)."""
         self.rebuilt_index: str | None = None
         """Why the index was rebuilt from the slab headers when the store opened (missing,
@@ -541,6 +555,9 @@ class DiskStore(BlockStorage):
     # ----------------------------------------------------------------------------------------
 
     def _open(self, direct_io: DirectIO, slab_file_bytes: int) -> None:
+        if self.inspect:
+            self._open_to_inspect()
+            return
         if not self.directory.exists():
             os.makedirs(self.directory, mode=_DIR_MODE, exist_ok=True)
         _private_dir(self.path)
@@ -603,6 +620,31 @@ class DiskStore(BlockStorage):
         with self._map_lock:
             self._stats.index_rebuilds += 1
 
+    def _open_to_inspect(self) -> None:
+        """`_open` for `inspect`: open what exists, change nothing."""
+        if not self.path.is_dir():
+            raise DiskTierError(f"no disk store at {self.path}")
+        self._take_lock(create=False)
+        index_path = self.path / _INDEX_DIR
+        recorded = self._open_headers(create=False)
+        if not (index_path / DATA_FILE).exists():
+            raise DiskTierError(
+                f"{self.path}: the index is missing; `kvtier check --repair` rebuilds it from "
+                "the slab headers"
+            )
+        damage = self._index_damage(index_path, recorded is not None)
+        if damage is not None:
+            raise DiskTierError(
+                f"{self.path}: {damage}; `kvtier check --repair` moves it aside and rebuilds it "
+                "from the slab headers"
+            )
+        self._index = BlockIndex(index_path, map_size=1 << 20, durable=False)
+        slots_per_file = self._check_layout(max(1, DEFAULT_SLAB_FILE_BYTES // self.block_size))
+        self._layout = SlabLayout(self.num_blocks, self.block_size, slots_per_file)
+        sizes = self._open_slab_files()
+        self._settle_records(self._load_records(), sizes)
+        self._index_sound = True
+
     def _new_index(self, index_path: Path) -> BlockIndex:
         """Open (or create) the LMDB index, its file mode tightened and its space reserved:
         the map is preallocated, so a full disk fails here, not at a later commit."""
@@ -632,17 +674,24 @@ class DiskStore(BlockStorage):
         problem = lmdb_file_problem(data)
         if problem is not None:
             return f"damaged index file: {problem}"
-        if take_clean_stamp(index_path):
+        if take_clean_stamp(index_path, keep=self.inspect):
             return None
         problem = probe_index(index_path, IndexRecord.FORMAT.size, MAX_KEY_BYTES)
         return None if problem is None else f"damaged index: {problem}"
 
-    def _open_headers(self) -> dict[str, Any] | None:
+    def _open_headers(self, create: bool = True) -> dict[str, Any] | None:
         """Open (or create) `headers.bin`; the layout its first page records, or None for a
-        new (or unreadable) header file."""
+        new (or unreadable, or with `create` false missing) header file."""
         # Plain system calls, not `self._io`: the header file is small metadata beside the
         # slab files, whose calls tests count and fault.
-        fd = _create_or_open(self.path / HEADERS_FILE)
+        path = self.path / HEADERS_FILE
+        if create:
+            fd = _create_or_open(path)
+        else:
+            try:
+                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            except FileNotFoundError:
+                return None
         self._headers_fd = fd
         first = os.pread(fd, 4096, 0)
         recorded = unpack_file_header(first)
@@ -660,10 +709,17 @@ class DiskStore(BlockStorage):
         if fd is not None:
             os.pwrite(fd, pack_file_header(layout), 0)
 
-    def _take_lock(self) -> None:
-        fd = os.open(self.path / _LOCK_FILE, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, _FILE_MODE)
+    def _take_lock(self, create: bool = True) -> None:
+        """Hold the store's lock file (flock), so no two stores open the same directory. With
+        `create` false, a store without a lock file is opened unlocked (nothing holds it)."""
+        if create:
+            fd = _create_or_open(self.path / _LOCK_FILE)
+        else:
+            try:
+                fd = os.open(self.path / _LOCK_FILE, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            except FileNotFoundError:
+                return
         try:
-            os.fchmod(fd, _FILE_MODE)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
@@ -692,6 +748,8 @@ class DiskStore(BlockStorage):
         except ValueError as error:
             raise DiskLayoutError(f"{self.path}: unreadable layout in the index: {error}") from None
         if recorded is None:
+            if self.inspect:
+                raise DiskLayoutError(f"{self.path}: the index records no layout")
             index.write_layout(self._layout_meta(slots_per_file), self.num_blocks)
             return slots_per_file
         expected = self._layout_meta(recorded.get("slots_per_file", 0))
@@ -706,7 +764,8 @@ class DiskStore(BlockStorage):
             raise DiskLayoutError(f"{self.path}: bad slots_per_file {recorded_slots!r}")
         if recorded_slots < 1:
             raise DiskLayoutError(f"{self.path}: bad slots_per_file {recorded_slots!r}")
-        index.write_layout(recorded, self.num_blocks)
+        if not self.inspect:
+            index.write_layout(recorded, self.num_blocks)
         return recorded_slots
 
     def _load_records(self) -> dict[OffloadKey, IndexRecord]:
@@ -718,11 +777,21 @@ class DiskStore(BlockStorage):
         return records
 
     def _open_slab_files(self) -> list[int]:
-        """Open (creating the missing) slab files; their sizes before this open."""
+        """Open (creating the missing) slab files; their sizes before this open. To inspect,
+        a missing file is not created: its descriptor is -1 and its size 0."""
         sizes: list[int] = []
         for file in range(self._layout.num_files):
             path = str(self.path / slab_file_name(file))
-            fd = self._io.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, _FILE_MODE)
+            if self.inspect:
+                try:
+                    fd = self._io.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+                except FileNotFoundError:
+                    self._fds.append(-1)
+                    sizes.append(0)
+                    continue
+            else:
+                flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
+                fd = self._io.open(path, flags, _FILE_MODE)
             self._fds.append(fd)
             sizes.append(self._io.size(fd))
         return sizes
@@ -788,18 +857,34 @@ class DiskStore(BlockStorage):
         scratch = _staging(2 * self.block_size).reshape(2, self.block_size)
         dropped: list[OffloadKey] = []
         by_slot: dict[int, OffloadKey] = {}
+        problems = self._open_problems
         for key, record in sorted(records.items(), key=lambda item: -item[1].seq):
             slot = record.slot
             file, offset = layout.locate(slot) if slot < layout.num_blocks else (-1, 0)
-            if (
-                file < 0
-                or sizes[file] < offset + max(record.length, 1)
-                or slot in by_slot
-                or (slot in suspects and self._check_record(key, record, *scratch) is not None)
-            ):
-                dropped.append(key)
-            else:
+            why = None
+            if file < 0:
+                why = f"slot beyond the store's {layout.num_blocks} slots"
+            elif self._fds and self._fds[file] < 0:
+                why = f"its slab file {slab_file_name(file)} is missing"
+            elif sizes[file] < offset + max(record.length, 1):
+                why = f"its slab file ends at byte {sizes[file]}, before the block"
+            elif slot in by_slot:
+                why = f"slot also claimed by the newer record of {by_slot[slot].hex()}"
+            elif slot in suspects:
+                what = self._check_record(key, record, *scratch)
+                if what is not None:
+                    why = f"rewritten by a write group that did not finish: {what}"
+            if why is None:
                 by_slot[slot] = key
+            else:
+                dropped.append(key)
+                problems.append(CheckProblem(key, slot, why))
+        if self.inspect:
+            self._stats.dropped_at_open = 0
+            kept = {key: records[key] for key in by_slot.values()}
+            self._records = kept
+            self._slot_keys = {record.slot: key for key, record in kept.items()}
+            return
         if dropped:
             index.delete(dropped)
         if suspects and inflight is not None:
@@ -867,7 +952,7 @@ class DiskStore(BlockStorage):
         self._fds = []
         if self._inflight is not None:
             with contextlib.suppress(OSError):
-                if self._index_sound:  # every group has ended: nothing left to re-check
+                if self._index_sound and not self.inspect:  # every group has ended
                     self._inflight.clear()
                 self._inflight.close()
             self._inflight = None
@@ -879,7 +964,7 @@ class DiskStore(BlockStorage):
             index_path = self._index.path
             self._index.close()
             self._index = None
-            if self._index_sound:
+            if self._index_sound and not self.inspect:
                 # Next open trusts the index without a probe while it matches this stamp.
                 with contextlib.suppress(OSError):
                     write_clean_stamp(index_path)
@@ -1152,6 +1237,8 @@ class DiskStore(BlockStorage):
             lane = self._lane
             if self._closed or lane is None:
                 raise StorageClosedError(f"the disk tier at {self.path} is closed")
+            if self.inspect:
+                raise DiskTierError(f"the disk tier at {self.path} is open only to be checked")
             self._queue.append(job)
             if not self._draining:
                 lane.submit(self._drain)
@@ -1320,6 +1407,9 @@ class DiskStore(BlockStorage):
                     for member in range(count):
                         if results[member] is None:
                             results[member] = failure
+                    # Their headers go too (best effort): a block reported failed is not
+                    # brought back by a rebuild, nor reported lost by `check`.
+                    self._write_headers([], [], [], [], [], [], [], [r.slot for _, r in new])
                     new = []
                     forget_error = DiskTierError(
                         f"the disk tier at {self.path} could not commit its index: {error}"
@@ -1816,16 +1906,22 @@ class DiskStore(BlockStorage):
     # ----------------------------------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        """Verify every index record against the slab files: slot in range, no slot shared by
-        two records, a sane length and codec, a file long enough, the checksum of the stored
-        bytes, and that they decode. With `repair`, drop the bad records (durably).
+        """Verify the store: every index record against its slot's header and bytes (slot in
+        range and not shared, the header of the same key and sequence, a sane length and
+        codec, a file long enough, the bound checksum, and that the bytes decode), every
+        header against the index (a sound block with no record is a lost record), and the
+        files of the store directory. With `repair`, drop the bad records, index the lost
+        blocks again and remove stray slab files (durably).
 
         Blocking; meant for `kvtier check`, tools and tests; run it with no batch in flight
         (an overlapping write could be reported as a problem). See also `acheck`."""
         self._check_open()
+        if repair and self.inspect:
+            raise DiskTierError(f"{self.path} is open only to be checked; reopen it to repair")
         index = self._open_index
         with self._index_lock:
-            problems: list[CheckProblem] = []
+            # Opening to inspect keeps what a normal open drops; a normal open has dropped it.
+            problems: list[CheckProblem] = list(self._open_problems) if self.inspect else []
             by_slot: dict[int, list[tuple[OffloadKey, IndexRecord]]] = {}
             examined = 0
             for key, value in index.items():
@@ -1836,23 +1932,136 @@ class DiskStore(BlockStorage):
                     problems.append(CheckProblem(key, None, f"unreadable index record: {error}"))
                     continue
                 by_slot.setdefault(record.slot, []).append((key, record))
+            headers = self._read_headers()
             scratch = _staging(2 * self.block_size).reshape(2, self.block_size)
+            sound: dict[OffloadKey, int] = {}  # key -> seq of its sound record
+            reported = {problem.key for problem in problems}
             for slot in sorted(by_slot):
                 entries = sorted(by_slot[slot], key=lambda entry: entry[1].seq)
                 newest_key, newest = entries[-1]
                 for key, _ in entries[:-1]:
-                    shared = f"slot also claimed by the newer record of {newest_key.hex()}"
-                    problems.append(CheckProblem(key, slot, shared))
-                what = self._check_record(newest_key, newest, scratch[0], scratch[1])
-                if what is not None:
+                    if key not in reported:
+                        shared = f"slot also claimed by the newer record of {newest_key.hex()}"
+                        problems.append(CheckProblem(key, slot, shared))
+                if newest_key in reported:
+                    continue
+                what = self._check_header(newest_key, newest, headers.get(slot))
+                if what is None:
+                    what = self._check_record(newest_key, newest, scratch[0], scratch[1])
+                if what is None:
+                    sound[newest_key] = newest.seq
+                else:
                     problems.append(CheckProblem(newest_key, slot, what))
-            repaired = 0
+            lost = self._lost_blocks(headers, sound, scratch)
+            bad = list(dict.fromkeys(problem.key for problem in problems))
+            for key, record in lost:
+                problems.append(
+                    CheckProblem(
+                        key,
+                        record.slot,
+                        "lost record: the slot holds this key's sound block (header and "
+                        "checksum agree) but the index has no record of it",
+                    )
+                )
+            strays = self._stray_files()
+            notes = [f"unknown file in the store directory: {path.name}" for path in strays]
+            repaired = reindexed = 0
             if repair and problems:
-                bad = list(dict.fromkeys(problem.key for problem in problems))
                 index.delete(bad)
                 self._drop_from_memory(bad)
                 repaired = len(bad)
-        return CheckReport(examined, tuple(problems), repaired)
+                claimed = {record.slot for record in self._records.values()}
+                restore = [(key, record) for key, record in lost if record.slot not in claimed]
+                index.update((), [(key, record.pack()) for key, record in restore])
+                with self._map_lock:
+                    self._remember_locked(restore)
+                reindexed = len(restore)
+            if repair:
+                for path in strays:
+                    if path.name.startswith("slab-") and path.name.endswith(".bin"):
+                        with contextlib.suppress(OSError):
+                            path.unlink()
+                            notes.append(f"removed the stray slab file {path.name}")
+        return CheckReport(examined, tuple(problems), repaired, reindexed, tuple(notes))
+
+    def _read_headers(self) -> dict[int, BlockHeader | None]:
+        """Every slot's header (None for an empty or unreadable entry), by slot."""
+        fd = self._headers_fd
+        found: dict[int, BlockHeader | None] = {}
+        if fd is None:
+            return found
+        chunk = 4096
+        for first in range(0, self.num_blocks, chunk):
+            count = min(chunk, self.num_blocks - first)
+            data = os.pread(fd, count * ENTRY_BYTES, entry_offset(first))
+            view = memoryview(data)
+            for i in range(len(data) // ENTRY_BYTES):
+                entry = view[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES]
+                found[first + i] = unpack_entry(entry, self._namespace)
+        return found
+
+    @staticmethod
+    def _check_header(
+        key: OffloadKey, record: IndexRecord, header: BlockHeader | None
+    ) -> str | None:
+        """What the slot's header says is wrong with `record`, or None when it agrees (or
+        is unreadable: the checksum then decides)."""
+        if header is None:
+            return None
+        if header.key != key:
+            return (
+                f"the slot holds the block of another key ({header.key.hex()}, seq "
+                f"{header.seq}): a swapped or stale record"
+            )
+        if header.seq != record.seq:
+            return (
+                f"stale record (seq {record.seq}): the slot was rewritten with this key's "
+                f"block seq {header.seq}"
+            )
+        if (header.length, header.codec, header.checksum) != (
+            record.length,
+            record.codec,
+            record.checksum,
+        ):
+            return "the record and the slot's header disagree on length, codec or checksum"
+        return None
+
+    def _lost_blocks(
+        self,
+        headers: dict[int, BlockHeader | None],
+        sound: dict[OffloadKey, int],
+        scratch: np.ndarray[Any, np.dtype[np.uint8]],
+    ) -> list[tuple[OffloadKey, IndexRecord]]:
+        """Sound blocks that have a header and no sound record newer than it (newest per
+        key), in slot order."""
+        newest: dict[OffloadKey, tuple[int, BlockHeader]] = {}
+        for slot, header in headers.items():
+            if header is None or sound.get(header.key, -1) >= header.seq:
+                continue
+            if header.key in newest and newest[header.key][1].seq >= header.seq:
+                continue
+            newest[header.key] = (slot, header)
+        lost = []
+        for key, (slot, header) in newest.items():
+            record = IndexRecord(slot, header.length, header.codec, header.checksum, header.seq)
+            file = self._layout.locate(slot)[0]
+            if self._fds[file] < 0:
+                continue
+            if self._check_record(key, record, scratch[0], scratch[1]) is None:
+                lost.append((key, record))
+        return sorted(lost, key=lambda item: item[1].slot)
+
+    def _stray_files(self) -> list[Path]:
+        """Files of the store directory that this store does not use."""
+        known = {_LOCK_FILE, _INFLIGHT_FILE, HEADERS_FILE, _INDEX_DIR}
+        known.update(slab_file_name(file) for file in range(self._layout.num_files))
+        strays = []
+        for path in sorted(self.path.iterdir()):
+            name = path.name
+            if name in known or name.startswith(f"{_INDEX_DIR}.damaged-"):
+                continue
+            strays.append(path)
+        return strays
 
     def _check_record(
         self, key: OffloadKey, record: IndexRecord, raw: HostBuffer, block: HostBuffer
@@ -1868,6 +2077,8 @@ class DiskStore(BlockStorage):
             return f"stored length {record.length} is impossible for codec {record.codec}"
         file, offset = self._layout.locate(record.slot)
         fd = self._fds[file]
+        if fd < 0:
+            return f"its slab file {slab_file_name(file)} is missing"
         try:
             size = self._io.size(fd)
         except OSError as error:
