@@ -328,3 +328,35 @@ async def test_an_index_damaged_while_open_is_replaced_from_memory(
         assert disk.rebuilt_index is None
     finally:
         await disk.aclose()
+
+
+def test_a_groups_entries_are_the_ones_a_single_block_would_get() -> None:
+    from kvtier.tiers.disk.header import (
+        BlockHeader,
+        bound_checksum,
+        group_entries,
+        namespace_bytes,
+        unpack_entry,
+    )
+
+    namespace = namespace_bytes("0123456789abcdef0123")
+    keys = [OffloadKey(b"\x01"), OffloadKey(bytes(range(255))), k(7), OffloadKey(b"\x00" * 9)]
+    slots, lengths, codecs, seqs = [3, 0, 9, 1], [4096, 100, 4096, 1], [0, 1, 0, 1], [5, 6, 7, 8]
+    blocks = [bytes([i]) * length for i, length in enumerate(lengths)]
+    entries = group_entries(namespace, keys, slots, lengths, codecs, seqs, blocks)
+    raw = entries.tobytes()
+    for i, key in enumerate(keys):
+        checksum = bound_checksum(
+            namespace, key, slots[i], lengths[i], codecs[i], seqs[i], blocks[i]
+        )
+        assert int(entries["checksum"][i]) == checksum
+        header = BlockHeader(key, seqs[i], lengths[i], codecs[i], checksum)
+        entry = raw[i * 320 : (i + 1) * 320]
+        assert header.pack(namespace, slots[i]) == entry
+        assert unpack_entry(entry, namespace, slots[i]) == header
+        assert unpack_entry(entry, namespace, slots[i] + 1) is None  # another slot's
+        assert unpack_entry(entry, namespace_bytes("x" * 20), slots[i]) is None
+        assert (
+            bound_checksum(namespace, key, slots[i] + 1, lengths[i], codecs[i], seqs[i], blocks[i])
+            != checksum
+        )

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
+import numpy as np
 import xxhash
 
 from kvtier.keys import MAX_KEY_BYTES, MIN_KEY_BYTES, OffloadKey
@@ -45,13 +47,32 @@ _FILE_MAGIC = b"kvtierhd"
 _FILE_PREFIX = struct.Struct("<8sI")  # magic, length of the layout JSON
 _FILE_TRAILER = struct.Struct("<Q")  # xxh3-64 of prefix + JSON
 
-_ENTRY_MAGIC = b"KVB1"
-_ENTRY = struct.Struct(f"<4sQQBB20s{MAX_KEY_BYTES}sQ")
-"""magic, seq, stored length, codec, key length, namespace, key (zero padded), checksum."""
+_ENTRY_MAGIC = b"K2"
+_BINDING = struct.Struct(f"<2sQQBB20s{MAX_KEY_BYTES}sQ")
+"""The part of an entry a block's checksum is bound to: magic, seq, stored length, codec,
+key length, namespace, key (zero padded), slot."""
+_ENTRY = struct.Struct(f"<{_BINDING.size}sQx")  # binding, bound checksum, pad
 _ENTRY_CHECK = struct.Struct("<Q")
 _ENTRY_CHECK_AT = ENTRY_BYTES - _ENTRY_CHECK.size
-_BINDING = struct.Struct("<20sB")  # namespace, key length; then key, then _BOUND_TAIL
-_BOUND_TAIL = struct.Struct("<QBQQ")  # stored length, codec, seq, slot
+
+ENTRY_DTYPE = np.dtype(
+    {
+        "names": [
+            *("magic", "seq", "length", "codec", "key_len", "namespace", "key", "slot"),
+            *("checksum", "entry_check"),
+        ],
+        "formats": [
+            *("S2", "<u8", "<u8", "u1", "u1", "S20", f"S{MAX_KEY_BYTES}", "<u8"),
+            *("<u8", "<u8"),
+        ],
+        "offsets": [
+            *(0, 2, 10, 18, 19, 20, 40, 40 + MAX_KEY_BYTES),
+            *(_BINDING.size, _ENTRY_CHECK_AT),
+        ],
+        "itemsize": ENTRY_BYTES,
+    }
+)
+"""One entry as a numpy record, so a write group builds all its entries at once."""
 
 NAMESPACE_BYTES = 20
 """The namespace bound into every block: the store's fingerprint (20 hex characters)."""
@@ -81,10 +102,46 @@ def bound_checksum(
     stored: Any,
 ) -> int:
     """xxh3-64 of `stored` (the bytes in the slot), seeded with a hash of everything the
-    block is: namespace, key, slot, stored length, codec and sequence number. `stored` is
-    any buffer (bytes, memoryview)."""
-    binding = _BINDING.pack(namespace, len(key)) + key + _BOUND_TAIL.pack(length, codec, seq, slot)
+    block is: namespace, key, slot, stored length, codec and sequence number (the binding
+    part of its header entry). `stored` is any buffer (bytes, memoryview)."""
+    binding = _BINDING.pack(_ENTRY_MAGIC, seq, length, codec, len(key), namespace, key, slot)
     return xxhash.xxh3_64_intdigest(stored, seed=xxhash.xxh3_64_intdigest(binding))
+
+
+def group_entries(
+    namespace: bytes,
+    keys: Sequence[OffloadKey],
+    slots: Sequence[int],
+    lengths: Sequence[int],
+    codecs: Sequence[int],
+    seqs: Sequence[int],
+    blocks: Sequence[Any],
+) -> np.ndarray[Any, np.dtype[np.void]]:
+    """The header entries of a write group's blocks, their bound checksums (`checksum`)
+    and entry checksums filled in: the same values as `bound_checksum` and
+    `BlockHeader.pack`, built for the whole group at once."""
+    count = len(keys)
+    entries = np.zeros(count, dtype=ENTRY_DTYPE)
+    if not count:
+        return entries
+    entries["magic"] = _ENTRY_MAGIC
+    entries["seq"] = seqs
+    entries["length"] = lengths
+    entries["codec"] = codecs
+    entries["key_len"] = [len(key) for key in keys]
+    entries["namespace"] = namespace
+    entries["key"] = keys
+    entries["slot"] = slots
+    raw = entries.view(np.uint8).data
+    digest = xxhash.xxh3_64_intdigest
+    binding, size = _BINDING.size, ENTRY_BYTES
+    entries["checksum"] = [
+        digest(block, seed=digest(raw[i * size : i * size + binding]))
+        for i, block in enumerate(blocks)
+    ]
+    end = _ENTRY_CHECK_AT
+    entries["entry_check"] = [digest(raw[i * size : i * size + end]) for i in range(count)]
+    return entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +155,9 @@ class BlockHeader:
     checksum: int
     """The bound checksum (`bound_checksum`) of the slot's first `length` bytes."""
 
-    EMPTY: ClassVar[bytes] = EMPTY_ENTRY
-
-    def pack(self, namespace: bytes) -> bytes:
-        """The entry as written to `headers.bin` (ENTRY_BYTES bytes)."""
-        body = _ENTRY.pack(
+    def pack(self, namespace: bytes, slot: int) -> bytes:
+        """The entry of `slot` as written to `headers.bin` (ENTRY_BYTES bytes)."""
+        binding = _BINDING.pack(
             _ENTRY_MAGIC,
             self.seq,
             self.length,
@@ -110,23 +165,26 @@ class BlockHeader:
             len(self.key),
             namespace,
             self.key,
-            self.checksum,
+            slot,
         )
-        body = body.ljust(_ENTRY_CHECK_AT, b"\0")
+        body = _ENTRY.pack(binding, self.checksum).ljust(_ENTRY_CHECK_AT, b"\0")
         return body + _ENTRY_CHECK.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def unpack_entry(data: bytes | memoryview, namespace: bytes) -> BlockHeader | None:
-    """The header in one entry, or None when the entry is empty, torn, damaged, of another
-    namespace or otherwise not a header this store wrote."""
-    if len(data) != ENTRY_BYTES or data[:4] != _ENTRY_MAGIC:
+def unpack_entry(data: bytes | memoryview, namespace: bytes, slot: int) -> BlockHeader | None:
+    """The header in `slot`'s entry, or None when the entry is empty, torn, damaged, of
+    another namespace or slot, or otherwise not a header this store wrote."""
+    if len(data) != ENTRY_BYTES or bytes(data[:2]) != _ENTRY_MAGIC:
         return None
     body = bytes(data[:_ENTRY_CHECK_AT])
     (check,) = _ENTRY_CHECK.unpack_from(data, _ENTRY_CHECK_AT)
     if xxhash.xxh3_64_intdigest(body) != check:
         return None
-    _, seq, length, codec, key_len, found_namespace, key, checksum = _ENTRY.unpack_from(body)
-    if found_namespace != namespace or not MIN_KEY_BYTES <= key_len <= MAX_KEY_BYTES:
+    binding, checksum = _ENTRY.unpack_from(body)
+    _, seq, length, codec, key_len, found_namespace, key, found_slot = _BINDING.unpack(binding)
+    if found_namespace != namespace or found_slot != slot:
+        return None
+    if not MIN_KEY_BYTES <= key_len <= MAX_KEY_BYTES:
         return None
     return BlockHeader(OffloadKey(key[:key_len]), seq, length, codec, checksum)
 

@@ -86,10 +86,12 @@ from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError, Compression, 
 from kvtier.tiers.disk.header import (
     EMPTY_ENTRY,
     ENTRY_BYTES,
+    ENTRY_DTYPE,
     HEADERS_FILE,
     BlockHeader,
     bound_checksum,
     entry_offset,
+    group_entries,
     headers_file_bytes,
     namespace_bytes,
     pack_file_header,
@@ -107,7 +109,7 @@ from kvtier.tiers.disk.index_check import (
 )
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import FileIO, IOBuffer
-from kvtier.tiers.disk.slab import ALIGNMENT, IOV_MAX, Run, SlabLayout, round_up, slab_file_name
+from kvtier.tiers.disk.slab import ALIGNMENT, Run, SlabLayout, round_up, slab_file_name
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
 
 if TYPE_CHECKING:
@@ -137,6 +139,8 @@ _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _log = logging.getLogger("kvtier.disk")
+_Entries = np.ndarray[Any, np.dtype[np.void]]
+"""A write group's header entries (`header.ENTRY_DTYPE` records)."""
 _DAMAGE_ERRORS = (
     lmdb.CorruptedError,
     lmdb.PageNotFoundError,
@@ -275,24 +279,6 @@ def _staging(nbytes: int) -> HostBuffer:
 
 def _is_aligned(buffer: HostBuffer) -> bool:
     return int(buffer.ctypes.data) % ALIGNMENT == 0
-
-
-def _bound_checksums(
-    namespace: bytes,
-    keys: Sequence[OffloadKey],
-    slots: Sequence[int],
-    lengths: Sequence[int],
-    codecs: Sequence[int],
-    seqs: Sequence[int],
-    blocks: Sequence[Stored],
-) -> list[int]:
-    """The bound checksum (`header.bound_checksum`) of each block of a group."""
-    return [
-        bound_checksum(namespace, key, slot, length, codec, seq, data)
-        for key, slot, length, codec, seq, data in zip(
-            keys, slots, lengths, codecs, seqs, blocks, strict=True
-        )
-    ]
 
 
 def _create_or_open(path: Path) -> int:
@@ -814,9 +800,8 @@ class DiskStore(BlockStorage):
             data = os.pread(headers_fd, count * ENTRY_BYTES, entry_offset(first))
             view = memoryview(data)
             for i in range(len(data) // ENTRY_BYTES):
-                header = unpack_entry(
-                    view[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES], self._namespace
-                )
+                entry = view[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES]
+                header = unpack_entry(entry, self._namespace, first + i)
                 if header is not None:
                     candidates.setdefault(header.key, []).append((first + i, header))
         scratch = _staging(2 * self.block_size).reshape(2, self.block_size)
@@ -1351,9 +1336,7 @@ class DiskStore(BlockStorage):
             first_seq = self._next_seq
             seqs = range(first_seq, first_seq + count)
             self._next_seq = first_seq + count
-            codecs, lengths, results, checksums, files = self._write_data(
-                keys, slots, seqs, buffers
-            )
+            codecs, lengths, results, entries, files = self._write_data(keys, slots, seqs, buffers)
             # 2b. The headers of the blocks written, and cleared ones for forgotten blocks
             # whose slots this group does not rewrite.
             rewritten = set(slots)
@@ -1362,9 +1345,8 @@ class DiskStore(BlockStorage):
                 for key in dropped
                 if (record := records_before.get(key)) is not None and record.slot not in rewritten
             ]
-            headers_written = self._write_headers(
-                keys, slots, seqs, lengths, codecs, checksums, results, cleared
-            )
+            headers_written = self._write_headers(entries, slots, results, cleared)
+            checksums = entries["checksum"].tolist()
             fsyncs = 0
             if self.fsync:
                 for file, members in files.items():
@@ -1409,7 +1391,7 @@ class DiskStore(BlockStorage):
                             results[member] = failure
                     # Their headers go too (best effort): a block reported failed is not
                     # brought back by a rebuild, nor reported lost by `check`.
-                    self._write_headers([], [], [], [], [], [], [], [r.slot for _, r in new])
+                    self._write_headers(entries[:0], [], [], [r.slot for _, r in new])
                     new = []
                     forget_error = DiskTierError(
                         f"the disk tier at {self.path} could not commit its index: {error}"
@@ -1442,14 +1424,15 @@ class DiskStore(BlockStorage):
         slots: list[int],
         seqs: Sequence[int],
         buffers: list[HostBuffer],
-    ) -> tuple[list[int], list[int], list[OSError | None], list[int], dict[int, list[int]]]:
-        """Encode and write the blocks of a group: (codec, stored length, error or None,
-        checksum) per block, and the blocks written per slab file. A large group's runs are
+    ) -> tuple[list[int], list[int], list[OSError | None], _Entries, dict[int, list[int]]]:
+        """Encode and write the blocks of a group: (codec, stored length, error or None) per
+        block, their header entries (with their bound checksums), and the blocks written per
+        slab file. A large group's runs are
         cut into parts written in parallel (the lane thread writes one, helpers the others),
         and the checksums of all but a small group are taken in a helper meanwhile."""
         count = len(slots)
         if not count:
-            return [], [], [], [], {}
+            return [], [], [], np.zeros(0, dtype=ENTRY_DTYPE), {}
         block_size = self.block_size
         codecs, stored, lengths = self._encode(buffers)
         total = sum(lengths)
@@ -1462,10 +1445,10 @@ class DiskStore(BlockStorage):
         )
         parts = _split_runs(runs, lengths, ways)
         pending: list[Future[list[tuple[Run, OSError | None]]]] = []
-        hashing: Future[list[int]] | None = None
+        hashing: Future[_Entries] | None = None
         try:
             hash_all = functools.partial(
-                _bound_checksums, self._namespace, keys, slots, lengths, codecs, seqs, stored
+                group_entries, self._namespace, keys, slots, lengths, codecs, seqs, stored
             )
             if helpers is not None and total >= _HASH_ASIDE_BYTES:
                 hashing = helpers.submit(hash_all)
@@ -1474,7 +1457,7 @@ class DiskStore(BlockStorage):
             outcomes = self._write_runs(parts[0], stored, lengths)
             for part in pending:
                 outcomes += part.result()
-            checksums = hash_all() if hashing is None else hashing.result()
+            entries = hash_all() if hashing is None else hashing.result()
         finally:
             # Also on an unexpected error: the buffers are not touched once we return.
             wait_all(pending)
@@ -1488,56 +1471,50 @@ class DiskStore(BlockStorage):
             else:
                 for member in run.members:
                     results[member] = error
-        return codecs, lengths, results, checksums, files
+        return codecs, lengths, results, entries, files
 
     def _write_headers(
         self,
-        keys: list[OffloadKey],
+        entries: _Entries,
         slots: list[int],
-        seqs: Sequence[int],
-        lengths: list[int],
-        codecs: list[int],
-        checksums: list[int],
         results: list[OSError | None],
         cleared: list[int],
     ) -> bool:
-        """Write the header entries of the group's written blocks and clear those of
-        `cleared` slots: one pwritev per run of consecutive slots. A failed run fails its
-        blocks (in `results`); a failed clear is left (its block stays verifiable, and an
-        index rebuild may bring a forgotten block back: right bytes, never wrong ones).
-        Whether anything was written."""
+        """Write the header entries of the group's written blocks (`entries[member]` for
+        the block in `slots[member]`) and clear those of `cleared` slots: one pwrite per run
+        of consecutive slots. A failed run fails its blocks (in `results`); a failed clear is
+        left (its block stays verifiable, and an index rebuild may bring a forgotten block
+        back: right bytes, never wrong ones). Whether anything was written."""
         fd = self._headers_fd
         if fd is None:
             return False
-        entries: dict[int, tuple[int | None, bytes]] = {
-            slot: (None, EMPTY_ENTRY) for slot in cleared
-        }
-        namespace = self._namespace
+        raw = entries.view(np.uint8).data
+        chosen: dict[int, tuple[int | None, bytes | memoryview]] = {}
+        for slot in cleared:
+            chosen[slot] = (None, EMPTY_ENTRY)
         for member, result in enumerate(results):
             if result is None:
-                header = BlockHeader(
-                    keys[member], seqs[member], lengths[member], codecs[member], checksums[member]
-                )
-                entries[slots[member]] = (member, header.pack(namespace))
-        if not entries:
+                start = member * ENTRY_BYTES
+                chosen[slots[member]] = (member, raw[start : start + ENTRY_BYTES])
+        if not chosen:
             return False
-        order = sorted(entries)
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and order[end] == order[end - 1] + 1 and end - start < IOV_MAX:
+        order = sorted(chosen)
+        first = 0
+        while first < len(order):
+            end = first + 1
+            while end < len(order) and order[end] == order[end - 1] + 1:
                 end += 1
-            run = order[start:end]
-            payload = b"".join(entries[slot][1] for slot in run)
+            run = order[first:end]
+            payload = b"".join(chosen[slot][1] for slot in run)
             try:
                 if os.pwrite(fd, payload, entry_offset(run[0])) != len(payload):
                     raise OSError(errno.EIO, "short write of slot headers")
             except OSError as error:
                 for slot in run:
-                    owner = entries[slot][0]
+                    owner = chosen[slot][0]
                     if owner is not None:
                         results[owner] = error
-            start = end
+            first = end
         return True
 
     def _encode(self, buffers: list[HostBuffer]) -> tuple[list[int], list[Stored], list[int]]:
@@ -1711,7 +1688,9 @@ class DiskStore(BlockStorage):
                         key, record.seq, record.length, record.codec, record.checksum
                     )
                     os.pwrite(
-                        self._headers_fd, header.pack(self._namespace), entry_offset(record.slot)
+                        self._headers_fd,
+                        header.pack(self._namespace, record.slot),
+                        entry_offset(record.slot),
                     )
             index.update((), [(key, record.pack()) for key, record in new])
             with self._map_lock:
@@ -1997,7 +1976,7 @@ class DiskStore(BlockStorage):
             view = memoryview(data)
             for i in range(len(data) // ENTRY_BYTES):
                 entry = view[i * ENTRY_BYTES : (i + 1) * ENTRY_BYTES]
-                found[first + i] = unpack_entry(entry, self._namespace)
+                found[first + i] = unpack_entry(entry, self._namespace, first + i)
         return found
 
     @staticmethod
