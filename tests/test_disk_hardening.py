@@ -360,3 +360,44 @@ def test_a_groups_entries_are_the_ones_a_single_block_would_get() -> None:
             bound_checksum(namespace, key, slots[i] + 1, lengths[i], codecs[i], seqs[i], blocks[i])
             != checksum
         )
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    ["headers of another store", "a directory for a slab"],
+)
+async def test_a_store_that_cannot_open_says_why_in_one_disk_tier_error(
+    tmp_path: Path, break_it: str
+) -> None:
+    from kvtier.errors import DiskTierError
+
+    store_dir = await fill(tmp_path, 4)
+    if break_it == "headers of another store":
+        other = DiskStore(tmp_path / "other", block_size=BLOCK, num_blocks=SLOTS, model_id="m")
+        other_headers = (other.path / "headers.bin").read_bytes()
+        other.close()
+        (store_dir / "headers.bin").write_bytes(other_headers)
+    else:
+        (store_dir / "slab-00000.bin").unlink()
+        (store_dir / "slab-00000.bin").mkdir()
+    with pytest.raises(DiskTierError) as caught:
+        open_store(tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and str(store_dir) in message
+    # Nothing is left open: the lock is free for the next try.
+    if break_it == "a directory for a slab":
+        (store_dir / "slab-00000.bin").rmdir()
+        open_store(tmp_path).close()
+
+
+async def test_a_file_in_place_of_the_index_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    store_dir = await fill(tmp_path, 4)
+    shutil.rmtree(store_dir / "index")
+    (store_dir / "index").write_text("not a directory")
+    disk = open_store(tmp_path)
+    try:
+        assert disk.rebuilt_index == "the index is missing"
+        assert await read_all(disk, list(range(4))) == (4, 0, 0)
+    finally:
+        await disk.aclose()
+    assert [p.name.startswith("index.damaged-") for p in store_dir.glob("index.*")] == [True]

@@ -79,6 +79,7 @@ from kvtier.errors import (
     DiskLockedError,
     DiskTierError,
     InvalidValueError,
+    KvtierError,
     StorageClosedError,
 )
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey, check_key
@@ -504,7 +505,8 @@ class DiskStore(BlockStorage):
             self._open(direct_io, slab_file_bytes)
         except BaseException as error:
             self._release()
-            if isinstance(error, OSError | lmdb.Error):
+            if isinstance(error, Exception) and not isinstance(error, KvtierError):
+                # Whatever went wrong (a file, the index, bytes that do not parse): one line.
                 raise DiskTierError(f"cannot open the disk tier at {self.path}: {error}") from error
             raise
         # Reads and writes never share a thread: a read never waits behind a queued write.
