@@ -191,6 +191,8 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
     alone and raises InvalidValueError (it is not a replay's own)."""
     import shutil
 
+    from kvtier.tiers.disk.safety import make_dirs
+
     dirs: list[Path] = []
     for tier in config.active_tiers():
         path = getattr(tier, "path", None)
@@ -210,6 +212,8 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
                     shutil.rmtree(store)
                 else:
                     store.unlink()
+        # The replay's own directories (0700): a disk tier creates only its last level.
+        make_dirs(path, create_parents=True)
         dirs.append(path)
     return dirs
 

@@ -616,13 +616,15 @@ def test_record_packing_round_trips() -> None:
 def test_open_errors_are_disk_tier_errors(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
-    with pytest.raises(DiskTierError, match="cannot open"):
+    with pytest.raises(DiskTierError, match="file is not a directory"):
         open_store(blocker)
     io = FaultyIO()
     io.inject("allocate", errno.ENOSPC)
     with pytest.raises(DiskTierError, match="No space"):
         open_store(tmp_path / "full", io=io)
-    open_store(tmp_path / "full").close()  # the failed open left nothing locked
+    # The failed open left nothing locked, and nothing behind: it created the directory.
+    assert not (tmp_path / "full").exists()
+    open_store(tmp_path / "full").close()
 
 
 async def test_batch_errors_name_the_bad_value(store: DiskStore) -> None:

@@ -33,6 +33,7 @@ from kvtier.replay import (
     ReplayResult,
     format_size,
     load_replay_trace,
+    prepare_disk_dirs,
     replay,
     replay_block_bytes,
     replay_config,
@@ -442,6 +443,7 @@ async def test_cancelling_the_replay_closes_the_hierarchy_and_returns_a_partial_
         4096,
         tmp_path / "disk",
     )
+    prepare_disk_dirs(config)  # as `kvtier replay` does: a disk tier creates only its last level
     trace = load_replay_trace(None, 400)
     served = 0
     task: asyncio.Task[ReplayResult] | None = None

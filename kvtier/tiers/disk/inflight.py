@@ -34,6 +34,7 @@ _MAGIC = b"kvtinfl1"
 _HEADER = struct.Struct("<8sQ")
 _TRAILER = struct.Struct("<Q")
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 
 
 class InflightLog:
@@ -41,12 +42,17 @@ class InflightLog:
 
     def __init__(self, path: Path, mode: int) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, mode)
+        flags = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
         try:
-            os.fchmod(fd, mode)
-        except BaseException:
-            os.close(fd)
-            raise
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:  # an existing log keeps its mode: kvtier chmods only its own
+            fd = os.open(path, flags)
+        else:
+            try:
+                os.fchmod(fd, mode)
+            except BaseException:
+                os.close(fd)
+                raise
         self._fd = fd
 
     def read(self) -> list[int]:

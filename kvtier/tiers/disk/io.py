@@ -17,6 +17,9 @@ from typing import Literal
 
 from kvtier.errors import InvalidValueError
 
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+
 IOBuffer = bytes | bytearray | memoryview
 """One buffer of a `pwritev` / `preadv` call (a numpy array is passed as its `.data`)."""
 
@@ -32,9 +35,17 @@ class FileIO:
     """
 
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        """`os.open`; a file that it creates gets exactly `mode` (the umask cannot widen or
-        narrow it, because it is set again with fchmod)."""
-        fd = os.open(path, flags, mode)
+        """`os.open`, never following a symlink (O_NOFOLLOW) and closed on exec; a file that
+        it creates gets exactly `mode` (set again with fchmod, so the umask cannot widen or
+        narrow it), and a file that already existed keeps its mode."""
+        flags |= _O_NOFOLLOW | _O_CLOEXEC
+        if flags & os.O_CREAT and not flags & os.O_EXCL:
+            try:
+                fd = os.open(path, flags | os.O_EXCL, mode)
+            except FileExistsError:
+                return os.open(path, flags & ~os.O_CREAT)
+        else:
+            fd = os.open(path, flags, mode)
         if flags & os.O_CREAT:
             try:
                 os.fchmod(fd, mode)

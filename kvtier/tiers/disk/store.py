@@ -110,6 +110,18 @@ from kvtier.tiers.disk.index_check import (
 )
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import FileIO, IOBuffer
+from kvtier.tiers.disk.safety import (
+    OpenFootprint,
+    allocated_bytes,
+    check_free_space,
+    check_parent_dir,
+    check_store_dir,
+    create_or_open,
+    make_dirs,
+    open_file,
+    preallocate,
+    refuse_symlink,
+)
 from kvtier.tiers.disk.slab import ALIGNMENT, Run, SlabLayout, round_up, slab_file_name
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
 
@@ -282,53 +294,15 @@ def _is_aligned(buffer: HostBuffer) -> bool:
     return int(buffer.ctypes.data) % ALIGNMENT == 0
 
 
-def _create_or_open(path: Path) -> int:
-    """Open `path` read-write, creating it with exactly mode 0600 if missing (a file kvtier
-    did not create keeps its mode); a symlink is refused (O_NOFOLLOW)."""
-    flags = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
-    try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-    except FileExistsError:
-        return os.open(path, flags)
-    try:
-        os.fchmod(fd, _FILE_MODE)  # a umask may have narrowed it
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _preallocate(fd: int, size: int) -> None:
-    """Reserve `size` bytes for a file (its size grows to at least `size`); a filesystem
-    without fallocate gets a sparse file instead."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as error:
-        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        if os.fstat(fd).st_size < size:
-            os.ftruncate(fd, size)
-
-
 def _index_failure(error: Exception) -> OSError:
     """A per-block write failure for an index (LMDB) error."""
     return OSError(errno.EIO, f"disk tier index: {error}")
 
 
-def _private_dir(path: Path) -> None:
-    """Create `path` (if missing) and make it exactly 0700: a umask can neither widen nor,
-    by making it unusable, narrow it."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, _DIR_MODE)
-    if not path.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
-    os.chmod(path, _DIR_MODE)
-
-
 def _fsync_directory(path: Path) -> None:
     """fsync a directory (its entries); a filesystem that refuses is left alone."""
     try:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW)
     except OSError:
         return
     try:
@@ -421,6 +395,9 @@ class DiskStore(BlockStorage):
             deleted or written (writes raise DiskTierError); a missing or damaged index is a
             DiskTierError instead of being rebuilt, and the records that opening would drop
             are kept for `check` to report.
+        create_parents: create the missing ancestors of `directory` (0700); when false, only
+            `directory` itself may be created and a missing parent is a DiskTierError (a
+            config's explicit path: a typo should not grow a directory tree).
     """
 
     def __init__(
@@ -438,6 +415,7 @@ class DiskStore(BlockStorage):
         io: FileIO | None = None,
         slab_file_bytes: int = DEFAULT_SLAB_FILE_BYTES,
         inspect: bool = False,
+        create_parents: bool = True,
     ) -> None:
         for name, value in (
             ("block_size", block_size),
@@ -473,6 +451,8 @@ class DiskStore(BlockStorage):
         self._headers_fd: int | None = None
         self._index_sound = False
         self.inspect = inspect
+        self._create_parents = create_parents
+        self._footprint: OpenFootprint | None = None
         self._open_problems: list[CheckProblem] = []
         """Whether the index may be stamped as cleanly closed (set once it is known good)."""
         self.rebuilt_index: str | None = None
@@ -505,6 +485,7 @@ class DiskStore(BlockStorage):
             self._open(direct_io, slab_file_bytes)
         except BaseException as error:
             self._release()
+            self._roll_back_open()
             if isinstance(error, Exception) and not isinstance(error, KvtierError):
                 # Whatever went wrong (a file, the index, bytes that do not parse): one line.
                 raise DiskTierError(f"cannot open the disk tier at {self.path}: {error}") from error
@@ -520,7 +501,12 @@ class DiskStore(BlockStorage):
     def from_config(
         cls, tier: DiskTierConfig, block_size: int, model_id: str = "", **kwargs: Any
     ) -> DiskStore:
-        """A store for a validated disk tier config (`kwargs`: `max_workers`, `io`, ...)."""
+        """A store for a validated disk tier config (`kwargs`: `max_workers`, `io`, ...).
+        Only the default path (the per-user cache directory) gets its missing ancestors
+        created; a configured path must have an existing parent."""
+        from kvtier.config import default_cache_dir
+
+        kwargs.setdefault("create_parents", tier.path == default_cache_dir())
         return cls(
             tier.path,
             block_size=block_size,
@@ -546,17 +532,21 @@ class DiskStore(BlockStorage):
         if self.inspect:
             self._open_to_inspect()
             return
-        if not self.directory.exists():
-            os.makedirs(self.directory, mode=_DIR_MODE, exist_ok=True)
-        _private_dir(self.path)
+        created = make_dirs(self.directory, create_parents=self._create_parents)
+        check_parent_dir(self.directory)
+        created += make_dirs(self.path, create_parents=False)
+        check_store_dir(self.path)
+        self._footprint = OpenFootprint(self.path, created)
         self._take_lock()
+        self._check_space()
         index_path = self.path / _INDEX_DIR
         recorded = self._open_headers()
         damage = self._index_damage(index_path, recorded is not None)
         if damage is not None and index_path.exists():
             aside = move_aside(index_path)
             _log.warning("disk tier %s: index moved aside to %s: %s", self.path, aside, damage)
-        _private_dir(index_path)
+        make_dirs(index_path, create_parents=False)
+        check_store_dir(index_path)
         self._index = self._new_index(index_path)
         if damage is not None and recorded is not None:
             # The slab headers say how the store was laid out; the index is rebuilt to match.
@@ -592,7 +582,7 @@ class DiskStore(BlockStorage):
             old.close()
         aside = move_aside(index_path)
         _log.error("disk tier %s: %s; moved it aside to %s, rebuilding", self.path, why, aside)
-        _private_dir(index_path)
+        make_dirs(index_path, create_parents=False)
         fresh = self._new_index(index_path)
         try:
             fresh.write_layout(self._layout_meta(self._layout.slots_per_file), self.num_blocks)
@@ -633,19 +623,41 @@ class DiskStore(BlockStorage):
         self._settle_records(self._load_records(), sizes)
         self._index_sound = True
 
+    def _index_reserve(self) -> int:
+        """Bytes reserved for the index file (about 512 per slot, at least 1 MiB)."""
+        return max(1 << 20, round_up(self.num_blocks * 512, 1 << 20))
+
+    def _check_space(self) -> None:
+        """DiskTierError, before anything is allocated, when the file system cannot hold what
+        this open still has to allocate (slab files, header file, index reserve)."""
+        wanted = (
+            self.num_blocks * self.block_size
+            + headers_file_bytes(self.num_blocks)
+            + self._index_reserve()
+        )
+        held = sum(allocated_bytes(path) for path in self.path.glob("slab-*.bin"))
+        held += allocated_bytes(self.path / HEADERS_FILE)
+        held += allocated_bytes(self.path / _INDEX_DIR / DATA_FILE)
+        check_free_space(self.path, wanted - held, f"the disk tier at {self.path}")
+
     def _new_index(self, index_path: Path) -> BlockIndex:
         """Open (or create) the LMDB index, its file mode tightened and its space reserved:
         the map is preallocated, so a full disk fails here, not at a later commit."""
-        reserve = max(1 << 20, round_up(self.num_blocks * 512, 1 << 20))
+        reserve = self._index_reserve()
+        new_files = []
+        for name in (DATA_FILE, "lock.mdb"):
+            refuse_symlink(index_path / name)  # LMDB opens them itself, following links
+            if not (index_path / name).exists():
+                new_files.append(index_path / name)
         index = BlockIndex(index_path, map_size=reserve, durable=self.fsync)
         try:
-            for name in ("data.mdb", "lock.mdb"):
+            for path in new_files:  # only what this open created: a umask may narrow it
                 with contextlib.suppress(FileNotFoundError):
-                    os.chmod(index_path / name, _FILE_MODE)
-            fd = os.open(index_path / DATA_FILE, os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW)
+                    os.chmod(path, _FILE_MODE)
+            fd = open_file(index_path / DATA_FILE, os.O_RDWR)
             try:
                 if os.fstat(fd).st_size < reserve:
-                    _preallocate(fd, reserve)
+                    preallocate(fd, reserve, index_path / DATA_FILE)
             finally:
                 os.close(fd)
         except BaseException:
@@ -657,6 +669,8 @@ class DiskStore(BlockStorage):
         """Why the index cannot be opened as it is (it is then rebuilt from the headers), or
         None when it is sound, or absent in a new store. See `index_check.py`."""
         data = index_path / DATA_FILE
+        for path in (index_path, data, index_path / "lock.mdb"):
+            refuse_symlink(path)  # never read, moved or mapped through a planted link
         if not data.exists():
             return "the index is missing" if has_headers else None
         problem = lmdb_file_problem(data)
@@ -674,7 +688,7 @@ class DiskStore(BlockStorage):
         # slab files, whose calls tests count and fault.
         path = self.path / HEADERS_FILE
         if create:
-            fd = _create_or_open(path)
+            fd = create_or_open(path)
         else:
             try:
                 fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
@@ -697,11 +711,17 @@ class DiskStore(BlockStorage):
         if fd is not None:
             os.pwrite(fd, pack_file_header(layout), 0)
 
+    def _roll_back_open(self) -> None:
+        """After a failed open: remove what it created, shrink what it grew."""
+        if self._footprint is not None:
+            self._footprint.rollback()
+            self._footprint = None
+
     def _take_lock(self, create: bool = True) -> None:
         """Hold the store's lock file (flock), so no two stores open the same directory. With
         `create` false, a store without a lock file is opened unlocked (nothing holds it)."""
         if create:
-            fd = _create_or_open(self.path / _LOCK_FILE)
+            fd = create_or_open(self.path / _LOCK_FILE)
         else:
             try:
                 fd = os.open(self.path / _LOCK_FILE, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
@@ -891,7 +911,7 @@ class DiskStore(BlockStorage):
             wanted = headers_file_bytes(layout.num_blocks)
             if os.fstat(self._headers_fd).st_size > wanted:
                 os.ftruncate(self._headers_fd, wanted)
-            _preallocate(self._headers_fd, wanted)
+            preallocate(self._headers_fd, wanted, self.path / HEADERS_FILE)
         for extra in self.path.glob("slab-*.bin"):
             number = extra.name.removeprefix("slab-").removesuffix(".bin")
             if number.isdigit() and int(number) >= layout.num_files:
