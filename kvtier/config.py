@@ -447,6 +447,10 @@ class HierarchyConfig(_Frozen):
     model_id: str = ""
     """Namespace of the stored blocks (the disk tier keeps each model's blocks apart)."""
     write_policy: Literal["write-back", "write-through"] = "write-back"
+    strict: bool = False
+    """true: a tier that cannot be opened fails `Hierarchy.open`; false (default): that tier
+    is disabled (logged, listed in `stats().disabled_tiers`) and the hierarchy starts without
+    it."""
     tiers: tuple[_Tier, ...]
     """Each tier's config, in the order of the `[[tiers]]` tables."""
 

@@ -35,6 +35,7 @@ import asyncio
 import copy
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,8 +53,8 @@ from kvtier.engine import CALLER, MoveResult, Priority, TensorCopier, TransferEn
 from kvtier.engine.engine import finish_even_if_cancelled
 from kvtier.engine.staging import DEFAULT_STAGING_BYTES, StagingArena
 from kvtier.engine.supervisor import JobSupervisor, SupervisorCounters
-from kvtier.errors import InvalidValueError, KeyFormatError, ManagerClosedError
-from kvtier.keys import OffloadKey
+from kvtier.errors import InvalidValueError, KeyFormatError, KvtierError, ManagerClosedError
+from kvtier.keys import OffloadKey, check_key, describe_key
 from kvtier.manager import (
     ChainCounters,
     OffloadingEvent,
@@ -141,6 +142,8 @@ class HierarchyStats:
     """Demotions and cascades that waited for room in the staging arena (backpressure)."""
     queue_depths: dict[str, int] = field(default_factory=dict)
     """Copies waiting at each tier's queue when the snapshot was taken."""
+    disabled_tiers: dict[str, str] = field(default_factory=dict)
+    """Tiers of the config left out because they could not be opened: name -> why."""
 
     def latency_percentile(self, q: float) -> float:
         """The q-th percentile (0..100) of recent `get` latencies, in seconds (0 if none)."""
@@ -170,20 +173,44 @@ class FlushReport:
     left: int
 
 
-def _check_keys(keys: Sequence[OffloadKey], what: str) -> list[OffloadKey]:
+def _check_keys(
+    keys: Sequence[OffloadKey], what: str, *, distinct: bool = True
+) -> list[OffloadKey]:
+    """`keys` as a list, every key checked (`check_key`) before anything changes, so one bad
+    key never costs the good ones; with `distinct`, no key twice."""
     given: object = keys
-    if isinstance(given, bytes | str) or not isinstance(given, Sequence):
-        raise KeyFormatError(f"{what}: keys must be a sequence of bytes keys, got {type(keys)}")
-    checked = list(keys)
-    for key in checked:
-        if not isinstance(key, bytes):
-            raise KeyFormatError(f"{what}: every key must be bytes, got {type(key).__name__}")
-    seen: set[bytes] = set()
-    for key in checked:
-        if key in seen:
-            raise InvalidValueError(f"{what}: duplicate key {key!r} in one call")
-        seen.add(key)
+    if isinstance(given, bytes | bytearray | str) or not isinstance(given, Sequence):
+        raise KeyFormatError(
+            f"{what}: keys must be a sequence of bytes keys, got {type(keys).__name__}"
+        )
+    checked = [check_key(key, f"{what}: keys[{i}]") for i, key in enumerate(given)]
+    if distinct and len(set(checked)) != len(checked):
+        seen: set[bytes] = set()
+        for i, key in enumerate(checked):
+            if key in seen:
+                raise InvalidValueError(
+                    f"{what}: duplicate key {describe_key(key)} at keys[{i}] in one call"
+                )
+            seen.add(key)
     return checked
+
+
+def _check_seconds(value: object, what: str, *, none_ok: bool = True) -> float | None:
+    """A positive, finite number of seconds (None when `none_ok`), or InvalidValueError."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValueError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        hint = " (None waits without a deadline)" if none_ok else ""
+        raise InvalidValueError(f"{what} must be a finite number > 0, got {value!r}{hint}")
+    return float(value)
+
+
+def _check_count(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
 
 
 class Hierarchy:
@@ -209,14 +236,29 @@ class Hierarchy:
         snapshots of blocks on their way to slow tiers (see `StagingArena`).
         `tier_options`: per medium, options for its opener (e.g. `{"disk": {"io": ...}}`);
         `disk_options` is the same for the disk medium."""
-        if load_timeout_s is not None and not load_timeout_s > 0:
-            raise InvalidValueError(f"load_timeout_s must be > 0, got {load_timeout_s}")
-        if not flush_timeout_s > 0:
-            raise InvalidValueError(f"flush_timeout_s must be > 0, got {flush_timeout_s}")
-        if isinstance(max_concurrency, bool) or max_concurrency < 1:
-            raise InvalidValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if isinstance(staging_bytes, bool) or staging_bytes < 1:
-            raise InvalidValueError(f"staging_bytes must be >= 1, got {staging_bytes}")
+        if not isinstance(config, HierarchyConfig):
+            raise InvalidValueError(
+                f"config must be a HierarchyConfig (see Hierarchy.from_config for a dict or a "
+                f"file), got {type(config).__name__}"
+            )
+        load_timeout_s = _check_seconds(load_timeout_s, "load_timeout_s")
+        flush_timeout_s = _check_seconds(flush_timeout_s, "flush_timeout_s", none_ok=False) or 0.0
+        max_concurrency = _check_count(max_concurrency, "max_concurrency", 1)
+        max_pending_cascades = _check_count(max_pending_cascades, "max_pending_cascades", 0)
+        staging_bytes = _check_count(staging_bytes, "staging_bytes", 1)
+        if flush_on_close is not None and not isinstance(flush_on_close, bool):
+            raise InvalidValueError(
+                f"flush_on_close must be a bool or None, got {flush_on_close!r}"
+            )
+        for name, options in (("tier_options", tier_options), ("disk_options", disk_options)):
+            if options is not None and not isinstance(options, Mapping):
+                raise InvalidValueError(f"{name} must be a mapping, got {type(options).__name__}")
+        for medium, options in (tier_options or {}).items():
+            if not isinstance(options, Mapping):
+                raise InvalidValueError(
+                    f"tier_options[{medium!r}] must be a mapping of options, got "
+                    f"{type(options).__name__}"
+                )
         self.config = config
         self.load_timeout_s = load_timeout_s
         self.block_size = config.block_size
@@ -239,6 +281,7 @@ class Hierarchy:
         self._reads: set[asyncio.Task[MoveResult]] = set()  # reads outliving their get
         self._calls = HierarchyCounters()
         self._info: list[TierInfo] = []
+        self._disabled: dict[str, str] = {}
         self._state = "new"
 
     # -- opening and closing ----------------------------------------------------------------
@@ -278,16 +321,32 @@ class Hierarchy:
         self._state = "opening"
         copier = TensorCopier()
         tiers: list[ChainTier] = []
-        active = self.config.active_tiers()
+        active: list[BaseTierConfig] = []
         try:
-            for tier in active:
-                storage = await self._open_storage(tier, copier)
+            for tier in self.config.active_tiers():
+                try:
+                    storage = await self._open_storage(tier, copier)
+                except (KvtierError, OSError, MemoryError, RuntimeError) as error:
+                    if self.config.strict:
+                        raise
+                    # One tier that cannot open (a damaged or locked store, a full disk, no
+                    # memory) must not keep the serving engine from starting: it is left out.
+                    reason = f"{type(error).__name__}: {error}"
+                    log.error("tier %r disabled: it could not be opened: %s", tier.name, reason)
+                    self._disabled[tier.name] = reason
+                    continue
+                active.append(tier)
                 self._storages.append(storage)
                 tiers.append(self._bookkeeping(tier, storage))
                 where = _describe(storage)
                 policy = "own" if tier.kind.owns_index else tier.policy
                 self._info.append(
                     TierInfo(tier.name, str(tier.medium), policy, tier.num_blocks, where)
+                )
+            if not active:
+                raise KvtierError(
+                    "no tier of the chain could be opened: "
+                    + "; ".join(f"{name}: {why}" for name, why in self._disabled.items())
                 )
         except BaseException:
             for storage in self._storages:
@@ -535,7 +594,7 @@ class Hierarchy:
         """How many leading keys some tier holds (or is receiving). Starts nothing."""
         manager, _ = self._open()
         count = 0
-        for key in keys:
+        for key in _check_keys(keys, "lookup", distinct=False):
             if manager.locate(key) is None:
                 break
             count += 1
@@ -551,9 +610,11 @@ class Hierarchy:
         manager, _ = self._open()
         keys = _check_keys(keys, "get")
         started = time.perf_counter()
-        timeout = self.load_timeout_s if timeout_s is None else timeout_s
-        if timeout is not None and not timeout > 0:
-            raise InvalidValueError(f"get: timeout_s must be > 0, got {timeout_s}")
+        timeout = (
+            self.load_timeout_s
+            if timeout_s is None
+            else _check_seconds(timeout_s, "get: timeout_s")
+        )
         deadline = None if timeout is None else started + timeout
         top = self._storages[0]
         device = top.device if isinstance(top, TorchPool) else torch.device("cpu")
@@ -635,7 +696,7 @@ class Hierarchy:
     def where(self, key: OffloadKey) -> str | None:
         """Name of the highest tier holding `key` (readable or being written), or None."""
         manager, _ = self._open()
-        found = manager.locate(key)
+        found = manager.locate(check_key(key, "where: key"))
         return None if found is None else manager.tiers[found[0]].name
 
     def stats(self) -> HierarchyStats:
@@ -659,6 +720,7 @@ class Hierarchy:
             supervisor=copy.deepcopy(self._supervisor_of().counters),
             staging_waits=0 if engine.staging is None else engine.staging.waits,
             queue_depths=engine.queue_depths(),
+            disabled_tiers=dict(self._disabled),
         )
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -667,6 +729,12 @@ class Hierarchy:
         return manager.take_events()
 
     # -- more --------------------------------------------------------------------------------
+
+    @property
+    def disabled_tiers(self) -> dict[str, str]:
+        """Tiers of the config left out at open because they could not be opened (name ->
+        why); empty when every active tier opened. See the config's `strict`."""
+        return dict(self._disabled)
 
     @property
     def tiers(self) -> list[TierInfo]:
@@ -739,9 +807,16 @@ class Hierarchy:
 
     def _check_blocks(self, blocks: torch.Tensor, count: int) -> None:
         if not isinstance(blocks, torch.Tensor):
-            raise InvalidValueError(f"put: blocks must be a torch.Tensor, got {type(blocks)}")
+            raise InvalidValueError(
+                f"put: blocks must be a torch.Tensor, got {type(blocks).__name__}"
+            )
+        if blocks.device.type == "meta":
+            raise InvalidValueError("put: blocks are on the meta device, which holds no bytes")
         if blocks.dtype != torch.uint8:
-            raise InvalidValueError(f"put: blocks must be uint8, got {blocks.dtype}")
+            raise InvalidValueError(
+                f"put: blocks must be uint8 bytes, got {blocks.dtype}; to store another "
+                f"dtype's bytes pass blocks.view(torch.uint8) (shape [n, {self.block_size}])"
+            )
         if blocks.dim() != 2 or blocks.shape[1] != self.block_size:
             raise InvalidValueError(
                 f"put: blocks must have shape [n, {self.block_size}] (block_size), "
