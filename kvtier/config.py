@@ -72,6 +72,24 @@ __all__ = [
 ]
 
 MAX_TIERS = 8
+MAX_BLOCK_SIZE = 1 << 30
+"""The largest block_size (1 GiB): a KV block is KiBs to MiBs; more is a typo."""
+MAX_TIER_BLOCKS = 1 << 40
+"""The most blocks one tier may hold (its bookkeeping needs memory per block)."""
+MAX_TIER_BYTES = 1 << 50
+"""The most bytes one tier may hold (1 PiB); a cpu tier is also bounded by this machine's
+memory, a disk tier by its file system's free space when it opens."""
+
+
+def physical_memory() -> int | None:
+    """Bytes of this machine's memory, or None where the platform does not say."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
 """The most tiers one chain may have."""
 
 # --------------------------------------------------------------------------------------------
@@ -180,9 +198,17 @@ def default_config_path() -> Path:
     return Path(kvtier.__file__).parent.parent / "configs" / "default.toml"
 
 
+_UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
 def _expand_path(value: str | Path) -> Path:
-    """`value` with "~" and $VARS expanded (unset variables are left as written)."""
-    return Path(os.path.expandvars(os.path.expanduser(str(value))))
+    """`value` with "~" and $VARS expanded; ValueError naming a variable that is not set
+    (kept as written, it would make a directory literally named "$VAR")."""
+    expanded = os.path.expandvars(os.path.expanduser(str(value)))
+    unset = _UNSET_VARIABLE.search(expanded)
+    if unset is not None:
+        raise ValueError(f"${unset.group(1).strip('{}')} is not set in the environment")
+    return Path(expanded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,6 +235,19 @@ _CAPACITY_EXAMPLE = 'expected a block count or a size like "8GiB"'
 def _error(kind: str, message: str) -> PydanticCustomError:
     """A validation error of our own; with no context given, `message` is shown as is."""
     return PydanticCustomError(kind, message)
+
+
+def _check_tier_bytes(size: int, medium: object) -> None:
+    """A tier's bytes within MAX_TIER_BYTES, and a host-memory tier's within this machine's
+    memory (a pool larger than the memory would fail, or swap, when it is allocated)."""
+    if size > MAX_TIER_BYTES:
+        raise _error("capacity", f"{_format_size(size)} is more than a tier may hold (1 PiB)")
+    memory = physical_memory()
+    if medium == "cpu" and memory is not None and size > memory:
+        raise _error(
+            "capacity",
+            f"{_format_size(size)} of host memory, but this machine has {_format_size(memory)}",
+        )
 
 
 def _true_false_or_auto(value: object) -> bool | Literal["auto"]:
@@ -263,12 +302,17 @@ class BaseTierConfig(_Frozen):
 
     @field_validator("capacity", mode="before")
     @classmethod
-    def _check_capacity(cls, value: object) -> int | str:
+    def _check_capacity(cls, value: object, info: ValidationInfo) -> int | str:
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise _error("capacity", _CAPACITY_EXAMPLE)
         if isinstance(value, int):
             if value < 1:
                 raise _error("capacity", "a block count must be at least 1")
+            if value > MAX_TIER_BLOCKS:
+                raise _error("capacity", f"at most {MAX_TIER_BLOCKS:,} blocks (2**40)")
+            scope = _SCOPE.get()
+            if scope is not None and scope.block_size is not None:
+                _check_tier_bytes(value * scope.block_size, info.data.get("medium"))
             return value
         try:
             size, has_unit = _size_in_bytes(value)
@@ -292,6 +336,9 @@ class BaseTierConfig(_Frozen):
                 "capacity",
                 f"must hold at least one block of {_format_size(scope.block_size)}",
             )
+        if scope.block_size is not None and size // scope.block_size > MAX_TIER_BLOCKS:
+            raise _error("capacity", f"at most {MAX_TIER_BLOCKS:,} blocks (2**40)")
+        _check_tier_bytes(size, info.data.get("medium"))
         return value
 
     @field_validator("policy")
@@ -403,7 +450,12 @@ class DiskTierConfig(BaseTierConfig):
             raise _error("path", "expected a directory path string")
         if str(value) == "":
             raise _error("path", "must not be empty")
-        return _expand_path(value)
+        if "\0" in str(value):
+            raise _error("path", "must not contain a NUL character")
+        try:
+            return _expand_path(value)
+        except ValueError as error:
+            raise _error("path", str(error)) from None
 
     @field_validator("direct_io", mode="before")
     @classmethod
@@ -481,6 +533,8 @@ class HierarchyConfig(_Frozen):
             size, _ = _size_in_bytes(value)
         except _SizeError as error:
             raise _error("block_size", error.reason) from None
+        if size > MAX_BLOCK_SIZE:
+            raise _error("block_size", f"at most {_format_size(MAX_BLOCK_SIZE)}")
         return size
 
     @field_validator("tiers", mode="before")
@@ -555,7 +609,7 @@ def _peek_block_size(data: object) -> int | None:
         size, _ = _size_in_bytes(data.get("block_size"))
     except _SizeError:
         return None
-    return size
+    return size if size <= MAX_BLOCK_SIZE else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,6 +182,9 @@ def replay_config(
             raw["path"] = str(disk_root / tier.name)
         tiers.append(raw)
     data["tiers"] = tiers
+    # A replay measures the configured chain: a tier left out because it cannot open would
+    # make its figures another chain's, so every tier must open.
+    data["strict"] = True
     return parse_config(data, source="replay configuration")
 
 

@@ -130,7 +130,13 @@ class SlotPoolBackend(Backend):
         self._spec_type = spec_type
         self._num_fresh_used = 0  # slots [0, _num_fresh_used) have been handed out once
         self._free_list: list[int] = []
-        self._allocated = bytearray(num_blocks)  # 1 where the slot is allocated
+        try:
+            self._allocated = bytearray(num_blocks)  # 1 where the slot is allocated
+        except MemoryError:
+            raise InvalidValueError(
+                f"num_blocks {num_blocks:,}: this machine has not the memory to keep track of "
+                "that many slots; lower the tier's capacity"
+            ) from None
 
     @property
     def num_blocks(self) -> int:
