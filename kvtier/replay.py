@@ -31,11 +31,14 @@ directories under the output directory, emptied first, so a replay is reproducib
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
+import os
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,7 +48,7 @@ import numpy.typing as npt
 import torch
 
 from kvtier.config import HierarchyConfig, parse_config
-from kvtier.errors import InvalidValueError, TraceFormatError
+from kvtier.errors import InvalidValueError, KvtierError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
 from kvtier.simulation.chain import offload_key_of
@@ -188,6 +191,79 @@ def replay_config(
     return parse_config(data, source="replay configuration")
 
 
+@contextlib.contextmanager
+def _stores_locked(path: Path) -> Iterator[None]:
+    """Hold the lock of every kvtier store in `path` (as a store does while open), or raise
+    DiskLockedError naming the one a running kvtier holds; released on exit."""
+    import fcntl
+
+    from kvtier.errors import DiskLockedError
+
+    held: list[int] = []
+    try:
+        for store in sorted(path.glob(f"{_DISK_STORE_PREFIX}*")):
+            lock = store / "lock"
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            held.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DiskLockedError(
+                    f"{store} is in use by a running kvtier (another replay with this --out?); "
+                    "wait for it or choose another --out"
+                ) from None
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` (0700, with its missing parents) and make sure files can be written
+    there, before a replay spends minutes that it could not report: InvalidValueError, one
+    line, otherwise."""
+    from kvtier.tiers.disk.safety import make_dirs
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidValueError(f"--out {out_dir} exists and is not a directory")
+    try:
+        make_dirs(out_dir, create_parents=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".kvtier-write-test-"):
+            pass
+    except (OSError, KvtierError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise InvalidValueError(f"--out {out_dir}: cannot write there ({reason})") from None
+
+
+def disk_usage_line(config: HierarchyConfig, out_dir: Path) -> str | None:
+    """How much the replay's disk tiers will allocate and how much the file system of
+    `out_dir` has free (None when no disk tier is active)."""
+    from kvtier.tiers.disk.safety import format_bytes, free_bytes
+
+    size = sum(
+        tier.num_blocks * config.block_size
+        for tier in config.active_tiers()
+        if not tier.kind.volatile and isinstance(getattr(tier, "path", None), Path)
+    )
+    if not size:
+        return None
+    return (
+        f"  disk tiers allocate {format_bytes(size)} under {out_dir} "
+        f"({format_bytes(free_bytes(out_dir))} free there; --clean removes them afterwards)"
+    )
+
+
+def clean_disk_dirs(disk_dirs: list[Path]) -> None:
+    """Remove the replay's disk tier directories (what `--clean` asks for)."""
+    import shutil
+
+    for path in disk_dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
     """Empty each disk tier's directory of the kvtier stores it holds (`kvtier-*`), so the
     replay starts cold; return the directories. A directory holding anything else is left
@@ -210,11 +286,12 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
                     f"{path} holds files that are not a kvtier disk tier ({', '.join(others[:3])})"
                     "; choose another --out"
                 )
-            for store in path.iterdir():
-                if store.is_dir() and not store.is_symlink():
-                    shutil.rmtree(store)
-                else:
-                    store.unlink()
+            with _stores_locked(path):  # a store in use by a running kvtier is not deleted
+                for store in path.iterdir():
+                    if store.is_dir() and not store.is_symlink():
+                        shutil.rmtree(store)
+                    else:
+                        store.unlink()
         # The replay's own directories (0700): a disk tier creates only its last level.
         make_dirs(path, create_parents=True)
         dirs.append(path)
@@ -724,7 +801,15 @@ def write_report(result: ReplayResult, out_dir: Path, *, plot: bool = True) -> l
     """Write `report.json` (and, with `plot`, `replay.png`) into `out_dir`; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
-    path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    # Whole or not at all: a reader never sees half a report.
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise InvalidValueError(f"cannot write {path}: {error.strerror or error}") from None
     written = [path]
     if plot:
         from kvtier.replay_plot import plot_replay

@@ -182,6 +182,11 @@ def pair_table(report: dict[str, object]) -> Table:
     "16KiB (or the config's block size if smaller); each tier keeps its block count.",
 )
 @out_option("Directory for report.json, replay.png and the disk tiers' files (disk/<tier>).")
+@click.option(
+    "--clean",
+    is_flag=True,
+    help="Remove the disk tiers' files under --out after the run (the report stays).",
+)
 @json_option()
 @no_plot_option()
 def replay(
@@ -190,6 +195,7 @@ def replay(
     limit: int | None,
     block_bytes_text: str | None,
     out_dir: Path,
+    clean: bool,
     as_json: bool,
     no_plot: bool,
 ) -> None:
@@ -208,7 +214,11 @@ def replay(
     per-tier hits equal those of `kvtier simulate --config` on the same config.
 
     Writes report.json (every figure, per-interval series) and replay.png into --out.
-    Ctrl-C stops cleanly and writes a partial report (exit status 130).
+    Says how much disk the disk tiers allocate first; --clean removes their files after
+    the run. A second replay into an --out whose disk tier a running replay holds is
+    refused (exit 2), never allowed to delete it. An --out that cannot be written is a
+    one-line error before the run. Ctrl-C stops cleanly and writes a partial report (exit
+    status 130).
 
     \b
     Examples:
@@ -220,7 +230,10 @@ def replay(
     from kvtier.config import load_config, load_default_config
     from kvtier.plots import require_matplotlib
     from kvtier.replay import (
+        check_out_dir,
+        clean_disk_dirs,
         describe_block_bytes,
+        disk_usage_line,
         format_size,
         load_replay_trace,
         prepare_disk_dirs,
@@ -246,6 +259,7 @@ def replay(
         raise InvalidValueError("the configuration has no active tier here (no CUDA?)")
     trace = load_replay_trace(trace_path, limit)
     load_trace_s = time.perf_counter() - started
+    check_out_dir(out_dir)
     disk_dirs = prepare_disk_dirs(config)
 
     if not as_json:
@@ -275,19 +289,26 @@ def replay(
             )
         for path in disk_dirs:
             out.print(f"  disk tier in {path} (emptied: the replay starts cold)", markup=False)
+        usage = disk_usage_line(config, out_dir)
+        if usage is not None:
+            out.print(usage, markup=False)
 
-    with progress("replaying requests", len(trace.requests)) as advance:
-        result = asyncio.run(
-            replay_trace(
-                config,
-                trace,
-                config_source=source,
-                given=given,
-                progress=advance,
-                disk_dirs=disk_dirs,
-                load_trace_s=load_trace_s,
+    try:
+        with progress("replaying requests", len(trace.requests)) as advance:
+            result = asyncio.run(
+                replay_trace(
+                    config,
+                    trace,
+                    config_source=source,
+                    given=given,
+                    progress=advance,
+                    disk_dirs=disk_dirs,
+                    load_trace_s=load_trace_s,
+                )
             )
-        )
+    finally:
+        if clean:
+            clean_disk_dirs(disk_dirs)
 
     report = result.to_dict()
     paths = write_report(result, out_dir, plot=not no_plot)
