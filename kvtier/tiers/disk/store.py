@@ -450,11 +450,12 @@ class DiskStore(BlockStorage):
         self._inflight: InflightLog | None = None
         self._headers_fd: int | None = None
         self._index_sound = False
+        """Whether the index may be stamped as cleanly closed (set once it is known good)."""
         self.inspect = inspect
         self._create_parents = create_parents
         self._footprint: OpenFootprint | None = None
         self._open_problems: list[CheckProblem] = []
-        """Whether the index may be stamped as cleanly closed (set once it is known good)."""
+        """To inspect: what a normal open would have dropped, for `check` to report."""
         self.rebuilt_index: str | None = None
         """Why the index was rebuilt from the slab headers when the store opened (missing,
         damaged, ...), or None when it was opened as it was."""
