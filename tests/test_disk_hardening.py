@@ -401,3 +401,18 @@ async def test_a_file_in_place_of_the_index_is_moved_aside_and_rebuilt(tmp_path:
     finally:
         await disk.aclose()
     assert [p.name.startswith("index.damaged-") for p in store_dir.glob("index.*")] == [True]
+
+
+async def test_an_interrupted_rebuild_is_done_again(tmp_path: Path) -> None:
+    store_dir = await fill(tmp_path, 10)
+    shutil.rmtree(store_dir / "index")
+    disk = open_store(tmp_path)  # rebuilt ...
+    disk.close()
+    (store_dir / "index" / "rebuilding").touch()  # ... as if killed before it was committed
+    disk = open_store(tmp_path)
+    try:
+        assert disk.rebuilt_index == "a rebuild of the index was interrupted"
+        assert await read_all(disk, list(range(10))) == (10, 0, 0)
+    finally:
+        await disk.aclose()
+    assert not (store_dir / "index" / "rebuilding").exists()

@@ -146,6 +146,8 @@ DEFAULT_SLAB_FILE_BYTES = 1 << 30
 _INDEX_DIR = "index"
 _LOCK_FILE = "lock"
 _INFLIGHT_FILE = "inflight"
+_REBUILDING = "rebuilding"
+"""A file in the index directory while it is being rebuilt from the slot headers."""
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -560,7 +562,13 @@ class DiskStore(BlockStorage):
         sizes = self._open_slab_files()
         if damage is not None:
             self.rebuilt_index = damage
+            # Until the rebuild is committed, the new index is marked: a process killed
+            # meanwhile leaves an index that the next open rebuilds again, not one that
+            # silently lacks records.
+            marker = index_path / _REBUILDING
+            os.close(create_or_open(marker))
             records = self._rebuild_from_headers(sizes)
+            marker.unlink()
         else:
             records = self._load_records()
         self._settle_records(records, sizes)
@@ -674,6 +682,8 @@ class DiskStore(BlockStorage):
             refuse_symlink(path)  # never read, moved or mapped through a planted link
         if not data.exists():
             return "the index is missing" if has_headers else None
+        if (index_path / _REBUILDING).exists():
+            return "a rebuild of the index was interrupted"
         problem = lmdb_file_problem(data)
         if problem is not None:
             return f"damaged index file: {problem}"
