@@ -76,33 +76,16 @@ async def read_all(disk: DiskStore, ids: list[int]) -> tuple[int, int, int]:
 CHILD = textwrap.dedent(
     """
     import asyncio, json, sys
-    import numpy as np
-    from kvtier.keys import key_from_int
-    from kvtier.testing.storage import empty_buffers
-    from kvtier.tiers.disk import DiskStore
-    from kvtier.tiers.disk.testing import deterministic_block
+    sys.path.insert(0, sys.argv[4])
+    from test_disk_hardening import deterministic_block, k, open_store, read_all
 
     async def main(directory, ids, extra):
-        disk = DiskStore(directory, block_size=4096, num_blocks=256, direct_io=False)
-        right = wrong = missed = 0
-        for i in ids:
-            record = disk.record(key_from_int(i))
-            if record is None:
-                missed += 1
-                continue
-            (buffer,) = empty_buffers(1, 4096)
-            (result,) = await disk.read([key_from_int(i)], [record.slot], [buffer])
-            if result is not None:
-                missed += 1
-            elif np.array_equal(buffer, deterministic_block(i, 4096)):
-                right += 1
-            else:
-                wrong += 1
+        disk = open_store(directory)
+        right, wrong, missed = await read_all(disk, ids)
         failed = 0
         if extra:
-            keys = [key_from_int(i) for i in extra]
             blocks = [deterministic_block(i, 4096) for i in extra]
-            results = await disk.write(keys, extra, blocks)
+            results = await disk.write([k(i) for i in extra], extra, blocks)
             failed = sum(result is not None for result in results)
         answer = {"right": right, "wrong": wrong, "missed": missed, "write_failed": failed,
                   "rebuilt": disk.rebuilt_index}
@@ -117,7 +100,15 @@ CHILD = textwrap.dedent(
 def open_in_child(directory: Path, ids: list[int], extra: list[int]) -> dict[str, Any]:
     """Open the store in a child process, read `ids`, write `extra` (id = slot), close."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(directory), json.dumps(ids), json.dumps(extra)],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(directory),
+            json.dumps(ids),
+            json.dumps(extra),
+            str(Path(__file__).parent),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
