@@ -277,14 +277,20 @@ async def test_a_failed_disk_write_fails_that_store_only(tmp_path: Path, code: i
         await h.put(ks[2:3], blocks_of(ks[2:3]))  # demotes ks[0] to disk: that write fails
         await h.drain()  # the put returned once ks[0] was snapshotted; the write runs behind
         assert fault.fired == 1
-        assert h.where(ks[0]) is None  # lost (it had been evicted), with no trace on disk
-        assert h.stats().chain.copy_failures == 1
-        # The tier keeps working.
+        # ks[0] is lost (it had been evicted), with no trace on disk. ks[1] too when its
+        # demotion joined the same write group and run (timing): a failed run fails exactly
+        # its blocks, each counted once.
+        lost = [k for k in ks[:2] if h.where(k) is None]
+        assert lost in ([ks[0]], [ks[0], ks[1]])
+        assert h.stats().chain.copy_failures == len(lost)
+        # The tier keeps working, and what was not in the failed run is intact.
         for k in ks[3:]:
             await h.put([k], blocks_of([k]))
-        assert h.where(ks[1]) == "disk"
-        out = await h.get([ks[1]])
-        assert torch.equal(out[0].cpu(), content(ks[1]))
+        for k in ks[1:]:
+            if k not in lost:
+                assert h.where(k) is not None
+                out = await h.get([k])
+                assert torch.equal(out[0].cpu(), content(k))
         await h.drain()
         verify_all(h)
 
