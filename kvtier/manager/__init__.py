@@ -6,6 +6,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
+from kvtier.manager.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
 from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput
@@ -15,6 +16,7 @@ __all__ = [
     "CopyStep",
     "JobKind",
     "OffloadingEvent",
+    "OffloadingHandler",
     "OffloadingManager",
     "PrepareStoreOutput",
     "PromotionHold",
@@ -24,5 +26,7 @@ __all__ = [
     "TieredManager",
     "TieredStoreOutput",
     "TransferJob",
+    "TransferResult",
+    "TransferSpec",
     "make_tier_manager",
 ]
