@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 
 from kvtier.commands.options import (
+    check_out_dir,
     config_option,
     json_option,
     no_plot_option,
@@ -245,6 +246,7 @@ def simulate(
         capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
     if not no_plot:
         require_matplotlib()
+    check_out_dir(out_dir)  # before the run: a run whose results cannot be written is wasted
     trace = load_trace(trace_path, limit)
     if not as_json:
         kind = "Mooncake JSONL" if trace.format == "mooncake" else "key file"

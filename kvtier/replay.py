@@ -36,7 +36,6 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ import numpy.typing as npt
 import torch
 
 from kvtier.config import HierarchyConfig, parse_config
-from kvtier.errors import InvalidValueError, KvtierError, TraceFormatError
+from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
 from kvtier.simulation.chain import offload_key_of
@@ -219,23 +218,6 @@ def _stores_locked(path: Path) -> Iterator[None]:
     finally:
         for fd in held:
             os.close(fd)
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Create `out_dir` (0700, with its missing parents) and make sure files can be written
-    there, before a replay spends minutes that it could not report: InvalidValueError, one
-    line, otherwise."""
-    from kvtier.tiers.disk.safety import make_dirs
-
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InvalidValueError(f"--out {out_dir} exists and is not a directory")
-    try:
-        make_dirs(out_dir, create_parents=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".kvtier-write-test-"):
-            pass
-    except (OSError, KvtierError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise InvalidValueError(f"--out {out_dir}: cannot write there ({reason})") from None
 
 
 def disk_usage_line(config: HierarchyConfig, out_dir: Path) -> str | None:

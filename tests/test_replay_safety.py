@@ -93,3 +93,13 @@ def test_directories_the_replay_creates_are_private(tmp_path: Path) -> None:
         os.umask(old)
     for path in (tmp_path / "a", out, out / "disk", out / "disk" / "disk", the_store(out)):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+
+
+def test_simulate_checks_its_out_before_the_run_too(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = CliRunner().invoke(
+        main, ["simulate", "--limit", "5", "--no-plot", "--out", str(blocker / "out")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "cannot write there" in result.stderr

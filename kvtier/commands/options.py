@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,3 +60,21 @@ def no_plot_option() -> Callable[[F], F]:
     return click.option(
         "--no-plot", is_flag=True, help="Skip the PNG chart (no matplotlib needed)."
     )
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` (0700, with its missing parents) and make sure files can be written
+    there, before a replay spends minutes that it could not report: InvalidValueError, one
+    line, otherwise."""
+    from kvtier.errors import InvalidValueError, KvtierError
+    from kvtier.tiers.disk.safety import make_dirs
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidValueError(f"--out {out_dir} exists and is not a directory")
+    try:
+        make_dirs(out_dir, create_parents=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".kvtier-write-test-"):
+            pass
+    except (OSError, KvtierError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise InvalidValueError(f"--out {out_dir}: cannot write there ({reason})") from None

@@ -227,10 +227,10 @@ def replay(
       kvtier replay --config configs/three-tier.toml --block-bytes 64KiB --limit 500
       kvtier replay --trace keys.txt --json --no-plot
     """
+    from kvtier.commands.options import check_out_dir
     from kvtier.config import load_config, load_default_config
     from kvtier.plots import require_matplotlib
     from kvtier.replay import (
-        check_out_dir,
         clean_disk_dirs,
         describe_block_bytes,
         disk_usage_line,
