@@ -343,10 +343,14 @@ class Hierarchy:
                 self._info.append(
                     TierInfo(tier.name, str(tier.medium), policy, tier.num_blocks, where)
                 )
-            if not active:
+            if not active and self._disabled:
                 raise KvtierError(
                     "no tier of the chain could be opened: "
                     + "; ".join(f"{name}: {why}" for name, why in self._disabled.items())
+                )
+            if not active:
+                raise KvtierError(
+                    'the config has no active tier here (only "auto" GPU tiers, and no CUDA?)'
                 )
         except BaseException:
             for storage in self._storages:

@@ -93,3 +93,14 @@ async def test_a_damaged_store_is_a_disabled_tier_not_a_crash(tmp_path: Path) ->
     config["strict"] = True
     with pytest.raises(DiskTierError, match="refusing to serve its blocks"):
         await Hierarchy.from_config(config).open()
+
+
+async def test_a_chain_with_no_tier_active_here_says_so(tmp_path: Path) -> None:
+    config = {
+        "block_size": BLOCK,
+        "tiers": [{"name": "g", "medium": "gpu", "capacity": 4, "enabled": "auto"}],
+    }
+    if torch.cuda.is_available():
+        pytest.skip("an auto GPU tier is active where CUDA is")
+    with pytest.raises(KvtierError, match="no active tier here"):
+        await Hierarchy.from_config(config).open()
