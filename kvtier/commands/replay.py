@@ -35,13 +35,16 @@ def parse_block_bytes(text: str | None) -> int | None:
     """`--block-bytes` as bytes (a byte count or a size like "256KiB"); None if not given."""
     if text is None:
         return None
-    from kvtier.config import parse_size
+    from kvtier.config import MAX_BLOCK_SIZE, parse_size
 
     value: int | str = int(text) if text.strip().isdigit() else text
     try:
-        return parse_size(value)
+        size = parse_size(value)
     except InvalidValueError as error:
         raise InvalidValueError(f"--block-bytes: {error}") from None
+    if size > MAX_BLOCK_SIZE:
+        raise InvalidValueError(f"--block-bytes: at most 1 GiB, got {text}")
+    return size
 
 
 def _ms(seconds: float) -> str:
