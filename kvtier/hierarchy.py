@@ -34,8 +34,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import inspect
 import logging
 import math
+import numbers
+import operator
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +51,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.config import BaseTierConfig, HierarchyConfig, load_config, parse_config
+from kvtier.config import (
+    MAX_TIER_BYTES,
+    BaseTierConfig,
+    HierarchyConfig,
+    load_config,
+    parse_config,
+    physical_memory,
+)
 from kvtier.engine import CALLER, MoveResult, Priority, TensorCopier, TransferEngine
 from kvtier.engine.engine import finish_even_if_cancelled
 from kvtier.engine.staging import DEFAULT_STAGING_BYTES, StagingArena
@@ -69,7 +79,7 @@ from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tiered import slot_ids
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.pool import TorchPool
-from kvtier.tiers.registry import TierAccess, TierContext, open_storage
+from kvtier.tiers.registry import TierAccess, TierContext, open_storage, registered_media
 from kvtier.tiers.storage import BlockStorage
 
 log = logging.getLogger("kvtier.hierarchy")
@@ -196,21 +206,103 @@ def _check_keys(
 
 
 def _check_seconds(value: object, what: str, *, none_ok: bool = True) -> float | None:
-    """A positive, finite number of seconds (None when `none_ok`), or InvalidValueError."""
+    """A positive, finite number of seconds (None when `none_ok`), or InvalidValueError.
+    Any real number is taken (a numpy scalar too); an int too large for a float is refused
+    like infinity rather than raising OverflowError."""
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidValueError(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidValueError(f"{what} must be a number of seconds, got {_shown(value)}")
+    try:
+        seconds = float(value)
+    except (OverflowError, ValueError, TypeError):
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
         hint = " (None waits without a deadline)" if none_ok else ""
-        raise InvalidValueError(f"{what} must be a finite number > 0, got {value!r}{hint}")
-    return float(value)
+        raise InvalidValueError(f"{what} must be a finite number > 0, got {_shown(value)}{hint}")
+    return seconds
 
 
 def _check_count(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
+    """An int (or an int-like numpy scalar, not a bool) >= minimum, or InvalidValueError
+    naming `what`."""
+    count: int | None = None
+    if not isinstance(value, bool | float) and hasattr(value, "__index__"):
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = None
+    if count is None or count < minimum:
+        raise InvalidValueError(f"{what} must be an int >= {minimum}, got {_shown(value)}")
+    return count
+
+
+def _shown(value: object, limit: int = 48) -> str:
+    """`repr(value)`, cut short for an error message (a 600-digit int is not helpful)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _max_staging_bytes() -> int:
+    """The most host memory a staging arena may ask for: this machine's memory (1 PiB where
+    the platform does not say), so a typo is an error here, not an OverflowError or ENOMEM
+    at open."""
+    memory = physical_memory()
+    return MAX_TIER_BYTES if memory is None else min(memory, MAX_TIER_BYTES)
+
+
+def _check_option_keys(options: Mapping[Any, Any], what: str) -> None:
+    """An opener's options are keyword arguments: their names must be strings."""
+    for name in options:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidValueError(f"{what}: option names must be identifiers, got {name!r}")
+
+
+def _check_option_names(options: Mapping[str, Any], what: str) -> None:
+    """Every name in `options` is a keyword option of `Hierarchy(...)`, or an
+    InvalidValueError listing them (rather than Python's TypeError from the call)."""
+    known = sorted(
+        name
+        for name, parameter in inspect.signature(Hierarchy.__init__).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    )
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidValueError(
+            f"{what}: unknown option {', '.join(unknown)}; the options are {', '.join(known)}"
+        )
+
+
+def _config_path(path: str | os.PathLike[str], what: str) -> Path:
+    """`path` as a Path; a bytes path (or a PathLike that gives bytes) is an
+    InvalidValueError rather than Path's TypeError."""
+    try:
+        return Path(path)
+    except TypeError as error:
+        raise InvalidValueError(f"{what}: a config path must be a str path: {error}") from None
+
+
+async def _close_all(storages: Sequence[BlockStorage], *, reraise: bool = False) -> None:
+    """Close every storage, also when one of them fails to close (a broken tier must not
+    keep the others, or their locks, open). Failures are logged; with `reraise`, the first
+    is raised once all are closed."""
+    first: Exception | None = None
+    for storage in storages:
+        try:
+            await storage.aclose()
+        except Exception as error:
+            log.error("closing %s failed: %r", _safe_describe(storage), error)
+            first = first or error
+    if reraise and first is not None:
+        raise first
+
+
+def _safe_describe(storage: BlockStorage) -> str:
+    """`_describe` for a log line about a storage that may be broken."""
+    try:
+        return _describe(storage)
+    except Exception:
+        return type(storage).__name__
 
 
 class Hierarchy:
@@ -246,6 +338,11 @@ class Hierarchy:
         max_concurrency = _check_count(max_concurrency, "max_concurrency", 1)
         max_pending_cascades = _check_count(max_pending_cascades, "max_pending_cascades", 0)
         staging_bytes = _check_count(staging_bytes, "staging_bytes", 1)
+        if staging_bytes > _max_staging_bytes():
+            raise InvalidValueError(
+                f"staging_bytes must be at most {_max_staging_bytes():,} (this machine's memory; "
+                f"it is host memory), got {staging_bytes:,}"
+            )
         if flush_on_close is not None and not isinstance(flush_on_close, bool):
             raise InvalidValueError(
                 f"flush_on_close must be a bool or None, got {flush_on_close!r}"
@@ -253,12 +350,21 @@ class Hierarchy:
         for name, options in (("tier_options", tier_options), ("disk_options", disk_options)):
             if options is not None and not isinstance(options, Mapping):
                 raise InvalidValueError(f"{name} must be a mapping, got {type(options).__name__}")
+        media = registered_media()
         for medium, options in (tier_options or {}).items():
+            if not isinstance(medium, str) or medium not in media:
+                # Options for a medium no tier can have would be silently ignored.
+                raise InvalidValueError(
+                    f"tier_options: {medium!r} is not a tier medium; registered media: "
+                    f"{', '.join(media)}"
+                )
             if not isinstance(options, Mapping):
                 raise InvalidValueError(
                     f"tier_options[{medium!r}] must be a mapping of options, got "
                     f"{type(options).__name__}"
                 )
+            _check_option_keys(options, f"tier_options[{medium!r}]")
+        _check_option_keys(disk_options or {}, "disk_options")
         self.config = config
         self.load_timeout_s = load_timeout_s
         self.block_size = config.block_size
@@ -290,17 +396,30 @@ class Hierarchy:
     def from_config(
         cls, config: HierarchyConfig | Mapping[str, Any] | str | os.PathLike[str], **options: Any
     ) -> Hierarchy:
-        """A hierarchy for a validated config, a config dict, or a TOML file path."""
+        """A hierarchy for a validated config, a config dict, or a TOML file path.
+        `options` are `Hierarchy(...)`'s keyword options; an unknown one is an
+        InvalidValueError that lists them."""
+        _check_option_names(options, "Hierarchy.from_config")
         if isinstance(config, HierarchyConfig):
             return cls(config, **options)
         if isinstance(config, Mapping):
             return cls(parse_config(config), **options)
-        return cls(load_config(config), **options)
+        if isinstance(config, str | os.PathLike):
+            return cls(load_config(_config_path(config, "Hierarchy.from_config")), **options)
+        raise InvalidValueError(
+            "Hierarchy.from_config takes a HierarchyConfig, a config dict or a TOML file "
+            f"path, got {type(config).__name__}"
+        )
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], **options: Any) -> Hierarchy:
-        """A hierarchy for a TOML config file."""
-        return cls(load_config(Path(path)), **options)
+        """A hierarchy for a TOML config file (`options` as for `from_config`)."""
+        _check_option_names(options, "Hierarchy.from_toml")
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidValueError(
+                f"Hierarchy.from_toml takes a file path, got {type(path).__name__}"
+            )
+        return cls(load_config(_config_path(path, "Hierarchy.from_toml")), **options)
 
     async def __aenter__(self) -> Hierarchy:
         await self.open()
@@ -315,7 +434,14 @@ class Hierarchy:
         await self.close()
 
     async def open(self) -> None:
-        """Allocate the pools, open the disk tiers (restoring what they hold) and start."""
+        """Allocate the pools, open the disk tiers (restoring what they hold) and start.
+
+        A tier that cannot be opened (its storage or its bookkeeping raises a KvtierError,
+        OSError, MemoryError or RuntimeError: a damaged or locked store, a full disk, no
+        memory) is left out of the chain, logged and listed in `disabled_tiers`, unless the
+        config is `strict`; dropping tiers keeps a valid chain valid (their order is kept).
+        If the open fails (strict, no tier left, bad options, cancelled), everything it
+        opened is closed again, so a disk store's lock is free for the next try."""
         if self._state != "new":
             raise ManagerClosedError(f"a hierarchy opens once; this one is {self._state}")
         self._state = "opening"
@@ -324,20 +450,13 @@ class Hierarchy:
         active: list[BaseTierConfig] = []
         try:
             for tier in self.config.active_tiers():
-                try:
-                    storage = await self._open_storage(tier, copier)
-                except (KvtierError, OSError, MemoryError, RuntimeError) as error:
-                    if self.config.strict:
-                        raise
-                    # One tier that cannot open (a damaged or locked store, a full disk, no
-                    # memory) must not keep the serving engine from starting: it is left out.
-                    reason = f"{type(error).__name__}: {error}"
-                    log.error("tier %r disabled: it could not be opened: %s", tier.name, reason)
-                    self._disabled[tier.name] = reason
+                opened = await self._open_tier(tier, copier)
+                if opened is None:
                     continue
+                storage, bookkeeping = opened
                 active.append(tier)
                 self._storages.append(storage)
-                tiers.append(self._bookkeeping(tier, storage))
+                tiers.append(bookkeeping)
                 where = _describe(storage)
                 policy = "own" if tier.kind.owns_index else tier.policy
                 self._info.append(
@@ -352,11 +471,55 @@ class Hierarchy:
                 raise KvtierError(
                     'the config has no active tier here (only "auto" GPU tiers, and no CUDA?)'
                 )
+            self._start(active, tiers, copier)
         except BaseException:
-            for storage in self._storages:
-                await storage.aclose()
+            self._manager = None
+            self._engine = None
+            self._supervisor = None
+            await _close_all(self._storages)
             self._state = "closed"
             raise
+        self._state = "open"
+
+    async def _open_tier(
+        self, tier: BaseTierConfig, copier: TensorCopier
+    ) -> tuple[BlockStorage, ChainTier] | None:
+        """One tier's storage and bookkeeping, or None when it cannot be opened and is
+        disabled (see `open`). Bad `tier_options` for its medium are an InvalidValueError,
+        never a disabled tier: they are the caller's mistake, not the store's state."""
+        storage: BlockStorage | None = None
+        try:
+            storage = await self._open_storage(tier, copier)
+            return storage, self._bookkeeping(tier, storage)
+        except TypeError as error:
+            await _close_all([] if storage is None else [storage])
+            options = self._tier_options.get(tier.kind.medium)
+            if storage is not None or not options:
+                raise
+            raise InvalidValueError(
+                f"tier {tier.name!r}: the {tier.kind.medium} tier does not take the options "
+                f"given in tier_options[{tier.kind.medium!r}] ({', '.join(sorted(options))}): "
+                f"{error}"
+            ) from error
+        except (KvtierError, OSError, MemoryError, RuntimeError) as error:
+            await _close_all([] if storage is None else [storage])
+            if self.config.strict:
+                raise
+            # One tier that cannot open (a damaged or locked store, a full disk, no memory)
+            # must not keep the serving engine from starting: it is left out.
+            reason = f"{type(error).__name__}: {error}"
+            log.error("tier %r disabled: it could not be opened: %s", tier.name, reason)
+            self._disabled[tier.name] = reason
+            return None
+        except BaseException:
+            await _close_all([] if storage is None else [storage])
+            raise
+
+    def _start(
+        self, active: list[BaseTierConfig], tiers: list[ChainTier], copier: TensorCopier
+    ) -> None:
+        """The chain's bookkeeping, staging arena, transfer engine and supervisor over the
+        open tiers."""
         self._manager = TieredManager(
             tiers,
             write_policy=self.config.write_policy,
@@ -364,7 +527,16 @@ class Hierarchy:
         )
         tensor = [tier.kind.access is TierAccess.TENSOR for tier in active]
         slow = not all(tensor)
-        staging = StagingArena.sized(self._staging_bytes, self.block_size) if slow else None
+        staging: StagingArena | None = None
+        if slow:
+            try:
+                staging = StagingArena.sized(self._staging_bytes, self.block_size)
+            except (OSError, MemoryError, RuntimeError, OverflowError) as error:
+                raise KvtierError(
+                    f"cannot allocate the staging arena ({self._staging_bytes:,} bytes asked "
+                    f"by staging_bytes, at least 64 blocks of {self.block_size:,} bytes): "
+                    f"{type(error).__name__}: {error}"
+                ) from error
         self._engine = TransferEngine(
             self._manager,
             self._storages,
@@ -378,7 +550,6 @@ class Hierarchy:
         self._changed = asyncio.Event()
         if self.flush_on_close is None:
             self.flush_on_close = any(storage.persistent for storage in self._storages)
-        self._state = "open"
 
     def _bookkeeping(self, tier: BaseTierConfig, storage: BlockStorage) -> ChainTier:
         """The chain's bookkeeping of one open tier: a slot pool with its policy (restored
@@ -407,10 +578,19 @@ class Hierarchy:
         return manager
 
     async def _open_storage(self, tier: BaseTierConfig, copier: TensorCopier) -> BlockStorage:
-        """The tier's storage, opened by its kind's opener (see `kvtier.tiers.registry`)."""
+        """The tier's storage, opened by its kind's opener (see `kvtier.tiers.registry`).
+        Cancelled meanwhile, it lets the opener finish (a disk store opens in a thread that
+        cannot be stopped) and closes what it opened, so no lock is left held."""
         options = self._tier_options.get(tier.kind.medium, {})
         context = TierContext(self.block_size, self.config.model_id, copier, options)
-        return await open_storage(tier, context)
+        opening = asyncio.ensure_future(open_storage(tier, context))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await asyncio.wait([opening])
+            if not opening.cancelled() and opening.exception() is None:
+                await _close_all([opening.result()])
+            raise
 
     async def close(self) -> None:
         """Flush (see `flush_on_close`), wait for transfers in flight (at most
@@ -441,11 +621,12 @@ class Hierarchy:
                 )
                 await supervisor.cancel_all()
         finally:
-            for storage in self._storages:
-                await storage.aclose()
-            if self._manager is not None:
-                self._manager.shutdown()
-            self._state = "closed"
+            try:
+                await _close_all(self._storages, reraise=True)
+            finally:
+                if self._manager is not None:
+                    self._manager.shutdown()
+                self._state = "closed"
 
     @property
     def closed(self) -> bool:
@@ -763,6 +944,7 @@ class Hierarchy:
         `timeout_s`, stops waiting then (the copies in flight go on) and reports what did
         not make it in `last_flush` and the log."""
         manager, _ = self._open()
+        timeout_s = _check_seconds(timeout_s, "flush: timeout_s")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         supervisor = self._supervisor_of()
@@ -796,7 +978,8 @@ class Hierarchy:
 
     async def drain(self) -> None:
         """Wait until no transfer job (promotion, demotion, cascade) and no read a `get`
-        gave up on at its deadline is in flight."""
+        gave up on at its deadline is in flight. ManagerClosedError unless open."""
+        self._open()
         supervisor = self._supervisor_of()
         while supervisor.busy or self._reads:
             await supervisor.drain()
@@ -897,7 +1080,8 @@ class Hierarchy:
 
     def __repr__(self) -> str:
         chain = " -> ".join(f"{t.name}[{t.medium}, {t.num_blocks}, {t.where}]" for t in self._info)
-        return f"Hierarchy({chain or 'not open'}, {self._state})"
+        disabled = f", disabled: {', '.join(self._disabled)}" if self._disabled else ""
+        return f"Hierarchy({chain or 'not open'}, {self._state}{disabled})"
 
 
 __all__ = [
