@@ -46,7 +46,7 @@ async def test_a_get_with_a_bad_key_promotes_and_counts_nothing(tmp_path: Path) 
     async with Hierarchy.from_config(config) as h:  # now only on disk
         assert h.where(keys[0]) == "disk"
         with pytest.raises(KeyFormatError, match=r"get: keys\[2\] must be bytes, got str 'x'"):
-            await h.get([keys[0], keys[1], "x"])  # type: ignore[list-item]
+            await h.get([keys[0], keys[1], "x"])
         await h.drain()
         assert [h.where(k) for k in keys] == ["disk"] * 4  # nothing was promoted
         assert h.stats().calls.get_blocks == 0

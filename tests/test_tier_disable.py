@@ -146,7 +146,7 @@ async def test_a_cancelled_open_gives_the_disk_lock_back(
 ) -> None:
     opened = threading.Event()
     go_on = threading.Event()
-    real = DiskStore.from_config.__func__  # type: ignore[attr-defined]
+    real = DiskStore.from_config.__func__
 
     def slow_open(cls: type[DiskStore], *args: Any, **kwargs: Any) -> DiskStore:
         store: DiskStore = real(cls, *args, **kwargs)
