@@ -473,6 +473,8 @@ class Hierarchy:
                 )
             self._start(active, tiers, copier)
         except BaseException:
+            if self._manager is not None:
+                self._manager.shutdown()
             self._manager = None
             self._engine = None
             self._supervisor = None
