@@ -198,3 +198,42 @@ async def test_the_index_space_is_reserved_at_open(tmp_path: Path) -> None:
     store_dir = await filled(tmp_path / "tier")
     data = store_dir / "index" / "data.mdb"
     assert data.stat().st_blocks * 512 >= 1 << 20  # allocated, not sparse
+
+
+async def test_a_failed_open_of_an_existing_store_removes_the_files_it_created(
+    tmp_path: Path,
+) -> None:
+    """A store directory that exists but lost its header file, lock, in-flight log and index
+    (say, a user cleaned it by hand) and then fails to open leaves nothing new behind."""
+    store_dir = await filled(tmp_path / "tier", count=0, slab_file_bytes=8 * BLOCK)
+    for name in ("headers.bin", "lock", "inflight"):
+        (store_dir / name).unlink(missing_ok=True)
+    for path in (store_dir / "index").iterdir():
+        path.unlink()
+    (store_dir / "index").rmdir()
+    before = tree(store_dir)
+    io = FaultyIO()
+    io.inject("allocate", errno.ENOSPC, path_suffix="slab-00003.bin")
+    with pytest.raises(DiskTierError, match="No space"):
+        open_store(tmp_path / "tier", num_blocks=32, io=io, slab_file_bytes=8 * BLOCK)
+    assert tree(store_dir) == before
+
+
+def test_preallocate_gives_back_a_partial_allocation_on_no_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "file"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+
+        def partial(fd: int, offset: int, length: int) -> None:
+            os.ftruncate(fd, length // 2)  # what a file system may keep of a failed fallocate
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+        monkeypatch.setattr(os, "posix_fallocate", partial)
+        with pytest.raises(DiskTierError, match=r"no space left to allocate 1\.0 MiB for .*file"):
+            safety_module.preallocate(fd, 1 << 20, path)
+        assert os.fstat(fd).st_size == 4096
+    finally:
+        os.close(fd)

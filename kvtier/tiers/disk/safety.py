@@ -33,6 +33,11 @@ O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""Errors meaning the file system, the user's quota or the file size limit cannot hold the
+bytes asked for."""
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+"""posix_fallocate errors meaning the file system cannot reserve space (not that it is full)."""
 
 
 def format_bytes(count: int) -> str:
@@ -178,37 +183,58 @@ def check_free_space(path: Path, needed: int, what: str) -> None:
 
 
 def preallocate(fd: int, size: int, path: Path) -> None:
-    """Reserve `size` bytes for the file (its size grows to at least `size`); a file system
-    without fallocate gets a sparse file instead. ENOSPC is a DiskTierError naming the file."""
+    """Reserve `size` bytes for the file (its size grows to at least `size`), so a full disk
+    shows at open, not as a failed write later; a file system without fallocate gets a sparse
+    file instead. No space (ENOSPC, a quota, a file size limit) is a DiskTierError naming the
+    file, and the file's size is put back as it was, giving back what a partial allocation
+    took beyond it."""
+    old_size = os.fstat(fd).st_size
     try:
-        os.posix_fallocate(fd, 0, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as error:
+            if error.errno not in _NO_FALLOCATE:
+                raise
+            if old_size < size:
+                os.ftruncate(fd, size)
     except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise DiskTierError(
-                f"no space left to allocate {format_bytes(size)} for {path}"
-            ) from None
-        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+        if error.errno not in _NO_SPACE:
             raise
-        if os.fstat(fd).st_size < size:
-            os.ftruncate(fd, size)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, old_size)
+        raise DiskTierError(
+            f"no space left to allocate {format_bytes(size)} for {path} ({error.strerror})"
+        ) from None
 
 
 class OpenFootprint:
     """What a store directory held before an open, to undo the open's changes if it fails:
-    `rollback()` removes the directories and files the open created and truncates the
-    files it grew back to their size."""
+    `rollback()` removes the directories and files the open created (slabs, the header file,
+    the lock, the in-flight log, the index and its files) and truncates the files it grew
+    back to their size. Files that existed before are never removed, and nothing is followed
+    through a symlink."""
 
     def __init__(self, store_dir: Path, created_dirs: list[Path]) -> None:
         self.store_dir = store_dir
         self.created_dirs = list(created_dirs)
         self.sizes: dict[Path, int] = {}
+        self.index_existed = False
         if store_dir not in self.created_dirs:
-            for path in store_dir.iterdir():
-                if path.is_file() and not path.is_symlink():
-                    self.sizes[path] = path.stat().st_size
-            index = store_dir / "index" / "data.mdb"
-            if index.is_file() and not index.is_symlink():
-                self.sizes[index] = index.stat().st_size
+            index_dir = store_dir / "index"
+            self.index_existed = index_dir.is_dir() and not index_dir.is_symlink()
+            for directory in (store_dir, index_dir) if self.index_existed else (store_dir,):
+                for path in directory.iterdir():
+                    if path.is_file() and not path.is_symlink():
+                        self.sizes[path] = path.stat().st_size
+
+    def _new_files(self, directory: Path) -> list[Path]:
+        with contextlib.suppress(OSError):
+            return [
+                path
+                for path in directory.iterdir()
+                if path not in self.sizes and path.is_file() and not path.is_symlink()
+            ]
+        return []
 
     def rollback(self) -> None:
         """Undo the open: best effort, never raises."""
@@ -216,10 +242,13 @@ class OpenFootprint:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.created_dirs[0])
             return
-        with contextlib.suppress(OSError):
-            for path in sorted(self.store_dir.glob("slab-*.bin")):
-                if path not in self.sizes and not path.is_symlink():
-                    path.unlink()
+        index_dir = self.store_dir / "index"
+        for path in self._new_files(self.store_dir) + self._new_files(index_dir):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if not self.index_existed:
+            with contextlib.suppress(OSError):
+                index_dir.rmdir()  # only if empty: what the open put there is gone
         for path, size in self.sizes.items():
             with contextlib.suppress(OSError):
                 if not path.is_symlink() and path.stat().st_size > size:
