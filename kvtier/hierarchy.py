@@ -763,6 +763,12 @@ class Hierarchy:
         def finished(task: asyncio.Task[MoveResult]) -> None:
             self._reads.discard(task)
             release()
+            if not task.cancelled() and task.exception() is None and task.result().corrupt:
+                # Bad bytes at the top (e.g. a disk-only chain): drop the block, so the
+                # next get is a plain miss instead of another failed read.
+                manager = self._manager
+                if manager is not None and not self.closed:
+                    manager.discard_corrupt(0, task.result().corrupt)
 
         read.add_done_callback(finished)
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())

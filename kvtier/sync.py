@@ -20,7 +20,7 @@ import torch
 
 from kvtier.config import HierarchyConfig
 from kvtier.errors import ManagerClosedError
-from kvtier.hierarchy import Hierarchy, HierarchyStats
+from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
 from kvtier.manager import OffloadingEvent
 
@@ -70,6 +70,32 @@ class SyncHierarchy:
             raise ManagerClosedError("the hierarchy is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
+    def submit(self, work: Callable[[Hierarchy], Coroutine[Any, Any, T]]) -> Future[T]:
+        """Start `work(hierarchy)` on the loop thread and return at once: the future holds
+        its result or its exception. For callers that must not wait (a scheduler thread);
+        on a closed hierarchy the future holds a ManagerClosedError."""
+        if self._hierarchy.closed or not self._thread.is_alive():
+            failed: Future[T] = Future()
+            failed.set_exception(ManagerClosedError("the hierarchy is closed"))
+            return failed
+        return asyncio.run_coroutine_threadsafe(work(self._hierarchy), self._loop)
+
+    def call(self, function: Callable[[Hierarchy], T]) -> T:
+        """`function(hierarchy)` run on the loop thread, waited for (to inspect the hierarchy
+        from another thread: its manager, storages, stats)."""
+        return self._sync(function, self._hierarchy)
+
+    def call_soon(self, function: Callable[[Hierarchy], object]) -> bool:
+        """Run `function(hierarchy)` on the loop thread soon, without waiting; False (and
+        nothing run) when the hierarchy is closed."""
+        if self._hierarchy.closed or not self._thread.is_alive():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(function, self._hierarchy)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
+
     def _sync(self, function: Callable[..., T], *args: Any) -> T:
         async def call() -> T:
             return function(*args)
@@ -108,6 +134,11 @@ class SyncHierarchy:
     def drain(self) -> None:
         """Wait until no background transfer is in flight."""
         self._call(self._hierarchy.drain())
+
+    @property
+    def tiers(self) -> list[TierInfo]:
+        """`Hierarchy.tiers`: the open tiers, top first."""
+        return self._sync(lambda: self._hierarchy.tiers)
 
     @property
     def closed(self) -> bool:

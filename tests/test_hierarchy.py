@@ -540,3 +540,34 @@ async def test_without_flush_a_write_back_chain_keeps_only_what_reached_the_disk
         assert [h.where(k) for k in ks] == ["disk"] * 2 + [None] * 6
         copied = await h.flush()
         assert copied == 0
+
+
+async def test_a_corrupt_block_of_a_disk_only_chain_is_dropped_after_one_failed_get(
+    tmp_path: Path,
+) -> None:
+    """A disk tier at the top of the chain (as under vLLM): a get that finds a block's
+    bytes bad serves the blocks before it, then drops that block, so the next lookup is a
+    plain miss rather than another failed read."""
+    from kvtier.tiers.disk.testing import flip_byte
+
+    config = {
+        "block_size": BLOCK,
+        "tiers": [
+            {"name": "disk", "medium": "disk", "capacity": 16, "path": str(tmp_path / "d"),
+             "fsync": False}
+        ],
+    }
+    async with Hierarchy.from_config(config) as h:
+        keys = keys_(1, 2, 3)
+        assert await h.put(keys, blocks_of(keys)) == 3
+        (slot,) = h.manager.tiers[0].spec_of([keys[1]]).block_ids
+        disk = h.storages[0]
+        assert isinstance(disk, DiskStore)
+        slab, offset = disk.slot_location(int(slot))
+        flip_byte(slab, offset + 7)
+        out = await h.get(keys)
+        assert torch.equal(out.cpu(), blocks_of(keys[:1]))
+        await h.drain()
+        assert h.where(keys[1]) is None and h.lookup(keys) == 1
+        assert h.stats().chain.corrupt_dropped == 1
+        verify_all(h)

@@ -328,6 +328,12 @@ class TieredManager(OffloadingManager):
         self._discard_corrupt(corrupt)
         self._finish_promotion(job)
 
+    def discard_corrupt(self, tier: int, keys: Iterable[OffloadKey]) -> None:
+        """Drop blocks of tier `tier` whose stored bytes a read found bad (once unpinned;
+        counted in `corrupt_dropped`)."""
+        self._check_open()
+        self._discard_corrupt((tier, key) for key in keys)
+
     def _discard_corrupt(self, corrupt: Iterable[tuple[int, OffloadKey]]) -> None:
         """Drop blocks whose stored bytes were found bad (once unpinned; idempotent)."""
         by_tier: dict[int, list[OffloadKey]] = {}

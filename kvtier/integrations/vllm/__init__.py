@@ -1,0 +1,35 @@
+"""kvtier inside vLLM 0.33 (`pip install 'kvtier[vllm]'`): the only package of kvtier that
+imports vLLM.
+
+Three ways in, each one JSON `--kv-transfer-config` (see the README):
+- `KvtierSecondaryTier`: kvtier's tiers (a bounded, checksummed disk tier that survives a
+  restart) below vLLM's own CPU tier, started by vLLM's `TieringOffloadingSpec`;
+- `KvtierOffloadingSpec`: one kvtier config for the whole offloading stack (host memory
+  sized and evicted by kvtier's policy, kvtier's lower tiers below it);
+- `KvtierLRUCachePolicy` / `KvtierARCCachePolicy` (or any kvtier policy through
+  `KvtierCachePolicy`): kvtier's policies as the `eviction_policy` of vLLM's CPU tier.
+"""
+
+from kvtier.integrations.vllm._compat import SUPPORTED_VLLM, check_vllm_version
+
+VLLM_VERSION = check_vllm_version()
+
+from kvtier.integrations.vllm.config import chain_config_for_vllm  # noqa: E402
+from kvtier.integrations.vllm.policy import (  # noqa: E402
+    KvtierARCCachePolicy,
+    KvtierCachePolicy,
+    KvtierLRUCachePolicy,
+)
+from kvtier.integrations.vllm.secondary import KvtierSecondaryTier  # noqa: E402
+from kvtier.integrations.vllm.spec import KvtierOffloadingSpec  # noqa: E402
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "VLLM_VERSION",
+    "KvtierARCCachePolicy",
+    "KvtierCachePolicy",
+    "KvtierLRUCachePolicy",
+    "KvtierOffloadingSpec",
+    "KvtierSecondaryTier",
+    "chain_config_for_vllm",
+]

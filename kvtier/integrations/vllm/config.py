@@ -1,0 +1,97 @@
+"""The kvtier config of a tier chain that vLLM drives: a TOML file or a dict of the same
+schema, with the block size taken from vLLM.
+
+vLLM decides how many bytes one offloaded chunk holds (its CPU tier's row), so a kvtier block
+is exactly one chunk row: a `block_size` in the config is replaced by it, and a different one
+is logged (a config written for another model or chunk size still works, its capacities given
+in bytes keep their meaning). vLLM's GPU memory is above these tiers, so a `gpu` tier is
+refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvtier.config import HierarchyConfig, default_config_path, parse_config, parse_size
+from kvtier.errors import ConfigError, InvalidValueError
+
+log = logging.getLogger("kvtier.integrations.vllm")
+
+ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | None
+"""A kvtier TOML file path, a dict of the same schema, or None for the embedded default."""
+
+
+def read_config_data(config: ConfigSource) -> tuple[dict[str, Any], str]:
+    """The raw config data and where it came from (for messages). None is the embedded
+    default config without its GPU tier (vLLM's GPU memory is above kvtier's tiers)."""
+    if config is None:
+        path = default_config_path()
+        with path.open("rb") as stream:
+            data = tomllib.load(stream)
+        tiers = [tier for tier in data.get("tiers", []) if tier.get("medium") != "gpu"]
+        return {**data, "tiers": tiers}, f"{path} (without its gpu tier)"
+    if isinstance(config, Mapping):
+        return dict(config), "the kvtier config given to vLLM"
+    if isinstance(config, str | os.PathLike):
+        path = Path(os.path.expandvars(os.path.expanduser(os.fspath(config))))
+        try:
+            with path.open("rb") as stream:
+                return tomllib.load(stream), str(path)
+        except FileNotFoundError:
+            raise ConfigError(["config file not found"], source=str(path)) from None
+        except OSError as error:
+            reason = error.strerror or type(error).__name__
+            raise ConfigError([f"cannot read config file: {reason}"], source=str(path)) from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError([f"invalid TOML: {error}"], source=str(path)) from None
+    raise InvalidValueError(
+        "the kvtier config must be a TOML file path or a dict of the same schema, got "
+        f"{type(config).__name__}"
+    )
+
+
+def chain_config_for_vllm(config: ConfigSource, chunk_bytes: int) -> HierarchyConfig:
+    """The validated chain for `config` with `block_size` = vLLM's `chunk_bytes`; a
+    ConfigError names the source and every problem."""
+    data, source = read_config_data(config)
+    if config is None:
+        data["tiers"] = [tier for tier in data["tiers"] if tier.get("medium") == "disk"]
+        source = source.replace("without its gpu tier", "its disk tier")
+    given = data.get("block_size")
+    if given is not None:
+        try:
+            given_bytes: int | None = parse_size(given)
+        except (InvalidValueError, TypeError):
+            given_bytes = None
+        if given_bytes != chunk_bytes:
+            log.warning(
+                "%s sets block_size = %r; vLLM's offloaded chunk is %d bytes, so kvtier's "
+                "blocks are %d bytes (capacities given as block counts change their size)",
+                source,
+                given,
+                chunk_bytes,
+                chunk_bytes,
+            )
+    data["block_size"] = chunk_bytes
+    tiers = data.get("tiers")
+    if isinstance(tiers, list):
+        gpu = [
+            str(tier.get("name", index))
+            for index, tier in enumerate(tiers)
+            if isinstance(tier, Mapping) and tier.get("medium") == "gpu"
+        ]
+        if gpu:
+            raise ConfigError(
+                [
+                    f"tier {name!r}: medium 'gpu' cannot be used under vLLM (vLLM's own GPU "
+                    "and CPU memory are above kvtier's tiers); remove it"
+                    for name in gpu
+                ],
+                source=source,
+            )
+    return parse_config(data, source=source)

@@ -1,0 +1,100 @@
+"""kvtier's cache policies as the `eviction_policy` of vLLM's CPU tier.
+
+vLLM builds its CPU tier's policy from a class name and `cache_policy_module_path`, with
+the capacity as the only argument, and hands it `ChunkStatus` records whose `ref_cnt` it
+changes as transfers pin and release a chunk. A kvtier policy keeps `BlockStatus` records of
+the same layout (a 32-bit ref count, a 64-bit slot), so the adapter gives the kvtier policy a
+view of vLLM's own record (`BlockStatus.from_buffer`): both read one `ref_cnt`, nothing is
+copied or kept in step by hand, and the kvtier policy never evicts a chunk vLLM has pinned.
+
+    "eviction_policy": "KvtierARCCachePolicy",
+    "cache_policy_module_path": "kvtier.integrations.vllm"
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import OffloadKey as VllmKey
+from vllm.v1.kv_offload.base import ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy as VllmCachePolicy
+from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+from kvtier.blocks import BlockStatus
+from kvtier.keys import OffloadKey
+from kvtier.policies import get_policy_class
+from kvtier.policies.base import CachePolicy
+
+if ctypes.sizeof(ChunkStatus) != ctypes.sizeof(BlockStatus) or [
+    (name, kind) for name, kind in ChunkStatus._fields_
+] != [("ref_cnt", ctypes.c_int32), ("chunk_id", ctypes.c_int64)]:
+    raise ImportError(
+        "vLLM's ChunkStatus no longer has kvtier's BlockStatus layout (int32 ref_cnt, int64 "
+        "slot); this kvtier cannot adapt its policies to this vLLM"
+    )
+
+
+class KvtierCachePolicy(VllmCachePolicy):
+    """A kvtier policy (`kvtier_policy`, by its config name) behind vLLM's CachePolicy
+    interface. Used by name it is kvtier's LRU; subclass it and set `kvtier_policy` for
+    another."""
+
+    kvtier_policy: ClassVar[str] = "lru"
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.policy: CachePolicy = get_policy_class(self.kvtier_policy)(cache_capacity)
+        """The kvtier policy that decides."""
+        self._chunks: dict[VllmKey, ChunkStatus] = {}
+
+    def get(self, key: VllmKey) -> ChunkStatus | None:
+        return self._chunks.get(key)
+
+    def insert(self, key: VllmKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        self.policy.insert(OffloadKey(key), BlockStatus.from_buffer(chunk))
+        self._chunks[key] = chunk
+
+    def remove(self, key: VllmKey) -> None:
+        self.policy.remove(OffloadKey(key))
+        del self._chunks[key]
+
+    def touch(self, keys: Iterable[VllmKey], req_context: ReqContext) -> None:
+        self.policy.touch([OffloadKey(key) for key in keys])
+
+    def on_store_miss(self, keys: Iterable[VllmKey], req_context: ReqContext) -> None:
+        self.policy.on_store_miss([OffloadKey(key) for key in keys])
+
+    def evict(
+        self, n: int, protected: set[VllmKey]
+    ) -> list[tuple[VllmKey, ChunkStatus]] | None:
+        victims = self.policy.evict(n, protected)
+        if victims is None:
+            return None
+        return [(VllmKey(key), self._chunks.pop(VllmKey(key))) for key, _ in victims]
+
+    def clear(self) -> None:
+        self.policy.clear()
+        self._chunks.clear()
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.policy!r})"
+
+    def __getstate__(self) -> Any:  # pragma: no cover - vLLM never pickles a policy
+        raise TypeError(f"{type(self).__name__} holds views of vLLM's chunks; not picklable")
+
+
+class KvtierLRUCachePolicy(KvtierCachePolicy):
+    """kvtier's LRU (a prefix's tail evicted before its head) as vLLM's CPU-tier policy."""
+
+    kvtier_policy: ClassVar[str] = "lru"
+
+
+class KvtierARCCachePolicy(KvtierCachePolicy):
+    """kvtier's ARC (exact to the paper) as vLLM's CPU-tier policy."""
+
+    kvtier_policy: ClassVar[str] = "arc"

@@ -1,0 +1,135 @@
+"""`KvtierOffloadingWorker`: vLLM's worker-side `OffloadingWorker` made of kvtier's
+`PagedKVHandler`s, copying between the engine's paged KV caches and vLLM's shared offload
+region (the host tier every process maps).
+
+`KvtierOffloadingSpec` uses it where vLLM has no worker of its own (a CPU-only engine; vLLM's
+`CPUOffloadingWorker` runs only on CUDA-alike and XPU devices). The host layout is vLLM's:
+row c of the region holds, for each worker, a cell of every canonical tensor's
+`blocks_per_chunk` pages one after the other, which is also kvtier's `host_layout`, so the
+bytes a store leaves in the region are the ones vLLM's worker would have left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.kv_offload.base import OffloadingWorker
+from vllm.v1.kv_offload.base import TransferResult as VllmTransferResult
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+from kvtier.engine.paged_kv import PagedKVHandler, chunk_bytes
+from kvtier.errors import SpecError
+from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.specs.canonical import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+
+
+def kvtier_caches(kv_caches: Any) -> CanonicalKVCaches:
+    """vLLM's CanonicalKVCaches as kvtier's: each tensor seen as [num_blocks, page] bytes."""
+    tensors = []
+    for index, item in enumerate(kv_caches.tensors):
+        page = int(item.page_size_bytes)
+        tensor = item.tensor
+        if tensor.dtype not in (torch.int8, torch.uint8):
+            tensor = tensor.view(torch.int8)
+        try:
+            rows = tensor.view(-1, page)
+        except RuntimeError as error:
+            raise SpecError(
+                f"vLLM KV cache tensor {index} cannot be seen as rows of {page} bytes: {error}"
+            ) from None
+        tensors.append(CanonicalKVCacheTensor(rows, page))
+    groups = tuple(
+        tuple(CanonicalKVCacheRef(int(ref.tensor_idx), int(ref.page_size_bytes)) for ref in refs)
+        for refs in kv_caches.group_data_refs
+    )
+    return CanonicalKVCaches(tuple(tensors), groups)
+
+
+def _gpu_spec(spec: Any) -> GPULoadStoreSpec:
+    return GPULoadStoreSpec(spec.block_ids, list(spec.group_sizes), list(spec.block_indices))
+
+
+def _host_spec(spec: Any) -> CPULoadStoreSpec:
+    return CPULoadStoreSpec(spec.block_ids)
+
+
+class KvtierOffloadingWorker(OffloadingWorker):
+    """Stores (GPU -> region), loads and expedited loads (region -> GPU), each on a
+    `PagedKVHandler` of its own so an expedited load never queues behind a regular one."""
+
+    def __init__(
+        self,
+        kv_caches: Any,
+        blocks_per_chunk: int,
+        host: torch.Tensor,
+        region: SharedOffloadRegion | None = None,
+    ) -> None:
+        caches = kvtier_caches(kv_caches)
+        self._region = region
+        self._store = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=True)
+        self._load = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=False)
+        self._expedited = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=False)
+
+    @classmethod
+    def for_spec(cls, spec: Any, kv_caches: Any) -> KvtierOffloadingWorker:
+        """The worker of a tiering spec: this rank's cells of the spec's shared region."""
+        config = spec.config
+        if config.canonical_layout:
+            raise SpecError(
+                "canonical_layout is not supported by kvtier's worker (used where vLLM has "
+                "none); remove canonical_layout from kv_connector_extra_config"
+            )
+        rank = 0 if spec.replicated_layout else config.parallel.rank
+        region = SharedOffloadRegion(
+            engine_id=spec._engine_id,
+            num_chunks=spec.num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+            cpu_page_size=spec.cpu_page_size_per_worker,
+        )
+        try:
+            cell = chunk_bytes(kvtier_caches(kv_caches), spec.blocks_per_chunk)
+            if cell > spec.cpu_page_size_per_worker:
+                raise SpecError(
+                    f"the KV caches need {cell} bytes per chunk, the region's cell has "
+                    f"{spec.cpu_page_size_per_worker}"
+                )
+            base = region.base_tensor
+            host = torch.as_strided(
+                base,
+                size=(spec.num_chunks, cell),
+                stride=(spec.kv_bytes_per_chunk, 1),
+                storage_offset=rank * spec.cpu_page_size_per_worker,
+            ).view(torch.uint8)
+            return cls(kv_caches, spec.blocks_per_chunk, host, region)
+        except BaseException:
+            region.cleanup()
+            raise
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        return self._store.transfer_async(job_id, (_gpu_spec(src_spec), _host_spec(dst_spec)))
+
+    def submit_load(
+        self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
+    ) -> bool:
+        handler = self._expedited if expedited else self._load
+        return handler.transfer_async(job_id, (_host_spec(src_spec), _gpu_spec(dst_spec)))
+
+    def get_finished(self) -> list[VllmTransferResult]:
+        finished = (
+            self._store.get_finished() + self._load.get_finished()
+            + self._expedited.get_finished()
+        )
+        return [VllmTransferResult(job_id=job_id, success=ok) for job_id, ok in finished]
+
+    def wait(self, job_ids: set[int]) -> None:
+        for handler in (self._store, self._load, self._expedited):
+            handler.wait(job_ids)
+
+    def shutdown(self) -> None:
+        for handler in (self._store, self._load, self._expedited):
+            handler.shutdown()
+        if self._region is not None:
+            self._region.cleanup()
+            self._region = None
