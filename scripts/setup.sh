@@ -7,7 +7,23 @@
 # PyTorch: a torch already importable in the environment is kept as it is. Otherwise
 # KVTIER_TORCH (a pip requirement) is installed when set; else, with no NVIDIA GPU visible,
 # the pinned CPU build (torch==2.13.0); with a GPU, the registry's default (CUDA) build.
+#
+# --vllm (or KVTIER_VLLM=1): also vLLM 0.33.0 for kvtier.integrations.vllm and its tests. With
+# a GPU, `pip install kvtier[vllm]` (vLLM with its own requirements); without one, vLLM with
+# --no-deps plus what its offloading code imports (the `vllm-cpu` extra), so torch stays the
+# CPU build. Run vLLM on CPU with VLLM_TARGET_DEVICE=cpu.
 set -euo pipefail
+
+with_vllm=${KVTIER_VLLM:-0}
+for argument in "$@"; do
+    case "$argument" in
+    --vllm) with_vllm=1 ;;
+    *)
+        echo "setup: unknown argument $argument (usage: scripts/setup.sh [--vllm])" >&2
+        exit 2
+        ;;
+    esac
+done
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${KVTIER_VENV:-"$root/.venv"}
@@ -35,8 +51,11 @@ py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check -q)
 
 stamp="$venv/.kvtier-setup-stamp"
-want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, torch' 2>/dev/null; then
+want=$( (cat "$root/pyproject.toml" "$root/scripts/setup.sh" && echo "vllm=$with_vllm") |
+    sha256sum | cut -d' ' -f1)
+check='import kvtier, torch'
+[ "$with_vllm" = 1 ] && check='import kvtier, torch, vllm'
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$check" 2>/dev/null; then
     echo "$venv"
     exit 0
 fi
@@ -55,5 +74,15 @@ fi
 
 echo "setup: installing kvtier (editable) with its test and plot tools" >&2
 "${pip[@]}" install -e "$root[test,torch,plot]" >&2
+if [ "$with_vllm" = 1 ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "setup: installing vLLM 0.33.0 (GPU build, with its requirements)" >&2
+        "${pip[@]}" install -e "$root[vllm]" >&2
+    else
+        echo "setup: installing vLLM 0.33.0 for CPU (--no-deps, plus what it imports)" >&2
+        "${pip[@]}" install --no-deps "vllm==0.33.0" >&2
+        "${pip[@]}" install -e "$root[vllm-cpu]" "$("$py" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" >&2
+    fi
+fi
 echo "$want" >"$stamp"
 echo "$venv"

@@ -9,7 +9,17 @@ import os
 
 import pytest
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before any test module imports vLLM
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+if not _cuda():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before a test module imports vLLM
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 if VLLM_MISSING and os.environ.get("CI") == "true":
@@ -26,14 +36,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "vLLM is not installed: the vLLM adapter's tests (tests/test_vllm_*.py) did not "
             "run; `scripts/setup.sh --vllm` installs it"
         )
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -177,6 +177,16 @@ def test_jobs_finish_in_order_each_once() -> None:
     store.shutdown()
 
 
+def test_after_shutdown_a_job_is_refused_and_no_view_of_the_pool_is_kept() -> None:
+    store = handler()
+    gpu = GPULoadStoreSpec([0, 1], group_sizes=[2, 0], block_indices=[0, 0])
+    assert store.transfer_async(0, (gpu, CPULoadStoreSpec([0])))
+    store.shutdown()
+    assert store.get_finished() == [(0, True)]  # the job in flight was finished, not lost
+    assert store.transfer_async(1, (gpu, CPULoadStoreSpec([1]))) is False
+    assert not store._host_pages and not store._gpu_pages  # the owner may free its memory
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

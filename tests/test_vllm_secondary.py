@@ -41,6 +41,7 @@ Make = Callable[..., tuple[Any, Driver, KvtierSecondaryTier]]
 def tiering(tmp_path: Path) -> Iterator[Make]:
     """Build vLLM's tiering manager with kvtier below its CPU tier; shut all down after."""
     managers: list[Any] = []
+    drivers: list[Driver] = []
 
     def make(
         *, capacity: int = 64, events: bool = True, path: Path | None = None, **options: Any
@@ -55,9 +56,12 @@ def tiering(tmp_path: Path) -> Iterator[Make]:
         managers.append(manager)
         tier = manager.secondary_tiers[0]
         assert isinstance(tier, KvtierSecondaryTier)
-        return manager, Driver(manager), tier
+        drivers.append(Driver(manager))
+        return manager, drivers[-1], tier
 
     yield make
+    for driver in drivers:
+        driver.close()
     for manager in managers:
         manager.shutdown()
 

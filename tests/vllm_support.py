@@ -136,6 +136,10 @@ class Driver:
 
         tier.submit_store, tier.submit_load = store, load
 
+    def close(self) -> None:
+        """Drop the view of vLLM's region, so vLLM can unmap it at shutdown."""
+        del self.rows
+
     def context(self) -> ReqContext:
         self._requests += 1
         return ReqContext(req_id=f"req-{self._requests}")

@@ -242,6 +242,8 @@ class PagedKVHandler(OffloadingHandler):
         """Start job `job_id`; False when it could not be started (a copy that fails later
         is reported by `get_finished` as failed). SpecError when the specs are malformed
         (a bug in the caller, not a failure of the copy)."""
+        if not self._host_pages:
+            return False  # shut down
         if job_id in self._by_id:
             raise SpecError(f"job {job_id} is already in flight")
         copies = self._plan(spec)
@@ -293,11 +295,14 @@ class PagedKVHandler(OffloadingHandler):
                 job.event.synchronize()
 
     def shutdown(self) -> None:
-        """Wait for every job in flight, then release the worker thread."""
+        """Wait for every job in flight, then release the worker thread and the views of the
+        host pool and the caches (so their owner can free or unmap them)."""
         self.wait(list(self._by_id))
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._host_pages = []
+        self._gpu_pages = []
 
 
 def paged_kv_handlers(

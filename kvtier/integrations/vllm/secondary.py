@@ -305,6 +305,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         the loop thread; nothing touches vLLM's memory afterwards."""
         self.drain_jobs()
         self._hierarchy.close()
+        self._rows = torch.empty(0, 0, dtype=torch.uint8)  # vLLM may now unmap its region
 
     def config_info(self) -> Mapping[str, str]:
         return {}

@@ -67,9 +67,11 @@ class KvtierOffloadingWorker(OffloadingWorker):
     ) -> None:
         caches = kvtier_caches(kv_caches)
         self._region = region
-        self._store = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=True)
-        self._load = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=False)
-        self._expedited = PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=False)
+        # store (GPU -> host), load, expedited load: the views of the region live only here.
+        self._handlers = [
+            PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=direction)
+            for direction in (True, False, False)
+        ]
 
     @classmethod
     def for_spec(cls, spec: Any, kv_caches: Any) -> KvtierOffloadingWorker:
@@ -108,28 +110,32 @@ class KvtierOffloadingWorker(OffloadingWorker):
             raise
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        return self._store.transfer_async(job_id, (_gpu_spec(src_spec), _host_spec(dst_spec)))
+        if not self._handlers:
+            return False  # shut down
+        return self._handlers[0].transfer_async(job_id, (_gpu_spec(src_spec), _host_spec(dst_spec)))
 
     def submit_load(
         self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
     ) -> bool:
-        handler = self._expedited if expedited else self._load
+        if not self._handlers:
+            return False  # shut down
+        handler = self._handlers[2 if expedited else 1]
         return handler.transfer_async(job_id, (_host_spec(src_spec), _gpu_spec(dst_spec)))
 
     def get_finished(self) -> list[VllmTransferResult]:
-        finished = (
-            self._store.get_finished() + self._load.get_finished()
-            + self._expedited.get_finished()
-        )
+        finished = [result for handler in self._handlers for result in handler.get_finished()]
         return [VllmTransferResult(job_id=job_id, success=ok) for job_id, ok in finished]
 
     def wait(self, job_ids: set[int]) -> None:
-        for handler in (self._store, self._load, self._expedited):
+        for handler in self._handlers:
             handler.wait(job_ids)
 
     def shutdown(self) -> None:
-        for handler in (self._store, self._load, self._expedited):
+        """Finish every copy in flight, then give the region back (the handlers' views of it
+        are dropped first, so vLLM can unmap it)."""
+        for handler in self._handlers:
             handler.shutdown()
+        self._handlers = []
         if self._region is not None:
             self._region.cleanup()
             self._region = None
