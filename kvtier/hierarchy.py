@@ -641,22 +641,32 @@ class Hierarchy:
 
     # -- the five verbs ----------------------------------------------------------------------
 
-    async def put(self, keys: Sequence[OffloadKey], blocks: torch.Tensor) -> int:
-        """Store blocks (row i is block `keys[i]`) in the top tier, demoting what it evicts.
+    async def put(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: torch.Tensor,
+        *,
+        rows: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+    ) -> int:
+        """Store blocks (row i is block `keys[i]`; with `rows`, row `rows[i]`, so blocks can
+        be taken straight from an engine's buffer) in the top tier, demoting what it evicts.
         Returns how many were newly stored: keys already held by a tier are skipped, and a
         store that cannot get room (every block pinned) or fails to write stores nothing.
         A batch larger than the top tier is stored in parts, so it spills down the chain."""
         manager, _ = self._open()
         keys = _check_keys(keys, "put")
-        self._check_blocks(blocks, len(keys))
+        row_ids = self._check_rows(rows, blocks, len(keys), "put")
         self._calls.put_blocks += len(keys)
         chunk = max(1, manager.top.num_blocks // 4)
         stored = 0
         for start in range(0, len(keys), chunk):
-            stored += await self._put_part(keys[start : start + chunk], blocks, start)
+            part = keys[start : start + chunk]
+            stored += await self._put_part(part, blocks, row_ids[start : start + len(part)])
         return stored
 
-    async def _put_part(self, keys: list[OffloadKey], blocks: torch.Tensor, first_row: int) -> int:
+    async def _put_part(
+        self, keys: list[OffloadKey], blocks: torch.Tensor, row_ids: npt.NDArray[np.int64]
+    ) -> int:
         manager, engine = self._open()
         await self._wait_for_reserve(manager, len(keys))
         out = manager.prepare_store(keys)
@@ -678,7 +688,7 @@ class Hierarchy:
                 staged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._supervisor_of().spawn(out.demotion, staged)
                 await finish_even_if_cancelled(staged)
-            row = {key: first_row + i for i, key in enumerate(keys)}
+            row = {key: int(row_ids[i]) for i, key in enumerate(keys)}
             src_ids = np.asarray([row[key] for key in stored], dtype=np.int64)
             result = await engine.transfer(
                 stored,
@@ -737,9 +747,10 @@ class Hierarchy:
         part: list[OffloadKey],
         slots: npt.NDArray[np.int64],
         out: torch.Tensor,
-        first_row: int,
+        dst_rows: npt.NDArray[np.int64],
         deadline: float | None,
         release: Callable[[], None],
+        caller_memory: bool = False,
     ) -> int:
         """Copy blocks pinned at the top (in `slots`) into `out[first_row:]`; how many
         leading blocks arrived by the deadline (0 if the read is still running then).
@@ -754,7 +765,7 @@ class Hierarchy:
                 slots,
                 CALLER,
                 out,
-                np.arange(first_row, first_row + len(part), dtype=np.int64),
+                dst_rows,
                 Priority.LOAD,
             )
         )
@@ -771,6 +782,13 @@ class Hierarchy:
                     manager.discard_corrupt(0, task.result().corrupt)
 
         read.add_done_callback(finished)
+        if caller_memory:
+            # The read writes into the caller's memory: never leave it running.
+            result = await finish_even_if_cancelled(read)
+            good = 0
+            while good < len(part) and part[good] not in result.failed:
+                good += 1
+            return good
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         # Cancelled here, the read goes on; `finished` releases its pins when it ends.
         done, _ = await asyncio.wait([read], timeout=remaining)
@@ -800,18 +818,55 @@ class Hierarchy:
         `[m, block_size]` on the top tier's device; m < len(keys) when block m is missing,
         failed verification or did not arrive within the deadline (`timeout_s`, default the
         hierarchy's `load_timeout_s`): recompute from there."""
-        manager, _ = self._open()
+        self._open()
         keys = _check_keys(keys, "get")
-        started = time.perf_counter()
-        timeout = (
-            self.load_timeout_s
-            if timeout_s is None
-            else _check_seconds(timeout_s, "get: timeout_s")
-        )
-        deadline = None if timeout is None else started + timeout
+        deadline = self._deadline(timeout_s, "get")
         top = self._storages[0]
         device = top.device if isinstance(top, TorchPool) else torch.device("cpu")
         out = torch.empty((len(keys), self.block_size), dtype=torch.uint8, device=device)
+        served = await self._serve(keys, out, np.arange(len(keys), dtype=np.int64), deadline)
+        return out[:served]
+
+    async def get_into(
+        self,
+        keys: Sequence[OffloadKey],
+        into: torch.Tensor,
+        rows: Sequence[int] | npt.NDArray[np.integer[Any]],
+        *,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Copy the blocks of `keys` into rows `rows[i]` of `into` (uint8 `[n, block_size]`,
+        e.g. an engine's host buffer), promoted as `get` does; how many leading keys arrived
+        (recompute from there). The deadline bounds the wait for promotions, but a copy into
+        `into` that has started is always waited for: when this returns (or is cancelled),
+        nothing writes into `into` any more."""
+        self._open()
+        keys = _check_keys(keys, "get_into")
+        row_ids = self._check_rows(rows, into, len(keys), "get_into")
+        deadline = self._deadline(timeout_s, "get_into")
+        return await self._serve(keys, into, row_ids, deadline, caller_memory=True)
+
+    def _deadline(self, timeout_s: float | None, what: str) -> float | None:
+        timeout = (
+            self.load_timeout_s
+            if timeout_s is None
+            else _check_seconds(timeout_s, f"{what}: timeout_s")
+        )
+        return None if timeout is None else time.perf_counter() + timeout
+
+    async def _serve(
+        self,
+        keys: list[OffloadKey],
+        out: torch.Tensor,
+        dst_rows: npt.NDArray[np.int64],
+        deadline: float | None,
+        *,
+        caller_memory: bool = False,
+    ) -> int:
+        """Read the keys' blocks into `out[dst_rows[i]]`; how many leading ones arrived.
+        With `caller_memory`, every read that started is waited for (see `get_into`)."""
+        manager, _ = self._open()
+        started = time.perf_counter()
         chunk = max(1, manager.top.num_blocks // 4)
         served = 0
         self._calls.get_blocks += len(keys)
@@ -826,7 +881,13 @@ class Hierarchy:
                 part = batch[:ready]
                 slots = slot_ids(manager.prepare_load(part))
                 good = await self._read_pinned(
-                    part, slots, out, served, deadline, functools.partial(self._unpin, part)
+                    part,
+                    slots,
+                    out,
+                    dst_rows[served : served + len(part)],
+                    deadline,
+                    functools.partial(self._unpin, part),
+                    caller_memory,
                 )
                 manager.touch(part[:good])
                 served += good
@@ -869,9 +930,10 @@ class Hierarchy:
                     granted[:lead],
                     hold.slots[:lead],
                     out,
-                    served,
+                    dst_rows[served : served + lead],
                     deadline,
                     functools.partial(self._release_hold, hold),
+                    caller_memory,
                 )
                 served += good
                 if good < lead:
@@ -884,7 +946,7 @@ class Hierarchy:
         latencies.append(time.perf_counter() - started)
         if len(latencies) > LATENCY_SAMPLES:
             del latencies[: len(latencies) - LATENCY_SAMPLES]
-        return out[:served]
+        return served
 
     def where(self, key: OffloadKey) -> str | None:
         """Name of the highest tier holding `key` (readable or being written), or None."""
@@ -1000,27 +1062,59 @@ class Hierarchy:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _check_blocks(self, blocks: torch.Tensor, count: int) -> None:
+    def _check_rows(
+        self,
+        rows: Sequence[int] | npt.NDArray[np.integer[Any]] | None,
+        blocks: torch.Tensor,
+        count: int,
+        what: str,
+    ) -> npt.NDArray[np.int64]:
+        """The row of `blocks` of each of `count` keys (0..count-1 without `rows`), after
+        checking `blocks` (uint8 [n, block_size], contiguous) and that every row exists and
+        none is given twice."""
+        self._check_blocks(blocks, count if rows is None else None, what)
+        if rows is None:
+            return np.arange(count, dtype=np.int64)
+        try:
+            row_ids = np.asarray(rows)
+        except (TypeError, ValueError) as error:
+            raise InvalidValueError(f"{what}: rows must be a sequence of ints ({error})") from None
+        if row_ids.dtype == np.bool_ or not np.issubdtype(row_ids.dtype, np.integer):
+            raise InvalidValueError(f"{what}: rows must be ints, got {row_ids.dtype}")
+        if row_ids.shape != (count,):
+            raise InvalidValueError(
+                f"{what}: {count} keys but rows has shape {list(row_ids.shape)}"
+            )
+        if count and (row_ids.min() < 0 or row_ids.max() >= blocks.shape[0]):
+            bad = int(row_ids[(row_ids < 0) | (row_ids >= blocks.shape[0])][0])
+            raise InvalidValueError(
+                f"{what}: row {bad} is not one of the {blocks.shape[0]} rows of the tensor"
+            )
+        if len(np.unique(row_ids)) != count:
+            raise InvalidValueError(f"{what}: a row is given twice")
+        return row_ids.astype(np.int64)
+
+    def _check_blocks(self, blocks: torch.Tensor, count: int | None, what: str = "put") -> None:
         if not isinstance(blocks, torch.Tensor):
             raise InvalidValueError(
-                f"put: blocks must be a torch.Tensor, got {type(blocks).__name__}"
+                f"{what}: blocks must be a torch.Tensor, got {type(blocks).__name__}"
             )
         if blocks.device.type == "meta":
-            raise InvalidValueError("put: blocks are on the meta device, which holds no bytes")
+            raise InvalidValueError(f"{what}: blocks are on the meta device, which holds no bytes")
         if blocks.dtype != torch.uint8:
             raise InvalidValueError(
-                f"put: blocks must be uint8 bytes, got {blocks.dtype}; to store another "
+                f"{what}: blocks must be uint8 bytes, got {blocks.dtype}; to store another "
                 f"dtype's bytes pass blocks.view(torch.uint8) (shape [n, {self.block_size}])"
             )
         if blocks.dim() != 2 or blocks.shape[1] != self.block_size:
             raise InvalidValueError(
-                f"put: blocks must have shape [n, {self.block_size}] (block_size), "
+                f"{what}: blocks must have shape [n, {self.block_size}] (block_size), "
                 f"got {list(blocks.shape)}"
             )
-        if blocks.shape[0] != count:
+        if count is not None and blocks.shape[0] != count:
             raise InvalidValueError(f"put: {count} keys but {blocks.shape[0]} blocks")
         if not blocks.is_contiguous():
-            raise InvalidValueError("put: blocks must be a contiguous tensor")
+            raise InvalidValueError(f"{what}: blocks must be a contiguous tensor")
 
     def _unpin(self, keys: list[OffloadKey]) -> None:
         manager = self._manager

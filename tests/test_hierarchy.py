@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -570,4 +571,70 @@ async def test_a_corrupt_block_of_a_disk_only_chain_is_dropped_after_one_failed_
         await h.drain()
         assert h.where(keys[1]) is None and h.lookup(keys) == 1
         assert h.stats().chain.corrupt_dropped == 1
+        verify_all(h)
+
+
+async def test_put_rows_and_get_into_move_blocks_straight_from_and_into_a_buffer(
+    tmp_path: Path,
+) -> None:
+    """An engine's buffer (rows in any order) is stored without a gather and read back into
+    other rows without a scatter; bad rows are one clear error that changes nothing."""
+    async with Hierarchy.from_config(chain_config(tmp_path)) as h:
+        keys = keys_(1, 2, 3, 4)
+        buffer = torch.zeros((10, BLOCK), dtype=torch.uint8)
+        source_rows = [7, 2, 9, 0]
+        buffer[source_rows] = blocks_of(keys)
+        assert await h.put(keys, buffer, rows=source_rows) == 4
+        target = torch.zeros((6, BLOCK), dtype=torch.uint8)
+        assert await h.get_into(keys, target, [5, 1, 3, 0]) == 4
+        assert torch.equal(target[[5, 1, 3, 0]], blocks_of(keys))
+        assert torch.count_nonzero(target[[2, 4]]) == 0  # other rows untouched
+        for rows, message in (
+            ([0, 1, 2], "4 keys but rows has shape"),
+            ([0, 1, 2, 6], "row 6 is not one of the 6 rows"),
+            ([0, 1, 1, 2], "a row is given twice"),
+            ([0.5, 1, 2, 3], "rows must be ints"),
+        ):
+            with pytest.raises(InvalidValueError, match=message):
+                await h.get_into(keys, target, rows)
+        with pytest.raises(InvalidValueError, match="row -1 is not one"):
+            await h.put(keys_(8), buffer, rows=[-1])
+        assert h.where(key(8)) is None
+        verify_all(h)
+
+
+async def test_get_into_never_returns_while_a_copy_into_the_buffer_runs(tmp_path: Path) -> None:
+    """A read slower than the deadline: `get` gives up (the read finishes in its own
+    buffer), `get_into` waits for it, so the caller's memory is never written after the
+    call returned, and the block it waited for is whole."""
+    from kvtier.tiers.disk.io import FileIO
+
+    class SlowReads(FileIO):
+        slow = False
+
+        def preadv(self, fd: int, buffers: Any, offset: int) -> int:
+            if self.slow:
+                time.sleep(0.3)
+            return super().preadv(fd, buffers, offset)
+
+    io = SlowReads()
+    config = {
+        "block_size": BLOCK,
+        "tiers": [
+            {"name": "disk", "medium": "disk", "capacity": 8, "path": str(tmp_path / "d"),
+             "fsync": False}
+        ],
+    }
+    async with Hierarchy.from_config(config, tier_options={"disk": {"io": io}}) as h:
+        keys = keys_(1, 2)
+        assert await h.put(keys, blocks_of(keys)) == 2
+        io.slow = True
+        assert (await h.get(keys[:1], timeout_s=0.01)).shape[0] == 0  # gave up
+        target = torch.zeros((2, BLOCK), dtype=torch.uint8)
+        assert await h.get_into(keys[1:], target, [1], timeout_s=0.01) == 1
+        snapshot = target.clone()
+        await asyncio.sleep(0.4)
+        assert torch.equal(target, snapshot)  # nothing wrote into it after the return
+        assert torch.equal(target[1], blocks_of(keys[1:])[0])
+        await h.drain()
         verify_all(h)

@@ -165,3 +165,75 @@ def test_blocks_round_trip_gpu_host_disk_host_gpu_bit_for_bit(tmp_path: Path) ->
         driver.close()
         worker.shutdown()
         manager.shutdown()
+
+
+def readme_configs() -> list[dict[str, Any]]:
+    import json
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, re.DOTALL)]
+
+
+def shipped(path: Path) -> dict[str, Any]:
+    """A shipped TOML config as a dict, its capacities made tiny (the real ones would
+    preallocate gigabytes here)."""
+    import tomllib
+
+    data = tomllib.loads(path.read_text())
+    for tier in data["tiers"]:
+        tier["capacity"] = 8 if tier["medium"] == "cpu" else 16
+    return data
+
+
+@pytest.mark.parametrize("name", ["vllm.toml", "vllm-disk.toml"])
+def test_the_shipped_vllm_configs_are_valid_chains(name: str) -> None:
+    from kvtier.integrations.vllm import chain_config_for_vllm
+
+    config = Path(__file__).resolve().parent.parent / "configs" / name
+    chain = chain_config_for_vllm(config, 2 * BLOCK)
+    assert chain.block_size == 2 * BLOCK and chain.strict
+    assert chain.tiers[-1].medium == "disk" and chain.tiers[-1].fsync
+
+
+def test_the_readmes_three_configs_start_kvtier_in_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each README `--kv-transfer-config` builds its stack through vLLM's own spec factory
+    (with the shipped TOML files, their disk directory moved to tmp_path)."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the configs. default path
+    configs = readme_configs()
+    assert len(configs) == 3
+    repo = Path(__file__).resolve().parent.parent / "configs"
+    kinds = []
+    for transfer in configs:
+        assert transfer["kv_connector"] == "OffloadingConnector"
+        extra = dict(transfer["kv_connector_extra_config"])
+        extra["cpu_bytes_to_use"] = extra.get("cpu_bytes_to_use") and 8 * 2 * BLOCK
+        if "kvtier_config" in extra:
+            extra["kvtier_config"] = shipped(repo / Path(extra["kvtier_config"]).name)
+            extra.pop("cpu_bytes_to_use")
+        for tier in extra.get("secondary_tiers", []):
+            tier["config"] = shipped(repo / Path(tier["config"]).name)
+        config = offloading_config(extra, block_bytes=BLOCK, blocks_per_chunk=2)
+        spec = OffloadingSpecFactory.create_spec(config)
+        manager = spec.get_manager()
+        try:
+            primary = manager.primary_tier if hasattr(manager, "primary_tier") else manager
+            kinds.append(
+                (
+                    type(spec).__name__,
+                    type(primary._policy).__name__,
+                    [type(t).__name__ for t in getattr(manager, "secondary_tiers", [])],
+                )
+            )
+        finally:
+            manager.shutdown()
+        assert isinstance(spec, CPUOffloadingSpec)
+    assert kinds == [
+        ("TieringOffloadingSpec", "LRUCachePolicy", ["KvtierSecondaryTier"]),
+        ("KvtierOffloadingSpec", "KvtierARCCachePolicy", ["KvtierSecondaryTier"]),
+        ("CPUOffloadingSpec", "KvtierARCCachePolicy", []),
+    ]

@@ -5,10 +5,11 @@ vLLM calls a secondary tier from its scheduler process, under its manager's lock
 call must return at once. So the tier chain lives in a `SyncHierarchy` (an event loop on a
 thread of its own) and this class only hands work over and collects what came back:
 
-- `submit_store` / `submit_load` start a job on the loop thread and return. A store copies
-  the job's rows out of vLLM's CPU tier (on a worker thread) and `put`s them; a load `get`s
-  the blocks and copies them into the job's rows. Nothing touches vLLM's memory once a job's
-  result is queued, and every job queues exactly one result, whatever it raised.
+- `submit_store` / `submit_load` start a job on the loop thread and return. A store `put`s
+  the job's rows of vLLM's CPU tier straight from vLLM's memory (`put(rows=...)`), a load
+  reads the blocks straight into the job's rows (`get_into`), no copy in between. Nothing
+  touches vLLM's memory once a job's result is queued, and every job queues exactly one
+  result, whatever it raised.
 - Results, verdicts and events come back through one thread-safe queue, applied on vLLM's
   thread by the next call (`get_finished_jobs`, `lookup`, `take_events`).
 - `lookup` answers from a bounded table of verdicts (present or not). A key it has not seen is
@@ -23,7 +24,6 @@ The longest time any of these calls took is kept in `call_seconds` for the curio
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import queue
@@ -355,9 +355,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
             manager = hierarchy.manager
             new = [index for index, key in enumerate(keys) if manager.locate(key) is None]
             if new:
-                picked = torch.from_numpy(rows[new])
-                blocks = await asyncio.to_thread(torch.index_select, self._rows, 0, picked)
-                await hierarchy.put([keys[index] for index in new], blocks)
+                # Straight from vLLM's rows (pinned by vLLM until this job is reported).
+                await hierarchy.put([keys[index] for index in new], self._rows, rows=rows[new])
                 moved = len(new) * self._row_bytes
             held = [manager.locate(key) is not None for key in keys]
             success = all(held)
@@ -379,11 +378,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         started = time.perf_counter()
         loaded = 0
         try:
-            blocks = await hierarchy.get(keys)
-            loaded = int(blocks.shape[0])
-            if loaded:
-                into = torch.from_numpy(rows[:loaded])
-                await asyncio.to_thread(self._rows.index_copy_, 0, into, blocks.to("cpu"))
+            # Straight into vLLM's rows; returns only once no copy writes into them.
+            loaded = await hierarchy.get_into(keys, self._rows, rows)
             if loaded < len(keys):
                 # A damaged block is dropped once its read is over: ask again, later.
                 self._inbox.put(_Verdicts(dict.fromkeys(keys[loaded:], None)))
