@@ -76,7 +76,7 @@ from kvtier.manager import (
 from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.jobs import PromotionHold
 from kvtier.manager.keyed import KeyedTierManager
-from kvtier.manager.tiered import slot_ids
+from kvtier.manager.tiered import TieredStoreOutput, slot_ids
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.registry import TierAccess, TierContext, open_storage, registered_media
@@ -1133,6 +1133,32 @@ class Hierarchy:
         if supervisor is None:
             raise ManagerClosedError(f"the hierarchy is {self._state}, not open")
         return supervisor
+
+    async def prepare_engine_store(self, keys: Sequence[OffloadKey]) -> TieredStoreOutput | None:
+        """For an engine that copies blocks into the top tier itself (see
+        `engine.offloading_spec`): reserve top-tier slots for the keys no tier holds, with
+        `put`'s backpressure, and copy out the victims the reserve did not cover before
+        returning, so the engine may write `store_spec`'s slots at once; then
+        `manager.complete_store`. None: no room at the top (every block pinned)."""
+        manager, _ = self._open()
+        keys = _check_keys(keys, "prepare_engine_store")
+        await self._wait_for_reserve(manager, len(keys))
+        out = manager.prepare_store(keys)
+        if out is not None and out.demotion is not None:
+            self._calls.put_demotion_waits += 1
+            staged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._supervisor_of().spawn(out.demotion, staged)
+            await finish_even_if_cancelled(staged)
+        self._spawn(manager.take_jobs())
+        return out
+
+    def start_planned_jobs(self) -> None:
+        """Start the transfer jobs the chain's bookkeeping planned (demotions, promotions,
+        cascades), for an engine that drives `manager` directly (`engine.offloading_spec`);
+        the verbs start their own. Call it on the hierarchy's event loop."""
+        manager, _ = self._open()
+        self._spawn(manager.take_jobs())
+        self._poke()
 
     def _spawn(self, jobs: list[TransferJob]) -> None:
         """Start jobs in the background. Each pokes the waiters once it no longer reads its
