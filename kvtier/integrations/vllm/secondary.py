@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any, ClassVar, NamedTuple, ParamSpec, TypeVar
@@ -48,6 +48,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.base import OffloadKey as VllmKey
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from kvtier.errors import ManagerClosedError
 from kvtier.hierarchy import Hierarchy
 from kvtier.integrations.vllm.config import ConfigSource, chain_config_for_vllm
 from kvtier.keys import OffloadKey
@@ -232,27 +233,27 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     @_timed
     def submit_store(self, job_metadata: TransferJob) -> None:
-        """Copy the job's rows out of vLLM's CPU tier and store them, in the background."""
-        keys = [OffloadKey(bytes(key)) for key in job_metadata.keys]
-        rows = np.asarray(job_metadata.chunk_ids, dtype=np.int64).copy()
-        self._start(job_metadata.job_id, functools.partial(self._store, job_metadata.job_id,
-                                                           keys, rows))
+        """Store the job's rows of vLLM's CPU tier, in the background."""
+        self._start(job_metadata, self._store)
 
     @_timed
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Read the job's blocks into its rows of vLLM's CPU tier, in the background."""
-        keys = [OffloadKey(bytes(key)) for key in job_metadata.keys]
-        rows = np.asarray(job_metadata.chunk_ids, dtype=np.int64).copy()
-        self._start(job_metadata.job_id, functools.partial(self._load, job_metadata.job_id,
-                                                           keys, rows))
+        self._start(job_metadata, self._load)
 
-    def _start(self, job_id: int, work: Callable[[Hierarchy], Any]) -> None:
-        future = self._hierarchy.submit(work)
-        if future.done() and future.exception() is not None:
+    def _start(self, job: TransferJob, run: Callable[..., Coroutine[Any, Any, None]]) -> None:
+        keys = [OffloadKey(bytes(key)) for key in job.keys]
+        rows = np.asarray(job.chunk_ids, dtype=np.int64).copy()
+        future = self._hierarchy.submit(functools.partial(run, job.job_id, keys, rows))
+        if (
+            future.done()
+            and not future.cancelled()
+            and isinstance(future.exception(), ManagerClosedError)
+        ):
             # Never started (the hierarchy is closed): the job fails, reported once.
-            self._inbox.put(_Finished(JobResult(job_id=job_id, success=False)))
+            self._inbox.put(_Finished(JobResult(job_id=job.job_id, success=False)))
             return
-        self._jobs[job_id] = future
+        self._jobs[job.job_id] = future
 
     @_timed
     def get_finished_jobs(self) -> Iterable[JobResult]:
