@@ -44,14 +44,21 @@ def tiering(tmp_path: Path) -> Iterator[Make]:
     drivers: list[Driver] = []
 
     def make(
-        *, capacity: int = 64, events: bool = True, path: Path | None = None, **options: Any
+        *,
+        capacity: int = 64,
+        events: bool = True,
+        path: Path | None = None,
+        model: str = "kvtier-test",
+        **options: Any,
     ) -> tuple[Any, Driver, KvtierSecondaryTier]:
         chain = disk_chain(path or tmp_path / "disk", capacity, fsync=False)
         extra = {
             "cpu_bytes_to_use": PRIMARY * CHUNK,
             "secondary_tiers": [kvtier_tier(chain, **options)],
         }
-        spec = TieringOffloadingSpec(offloading_config(extra, block_bytes=CHUNK, events=events))
+        spec = TieringOffloadingSpec(
+            offloading_config(extra, block_bytes=CHUNK, events=events, model=model)
+        )
         manager = spec.get_manager()
         managers.append(manager)
         tier = manager.secondary_tiers[0]
@@ -186,6 +193,24 @@ def test_a_restarted_disk_tier_serves_what_it_stored_under_vllm(
     for index, k in enumerate(keys):
         assert driver.lookup(k, context) is LookupResult.HIT
         assert torch.equal(driver.read(k, context), pattern(index, CHUNK))
+
+
+def test_another_model_on_the_same_directory_never_reads_these_blocks(tiering: Make) -> None:
+    """vLLM's block hashes come from tokens alone: the namespace (model, dtype, layout)
+    keeps a second model's vLLM from loading the first one's KV for the same tokens."""
+    manager, driver, tier = tiering(model="model-a")
+    keys = fill(driver, PRIMARY)
+    manager.shutdown()
+    manager, driver, tier = tiering(model="model-b")
+    context = driver.context()
+    with manager.lock:
+        manager.on_new_request(context)
+    assert driver.lookup(keys[0], context) is LookupResult.MISS
+    manager.shutdown()
+    manager, driver, tier = tiering(model="model-a")  # the first model again: still there
+    with manager.lock:
+        manager.on_new_request(context)
+    assert driver.lookup(keys[0], context) is LookupResult.HIT
 
 
 def test_stored_and_evicted_blocks_reach_vllms_kv_events(tiering: Make) -> None:

@@ -49,6 +49,7 @@ def offloading_config(
     blocks_per_chunk: int = 1,
     events: bool = True,
     engine_id: str | None = None,
+    model: str = "kvtier-test",
 ) -> OffloadingConfig:
     """vLLM's normalized offloading config for one KV group on one worker."""
     return OffloadingConfig(
@@ -57,7 +58,7 @@ def offloading_config(
         enable_kv_cache_events=events,
         extra_config=extra,
         engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="kvtier-test", dtype="float16"),
+        model=OffloadingModelConfig(name=model, dtype="float16"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
         parallel=OffloadingParallelConfig(
             rank=0,

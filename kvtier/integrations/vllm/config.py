@@ -55,10 +55,31 @@ def read_config_data(config: ConfigSource) -> tuple[dict[str, Any], str]:
     )
 
 
-def chain_config_for_vllm(config: ConfigSource, chunk_bytes: int) -> HierarchyConfig:
+def vllm_namespace(offloading_config: Any) -> str:
+    """What makes a chunk's bytes mean the same KV to another vLLM: the model, the KV dtype
+    and layout, and how many workers' cells a chunk row holds. Block hashes come from tokens
+    alone, so without this two models with the same chunk size would read each other's KV."""
+    model = offloading_config.model
+    parallel = offloading_config.parallel
+    layout = "canonical" if offloading_config.canonical_layout else (
+        offloading_config.kv_cache_layout or "default"
+    )
+    copies = 1 if offloading_config.replicated_layout else parallel.world_size
+    return (
+        f"vllm:{model.name}:{model.dtype}:{layout}:workers={copies}:"
+        f"blocks_per_chunk={offloading_config.cache.blocks_per_chunk}"
+    )
+
+
+def chain_config_for_vllm(
+    config: ConfigSource, chunk_bytes: int, namespace: str | None = None
+) -> HierarchyConfig:
     """The validated chain for `config` with `block_size` = vLLM's `chunk_bytes`; a
-    ConfigError names the source and every problem."""
+    ConfigError names the source and every problem. `namespace` (see `vllm_namespace`)
+    becomes the `model_id` unless the config sets one."""
     data, source = read_config_data(config)
+    if namespace is not None and not data.get("model_id"):
+        data["model_id"] = namespace
     if config is None:
         data["tiers"] = [tier for tier in data["tiers"] if tier.get("medium") == "disk"]
         source = source.replace("without its gpu tier", "its disk tier")

@@ -50,7 +50,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvtier.errors import ManagerClosedError
 from kvtier.hierarchy import Hierarchy
-from kvtier.integrations.vllm.config import ConfigSource, chain_config_for_vllm
+from kvtier.integrations.vllm.config import ConfigSource, chain_config_for_vllm, vllm_namespace
 from kvtier.keys import OffloadKey
 from kvtier.sync import SyncHierarchy
 
@@ -131,7 +131,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         rows = primary_kv_view.nbytes // row_bytes
         self._row_bytes = row_bytes
         self._rows = torch.frombuffer(primary_kv_view, dtype=torch.uint8).view(rows, row_bytes)
-        chain = chain_config_for_vllm(config, row_bytes)
+        vllm_config = getattr(offloading_spec, "config", None)
+        namespace = None if vllm_config is None else vllm_namespace(vllm_config)
+        chain = chain_config_for_vllm(config, row_bytes, namespace)
         options = dict(hierarchy_options or {})
         options.setdefault("load_timeout_s", load_timeout_s)
         self._hierarchy = SyncHierarchy(chain, **options)
