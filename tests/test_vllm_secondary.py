@@ -198,16 +198,16 @@ def test_a_restarted_disk_tier_serves_what_it_stored_under_vllm(
 def test_another_model_on_the_same_directory_never_reads_these_blocks(tiering: Make) -> None:
     """vLLM's block hashes come from tokens alone: the namespace (model, dtype, layout)
     keeps a second model's vLLM from loading the first one's KV for the same tokens."""
-    manager, driver, tier = tiering(model="model-a")
+    manager, driver, _ = tiering(model="model-a")
     keys = fill(driver, PRIMARY)
     manager.shutdown()
-    manager, driver, tier = tiering(model="model-b")
+    manager, driver, _ = tiering(model="model-b")
     context = driver.context()
     with manager.lock:
         manager.on_new_request(context)
     assert driver.lookup(keys[0], context) is LookupResult.MISS
     manager.shutdown()
-    manager, driver, tier = tiering(model="model-a")  # the first model again: still there
+    manager, driver, _ = tiering(model="model-a")  # the first model again: still there
     with manager.lock:
         manager.on_new_request(context)
     assert driver.lookup(keys[0], context) is LookupResult.HIT
