@@ -103,3 +103,8 @@ class DiskLockedError(DiskTierError):
 class NoFreeBlocksError(AllocationError):
     """A paged-KV block allocator has no free block and no unused cached block to evict;
     nothing was allocated. The message names the allocator's size and what it was asked for."""
+
+
+class TierConnectionError(KvtierError, OSError):
+    """A remote tier (Redis, ...) could not be reached or refused a round trip. An OSError,
+    so a failed store reports it like a failed disk write; a read turns it into a miss."""

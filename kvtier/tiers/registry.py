@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 from kvtier.config import BaseTierConfig, CPUTierConfig, DiskTierConfig, GPUTierConfig
 from kvtier.errors import InvalidValueError
 from kvtier.specs.base import Medium
+from kvtier.tiers.remote.config import RedisTierConfig
 from kvtier.tiers.storage import BlockStorage
 
 if TYPE_CHECKING:
@@ -253,5 +254,15 @@ register_tier(
         volatile=False,
         access=TierAccess.HOST_BUFFERS,
         opener="kvtier.tiers.builtin:open_disk_tier",
+    )
+)
+register_tier(
+    TierKind(
+        "redis",
+        RedisTierConfig,
+        volatile=False,
+        owns_index=True,
+        access=TierAccess.CLIENT,
+        opener="kvtier.tiers.remote.redis:open_redis_tier",
     )
 )

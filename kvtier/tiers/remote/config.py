@@ -1,0 +1,106 @@
+"""The `[[tiers]]` tables of the remote tiers (importable without their client libraries,
+so a config is validated before anything connects).
+
+    [[tiers]]
+    name = "fleet"
+    medium = "redis"
+    capacity = 65536              # keys kvtier remembers; Redis's maxmemory bounds the store
+    url = "redis://10.0.0.5:6379/0"
+    password_env = "KVTIER_REDIS_PASSWORD"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kvtier.config import BaseTierConfig, _error
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RedisTierConfig(BaseTierConfig):
+    """A tier of blocks in Redis (standalone or Redis Cluster), shared by many nodes."""
+
+    medium: Literal["redis"]
+    url: str | None = None
+    """`redis://host:port/db` or `rediss://...` (TLS) of a standalone server."""
+    cluster_nodes: tuple[str, ...] | None = None
+    """`host:port` of some nodes of a Redis Cluster (instead of `url`)."""
+    username: str | None = None
+    password_env: str | None = None
+    """Name of the environment variable holding the password (never the password itself)."""
+    timeout_ms: int = Field(default=500, ge=1, le=600_000)
+    """Longest wait for one round trip; past it the operation is a miss or a failed store."""
+    max_connections: int = Field(default=32, ge=1, le=4096)
+    max_in_flight: int = Field(default=8, ge=1, le=1024)
+    """Round trips of this tier running at once (reads, writes and lookups together)."""
+    batch_keys: int = Field(default=32, ge=1, le=4096)
+    """Keys per pipelined round trip."""
+    key_prefix: str | None = None
+    """Prefix of every key; default: `kvtier:<namespace fingerprint>:`."""
+    ttl_s: int | None = Field(default=None, ge=1)
+    """Expire values after this many seconds (default: never; Redis's maxmemory evicts)."""
+    compression: Literal["none", "zstd"] = "none"
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    breaker_failures: int = Field(default=5, ge=1, le=10_000)
+    """Consecutive failed round trips that open the circuit breaker (fail fast)."""
+    breaker_cooldown_s: float = Field(default=2.0, gt=0, le=3600)
+    """How long an open breaker fails fast before one round trip is tried again."""
+    negative_ttl_ms: int = Field(default=200, ge=0, le=3_600_000)
+    """How long "absent" answers of lookups are cached (another node may store it any
+    moment)."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise _error("url", "must start with redis://, rediss:// (TLS) or unix://")
+        return value
+
+    @field_validator("cluster_nodes", mode="before")
+    @classmethod
+    def _check_nodes(cls, value: object) -> object:
+        if isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, tuple):
+            for node in value:
+                if not isinstance(node, str) or _HOST_PORT.fullmatch(node) is None:
+                    raise _error("cluster_nodes", f"entries are 'host:port', got {node!r}")
+            if not value:
+                raise _error("cluster_nodes", "must name at least one node")
+        return value
+
+    @field_validator("password_env")
+    @classmethod
+    def _check_env(cls, value: str | None) -> str | None:
+        if value is not None and _ENV_NAME.fullmatch(value) is None:
+            raise _error(
+                "password_env",
+                "the NAME of an environment variable holding the password, not the password",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_address(self) -> RedisTierConfig:
+        if (self.url is None) == (self.cluster_nodes is None):
+            raise _error(
+                "redis_address", "set exactly one of url (a server) and cluster_nodes (a cluster)"
+            )
+        return self
+
+    def password(self) -> str | None:
+        """The password from `password_env` (read now), or None without one; ValueError
+        naming the variable when it is unset."""
+        if self.password_env is None:
+            return None
+        value = os.environ.get(self.password_env)
+        if value is None:
+            raise ValueError(
+                f"tier {self.name!r}: password_env names ${self.password_env}, which is not set"
+            )
+        return value

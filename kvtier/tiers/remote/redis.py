@@ -1,0 +1,355 @@
+"""`RedisStorage`: a tier of blocks in Redis (standalone or Redis Cluster), through redis-py's
+asyncio client (`pip install 'kvtier[redis]'`).
+
+Many nodes write one Redis, so Redis owns the capacity: its `maxmemory` with an LRU or LFU
+policy evicts, and a block that is gone is a miss (see `KeyedTierManager`). Every value is a
+`ValueCodec` value: a read verifies key, namespace, length, codec and checksum, so a foreign,
+torn or overwritten value is a miss plus a counted problem, never data.
+
+Failure is a miss, within `timeout_ms`: every round trip has that deadline; a down, slow or
+full Redis makes writes fail (counted failed stores) and reads miss, never an exception in
+the caller. After `breaker_failures` failed round trips in a row the circuit breaker opens:
+for `breaker_cooldown_s` every call fails at once without touching the network, then one
+round trip is tried again (redis-py reconnects). Lookups are batched pipelined EXISTS through
+`ProbeCache` ("ask again" while in flight, a short negative cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import xxhash
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from kvtier.errors import InvalidValueError, TierConnectionError
+from kvtier.keys import OffloadKey
+from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.keyed import KeyedStorage, ProbeCache
+from kvtier.tiers.registry import TierContext
+from kvtier.tiers.remote.config import RedisTierConfig
+from kvtier.tiers.remote.value import ValueCodec, ValueProblem
+from kvtier.tiers.storage import HostBuffer, ReadFailure
+
+log = logging.getLogger("kvtier.tiers.redis")
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class RedisStats:
+    """What a Redis tier's round trips did (each failure was a miss or a failed store)."""
+
+    round_trips: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    fast_failures: int = 0
+    """Calls refused by the open circuit breaker, without a round trip."""
+    breaker_opened: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+    """Values not served, by `ValueProblem` (missing, foreign, damaged)."""
+
+
+class CircuitBreaker:
+    """Opens after `failures` failures in a row; while open, `allow()` is False until
+    `cooldown_s` passed, then one trial is let through (half open)."""
+
+    def __init__(self, failures: int, cooldown_s: float) -> None:
+        self.failures = failures
+        self.cooldown_s = cooldown_s
+        self._in_a_row = 0
+        self._open_until: float | None = None
+        self.opened = 0
+
+    def allow(self) -> bool:
+        if self._open_until is None:
+            return True
+        if time.monotonic() >= self._open_until:
+            self._open_until = time.monotonic() + self.cooldown_s  # one trial per cooldown
+            return True
+        return False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open_until is not None
+
+    def success(self) -> None:
+        self._in_a_row = 0
+        self._open_until = None
+
+    def failure(self) -> None:
+        self._in_a_row += 1
+        if self._in_a_row >= self.failures and self._open_until is None:
+            self._open_until = time.monotonic() + self.cooldown_s
+            self.opened += 1
+
+
+class RedisStorage(KeyedStorage):
+    """Blocks by key in Redis under `prefix`, verified on read (see the module doc)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        block_size: int,
+        num_blocks: int,
+        namespace: str,
+        prefix: bytes,
+        timeout_s: float,
+        max_in_flight: int = 8,
+        batch_keys: int = 32,
+        ttl_s: int | None = None,
+        codec: BlockCodec | None = None,
+        breaker: CircuitBreaker | None = None,
+        negative_ttl_s: float = 0.2,
+        cluster: bool = False,
+        description: str = "redis",
+    ) -> None:
+        self.client = client
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.batch_keys = batch_keys
+        self.ttl_s = ttl_s
+        self.cluster = cluster
+        self.description = description
+        self.values = ValueCodec(namespace, block_size, codec or BlockCodec())
+        self.breaker = breaker or CircuitBreaker(5, 2.0)
+        self.stats = RedisStats()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._cache = ProbeCache(
+            self._exists, on_answer=self._answered, negative_ttl_s=negative_ttl_s
+        )
+        self._closed = False
+
+    @property
+    def persistent(self) -> bool:
+        return True  # outlives this process: every value is verified when read
+
+    # -- round trips -------------------------------------------------------------------------
+
+    async def _round_trip(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One round trip under the deadline and the breaker; TierConnectionError (an
+        OSError) when it fails, so callers turn it into misses or failed stores."""
+        if self._closed:
+            raise TierConnectionError(errno.ESHUTDOWN, f"{self.description} is closed")
+        if not self.breaker.allow():
+            self.stats.fast_failures += 1
+            raise TierConnectionError(errno.ECONNREFUSED, f"{self.description}: breaker open")
+        async with self._slots:
+            self.stats.round_trips += 1
+            try:
+                result = await asyncio.wait_for(call(), self.timeout_s)
+            except TimeoutError:
+                self.stats.timeouts += 1
+                self._failed(what, "timed out")
+                raise TierConnectionError(
+                    errno.ETIMEDOUT, f"{self.description}: {what} timed out"
+                ) from None
+            except (RedisError, OSError) as error:
+                self.stats.errors += 1
+                self._failed(what, repr(error))
+                raise TierConnectionError(
+                    errno.EIO, f"{self.description}: {what} failed: {error}"
+                ) from None
+        self.breaker.success()
+        return result
+
+    def _failed(self, what: str, why: str) -> None:
+        was_open = self.breaker.is_open
+        self.breaker.failure()
+        if self.breaker.is_open and not was_open:
+            self.stats.breaker_opened += 1
+            log.warning(
+                "%s: %s %s; failing fast for %.1f s (every lookup a miss, every store failed)",
+                self.description, what, why, self.breaker.cooldown_s,
+            )
+
+    def _key(self, key: OffloadKey) -> bytes:
+        return self.prefix + key
+
+    def _batches(self, count: int) -> list[range]:
+        return [range(i, min(count, i + self.batch_keys)) for i in range(0, count, self.batch_keys)]
+
+    # -- BlockStorage ------------------------------------------------------------------------
+
+    def probe(self, keys: Sequence[OffloadKey]) -> list[bool | None]:
+        return self._cache.probe(keys)
+
+    async def _exists(self, keys: list[OffloadKey]) -> list[bool]:
+        async def query() -> list[bool]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(self._key(key))
+            return [bool(found) for found in await pipe.execute()]
+
+        return await self._round_trip("lookup", query)
+
+    async def write(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[OSError | None]:
+        for i, buffer in enumerate(buffers):
+            if buffer.nbytes != self.block_size:
+                raise InvalidValueError(
+                    f"buffers[{i}] must hold {self.block_size} bytes, got {buffer.nbytes}"
+                )
+        values = await asyncio.to_thread(
+            lambda: [self.values.encode(k, b) for k, b in zip(keys, buffers, strict=True)]
+        )
+        results: list[OSError | None] = [None] * len(keys)
+
+        async def write_batch(batch: range) -> None:
+            async def call() -> None:
+                pipe = self.client.pipeline(transaction=False)
+                for i in batch:
+                    pipe.set(self._key(keys[i]), values[i], ex=self.ttl_s)
+                await pipe.execute()
+
+            try:
+                await self._round_trip("store", call)
+            except OSError as error:
+                for i in batch:
+                    results[i] = error
+
+        await asyncio.gather(*(write_batch(batch) for batch in self._batches(len(keys))))
+        for key, result in zip(keys, results, strict=True):
+            self._cache.note(key, result is None)
+        return results
+
+    async def read(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[ReadFailure | None]:
+        results: list[ReadFailure | None] = [ReadFailure.IO_ERROR] * len(keys)
+
+        async def read_batch(batch: range) -> None:
+            names = [self._key(keys[i]) for i in batch]
+
+            async def call() -> list[bytes | None]:
+                if self.cluster:
+                    found: list[bytes | None] = await self.client.mget_nonatomic(names)
+                else:
+                    found = await self.client.mget(names)
+                return found
+
+            try:
+                found = await self._round_trip("load", call)
+            except OSError:
+                return  # every block of the batch stays an IO_ERROR: a miss
+            decoded = await asyncio.to_thread(
+                lambda: [
+                    self.values.decode_into(keys[i], value, buffers[i])
+                    for i, value in zip(batch, found, strict=True)
+                ]
+            )
+            for i, (failure, problem) in zip(batch, decoded, strict=True):
+                results[i] = failure
+                if problem is not None:
+                    self._count(problem, keys[i])
+
+        await asyncio.gather(*(read_batch(batch) for batch in self._batches(len(keys))))
+        return results
+
+    def _count(self, problem: ValueProblem, key: OffloadKey) -> None:
+        self.stats.problems[problem] = self.stats.problems.get(problem, 0) + 1
+        self._cache.note(key, False)
+        if problem is not ValueProblem.MISSING:
+            log.warning("%s: value of key %s is %s: a miss", self.description, key.hex()[:24],
+                        problem)
+
+    async def forget(self, keys: Sequence[OffloadKey]) -> None:
+        """Delete values found bad (never good ones: other nodes share them)."""
+        for key in keys:
+            self._cache.forget(key)
+        if not keys:
+            return
+        with contextlib.suppress(OSError):  # a bad value left is a miss again, never data
+            await self._round_trip(
+                "delete", lambda: self.client.delete(*[self._key(key) for key in keys])
+            )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._cache.aclose()
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError) as error:
+            log.debug("%s: closing the client: %r", self.description, error)
+
+    def __repr__(self) -> str:
+        return f"RedisStorage({self.description}, prefix={self.prefix!r})"
+
+
+def default_prefix(namespace: str) -> bytes:
+    """`kvtier:<fingerprint of the namespace>:`: nodes of one model and block size share
+    keys, others never see them."""
+    return b"kvtier:" + xxhash.xxh3_64_hexdigest(namespace.encode()).encode() + b":"
+
+
+async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> RedisStorage:
+    """The opener of `medium = "redis"`: connects and checks the server answers (a wrong
+    password or an unreachable server is a TierConnectionError naming it)."""
+    try:
+        password = config.password()
+    except ValueError as error:
+        raise InvalidValueError(str(error)) from None
+    timeout_s = config.timeout_ms / 1000
+    common: dict[str, Any] = {
+        "username": config.username,
+        "password": password,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+    }
+    client: Any
+    if config.cluster_nodes is not None:
+        nodes = [ClusterNode(*node.rsplit(":", 1)) for node in config.cluster_nodes]
+        client = RedisCluster(startup_nodes=nodes, max_connections=config.max_connections,
+                              **common)
+        where = f"redis cluster {','.join(config.cluster_nodes)}"
+    else:
+        assert config.url is not None  # the config model requires one of the two
+        client = aioredis.Redis.from_url(config.url, max_connections=config.max_connections,
+                                         **common)
+        where = f"redis {config.url}"
+    namespace = f"{context.model_id}/{context.block_size}"
+    storage = RedisStorage(
+        client,
+        block_size=context.block_size,
+        num_blocks=config.num_blocks,
+        namespace=namespace,
+        prefix=config.key_prefix.encode() if config.key_prefix else default_prefix(namespace),
+        timeout_s=timeout_s,
+        max_in_flight=config.max_in_flight,
+        batch_keys=config.batch_keys,
+        ttl_s=config.ttl_s,
+        codec=BlockCodec(config.compression, config.zstd_level),
+        breaker=CircuitBreaker(config.breaker_failures, config.breaker_cooldown_s),
+        negative_ttl_s=config.negative_ttl_ms / 1000,
+        cluster=config.cluster_nodes is not None,
+        description=f"tier {config.name!r} ({where})",
+    )
+    try:
+        await asyncio.wait_for(client.ping(), max(timeout_s, 5.0))
+    except (AuthenticationError, ResponseError) as error:
+        # A wrong password or user is the config's problem, not the network's: say so.
+        await storage.aclose()
+        raise TierConnectionError(
+            errno.EACCES, f"tier {config.name!r}: {where} refused the login: {error}"
+        ) from None
+    except (RedisError, OSError, TimeoutError) as error:
+        # Down for now: the tier starts anyway; its round trips fail fast and are retried
+        # after each cooldown, so the tier comes back with the server.
+        storage.breaker.failure()
+        log.warning("tier %r: %s does not answer yet (%r): its lookups are misses until it "
+                    "does", config.name, where, error)
+    return storage

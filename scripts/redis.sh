@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# A Redis for kvtier's remote tier: its tests, the examples, or trying it out. Loopback only,
+# with a password, its files under one directory; never the machine's own Redis service.
+#
+#   scripts/redis.sh start      # a standalone server on 127.0.0.1:$KVTIER_REDIS_PORT (6390)
+#   scripts/redis.sh stop
+#   scripts/redis.sh status     # exit 0 when it answers
+#   scripts/redis.sh env        # export lines: KVTIER_REDIS_URL, KVTIER_REDIS_PASSWORD
+#   scripts/redis.sh cluster    # a 3-master Redis Cluster on 127.0.0.1:$KVTIER_REDIS_CLUSTER_PORT
+#                               # and the two ports after it (7390-7392)
+#   scripts/redis.sh cluster-stop
+#
+# Installs Debian's redis-server package when redis-server is missing (as root, or with
+# sudo); exits 3 with the reason when it cannot. The password is made once (random) and kept
+# in $KVTIER_REDIS_DIR/password (0600); KVTIER_REDIS_MAXMEMORY (default 256mb) bounds the
+# server, which then evicts least recently used keys (allkeys-lru), as a shared cache should.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dir=${KVTIER_REDIS_DIR:-"$root/.services/redis"}
+port=${KVTIER_REDIS_PORT:-6390}
+cluster_base=${KVTIER_REDIS_CLUSTER_PORT:-7390}
+cluster_ports=("$cluster_base" $((cluster_base + 1)) $((cluster_base + 2)))
+maxmemory=${KVTIER_REDIS_MAXMEMORY:-256mb}
+
+say() { echo "redis.sh: $*" >&2; }
+
+ensure_installed() {
+    if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+        return 0
+    fi
+    local apt=()
+    if [ "$(id -u)" = 0 ]; then
+        apt=(apt-get)
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        apt=(sudo -n apt-get)
+    else
+        say "redis-server is not installed and this user cannot install it (not root, no sudo): install Debian's redis-server package"
+        exit 3
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        say "redis-server is not installed and this machine has no apt-get: install Redis >= 6"
+        exit 3
+    fi
+    say "installing Debian's redis-server package"
+    if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q redis-server >&2; then
+        DEBIAN_FRONTEND=noninteractive "${apt[@]}" update -q >&2 || true
+        if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q redis-server >&2; then
+            say "could not install redis-server with apt-get"
+            exit 3
+        fi
+    fi
+}
+
+password() {
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    if [ ! -s "$dir/password" ]; then
+        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/password")
+    fi
+    cat "$dir/password"
+}
+
+cli() { # cli PORT ARGS...: redis-cli against a server of ours
+    local p=$1
+    shift
+    REDISCLI_AUTH=$(password) redis-cli -h 127.0.0.1 -p "$p" "$@"
+}
+
+write_config() { # write_config NAME PORT [cluster]
+    local name=$1 p=$2 mode=${3:-}
+    mkdir -p "$dir/$name"
+    {
+        echo "bind 127.0.0.1 -::1"
+        echo "protected-mode yes"
+        echo "port $p"
+        echo "requirepass $(password)"
+        echo "masterauth $(password)"
+        echo "daemonize yes"
+        echo "pidfile $dir/$name/redis.pid"
+        echo "logfile $dir/$name/redis.log"
+        echo "dir $dir/$name"
+        echo "save \"\""
+        echo "appendonly no"
+        echo "maxmemory $maxmemory"
+        echo "maxmemory-policy allkeys-lru"
+        if [ "$mode" = cluster ]; then
+            echo "cluster-enabled yes"
+            echo "cluster-config-file $dir/$name/nodes.conf"
+            echo "cluster-node-timeout 2000"
+        fi
+    } >"$dir/$name/redis.conf"
+    chmod 600 "$dir/$name/redis.conf"
+}
+
+start_one() { # start_one NAME PORT [cluster]
+    local name=$1 p=$2
+    if cli "$p" ping >/dev/null 2>&1; then
+        return 0
+    fi
+    write_config "$@"
+    redis-server "$dir/$name/redis.conf"
+    for _ in $(seq 100); do
+        if cli "$p" ping >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    say "redis-server on port $p did not answer; see $dir/$name/redis.log"
+    exit 1
+}
+
+stop_one() { # stop_one NAME PORT
+    local name=$1 p=$2
+    cli "$p" shutdown nosave >/dev/null 2>&1 || true
+    if [ -f "$dir/$name/redis.pid" ]; then
+        kill "$(cat "$dir/$name/redis.pid")" 2>/dev/null || true
+        rm -f "$dir/$name/redis.pid"
+    fi
+}
+
+case "${1:-}" in
+start)
+    ensure_installed
+    start_one standalone "$port"
+    say "running on 127.0.0.1:$port (password in $dir/password)"
+    ;;
+stop)
+    stop_one standalone "$port"
+    ;;
+status)
+    command -v redis-cli >/dev/null 2>&1 && cli "$port" ping >/dev/null 2>&1
+    ;;
+env)
+    echo "export KVTIER_REDIS_URL=redis://127.0.0.1:$port/0"
+    echo "export KVTIER_REDIS_PASSWORD=$(password)"
+    echo "export KVTIER_REDIS_CLUSTER_NODES=$(printf '127.0.0.1:%s,' "${cluster_ports[@]}" | sed 's/,$//')"
+    ;;
+cluster)
+    ensure_installed
+    for p in "${cluster_ports[@]}"; do
+        start_one "cluster-$p" "$p" cluster
+    done
+    if ! cli "${cluster_ports[0]}" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
+        nodes=()
+        for p in "${cluster_ports[@]}"; do nodes+=("127.0.0.1:$p"); done
+        REDISCLI_AUTH=$(password) redis-cli --cluster create "${nodes[@]}" \
+            --cluster-replicas 0 --cluster-yes >&2
+        for _ in $(seq 100); do
+            cli "${cluster_ports[0]}" cluster info | grep -q "cluster_state:ok" && break
+            sleep 0.1
+        done
+    fi
+    say "cluster running on 127.0.0.1:${cluster_ports[*]}"
+    ;;
+cluster-stop)
+    for p in "${cluster_ports[@]}"; do
+        stop_one "cluster-$p" "$p"
+        rm -f "$dir/cluster-$p/nodes.conf"
+    done
+    ;;
+*)
+    echo "usage: scripts/redis.sh start|stop|status|env|cluster|cluster-stop" >&2
+    exit 2
+    ;;
+esac
