@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 from kvtier.config import BaseTierConfig, CPUTierConfig, DiskTierConfig, GPUTierConfig
 from kvtier.errors import InvalidValueError
 from kvtier.specs.base import Medium
-from kvtier.tiers.remote.config import RedisTierConfig
+from kvtier.tiers.remote.config import RedisTierConfig, SharedFSTierConfig
 from kvtier.tiers.storage import BlockStorage
 
 if TYPE_CHECKING:
@@ -264,5 +264,15 @@ register_tier(
         owns_index=True,
         access=TierAccess.CLIENT,
         opener="kvtier.tiers.remote.redis:open_redis_tier",
+    )
+)
+register_tier(
+    TierKind(
+        "shared-fs",
+        SharedFSTierConfig,
+        volatile=False,
+        owns_index=True,
+        access=TierAccess.CLIENT,
+        opener="kvtier.tiers.remote.sharedfs:open_sharedfs_tier",
     )
 )

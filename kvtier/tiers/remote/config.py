@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kvtier.config import BaseTierConfig, _error
+from kvtier.config import BaseTierConfig, _error, _expand_path
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -103,4 +104,49 @@ class RedisTierConfig(BaseTierConfig):
             raise ValueError(
                 f"tier {self.name!r}: password_env names ${self.password_env}, which is not set"
             )
+        return value
+
+
+class SharedFSTierConfig(BaseTierConfig):
+    """A tier of one file per block under a directory many hosts mount."""
+
+    medium: Literal["shared-fs"]
+    path: Path
+    """The shared directory ("~" and $VARS expanded); the tier uses a subdirectory per
+    namespace (model, block size)."""
+    max_size: int | str | None = None
+    """Bytes the namespace's files may take (an int or "500GiB"); the sweeper removes the
+    least recently used past it. Default: `capacity` blocks."""
+    sweep_interval_s: float | None = Field(default=10.0, gt=0)
+    """Seconds between sweeps (None: no background sweeper on this node)."""
+    sweep_low_watermark: float = Field(default=0.9, gt=0, le=1)
+    """A sweep brings the files down to this fraction of `max_size`."""
+    fsync: bool = False
+    """fsync each file (and its directory) before a store counts as done."""
+    compression: Literal["none", "zstd"] = "none"
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    max_workers: int = Field(default=8, ge=1, le=256)
+    """Threads doing this tier's file I/O."""
+    negative_ttl_ms: int = Field(default=200, ge=0, le=3_600_000)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _expand(cls, value: object) -> Path:
+        if not isinstance(value, str | Path) or str(value) == "" or "\0" in str(value):
+            raise _error("path", "expected a directory path")
+        try:
+            return _expand_path(value)
+        except ValueError as error:
+            raise _error("path", str(error)) from None
+
+    @field_validator("max_size")
+    @classmethod
+    def _check_size(cls, value: int | str | None) -> int | str | None:
+        if value is not None:
+            from kvtier.config import parse_size
+
+            try:
+                parse_size(value)
+            except (ValueError, TypeError) as error:
+                raise _error("max_size", str(error)) from None
         return value
