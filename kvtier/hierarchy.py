@@ -145,6 +145,9 @@ class HierarchyStats:
     cascades_dropped: int
     corrupt_blocks: int
     failed_blocks: int
+    gone_blocks: int = 0
+    """Reads of blocks a shared store (Redis, shared-fs) no longer held or could not be
+    asked for: misses, not damage."""
     errors: dict[str, int] = field(default_factory=dict)
     """Copies that raised, by exception class (each is a miss or a failed store)."""
     supervisor: SupervisorCounters = field(default_factory=SupervisorCounters)
@@ -970,6 +973,7 @@ class Hierarchy:
             jobs=dict(engine.counters.jobs),
             cascades_dropped=manager.counters.cascades_dropped,
             corrupt_blocks=engine.counters.corrupt_blocks,
+            gone_blocks=engine.counters.gone_blocks,
             failed_blocks=engine.counters.failed_blocks,
             errors=dict(engine.counters.error_types),
             supervisor=copy.deepcopy(self._supervisor_of().counters),

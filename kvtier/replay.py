@@ -641,6 +641,7 @@ class ReplayResult:
             },
             "corrupt_blocks": self.stats.corrupt_blocks,
             "failed_blocks": self.stats.failed_blocks,
+            "gone_blocks": self.stats.gone_blocks,
             "occupancy": [
                 {"name": tier.name, "used": tier.used, "blocks": tier.num_blocks}
                 for tier in self.stats.tiers

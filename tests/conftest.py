@@ -8,6 +8,7 @@ import importlib.util
 import os
 
 import pytest
+from redis_helpers import redis_clean, server  # noqa: F401  (fixtures of the Redis tests)
 
 
 def _cuda() -> bool:

@@ -326,7 +326,7 @@ def test_unknown_medium() -> None:
     data = minimal()
     data["tiers"][1]["medium"] = "tape"
     assert the_problem(data, "tiers[1].medium") == (
-        'tiers[1].medium: expected one of "gpu", "cpu", "disk", got "tape"'
+        'tiers[1].medium: expected one of "gpu", "cpu", "disk", "redis", "shared-fs", got "tape"'
     )
 
 

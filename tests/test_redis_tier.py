@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import torch
 from hierarchy_helpers import BLOCK, blocks_of, key
+from redis_helpers import CLUSTER_PORT, PASSWORD_ENV, Server
 
 from kvtier import Hierarchy
 from kvtier.errors import TierConnectionError
@@ -27,72 +25,7 @@ from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.remote.redis import CircuitBreaker, RedisStorage
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "redis.sh"
-PORT = 6391  # not the script's default: a user's own test server is left alone
-CLUSTER_PORT = 7491
-PASSWORD_ENV = "KVTIER_TEST_REDIS_PASSWORD"
-
-pytestmark = pytest.mark.timeout(120)
-
-
-class Server:
-    """A Redis of `scripts/redis.sh`, for these tests."""
-
-    def __init__(self, directory: Path) -> None:
-        self.env = {
-            **os.environ,
-            "KVTIER_REDIS_DIR": str(directory),
-            "KVTIER_REDIS_PORT": str(PORT),
-            "KVTIER_REDIS_CLUSTER_PORT": str(CLUSTER_PORT),
-            "KVTIER_REDIS_MAXMEMORY": "64mb",
-        }
-        self.password = ""
-
-    def run(self, command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(SCRIPT), command], env=self.env, capture_output=True, text=True, timeout=300
-        )
-
-    def start(self) -> None:
-        done = self.run("start")
-        if done.returncode == 3:
-            pytest.skip(f"no Redis here: {done.stderr.strip()}")
-        assert done.returncode == 0, done.stderr
-        self.password = (Path(self.env["KVTIER_REDIS_DIR"]) / "password").read_text().strip()
-
-    def stop(self) -> None:
-        assert self.run("stop").returncode == 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{PORT}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=PORT, password=self.password)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("redis"))
-    server.start()
-    os.environ[PASSWORD_ENV] = server.password
-    try:
-        yield server
-    finally:
-        server.run("cluster-stop")
-        server.stop()
-
-
-@pytest.fixture(autouse=True)
-def clean(server: Server) -> Iterator[None]:
-    """Every test starts from an empty, running server with its usual memory bound."""
-    server.start()
-    with server.client() as client:
-        client.flushall()
-        client.config_set("maxmemory", "64mb")
-        client.config_set("maxmemory-policy", "allkeys-lru")
-    yield
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("redis_clean")]
 
 
 def chain(server: Server, *, cpu: int = 4, capacity: int = 256, **redis_options: Any) -> dict:
@@ -386,3 +319,23 @@ def test_block_codec_round_trip_is_used_for_values() -> None:
     assert values.decode_into(key(1), value, out) == (None, None)
     assert np.array_equal(out, block)
     assert values.decode_into(key(2), value, out)[1] == "foreign"
+
+
+async def test_a_slow_or_evicting_redis_is_a_miss_not_damage(server: Server) -> None:
+    """A read that times out, or finds the value evicted, is a miss: counted as gone, not
+    as corrupt, and nothing is deleted from the store other nodes share."""
+    async with Hierarchy.from_config(chain(server)) as h:
+        keys = await fill(h, range(16))
+        storage = redis_storage(h)
+        on_redis = [k for k in keys if h.where(k) == "fleet"]
+        with server.client() as client:
+            client.delete(storage.prefix + on_redis[0])  # Redis evicted it
+            client.execute_command("CLIENT", "PAUSE", "1200", "ALL")  # and now it stalls
+        assert (await h.get(on_redis[:1])).shape[0] == 0
+        assert (await h.get(on_redis[1:2])).shape[0] == 0  # timed out: a miss
+        await h.drain()
+        stats = h.stats()
+        assert stats.gone_blocks == 2 and stats.corrupt_blocks == 0
+        await asyncio.sleep(1.3)
+        with server.client() as client:
+            assert client.exists(storage.prefix + on_redis[1]) == 1  # not deleted

@@ -203,7 +203,7 @@ def test_a_registered_medium_has_its_own_error_messages(shelf: TierKind) -> None
 def test_an_unknown_medium_lists_the_registered_ones_in_a_config(shelf: TierKind) -> None:
     data = chain(CPU, {**SHELF, "medium": "tape"})
     assert problems_of(data) == [
-        'tiers[1].medium: expected one of "gpu", "cpu", "disk", "shelf", got "tape"'
+        'tiers[1].medium: expected one of "gpu", "cpu", "disk", "redis", "shared-fs", "shelf", got "tape"'
     ]
 
 
@@ -213,7 +213,7 @@ def test_an_unregistered_medium_is_unknown_again() -> None:
     assert unregister_tier("shelf").medium == "shelf"
     assert "shelf" not in registered_media()
     assert problems_of(chain(SHELF)) == [
-        'tiers[0].medium: expected one of "gpu", "cpu", "disk", got "shelf"'
+        'tiers[0].medium: expected one of "gpu", "cpu", "disk", "redis", "shared-fs", got "shelf"'
     ]
 
 

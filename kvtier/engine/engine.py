@@ -185,6 +185,8 @@ class EngineCounters:
     jobs: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in JobKind})
     failed_blocks: int = 0
     corrupt_blocks: int = 0
+    gone_blocks: int = 0
+    """Reads of blocks a shared store no longer held (or could not be asked for): misses."""
     cascades_dropped: int = 0
     errors: int = 0
     """Copies that raised (any exception class): their blocks failed."""
@@ -208,6 +210,7 @@ class _JobRun:
     job: TransferJob
     failed: set[tuple[int, OffloadKey]] = field(default_factory=set)
     corrupt: set[tuple[int, OffloadKey]] = field(default_factory=set)
+    gone: set[tuple[int, OffloadKey]] = field(default_factory=set)
     settled: set[int] = field(default_factory=set)
     writes: dict[int, asyncio.Task[MoveResult]] = field(default_factory=dict)
 
@@ -215,6 +218,7 @@ class _JobRun:
         step = self.job.steps[index]
         self.failed.update((step.dst, key) for key in result.failed)
         self.corrupt.update((step.src, key) for key in result.corrupt)
+        self.gone.update((step.src, key) for key in result.gone)
         self.settled.add(index)
 
     def fail_unsettled(self) -> None:
@@ -341,7 +345,8 @@ class TransferEngine:
         pair.bytes += moved * self.block_size
         pair.copies += 1
         self.counters.failed_blocks += len(result.failed)
-        self.counters.corrupt_blocks += len(result.corrupt)
+        self.counters.corrupt_blocks += len(result.corrupt - result.gone)
+        self.counters.gone_blocks += len(result.gone)
         return result
 
     # -- jobs ------------------------------------------------------------------------------
@@ -393,10 +398,11 @@ class TransferEngine:
             self.counters.jobs[job.kind.value] += 1
             if self.manager.is_open(job):
                 self.manager.complete_job(job, state.failed, state.corrupt)
-            await self._forget_corrupt(state.corrupt)
+            await self._forget_corrupt(state.corrupt - state.gone)
         return MoveResult(
             failed=frozenset(key for _, key in state.failed),
             corrupt=frozenset(key for _, key in state.corrupt),
+            gone=frozenset(key for _, key in state.gone),
         )
 
     async def _run_step(self, state: _JobRun, index: int, group: asyncio.TaskGroup) -> None:

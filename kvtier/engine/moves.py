@@ -17,21 +17,30 @@ import numpy.typing as npt
 import torch
 
 from kvtier.keys import OffloadKey
+from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.pool import TorchPool, cuda_available
-from kvtier.tiers.storage import BlockStorage, HostBuffer
+from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
 
 Endpoint = BlockStorage | torch.Tensor
 """Where blocks are: a tier's storage, or a `[n, block_size]` uint8 tensor of the caller."""
 
 
+_NOT_DAMAGE = (ReadFailure.NOT_INDEXED, ReadFailure.IO_ERROR)
+"""Read failures of a shared store that mean "not there now" (evicted by the store, or the
+store unreachable), not "bad bytes"."""
+
+
 @dataclass(frozen=True, slots=True)
 class MoveResult:
-    """Per-block outcome of a move: keys that did not arrive, and keys whose source bytes were
-    bad (a failed checksum or read: the source block must be dropped)."""
+    """Per-block outcome of a move: keys that did not arrive, and keys whose source could not
+    be read (the source block must be dropped from the bookkeeping). `gone` are those of
+    `corrupt` that a shared store (a `KeyedStorage`) no longer holds or could not be asked
+    for: not damage (nothing to delete, nothing counted as corrupt), only a miss."""
 
     failed: frozenset[OffloadKey] = frozenset()
     corrupt: frozenset[OffloadKey] = frozenset()
+    gone: frozenset[OffloadKey] = frozenset()
 
 
 def _tensor_of(endpoint: Endpoint) -> torch.Tensor | None:
@@ -89,6 +98,11 @@ async def move(
         assert rows is not None
     failures = await src.read(keys, [int(i) for i in src_ids], rows)
     bad = frozenset(k for k, f in zip(keys, failures, strict=True) if f is not None)
+    gone = (
+        frozenset(k for k, f in zip(keys, failures, strict=True) if f in _NOT_DAMAGE)
+        if isinstance(src, KeyedStorage)
+        else frozenset()
+    )
     if staged_out is not None:
         good = np.asarray([f is None for f in failures])
         if good.any():
@@ -104,5 +118,5 @@ async def move(
                     [rows[int(i)] for i in indices],
                 )
                 lost = frozenset(k for k, e in zip(good_keys, errors, strict=True) if e)
-                return MoveResult(failed=bad | lost, corrupt=bad)
-    return MoveResult(failed=bad, corrupt=bad)
+                return MoveResult(failed=bad | lost, corrupt=bad, gone=gone)
+    return MoveResult(failed=bad, corrupt=bad, gone=gone)
