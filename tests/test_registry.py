@@ -203,7 +203,8 @@ def test_a_registered_medium_has_its_own_error_messages(shelf: TierKind) -> None
 def test_an_unknown_medium_lists_the_registered_ones_in_a_config(shelf: TierKind) -> None:
     data = chain(CPU, {**SHELF, "medium": "tape"})
     assert problems_of(data) == [
-        'tiers[1].medium: expected one of "gpu", "cpu", "disk", "redis", "shared-fs", "shelf", got "tape"'
+        'tiers[1].medium: expected one of "gpu", "cpu", "disk", "redis", "shared-fs", "shelf", '
+        'got "tape"'
     ]
 
 
