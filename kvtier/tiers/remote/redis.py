@@ -202,16 +202,19 @@ class RedisStorage(KeyedStorage):
                 raise InvalidValueError(
                     f"buffers[{i}] must hold {self.block_size} bytes, got {buffer.nbytes}"
                 )
-        values = await asyncio.to_thread(
-            lambda: [self.values.encode(k, b) for k, b in zip(keys, buffers, strict=True)]
-        )
         results: list[OSError | None] = [None] * len(keys)
 
         async def write_batch(batch: range) -> None:
+            # Each batch is encoded (header, checksum, zstd) off the loop while the others'
+            # round trips are in flight.
+            values = await asyncio.to_thread(
+                lambda: [self.values.encode(keys[i], buffers[i]) for i in batch]
+            )
+
             async def call() -> None:
                 pipe = self.client.pipeline(transaction=False)
-                for i in batch:
-                    pipe.set(self._key(keys[i]), values[i], ex=self.ttl_s)
+                for i, value in zip(batch, values, strict=True):
+                    pipe.set(self._key(keys[i]), value, ex=self.ttl_s)
                 await pipe.execute()
 
             try:

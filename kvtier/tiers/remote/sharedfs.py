@@ -108,6 +108,8 @@ class SharedFSStorage(KeyedStorage):
             self._exists, on_answer=self._answered, negative_ttl_s=negative_ttl_s
         )
         self._sweep_interval_s = sweep_interval_s
+        self.touch_after_s = 60.0
+        """A read marks its file used (mtime) when the mark is older than this."""
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -151,9 +153,13 @@ class SharedFSStorage(KeyedStorage):
         path = self.path_of(key)
         value = self.values.encode(key, block)
         temp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{time.monotonic_ns()}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(temp, flags, 0o600)
+            except FileNotFoundError:  # the block's directory is new
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(temp, flags, 0o600)
             try:
                 view = memoryview(value)
                 while view:
@@ -198,18 +204,27 @@ class SharedFSStorage(KeyedStorage):
     ) -> tuple[ReadFailure | None, ValueProblem | None]:
         path = self.path_of(key)
         try:
-            with open(path, "rb") as file:
-                value = file.read(HEADER_BYTES + 256 + self.block_size + 1)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return ReadFailure.NOT_INDEXED, ValueProblem.MISSING
         except OSError:
             self.stats.read_errors += 1
             return ReadFailure.IO_ERROR, None
-        result = self.values.decode_into(key, value, buffer)
-        if result[0] is None:
-            with contextlib.suppress(OSError):
-                os.utime(path)  # recently used: the sweeper keeps it longer
-        return result
+        try:
+            info = os.fstat(fd)
+            value = os.read(fd, min(info.st_size, HEADER_BYTES + 256 + self.block_size + 64))
+            result = self.values.decode_into(key, value, buffer)
+            if result[0] is None and time.time() - info.st_mtime > self.touch_after_s:
+                # Recently used: the sweeper keeps it longer (not on every read: a metadata
+                # write per read is costly on a network filesystem).
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+            return result
+        except OSError:
+            self.stats.read_errors += 1
+            return ReadFailure.IO_ERROR, None
+        finally:
+            os.close(fd)
 
     async def read(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
