@@ -137,13 +137,16 @@ async def test_the_sweeper_keeps_the_bound_under_concurrent_writers(tmp_path: Pa
                 await storage.sweep()
 
         await asyncio.gather(writer(a, 0), writer(b, 1000))
+        await asyncio.sleep(0.05)  # file times are coarse (a few ms): make it the newest
+        newest = np.full(BLOCK, 7, dtype=np.uint8)
+        assert await a.write([key(5000)], [0], [newest]) == [None]
         report = await a.sweep()
         assert report.swept and report.bytes_after <= bound
         on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
         assert on_disk <= bound
-        # The newest blocks survived, the oldest were removed.
+        # The newest block survived, the oldest were removed.
         out = np.zeros(BLOCK, dtype=np.uint8)
-        assert await a.read([key(119)], [0], [out]) == [None]
+        assert await a.read([key(5000)], [0], [out]) == [None]
         assert await a.read([key(0)], [0], [out]) != [None]
     finally:
         await a.aclose()

@@ -2,7 +2,8 @@
 CephFS, Lustre, or a local directory).
 
 - **Content-addressed paths.** Block `key` of namespace `ns` lives at
-  `<path>/kvtier-<fingerprint of ns>/<h[0:2]>/<h[2:4]>/<h>.kv`, `h` the xxh3-128 of the key:
+  `<path>/kvtier-<fingerprint of ns>/<h[0:2]>/<h>.kv`, `h` the xxh3-128 of the key (256
+  directories: few to create, a few thousand files each per million blocks):
   every node computes the same path, and the value's header (`ValueCodec`) binds the key, so
   two keys that meet on one path read as a miss, never as each other's data.
 - **Atomic writes.** A block is written to a temporary file in its directory, optionally
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import time
@@ -96,6 +98,7 @@ class SharedFSStorage(KeyedStorage):
         negative_ttl_s: float = 0.2,
     ) -> None:
         self.root = root
+        self._root = os.fspath(root)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_size = max_size
@@ -108,6 +111,7 @@ class SharedFSStorage(KeyedStorage):
             self._exists, on_answer=self._answered, negative_ttl_s=negative_ttl_s
         )
         self._sweep_interval_s = sweep_interval_s
+        self._temp_ids = itertools.count(time.monotonic_ns())
         self.touch_after_s = 60.0
         """A read marks its file used (mtime) when the mark is older than this."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -119,8 +123,11 @@ class SharedFSStorage(KeyedStorage):
 
     def path_of(self, key: OffloadKey) -> Path:
         """Where block `key` lives (every node computes the same path)."""
+        return Path(self._path(key))
+
+    def _path(self, key: OffloadKey) -> str:
         name = xxhash.xxh3_128_hexdigest(key)
-        return self.root / name[:2] / name[2:4] / f"{name}{SUFFIX}"
+        return f"{self._root}/{name[:2]}/{name}{SUFFIX}"
 
     async def _run(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` on the tier's bounded thread pool."""
@@ -146,38 +153,43 @@ class SharedFSStorage(KeyedStorage):
         return self._cache.probe(keys)
 
     async def _exists(self, keys: list[OffloadKey]) -> list[bool]:
-        paths = [self.path_of(key) for key in keys]
-        return await self._run(lambda: [path.is_file() for path in paths])
+        paths = [self._path(key) for key in keys]
+        return await self._run(lambda: [os.path.isfile(path) for path in paths])
 
     def _write_one(self, key: OffloadKey, block: HostBuffer) -> OSError | None:
-        path = self.path_of(key)
-        value = self.values.encode(key, block)
-        temp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{time.monotonic_ns()}")
+        path = self._path(key)
+        head, stored = self.values.encode_parts(key, block)
+        temp = f"{path}{TEMP_MARK}{os.getpid()}-{next(self._temp_ids)}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             try:
                 fd = os.open(temp, flags, 0o600)
             except FileNotFoundError:  # the block's directory is new
-                path.parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
                 fd = os.open(temp, flags, 0o600)
             try:
-                view = memoryview(value)
-                while view:
-                    view = view[os.write(fd, view) :]
+                parts = [memoryview(head), memoryview(stored).cast("B")]
+                while parts:
+                    written = os.writev(fd, parts)
+                    while parts and written >= parts[0].nbytes:
+                        written -= parts[0].nbytes
+                        parts.pop(0)
+                    if parts:
+                        parts[0] = parts[0][written:]
                 if self.fsync:
                     os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(temp, path)
             if self.fsync:
-                directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+                directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
                 try:
                     os.fsync(directory)
                 finally:
                     os.close(directory)
         except OSError as error:
             with contextlib.suppress(OSError):
-                temp.unlink()
+                os.unlink(temp)
             return error
         return None
 
@@ -202,7 +214,7 @@ class SharedFSStorage(KeyedStorage):
     def _read_one(
         self, key: OffloadKey, buffer: HostBuffer
     ) -> tuple[ReadFailure | None, ValueProblem | None]:
-        path = self.path_of(key)
+        path = self._path(key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

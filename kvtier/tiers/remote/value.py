@@ -58,12 +58,18 @@ class ValueCodec:
 
     def encode(self, key: OffloadKey, block: HostBuffer) -> bytes:
         """The value to store for `block` under `key` (one copy of the block's bytes)."""
+        head, stored = self.encode_parts(key, block)
+        return b"".join((head, stored))
+
+    def encode_parts(self, key: OffloadKey, block: HostBuffer) -> tuple[bytes, bytes | memoryview]:
+        """The value as (header and key, stored bytes), for a writer that can write both
+        without joining them (the stored bytes are the block's own memory when raw)."""
         codec, stored = self.codec.encode(block)
         prefix = _SEEDED.pack(
             MAGIC, VERSION, int(codec), len(key), self.namespace, block.nbytes, len(stored)
         )
         checksum = self._checksum(prefix, key, stored)
-        return b"".join((prefix, struct.pack("<Q", checksum), key, stored))
+        return b"".join((prefix, struct.pack("<Q", checksum), key)), stored
 
     def decode_into(
         self, key: OffloadKey, value: bytes | memoryview | None, out: HostBuffer
