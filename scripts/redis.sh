@@ -9,6 +9,9 @@
 #   scripts/redis.sh cluster    # a 3-master Redis Cluster on 127.0.0.1:$KVTIER_REDIS_CLUSTER_PORT
 #                               # and the two ports after it (7390-7392)
 #   scripts/redis.sh cluster-stop
+#   scripts/redis.sh tls        # a TLS-only server on 127.0.0.1:$KVTIER_REDIS_TLS_PORT (6392),
+#                               # its certificate signed by a CA made in $KVTIER_REDIS_DIR/tls
+#   scripts/redis.sh tls-stop
 #
 # Installs Debian's redis-server package when redis-server is missing (as root, or with
 # sudo); exits 3 with the reason when it cannot. The password is made once (random) and kept
@@ -22,6 +25,7 @@ port=${KVTIER_REDIS_PORT:-6390}
 cluster_base=${KVTIER_REDIS_CLUSTER_PORT:-7390}
 cluster_ports=("$cluster_base" $((cluster_base + 1)) $((cluster_base + 2)))
 maxmemory=${KVTIER_REDIS_MAXMEMORY:-256mb}
+tls_port=${KVTIER_REDIS_TLS_PORT:-6392}
 
 say() { echo "redis.sh: $*" >&2; }
 
@@ -64,16 +68,47 @@ password() {
 cli() { # cli PORT ARGS...: redis-cli against a server of ours
     local p=$1
     shift
-    REDISCLI_AUTH=$(password) redis-cli -h 127.0.0.1 -p "$p" "$@"
+    local tls=()
+    if [ "$p" = "$tls_port" ]; then
+        tls=(--tls --cacert "$dir/tls/ca.crt")
+    fi
+    REDISCLI_AUTH=$(password) redis-cli -h 127.0.0.1 -p "$p" "${tls[@]}" "$@"
 }
 
-write_config() { # write_config NAME PORT [cluster]
+make_certificates() {
+    local tls=$dir/tls
+    [ -s "$tls/server.crt" ] && return 0
+    command -v openssl >/dev/null 2>&1 || {
+        say "openssl is needed to make the TLS certificates"
+        exit 3
+    }
+    mkdir -p "$tls"
+    chmod 700 "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kvtier test CA" \
+        -keyout "$tls/ca.key" -out "$tls/ca.crt" >/dev/null 2>&1
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+        -keyout "$tls/server.key" -out "$tls/server.csr" >/dev/null 2>&1
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$tls/san.ext"
+    openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$tls/san.ext" -out "$tls/server.crt" >/dev/null 2>&1
+}
+
+write_config() { # write_config NAME PORT [cluster|tls]
     local name=$1 p=$2 mode=${3:-}
     mkdir -p "$dir/$name"
     {
         echo "bind 127.0.0.1 -::1"
         echo "protected-mode yes"
-        echo "port $p"
+        if [ "$mode" = tls ]; then
+            echo "port 0"
+            echo "tls-port $p"
+            echo "tls-cert-file $dir/tls/server.crt"
+            echo "tls-key-file $dir/tls/server.key"
+            echo "tls-ca-cert-file $dir/tls/ca.crt"
+            echo "tls-auth-clients no"
+        else
+            echo "port $p"
+        fi
         echo "requirepass $(password)"
         echo "masterauth $(password)"
         echo "daemonize yes"
@@ -134,6 +169,8 @@ status)
 env)
     echo "export KVTIER_REDIS_URL=redis://127.0.0.1:$port/0"
     echo "export KVTIER_REDIS_PASSWORD=$(password)"
+    echo "export KVTIER_REDIS_TLS_URL=rediss://127.0.0.1:$tls_port/0"
+    echo "export KVTIER_REDIS_TLS_CA=$dir/tls/ca.crt"
     echo "export KVTIER_REDIS_CLUSTER_NODES=$(printf '127.0.0.1:%s,' "${cluster_ports[@]}" | sed 's/,$//')"
     ;;
 cluster)
@@ -159,8 +196,17 @@ cluster-stop)
         rm -f "$dir/cluster-$p/nodes.conf"
     done
     ;;
+tls)
+    ensure_installed
+    make_certificates
+    start_one tls "$tls_port" tls
+    say "TLS server running on 127.0.0.1:$tls_port (CA: $dir/tls/ca.crt)"
+    ;;
+tls-stop)
+    stop_one tls "$tls_port"
+    ;;
 *)
-    echo "usage: scripts/redis.sh start|stop|status|env|cluster|cluster-stop" >&2
+    echo "usage: scripts/redis.sh start|stop|status|env|cluster|cluster-stop|tls|tls-stop" >&2
     exit 2
     ;;
 esac

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "redis.sh"
 PORT = 6391
 CLUSTER_PORT = 7491
+TLS_PORT = 6492
 PASSWORD_ENV = "KVTIER_TEST_REDIS_PASSWORD"
 
 
@@ -28,6 +29,7 @@ class Server:
             "KVTIER_REDIS_DIR": str(directory),
             "KVTIER_REDIS_PORT": str(PORT),
             "KVTIER_REDIS_CLUSTER_PORT": str(CLUSTER_PORT),
+            "KVTIER_REDIS_TLS_PORT": str(TLS_PORT),
             "KVTIER_REDIS_MAXMEMORY": "64mb",
         }
         self.password = ""
@@ -64,6 +66,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
     finally:
         server.run("cluster-stop")
+        server.run("tls-stop")
         server.stop()
 
 

@@ -339,3 +339,43 @@ async def test_a_slow_or_evicting_redis_is_a_miss_not_damage(server: Server) -> 
         await asyncio.sleep(1.3)
         with server.client() as client:
             assert client.exists(storage.prefix + on_redis[1]) == 1  # not deleted
+
+
+async def test_tls_to_redis(server: Server) -> None:
+    done = server.run("tls")
+    if done.returncode == 3:
+        pytest.skip(f"no TLS Redis here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    directory = Path(server.env["KVTIER_REDIS_DIR"])
+    port = server.env["KVTIER_REDIS_TLS_PORT"]
+    tier = {
+        "name": "fleet", "medium": "redis", "capacity": 256,
+        "url": f"rediss://127.0.0.1:{port}/0", "tls_ca_file": str(directory / "tls" / "ca.crt"),
+        "password_env": PASSWORD_ENV, "timeout_ms": 2000,
+    }
+    config = {"block_size": BLOCK, "strict": True,
+              "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    async with Hierarchy.from_config(config) as h:
+        keys = await fill(h, range(12))
+        assert sum(h.where(k) == "fleet" for k in keys) >= 8
+        assert torch.equal(await h.get(keys), blocks_of(keys))
+    untrusted = {**tier, "tls_ca_file": None}  # the system's CAs do not know this one
+    config["tiers"] = [config["tiers"][0], untrusted]
+    with pytest.raises(TierConnectionError, match="set tls_ca_file"):
+        async with Hierarchy.from_config(config):
+            pass
+
+
+async def test_two_writers_of_the_same_keys_leave_whole_blocks(server: Server) -> None:
+    """Two nodes storing the same prefix at once: each value written is a whole, verified
+    block (SET is atomic), whichever lands last."""
+    async with (
+        Hierarchy.from_config(chain(server)) as a,
+        Hierarchy.from_config(chain(server)) as b,
+    ):
+        keys = [key(i) for i in range(32)]
+        for _ in range(5):
+            await asyncio.gather(fill(a, range(32)), fill(b, range(32)))
+        out = await a.get(keys)
+        assert torch.equal(out, blocks_of(keys))
+        assert redis_storage(a).stats.problems == {} and redis_storage(b).stats.problems == {}

@@ -32,6 +32,13 @@ class RedisTierConfig(BaseTierConfig):
     """`redis://host:port/db` or `rediss://...` (TLS) of a standalone server."""
     cluster_nodes: tuple[str, ...] | None = None
     """`host:port` of some nodes of a Redis Cluster (instead of `url`)."""
+    tls_ca_file: Path | None = None
+    """CA certificate that signed the server's (TLS, `rediss://`); default: the system's."""
+    tls_cert_file: Path | None = None
+    """Client certificate, for a server that authenticates clients by certificate."""
+    tls_key_file: Path | None = None
+    tls: bool = False
+    """TLS to the nodes of a Redis Cluster (a standalone server says `rediss://`)."""
     username: str | None = None
     password_env: str | None = None
     """Name of the environment variable holding the password (never the password itself)."""
@@ -86,8 +93,26 @@ class RedisTierConfig(BaseTierConfig):
             )
         return value
 
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file", mode="before")
+    @classmethod
+    def _expand_file(cls, value: object) -> Path | None:
+        if value is None:
+            return None
+        if not isinstance(value, str | Path) or str(value) == "":
+            raise _error("tls_file", "expected a file path")
+        try:
+            return _expand_path(value)
+        except ValueError as error:
+            raise _error("tls_file", str(error)) from None
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or (self.url is not None and self.url.startswith("rediss://"))
+
     @model_validator(mode="after")
     def _one_address(self) -> RedisTierConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise _error("tls_client", "set both tls_cert_file and tls_key_file, or neither")
         if (self.url is None) == (self.cluster_nodes is None):
             raise _error(
                 "redis_address", "set exactly one of url (a server) and cluster_nodes (a cluster)"

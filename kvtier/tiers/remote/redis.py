@@ -326,6 +326,13 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
     }
+    if config.uses_tls:
+        common["ssl_ca_certs"] = None if config.tls_ca_file is None else str(config.tls_ca_file)
+        if config.tls_cert_file is not None and config.tls_key_file is not None:
+            common["ssl_certfile"] = str(config.tls_cert_file)
+            common["ssl_keyfile"] = str(config.tls_key_file)
+        if config.cluster_nodes is not None:
+            common["ssl"] = True
     client: Any
     if config.cluster_nodes is not None:
         nodes = [ClusterNode(*node.rsplit(":", 1)) for node in config.cluster_nodes]
@@ -363,6 +370,13 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
             errno.EACCES, f"tier {config.name!r}: {where} refused the login: {error}"
         ) from None
     except (RedisError, OSError, TimeoutError) as error:
+        if "CERTIFICATE_VERIFY_FAILED" in str(error) or "certificate verify" in str(error):
+            await storage.aclose()
+            raise TierConnectionError(
+                errno.EACCES,
+                f"tier {config.name!r}: {where} has a TLS certificate this node does not "
+                f"trust ({error}); set tls_ca_file to the CA that signed it",
+            ) from None
         # Down for now: the tier starts anyway; its round trips fail fast and are retried
         # after each cooldown, so the tier comes back with the server.
         storage.breaker.failure()
