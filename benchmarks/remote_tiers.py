@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 
 from kvtier.config import parse_size
 from kvtier.keys import key_from_int
-from kvtier.tiers.remote.redis import RedisStorage
+from kvtier.tiers.remote.redis import INLINE_CPU_BYTES, RedisStorage
 from kvtier.tiers.remote.sharedfs import SharedFSStorage
 
 BATCH = 32
@@ -45,14 +45,19 @@ async def timed(work: Callable[[], Awaitable[object]]) -> float:
     return time.perf_counter() - started
 
 
-async def in_batches(count: int, run: Callable[[range], Awaitable[object]]) -> None:
+async def in_batches(
+    count: int, size: int, run: Callable[[range], Awaitable[object]]
+) -> None:
+    """Plain batches sized as the tier sizes its own (at most BATCH keys and about
+    INLINE_CPU_BYTES), IN_FLIGHT at a time: the same round trips for both sides."""
     slots = asyncio.Semaphore(IN_FLIGHT)
+    step = max(1, min(BATCH, INLINE_CPU_BYTES // size))
 
     async def one(batch: range) -> None:
         async with slots:
             await run(batch)
 
-    await asyncio.gather(*(one(range(i, min(count, i + BATCH))) for i in range(0, count, BATCH)))
+    await asyncio.gather(*(one(range(i, min(count, i + step))) for i in range(0, count, step)))
 
 
 async def redis_pair(size: int, count: int, url: str, password: str | None) -> tuple[float, ...]:
@@ -87,8 +92,8 @@ async def redis_pair(size: int, count: int, url: str, password: str | None) -> t
             for i, value in zip(batch, values, strict=True):
                 out[i][:] = np.frombuffer(value, dtype=np.uint8)
 
-        plain_put = await timed(lambda: in_batches(count, plain_set))
-        plain_get_s = await timed(lambda: in_batches(count, plain_get))
+        plain_put = await timed(lambda: in_batches(count, size, plain_set))
+        plain_get_s = await timed(lambda: in_batches(count, size, plain_get))
         await client.flushall()
         return kv_put, kv_get, plain_put, plain_get_s
     finally:

@@ -190,7 +190,10 @@ class RedisStorage(KeyedStorage):
         return self.prefix + key
 
     def _batches(self, count: int) -> list[range]:
-        return [range(i, min(count, i + self.batch_keys)) for i in range(0, count, self.batch_keys)]
+        """Pipelined round trips of at most `batch_keys` keys and about INLINE_CPU_BYTES (so
+        each batch is encoded or verified on the loop, briefly, while others are in flight)."""
+        step = max(1, min(self.batch_keys, INLINE_CPU_BYTES // max(1, self.block_size)))
+        return [range(i, min(count, i + step)) for i in range(0, count, step)]
 
     # -- BlockStorage ------------------------------------------------------------------------
 
