@@ -61,6 +61,20 @@ class ValueCodec:
         head, stored = self.encode_parts(key, block)
         return b"".join((head, stored))
 
+    def encode_into(self, key: OffloadKey, block: HostBuffer, out: bytearray) -> memoryview:
+        """The value written into `out` (reused between calls, so no fresh allocation is
+        paid for); a view of the bytes used. `out` must hold `max_value_bytes(len(key))`."""
+        head, stored = self.encode_parts(key, block)
+        end = len(head) + len(stored)
+        view = memoryview(out)
+        view[: len(head)] = head
+        view[len(head) : end] = memoryview(stored).cast("B")
+        return view[:end]
+
+    def max_value_bytes(self, key_length: int) -> int:
+        """The largest value of a block (raw, or a zstd frame no larger than the block)."""
+        return HEADER_BYTES + key_length + self.block_size
+
     def encode_parts(self, key: OffloadKey, block: HostBuffer) -> tuple[bytes, bytes | memoryview]:
         """The value as (header and key, stored bytes), for a writer that can write both
         without joining them (the stored bytes are the block's own memory when raw)."""
