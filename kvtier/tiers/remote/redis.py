@@ -36,7 +36,12 @@ from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
 from kvtier.tiers.remote.config import RedisTierConfig
-from kvtier.tiers.remote.value import ValueCodec, ValueProblem
+from kvtier.tiers.remote.value import (
+    ValueCodec,
+    ValueProblem,
+    check_block_buffers,
+    record_problem,
+)
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 log = logging.getLogger("kvtier.tiers.redis")
@@ -225,11 +230,7 @@ class RedisStorage(KeyedStorage):
     async def write(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[OSError | None]:
-        for i, buffer in enumerate(buffers):
-            if buffer.nbytes != self.block_size:
-                raise InvalidValueError(
-                    f"buffers[{i}] must hold {self.block_size} bytes, got {buffer.nbytes}"
-                )
+        check_block_buffers(buffers, self.block_size)
         results: list[OSError | None] = [None] * len(keys)
 
         async def write_batch(batch: range) -> None:
@@ -309,11 +310,8 @@ class RedisStorage(KeyedStorage):
         return results
 
     def _count(self, problem: ValueProblem, key: OffloadKey) -> None:
-        self.stats.problems[problem] = self.stats.problems.get(problem, 0) + 1
+        record_problem(self.stats.problems, problem, key, self.description)
         self._cache.note(key, False)
-        if problem is not ValueProblem.MISSING:
-            log.warning("%s: value of key %s is %s: a miss", self.description, key.hex()[:24],
-                        problem)
 
     async def forget(self, keys: Sequence[OffloadKey]) -> None:
         """Delete values found bad (never good ones: other nodes share them)."""

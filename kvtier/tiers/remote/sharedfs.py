@@ -35,13 +35,19 @@ from typing import Any, TypeVar
 import xxhash
 
 from kvtier.config import parse_size
-from kvtier.errors import DiskTierError, InvalidValueError
+from kvtier.errors import DiskTierError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
 from kvtier.tiers.remote.config import SharedFSTierConfig
-from kvtier.tiers.remote.value import HEADER_BYTES, ValueCodec, ValueProblem
+from kvtier.tiers.remote.value import (
+    HEADER_BYTES,
+    ValueCodec,
+    ValueProblem,
+    check_block_buffers,
+    record_problem,
+)
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 log = logging.getLogger("kvtier.tiers.sharedfs")
@@ -196,11 +202,7 @@ class SharedFSStorage(KeyedStorage):
     async def write(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[OSError | None]:
-        for i, buffer in enumerate(buffers):
-            if buffer.nbytes != self.block_size:
-                raise InvalidValueError(
-                    f"buffers[{i}] must hold {self.block_size} bytes, got {buffer.nbytes}"
-                )
+        check_block_buffers(buffers, self.block_size)
         results: list[OSError | None] = await asyncio.gather(
             *(self._run(self._write_one, key, buffer) for key, buffer in zip(keys, buffers,
                                                                              strict=True))
@@ -249,11 +251,8 @@ class SharedFSStorage(KeyedStorage):
         for key, (failure, problem) in zip(keys, outcomes, strict=True):
             results.append(failure)
             if problem is not None:
-                self.stats.problems[problem] = self.stats.problems.get(problem, 0) + 1
+                record_problem(self.stats.problems, problem, key, f"shared-fs {self.root}")
                 self._cache.note(key, False)
-                if problem is not ValueProblem.MISSING:
-                    log.warning("shared-fs %s: the file of key %s is %s: a miss",
-                                self.root, key.hex()[:24], problem)
         return results
 
     async def forget(self, keys: Sequence[OffloadKey]) -> None:

@@ -14,10 +14,13 @@ passes the key it asked for; nothing in the value is trusted before the checksum
 from __future__ import annotations
 
 import enum
+import logging
 import struct
+from collections.abc import Sequence
 
 import xxhash
 
+from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.codec import BlockCodec, CodecError
 from kvtier.tiers.storage import HostBuffer, ReadFailure
@@ -37,6 +40,27 @@ class ValueProblem(enum.StrEnum):
     """Another key's or another namespace's value, or not a kvtier value at all."""
     DAMAGED = "damaged"
     """Torn, truncated or changed bytes (the checksum does not match)."""
+
+
+log = logging.getLogger("kvtier.tiers.remote")
+
+
+def check_block_buffers(buffers: Sequence[HostBuffer], block_size: int) -> None:
+    """InvalidValueError unless every buffer holds exactly one block (a broken contract)."""
+    for i, buffer in enumerate(buffers):
+        if buffer.nbytes != block_size:
+            raise InvalidValueError(
+                f"buffers[{i}] must hold {block_size} bytes, got {buffer.nbytes}"
+            )
+
+
+def record_problem(
+    problems: dict[str, int], problem: ValueProblem, key: OffloadKey, where: str
+) -> None:
+    """Count a value not served; a foreign or damaged one is also logged (a miss)."""
+    problems[problem] = problems.get(problem, 0) + 1
+    if problem is not ValueProblem.MISSING:
+        log.warning("%s: the value of key %s is %s: a miss", where, key.hex()[:24], problem)
 
 
 def namespace_digest(namespace: str) -> bytes:
