@@ -201,7 +201,7 @@ class ARCCachePolicy(CachePolicy):
         plan = self._plan_evictions(n, protected)
         if plan is None:
             return None
-        victims, ops, pops_b1, pops_b2, p = plan
+        victims, ops, popped_b1, popped_b2, p = plan
         t1, t2, b1, b2, resident = self._t1, self._t2, self._b1, self._b2, self._resident
         if ops.count(_EVICT_T1) == len(ops):  # the usual plan: every victim from T1 to B1
             for key, _ in victims:
@@ -219,14 +219,13 @@ class ARCCachePolicy(CachePolicy):
                     b2[key] = None
                 else:  # _DROP_T1
                     del t1[key]
-        # The planner pops a ghost list only when its count of that list is positive, and
-        # the count never exceeds the list's real length at that step (ghost hits leave their
-        # list only at insert), so no pop finds its list empty: popping the oldest ghosts
-        # after the evictions joined the lists leaves the lists the step-by-step order does.
-        for _ in range(pops_b1):
-            b1.popitem(last=False)
-        for _ in range(pops_b2):
-            b2.popitem(last=False)
+        # The ghosts the step-by-step order deletes, by key: not simply the oldest ones now,
+        # since a ghost hit earlier in the batch had already left its list then (it leaves
+        # it here only at insert).
+        for key in popped_b1:
+            del b1[key]
+        for key in popped_b2:
+            del b2[key]
         self._p = p
         self._incoming_adapted = True
         self._bound_ghosts()
@@ -252,10 +251,10 @@ class ARCCachePolicy(CachePolicy):
 
     def _plan_evictions(
         self, n: int, protected: Collection[OffloadKey]
-    ) -> tuple[list[_Entry], list[int], int, int, float] | None:
+    ) -> tuple[list[_Entry], list[int], list[OffloadKey], list[OffloadKey], float] | None:
         """Decide n evictions without changing anything: the victims in order, what happens
-        to each (`_EVICT_T1`, `_EVICT_T2` or `_DROP_T1`), how many of the oldest ghosts of B1
-        and of B2 to delete, and the new p; or None when n blocks cannot be evicted.
+        to each (`_EVICT_T1`, `_EVICT_T2` or `_DROP_T1`), the ghosts of B1 and of B2 to
+        delete, and the new p; or None when n blocks cannot be evicted.
 
         Serves the announced keys in order as single requests: those before the last n fill
         free slots (only p adapts), each of the last n pays for one eviction. List sizes are
@@ -277,19 +276,56 @@ class ARCCachePolicy(CachePolicy):
         t2_entries: _Entries = iter(self._t2.items())
         victims: list[_Entry] = []
         ops: list[int] = []
-        pops_b1 = pops_b2 = 0
+        # The ghost lists as the step-by-step order sees them: a ghost leaves when a request
+        # hits it or when a case IV deletes its list's oldest (`gone`); the pops walk each
+        # list from its oldest, skipping ghosts already gone.
+        gone: set[OffloadKey] = set()
+        b1_oldest, b2_oldest = iter(b1), iter(b2)
+        popped_b1: list[OffloadKey] = []
+        popped_b2: list[OffloadKey] = []
+
+        def in_b1(key: OffloadKey | None) -> bool:
+            return b1n > 0 and key in b1 and key not in gone
+
+        def in_b2(key: OffloadKey | None) -> bool:
+            return b2n > 0 and key in b2 and key not in gone
+
+        def pop_oldest(oldest: Iterator[OffloadKey], popped: list[OffloadKey]) -> None:
+            for ghost in oldest:
+                if ghost not in gone:
+                    gone.add(ghost)
+                    popped.append(ghost)
+                    return
+
+        def trimmed(t1n: int, t2n: int, b1n: int, b2n: int) -> tuple[int, int]:
+            """`_bound_ghosts` as the step-by-step order applies it after a request (a no-op
+            while the paper's invariants hold): the ghost counts after it."""
+            while b1n and t1n + b1n > c:
+                pop_oldest(b1_oldest, popped_b1)
+                b1n -= 1
+            while (b1n or b2n) and t1n + t2n + b1n + b2n > 2 * c:
+                if b2n:
+                    pop_oldest(b2_oldest, popped_b2)
+                    b2n -= 1
+                else:
+                    pop_oldest(b1_oldest, popped_b1)
+                    b1n -= 1
+            return b1n, b2n
 
         # Keys served by free slots: p adapts to ghost hits (cases II and III), then the key
         # joins T2 (a ghost hit) or T1 (a new key).
         for key in free_slot_keys:
-            if b1n > 0 and key in b1:
+            if in_b1(key):
                 p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
                 t2n, b1n = t2n + 1, b1n - 1
-            elif b2n > 0 and key in b2:
+                gone.add(key)  # type: ignore[arg-type]
+            elif in_b2(key):
                 p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
                 t2n, b2n = t2n + 1, b2n - 1
+                gone.add(key)  # type: ignore[arg-type]
             else:
                 t1n += 1
+            b1n, b2n = trimmed(t1n, t2n, b1n, b2n)
 
         # `victim = next(entries, None)`, re-checked, is _next_evictable's first iteration
         # without its call: the oldest block of a list is nearly always evictable.
@@ -300,24 +336,26 @@ class ARCCachePolicy(CachePolicy):
         # Runs of new keys (most of a tier's misses) then cost a victim each, nothing more.
         steady = b1n > 0 and p < t1n < c <= t1n + b1n
         for key in paying_keys:
-            if steady and key is not None and key not in b1 and key not in b2:
+            if steady and key is not None and not in_b1(key) and not in_b2(key):
                 victim = next(t1_entries, None)
                 if victim is None or victim[1].ref_cnt or victim[0] in protected:
                     victim = _next_evictable(t1_entries, protected)
                 if victim is not None:
                     victims.append(victim)
                     ops.append(_EVICT_T1)
-                    pops_b1 += 1
+                    pop_oldest(b1_oldest, popped_b1)
                     continue
                 # T1 has no evictable block left: the general path below takes T2's.
             # A ghost list this batch has already emptied cannot hold the key: sequentially,
             # its ghost was deleted before its request came, so it is a new miss (case IV).
-            if b1n > 0 and key in b1:  # case II (None, an unannounced miss, is in no list)
+            if in_b1(key):  # case II (None, an unannounced miss, is in no list)
                 origin = _FROM_B1
                 p = min(p + (1.0 if b1n >= b2n else b2n / b1n), fc)
-            elif b2n > 0 and key in b2:  # case III
+                gone.add(key)  # type: ignore[arg-type]
+            elif in_b2(key):  # case III
                 origin = _FROM_B2
                 p = max(p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
+                gone.add(key)  # type: ignore[arg-type]
             else:  # case IV
                 origin = _NEW
                 if t1n + b1n >= c:  # IV.A: L1 is full
@@ -339,13 +377,14 @@ class ARCCachePolicy(CachePolicy):
                             t2n, b2n = t2n - 1, b2n + 1
                         if key is not None:
                             t1n += 1
+                        b1n, b2n = trimmed(t1n, t2n, b1n, b2n)
                         steady = b1n > 0 and p < t1n < c <= t1n + b1n
                         continue
                     if b1n > 0:
-                        pops_b1 += 1
+                        pop_oldest(b1_oldest, popped_b1)
                         b1n -= 1
                 elif t1n + t2n + b1n + b2n >= 2 * c and b2n > 0:  # IV.B, directory full
-                    pops_b2 += 1
+                    pop_oldest(b2_oldest, popped_b2)
                     b2n -= 1
             # REPLACE(x, p)
             from_t1 = t1n > 0 and (t1n > p or (origin == _FROM_B2 and t1n == p))
@@ -372,8 +411,9 @@ class ARCCachePolicy(CachePolicy):
                 t2n, b2n = t2n + 1, b2n - 1
             elif key is not None:
                 t1n += 1
+            b1n, b2n = trimmed(t1n, t2n, b1n, b2n)
             steady = b1n > 0 and p < t1n < c <= t1n + b1n
-        return victims, ops, pops_b1, pops_b2, p
+        return victims, ops, popped_b1, popped_b2, p
 
     def _bound_ghosts(self) -> None:
         c = self.cache_capacity
