@@ -32,12 +32,15 @@ class PrepareStoreOutput:
     `evicted_spec`: the slots the evicted blocks occupied, in the order of `evicted_keys`. Their
     bytes stay there until the new keys are written, which is what lets a chained manager
     demote them to the tier below first (None when nothing was evicted).
+    `refused_keys`: absent keys the tier's policy did not admit (`CachePolicy.admit`): not
+    stored, a miss when asked for again.
     """
 
     keys_to_store: list[OffloadKey]
     store_spec: LoadStoreSpec
     evicted_keys: list[OffloadKey]
     evicted_spec: LoadStoreSpec | None = None
+    refused_keys: list[OffloadKey] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

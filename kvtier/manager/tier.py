@@ -147,6 +147,16 @@ class TierManager(OffloadingManager):
         if len(keys_to_store) > backend.num_blocks:
             return None
         policy.on_store_miss(keys_to_store)
+        refused: list[OffloadKey] = []
+        if not policy.admits_all:
+            admitted = policy.admit(keys_to_store)
+            if not all(admitted):
+                refused = [k for k, ok in zip(keys_to_store, admitted, strict=True) if not ok]
+                keys_to_store = [k for k, ok in zip(keys_to_store, admitted, strict=True) if ok]
+                if not keys_to_store:
+                    return PrepareStoreOutput(
+                        [], backend.get_load_store_spec([], []), [], refused_keys=refused
+                    )
         num_to_evict = len(keys_to_store) - backend.get_num_free_blocks()
         evicted_keys: list[OffloadKey] = []
         evicted_spec: LoadStoreSpec | None = None
@@ -163,7 +173,9 @@ class TierManager(OffloadingManager):
         blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
         self._num_pending += len(blocks)
-        return PrepareStoreOutput(keys_to_store, store_spec, evicted_keys, evicted_spec)
+        return PrepareStoreOutput(
+            keys_to_store, store_spec, evicted_keys, evicted_spec, refused_keys=refused
+        )
 
     def complete_store(
         self,

@@ -281,7 +281,12 @@ class TieredManager(OffloadingManager):
         demotion = self._emit(job, queue=False)
         self._plan_reserves()
         return TieredStoreOutput(
-            out.keys_to_store, out.store_spec, out.evicted_keys, out.evicted_spec, demotion
+            out.keys_to_store,
+            out.store_spec,
+            out.evicted_keys,
+            out.evicted_spec,
+            refused_keys=out.refused_keys,
+            demotion=demotion,
         )
 
     def complete_store(

@@ -3,12 +3,14 @@
 from kvtier.errors import UnknownPolicyError
 from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy
+from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.simulate import SimulationResult, simulate
 
 POLICIES: dict[str, type[CachePolicy]] = {
     LRUCachePolicy.name: LRUCachePolicy,
     ARCCachePolicy.name: ARCCachePolicy,
+    LCTCachePolicy.name: LCTCachePolicy,
 }
 """Policy classes by the name a config file uses."""
 
@@ -25,6 +27,7 @@ __all__ = [
     "POLICIES",
     "ARCCachePolicy",
     "CachePolicy",
+    "LCTCachePolicy",
     "LRUCachePolicy",
     "SimulationResult",
     "get_policy_class",

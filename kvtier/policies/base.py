@@ -96,6 +96,15 @@ class CachePolicy(ABC):
         block before it is cached).
         """
 
+    admits_all: ClassVar[bool] = True
+    """True when `admit` always says yes (a tier then skips asking)."""
+
+    def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """Whether each absent key (announced by `on_store_miss`) is worth storing; a policy
+        that learns which blocks never pay (`lct`) refuses them, and the tier stores only the
+        admitted keys. The default admits every key."""
+        return [True] * len(keys)
+
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """Announce that `keys` (not resident) were requested and are about to be stored.
 

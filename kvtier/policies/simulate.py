@@ -20,6 +20,8 @@ class SimulationResult:
     accesses: int
     hits: int
     evictions: int
+    refused: int = 0
+    """Misses the policy did not admit (stored nothing)."""
 
     @property
     def misses(self) -> int:
@@ -34,8 +36,9 @@ def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationRe
     """Drive a fresh `name` policy of `capacity` blocks over `keys`, one access per key.
 
     A hit is `touch`ed; a miss is announced (`on_store_miss`), one block is evicted if the
-    cache is full, and a ready block is inserted. Keys may be any hashable values (offload
-    keys, trace hash ids, ...). Cold start; every miss is admitted.
+    cache is full, and a ready block is inserted, unless the policy does not admit it
+    (`CachePolicy.admit`). Keys may be any hashable values (offload keys, trace hash ids,
+    ...). Cold start.
     """
     from kvtier.policies import get_policy_class
 
@@ -45,7 +48,8 @@ def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationRe
     policy = policy_class(capacity)
     get, touch, announce = policy.get, policy.touch, policy.on_store_miss
     evict, insert = policy.evict, policy.insert
-    accesses = hits = evictions = 0
+    admits_all = policy.admits_all
+    accesses = hits = evictions = refused = 0
     for raw_key in keys:
         key = cast(OffloadKey, raw_key)
         accesses += 1
@@ -55,6 +59,9 @@ def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationRe
             touch(one)
             continue
         announce(one)
+        if not admits_all and not policy.admit(one)[0]:
+            refused += 1  # not worth storing: a miss that stores nothing
+            continue
         if len(policy) >= capacity:
             if evict(1) is None:
                 raise KvtierError(f"{name}: a full cache of ready blocks could not evict one")
@@ -62,4 +69,4 @@ def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationRe
         block = BlockStatus(0)
         block.ref_cnt = 0
         insert(key, block)
-    return SimulationResult(name, capacity, accesses, hits, evictions)
+    return SimulationResult(name, capacity, accesses, hits, evictions, refused)

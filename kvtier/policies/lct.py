@@ -1,0 +1,300 @@
+"""LCT, learned class thresholds: a cache policy that learns, online, how long each class of
+block deserves to stay, and admits nothing of a class that never pays.
+
+A block's class is how often it was accessed so far (1, 2, 3, 4 or more), remembered across
+eviction by a bounded ghost directory of recently seen keys. Each class keeps an LRU queue of
+its resident blocks and, online, a decayed histogram of its reuse distances (in accesses,
+log-spaced bins) and of its arrivals. Every `period` accesses the policy solves for per-class
+residency limits L_k (in accesses since the last use) that maximize expected hits within the
+capacity: by Little's law a class occupies rate_k * E[min(d, L_k)] slots, and a Lagrange
+multiplier lambda, bisected, prices a slot-access so that the chosen limits fit. A class
+whose limit is 0 is not admitted (`admit` says False: the key stays in the ghost
+directory). Limits never decrease with the access count, so a prompt's tail is never kept
+longer than its prefix. Eviction takes, among the classes' LRU tails, the block furthest past
+its class limit.
+
+Decisions are O(1) amortized per access: four queues, a dict per class, and a solve of
+(4 classes x ~100 bins) every `period` accesses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import ClassVar
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError
+from kvtier.keys import OffloadKey
+from kvtier.policies.base import CachePolicy, check_evict_count
+
+CLASSES = 4
+"""Classes by access count: 1, 2, 3, and 4 or more."""
+BINS_PER_OCTAVE = 4
+MAX_BINS = 4 * 26
+GHOST_FACTOR = 16
+"""Keys the ghost directory remembers, per block of capacity."""
+DECAY = 0.7
+"""Weight the statistics keep at each solve (older behaviour fades)."""
+UNLIMITED = float("inf")
+MIN_REUSE = 1e-4
+"""A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
+
+
+def _bin(distance: int) -> int:
+    """The log-spaced bin of a reuse distance (>= 1)."""
+    return min(MAX_BINS - 1, int(math.log2(distance) * BINS_PER_OCTAVE))
+
+
+_EDGES = [2 ** ((b + 1) / BINS_PER_OCTAVE) for b in range(MAX_BINS)]
+"""Upper edge of each bin: the residency limits the solver chooses among."""
+_MIDS = [
+    (2 ** (b / BINS_PER_OCTAVE) + 2 ** ((b + 1) / BINS_PER_OCTAVE)) / 2 for b in range(MAX_BINS)
+]
+
+
+class LCTCachePolicy(CachePolicy):
+    """Learned class thresholds (see the module doc)."""
+
+    name: ClassVar[str] = "lct"
+    admits_all: ClassVar[bool] = False
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
+            OrderedDict() for _ in range(CLASSES)
+        ]
+        self._resident: dict[OffloadKey, BlockStatus] = {}
+        self._class: dict[OffloadKey, int] = {}
+        self._count: dict[OffloadKey, int] = {}
+        """Accesses so far of resident keys."""
+        self._last: dict[OffloadKey, int] = {}
+        """Access time (the access counter) of the last access of resident keys."""
+        self._ghosts: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
+        """Non-resident keys seen recently: (access count, last access time)."""
+        self._ghost_limit = GHOST_FACTOR * cache_capacity
+        self._clock = 0
+        self._reuse = [[0.0] * MAX_BINS for _ in range(CLASSES)]
+        self._arrivals = [0.0] * CLASSES
+        self._window = 0.0
+        self.limits: list[float] = [UNLIMITED] * CLASSES
+        """Per class, the accesses since its last use a block may stay (inf: no limit)."""
+        self.period = max(64, cache_capacity // 4)
+        self._since_solve = 0
+        self.refused = 0
+        """Stores not admitted."""
+
+    # -- what every access does -----------------------------------------------------------------
+
+    def _observe(self, key: OffloadKey, count: int, last: int | None) -> None:
+        """An access of `key`, seen `count` times before (its class is min(count, 4) - 1 for
+        the histogram: the class it was in when this reuse came)."""
+        self._clock += 1
+        if count > 0:
+            cls = min(count, CLASSES) - 1
+            if last is not None:
+                self._reuse[cls][_bin(max(1, self._clock - last))] += 1.0
+        arrival = min(count + 1, CLASSES) - 1
+        self._arrivals[arrival] += 1.0
+        self._window += 1.0
+        self._since_solve += 1
+        if self._since_solve >= self.period:
+            self._solve()
+
+    def _seen(self, key: OffloadKey) -> tuple[int, int | None]:
+        """(accesses so far, last access time) of a key, resident or ghost."""
+        if key in self._resident:
+            return self._count[key], self._last[key]
+        ghost = self._ghosts.get(key)
+        return ghost if ghost is not None else (0, None)
+
+    def _remember_ghost(self, key: OffloadKey, count: int, last: int) -> None:
+        ghosts = self._ghosts
+        ghosts[key] = (count, last)
+        ghosts.move_to_end(key)
+        while len(ghosts) > self._ghost_limit:
+            ghosts.popitem(last=False)
+
+    # -- the solver -------------------------------------------------------------------------
+
+    def _solve(self) -> None:
+        self._since_solve = 0
+        window = self._window
+        if window <= 0:
+            return
+        curves = []
+        for cls in range(CLASSES):
+            arrivals = self._arrivals[cls]
+            if arrivals <= 0 or sum(self._reuse[cls]) < MIN_REUSE * arrivals:
+                curves.append([(0.0, 0.0, 0.0)])
+                continue
+            rate = arrivals / window
+            hits = 0.0
+            time_reused = 0.0
+            options = [(0.0, 0.0, 0.0)]  # (limit, hits per access, slots)
+            for b in range(MAX_BINS):
+                reused = self._reuse[cls][b]
+                hits += reused
+                time_reused += reused * _MIDS[b]
+                limit = _EDGES[b]
+                if reused <= 0 and b + 1 < MAX_BINS:
+                    continue
+                expected = hits / arrivals
+                residency = (time_reused + (arrivals - hits) * limit) / arrivals
+                options.append((limit, rate * min(1.0, expected), rate * residency))
+            curves.append(options)
+        capacity = float(self.cache_capacity)
+
+        def choose(price: float) -> tuple[list[float], float]:
+            limits, slots = [], 0.0
+            cost = price
+            for options in curves:
+                best = max(options, key=lambda o: o[1] - cost * o[2])
+                limits.append(best[0])
+                slots += best[2]
+            return limits, slots
+
+        limits, slots = choose(0.0)
+        if slots > capacity:
+            low, high = 0.0, 1.0
+            for _ in range(40):
+                middle = (low + high) / 2
+                _, slots = choose(middle)
+                if slots > capacity:
+                    low = middle
+                else:
+                    high = middle
+            limits, _ = choose(high)
+        else:
+            limits = [UNLIMITED if lim > 0 else 0.0 for lim in limits]
+        for cls in range(1, CLASSES):  # never keep a later access class shorter
+            limits[cls] = max(limits[cls], limits[cls - 1])
+        self.limits = limits
+        for cls in range(CLASSES):
+            self._arrivals[cls] *= DECAY
+            row = self._reuse[cls]
+            for b in range(MAX_BINS):
+                row[b] *= DECAY
+        self._window *= DECAY
+
+    # -- CachePolicy ------------------------------------------------------------------------
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._resident.get(key)
+
+    def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._resident.get
+
+    def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """Whether each (absent) key is worth storing: its class's limit is above 0."""
+        answers = []
+        for key in keys:
+            count, _ = self._seen(key)  # this access included (`on_store_miss` counted it)
+            answers.append(self.limits[min(max(count, 1), CLASSES) - 1] > 0)
+        return answers
+
+    def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
+        for key in reversed(keys):  # a request's deepest block first: its prefix is newer
+            count, last = self._seen(key)
+            self._observe(key, count, last)
+            self._remember_ghost(key, count + 1, self._clock)
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        if key in self._resident:
+            raise BlockStateError(f"lct: key {key!r} is already resident")
+        ghost = self._ghosts.pop(key, None)
+        count, last = ghost if ghost is not None else (1, self._clock)
+        cls = min(count, CLASSES) - 1
+        self._resident[key] = block
+        self._class[key] = cls
+        self._count[key] = count
+        self._last[key] = last
+        self._queues[cls][key] = block
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._resident.pop(key, None) is None:
+            raise BlockStateError(f"lct: key {key!r} is not resident")
+        cls = self._class.pop(key)
+        del self._queues[cls][key]
+        self._remember_ghost(key, self._count.pop(key), self._last.pop(key))
+
+    def touch(self, keys: Sequence[OffloadKey]) -> None:
+        for key in reversed(keys):  # tail first, so the request's head is the newest
+            block = self._resident.get(key)
+            if block is None:
+                continue
+            count = self._count[key]
+            self._observe(key, count, self._last[key])
+            count += 1
+            self._count[key] = count
+            self._last[key] = self._clock
+            old = self._class[key]
+            cls = min(count, CLASSES) - 1
+            del self._queues[old][key]
+            self._queues[cls][key] = block
+            self._class[key] = cls
+
+    def evict(
+        self, n: int, protected: Collection[OffloadKey] = ()
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        check_evict_count(n)
+        if n == 0:
+            return []
+        chosen: list[tuple[OffloadKey, BlockStatus]] = []
+        taken: set[OffloadKey] = set()
+        iterators: list[Iterator[tuple[OffloadKey, BlockStatus]]] = [
+            iter(queue.items()) for queue in self._queues
+        ]
+        heads: list[tuple[OffloadKey, BlockStatus] | None] = [
+            self._next(it, protected, taken) for it in iterators
+        ]
+        clock = self._clock
+        while len(chosen) < n:
+            best, best_over = -1, -UNLIMITED
+            for cls, head in enumerate(heads):
+                if head is None:
+                    continue
+                age = clock - self._last[head[0]]
+                over = age - self.limits[cls] if self.limits[cls] != UNLIMITED else age - 1e18
+                if over > best_over:
+                    best, best_over = cls, over
+            if best < 0:
+                return None
+            head = heads[best]
+            assert head is not None
+            chosen.append(head)
+            taken.add(head[0])
+            heads[best] = self._next(iterators[best], protected, taken)
+        for key, _ in chosen:
+            cls = self._class.pop(key)
+            del self._queues[cls][key]
+            del self._resident[key]
+            self._remember_ghost(key, self._count.pop(key), self._last.pop(key))
+        return chosen
+
+    @staticmethod
+    def _next(
+        entries: Iterator[tuple[OffloadKey, BlockStatus]],
+        protected: Collection[OffloadKey],
+        taken: set[OffloadKey],
+    ) -> tuple[OffloadKey, BlockStatus] | None:
+        for entry in entries:
+            if entry[1].ref_cnt == 0 and entry[0] not in protected and entry[0] not in taken:
+                return entry
+        return None
+
+    def clear(self) -> None:
+        for queue in self._queues:
+            queue.clear()
+        self._resident.clear()
+        self._class.clear()
+        self._count.clear()
+        self._last.clear()
+        self._ghosts.clear()
+
+    def __len__(self) -> int:
+        return len(self._resident)
+
+    def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
+        return iter(list(self._resident.items()))
