@@ -88,3 +88,26 @@ def test_a_tier_stores_only_what_its_policy_admits() -> None:
     assert out is not None and out.keys_to_store == [] and len(out.refused_keys) == 2
     assert tier.lookup(key_from_int(1)) is False
     tier.check()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_partial_blocks_are_never_stored_when_the_caller_says_which() -> None:
+    """`simulate` with the Mooncake trace's input lengths: a prompt's last, partial block is
+    a miss that stores nothing, for every policy, which leaves room for blocks that pay."""
+    from kvtier.policies import partial_block_flags, simulate
+
+    raw = list(read_mooncake())
+    requests = [list(r.hash_ids) for r in raw]
+    flags = partial_block_flags(requests, [r.input_length for r in raw], 512)
+    accesses = [block for request in requests for block in request]
+    assert 0 < sum(flags) < len(requests)
+    capacity = UNIQUE_BLOCKS // 20  # 5 %
+    for name in ("lru", "lct"):
+        plain = simulate(name, capacity, accesses)
+        skipping = simulate(name, capacity, accesses, partial=flags)
+        assert skipping.refused >= sum(flags) - skipping.hits
+        assert skipping.hit_ratio > plain.hit_ratio
+    lct = simulate("lct", capacity, accesses, partial=flags)
+    arc = simulate("arc", capacity, accesses, partial=flags)
+    assert lct.hit_ratio > arc.hit_ratio

@@ -5,7 +5,7 @@ from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
-from kvtier.policies.simulate import SimulationResult, simulate
+from kvtier.policies.simulate import SimulationResult, partial_block_flags, simulate
 
 POLICIES: dict[str, type[CachePolicy]] = {
     LRUCachePolicy.name: LRUCachePolicy,
@@ -31,5 +31,6 @@ __all__ = [
     "LRUCachePolicy",
     "SimulationResult",
     "get_policy_class",
+    "partial_block_flags",
     "simulate",
 ]

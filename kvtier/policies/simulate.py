@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -32,13 +32,33 @@ class SimulationResult:
         return self.hits / self.accesses if self.accesses else 0.0
 
 
-def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationResult:
+def partial_block_flags(
+    requests: Iterable[Sequence[Hashable]], input_lengths: Iterable[int], block_tokens: int
+) -> list[bool]:
+    """For each access of the flattened requests: whether it is a request's last block
+    holding fewer than `block_tokens` tokens (a partial block: its hash covers tokens no later
+    prompt repeats exactly, so storing it only takes room)."""
+    flags: list[bool] = []
+    for request, length in zip(requests, input_lengths, strict=True):
+        flags.extend([False] * len(request))
+        if request and length % block_tokens:
+            flags[-1] = True
+    return flags
+
+
+def simulate(
+    name: str,
+    capacity: int,
+    keys: Iterable[Hashable],
+    partial: Iterable[bool] | None = None,
+) -> SimulationResult:
     """Drive a fresh `name` policy of `capacity` blocks over `keys`, one access per key.
 
     A hit is `touch`ed; a miss is announced (`on_store_miss`), one block is evicted if the
     cache is full, and a ready block is inserted, unless the policy does not admit it
-    (`CachePolicy.admit`). Keys may be any hashable values (offload keys, trace hash ids,
-    ...). Cold start.
+    (`CachePolicy.admit`) or `partial` (a flag per access, see `partial_block_flags`) says it
+    is a partial block, which no policy stores. Keys may be any hashable values (offload keys,
+    trace hash ids, ...). Cold start.
     """
     from kvtier.policies import get_policy_class
 
@@ -50,13 +70,18 @@ def simulate(name: str, capacity: int, keys: Iterable[Hashable]) -> SimulationRe
     evict, insert = policy.evict, policy.insert
     admits_all = policy.admits_all
     accesses = hits = evictions = refused = 0
+    flags = iter(partial) if partial is not None else None
     for raw_key in keys:
+        is_partial = next(flags, False) if flags is not None else False
         key = cast(OffloadKey, raw_key)
         accesses += 1
         one = (key,)
         if get(key) is not None:
             hits += 1
             touch(one)
+            continue
+        if is_partial:
+            refused += 1  # the caller says it is a partial block: never stored
             continue
         announce(one)
         if not admits_all and not policy.admit(one)[0]:
