@@ -173,6 +173,13 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
     default=None,
     help="Use only the first N requests (of a key file: the first N keys).",
 )
+@click.option(
+    "--skip-partial-blocks",
+    is_flag=True,
+    help="Sweep form, Mooncake traces: never store a prompt's last block when it holds "
+    "fewer than 512 tokens (its hash repeats in no later prompt); figures are then not "
+    "comparable with the references, which store every miss.",
+)
 @out_option("Directory for simulate.json and simulate.png.")
 @json_option()
 @no_plot_option()
@@ -184,6 +191,7 @@ def simulate(
     config_path: Path | None,
     write_policy: str | None,
     limit: int | None,
+    skip_partial_blocks: bool,
     out_dir: Path,
     as_json: bool,
     no_plot: bool,
@@ -230,6 +238,8 @@ def simulate(
         raise InvalidValueError("--capacity is for the policy sweep; a chain takes --tiers")
     if not is_chain and write_policy is not None:
         raise InvalidValueError("--write-policy needs a chain (--tiers)")
+    if is_chain and skip_partial_blocks:
+        raise InvalidValueError("--skip-partial-blocks is for the policy sweep, not a chain")
     if config_path is not None and (policy_list is not None or write_policy is not None):
         raise InvalidValueError("with --config, the policies and write policy come from the file")
     config = None
@@ -248,6 +258,20 @@ def simulate(
         require_matplotlib()
     check_out_dir(out_dir)  # before the run: a run whose results cannot be written is wasted
     trace = load_trace(trace_path, limit)
+    partial = None
+    if skip_partial_blocks:
+        if trace.format != "mooncake":
+            raise InvalidValueError("--skip-partial-blocks needs a Mooncake trace (input lengths)")
+        import itertools
+
+        from kvtier.policies import partial_block_flags
+        from kvtier.traces import read_mooncake
+
+        lengths = [
+            r.input_length
+            for r in itertools.islice(read_mooncake(trace_path), len(trace.requests))
+        ]
+        partial = partial_block_flags(trace.requests, lengths, 512)
     if not as_json:
         kind = "Mooncake JSONL" if trace.format == "mooncake" else "key file"
         out.print(
@@ -276,7 +300,7 @@ def simulate(
     else:
         runs = sweep_runs(policies, capacities, trace.unique_blocks)
         with _progress("simulating", runs) as advance:
-            report = run_sweep(trace, policies, capacities, progress=advance)
+            report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
         paths = write_sweep_outputs(report, out_dir, plot=not no_plot)
         if as_json:
             click.echo(json.dumps(report.to_dict(), indent=2))

@@ -371,3 +371,22 @@ def test_help_has_examples() -> None:
     code, stdout, _ = run("simulate", "--help")
     assert code == 0
     assert "Examples:" in stdout and "--capacity" in stdout and "--policy" in stdout
+
+
+def test_skip_partial_blocks_stores_no_partial_block(tmp_path: Path) -> None:
+    code, stdout, stderr = run(
+        "simulate", "--policy", "lru", "--capacity", "2%", "--limit", "400",
+        "--skip-partial-blocks", "--json", "--no-plot", "--out", str(tmp_path / "a"),
+    )
+    assert code == 0, stderr
+    skipping = json.loads(stdout)
+    code, stdout, stderr = run(
+        "simulate", "--policy", "lru", "--capacity", "2%", "--limit", "400",
+        "--json", "--no-plot", "--out", str(tmp_path / "b"),
+    )
+    plain = json.loads(stdout)
+    assert code == 0, stderr
+    assert skipping != plain  # the partial blocks took no room
+    code, _, stderr = run("simulate", "--tiers", "1%", "--skip-partial-blocks", "--no-plot",
+                          "--out", str(tmp_path / "c"))
+    assert code != 0 and "not a chain" in stderr

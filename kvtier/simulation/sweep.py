@@ -350,8 +350,11 @@ def run_sweep(
     policies: Sequence[str],
     capacities: Sequence[CapacitySpec],
     progress: Callable[[int], None] | None = None,
+    partial: Sequence[bool] | None = None,
 ) -> SweepReport:
-    """Simulate each policy, and OPT, at each capacity over `trace`'s accesses.
+    """Simulate each policy, and OPT, at each capacity over `trace`'s accesses. With
+    `partial` (a flag per access), flagged misses store nothing (partial blocks) and no
+    reference figure is shown (the references store every miss).
 
     `progress` is called with 1 after each (capacity, policy) run; there are
     `len(resolved capacities) * (len(policies) + 1)` of them.
@@ -366,11 +369,11 @@ def run_sweep(
             if policy == OPT_NAME:
                 result = oracle.simulate(capacity.blocks)
             else:
-                result = simulate(policy, capacity.blocks, trace.accesses)
+                result = simulate(policy, capacity.blocks, trace.accesses, partial=partial)
             seconds = time.perf_counter() - started
             reference = (
                 reference_hit_ratio(policy, capacity.blocks, trace.unique_blocks)
-                if shipped
+                if shipped and (partial is None or policy == OPT_NAME)
                 else None
             )
             rows.append(SweepRow(capacity, result, reference, seconds))
