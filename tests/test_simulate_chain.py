@@ -262,3 +262,18 @@ def one_line_error(args: list[str], *needles: str) -> None:
 )
 def test_chain_bad_input_is_one_line(args: list[str], needle: str, tmp_path: Path) -> None:
     one_line_error(["simulate", *args, "--out", str(tmp_path)], needle)
+
+
+def test_blocks_written_per_tier_and_an_admitting_lower_tier_writes_fewer() -> None:
+    """Each tier reports the blocks stored into it; with `lct` below LRU (write-back), the
+    lower tier refuses demotions of blocks that never pay: fewer disk writes, no fewer hits."""
+    trace = load_trace(None, 3000)
+    results = {}
+    for policies in (("lru", "lru"), ("lru", "lct")):
+        tiers = chain_tiers(parse_capacities("1%,4%"), policies, trace.unique_blocks)
+        results[policies] = simulate_chain(trace, tiers, "write-back")
+    plain, admitting = results[("lru", "lru")], results[("lru", "lct")]
+    assert len(plain.tier_written) == 2 and plain.tier_written[1] > 0
+    assert admitting.tier_written[1] * 2 < plain.tier_written[1]
+    assert admitting.hits >= plain.hits
+    assert plain.to_dict()["tiers"][1]["blocks_written"] == plain.tier_written[1]

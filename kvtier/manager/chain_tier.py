@@ -29,6 +29,8 @@ class ChainTier(Protocol):
 
     name: str
     block_size: int
+    blocks_written: int
+    """Blocks stored into the tier so far (what a tier-aware admission spares)."""
 
     @property
     def medium(self) -> str: ...

@@ -78,6 +78,8 @@ class KeyedTierManager:
         self._known: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()  # LRU first
         self._handles = itertools.count()
         self._events = EventLog(block_size, medium, name, enabled=enable_events)
+        self.blocks_written = 0
+        """Blocks stored into this tier so far."""
         self._num_pending = 0
         self._num_pinned_blocks = 0
         self._closed = False
@@ -195,6 +197,7 @@ class KeyedTierManager:
                 stored.append(key)
             else:
                 del self._known[key]
+        self.blocks_written += len(stored)
         self._events.record(stored, removed=False)
         self._forget_overflow()
 

@@ -69,6 +69,8 @@ class TierManager(OffloadingManager):
         self.medium: str = backend.medium
         self.block_size = backend.block_size
         self._events = EventLog(self.block_size, self.medium, self.name, enabled=enable_events)
+        self.blocks_written = 0
+        """Blocks stored into this tier so far (every completed store, demotions included)."""
         self._num_pending = 0
         self._num_evictable = 0
         self._num_draining = 0
@@ -212,6 +214,7 @@ class TierManager(OffloadingManager):
             return
         self._num_pending -= len(stored)
         self._num_evictable += len(stored)
+        self.blocks_written += len(stored)
         self._events.record(stored, removed=False)
 
     def evict_to_drain(self, count: int) -> tuple[list[OffloadKey], list[BlockStatus]]:

@@ -112,6 +112,8 @@ class ChainResult:
     counters: dict[str, int]
     timeline: tuple[TimelinePoint, ...] = ()
     """Running totals at about 200 evenly spaced points of the replay, and at its end."""
+    tier_written: tuple[int, ...] = ()
+    """Blocks stored into each tier (puts, demotions, cascades, promotions)."""
 
     @property
     def hits(self) -> int:
@@ -142,6 +144,9 @@ class ChainResult:
                     "blocks": tier.capacity.blocks,
                     "hits": hits,
                     "hit_ratio": self.tier_hit_ratio(index),
+                    "blocks_written": (
+                        self.tier_written[index] if index < len(self.tier_written) else None
+                    ),
                 }
                 for index, (tier, hits) in enumerate(zip(self.tiers, self.tier_hits, strict=True))
             ],
@@ -362,6 +367,7 @@ def simulate_chain(
     if progress is not None and len(trace.requests) > done:
         progress(len(trace.requests) - done)
     manager.check()
+    written = tuple(tier.blocks_written for tier in manager.tiers)
     counters = manager.counters
     summary = {
         "promotions": counters.promotions,
@@ -384,6 +390,7 @@ def simulate_chain(
         store_refusals=refusals,
         counters=summary,
         timeline=tuple(timeline),
+        tier_written=written,
     )
 
 

@@ -63,9 +63,11 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
     """One row per tier, top first (its hits over all block accesses), then the whole chain
     and the infinite-cache bound."""
     table = Table(title=f"Per-tier prefix hits through the chain ({result.write_policy})")
-    for column in ("tier", "policy", "capacity", "blocks", "hits", "hit ratio"):
+    columns = ("tier", "policy", "capacity", "blocks", "hits", "hit ratio", "blocks written")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("tier", "policy") else "right")
     for index, tier in enumerate(result.tiers):
+        written = result.tier_written[index] if index < len(result.tier_written) else None
         table.add_row(
             tier.name if tier.name == tier.medium else f"{tier.name} ({tier.medium})",
             tier.policy,
@@ -73,10 +75,14 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
             f"{tier.capacity.blocks:,}",
             f"{result.tier_hits[index]:,}",
             f"{result.tier_hit_ratio(index):.6f}",
+            "" if written is None else f"{written:,}",
             end_section=index == len(result.tiers) - 1,
         )
-    table.add_row("chain", "", "", "", f"{result.hits:,}", f"{result.hit_ratio:.6f}")
-    table.add_row("infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}")
+    table.add_row(
+        "chain", "", "", "", f"{result.hits:,}", f"{result.hit_ratio:.6f}",
+        f"{sum(result.tier_written):,}",
+    )
+    table.add_row("infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}", "")
     return table
 
 
