@@ -861,8 +861,9 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> Hierarch
     raise ConfigError(problems, source=source)
 
 
-def load_config(path: str | os.PathLike[str]) -> HierarchyConfig:
-    """Reads and validates a TOML config file; any problem raises ConfigError naming it."""
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw data of a TOML config file, not yet validated; a file that cannot be read or
+    parsed raises ConfigError naming it."""
     file = Path(path)
     source = str(file)
     try:
@@ -877,7 +878,12 @@ def load_config(path: str | os.PathLike[str]) -> HierarchyConfig:
         raise ConfigError([f"config file is not UTF-8 text: {error}"], source=source) from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError([f"invalid TOML: {error}"], source=source) from None
-    return parse_config(data, source=source)
+    return data
+
+
+def load_config(path: str | os.PathLike[str]) -> HierarchyConfig:
+    """Reads and validates a TOML config file; any problem raises ConfigError naming it."""
+    return parse_config(read_config_file(path), source=str(Path(path)))
 
 
 def load_default_config() -> HierarchyConfig:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import HierarchyConfig, default_config_path, parse_config, parse_size
+from kvtier.config import (
+    HierarchyConfig,
+    default_config_path,
+    parse_config,
+    parse_size,
+    read_config_file,
+)
 from kvtier.errors import ConfigError, InvalidValueError
 
 log = logging.getLogger("kvtier.integrations.vllm")
@@ -31,24 +36,14 @@ def read_config_data(config: ConfigSource) -> tuple[dict[str, Any], str]:
     default config without its GPU tier (vLLM's GPU memory is above kvtier's tiers)."""
     if config is None:
         path = default_config_path()
-        with path.open("rb") as stream:
-            data = tomllib.load(stream)
+        data = read_config_file(path)
         tiers = [tier for tier in data.get("tiers", []) if tier.get("medium") != "gpu"]
         return {**data, "tiers": tiers}, f"{path} (without its gpu tier)"
     if isinstance(config, Mapping):
         return dict(config), "the kvtier config given to vLLM"
     if isinstance(config, str | os.PathLike):
         path = Path(os.path.expandvars(os.path.expanduser(os.fspath(config))))
-        try:
-            with path.open("rb") as stream:
-                return tomllib.load(stream), str(path)
-        except FileNotFoundError:
-            raise ConfigError(["config file not found"], source=str(path)) from None
-        except OSError as error:
-            reason = error.strerror or type(error).__name__
-            raise ConfigError([f"cannot read config file: {reason}"], source=str(path)) from None
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError([f"invalid TOML: {error}"], source=str(path)) from None
+        return read_config_file(path), str(path)
     raise InvalidValueError(
         "the kvtier config must be a TOML file path or a dict of the same schema, got "
         f"{type(config).__name__}"
