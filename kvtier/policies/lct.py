@@ -42,6 +42,11 @@ MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
 
 
+def _class_of(count: int) -> int:
+    """The queue (0..CLASSES-1) of a block accessed `count` (>= 1) times."""
+    return min(count, CLASSES) - 1
+
+
 def _bin(distance: int) -> int:
     """The log-spaced bin of a reuse distance (>= 1)."""
     return min(MAX_BINS - 1, int(math.log2(distance) * BINS_PER_OCTAVE))
@@ -66,7 +71,6 @@ class LCTCachePolicy(CachePolicy):
             OrderedDict() for _ in range(CLASSES)
         ]
         self._resident: dict[OffloadKey, BlockStatus] = {}
-        self._class: dict[OffloadKey, int] = {}
         self._count: dict[OffloadKey, int] = {}
         """Accesses so far of resident keys."""
         self._last: dict[OffloadKey, int] = {}
@@ -92,10 +96,10 @@ class LCTCachePolicy(CachePolicy):
         the histogram: the class it was in when this reuse came)."""
         self._clock += 1
         if count > 0:
-            cls = min(count, CLASSES) - 1
+            cls = _class_of(count)
             if last is not None:
                 self._reuse[cls][_bin(max(1, self._clock - last))] += 1.0
-        arrival = min(count + 1, CLASSES) - 1
+        arrival = _class_of(count + 1)
         self._arrivals[arrival] += 1.0
         self._window += 1.0
         self._since_solve += 1
@@ -191,7 +195,7 @@ class LCTCachePolicy(CachePolicy):
         answers = []
         for key in keys:
             count, _ = self._seen(key)  # this access included (`on_store_miss` counted it)
-            answers.append(self.limits[min(max(count, 1), CLASSES) - 1] > 0)
+            answers.append(self.limits[_class_of(max(count, 1))] > 0)
         return answers
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
@@ -205,19 +209,17 @@ class LCTCachePolicy(CachePolicy):
             raise BlockStateError(f"lct: key {key!r} is already resident")
         ghost = self._ghosts.pop(key, None)
         count, last = ghost if ghost is not None else (1, self._clock)
-        cls = min(count, CLASSES) - 1
         self._resident[key] = block
-        self._class[key] = cls
         self._count[key] = count
         self._last[key] = last
-        self._queues[cls][key] = block
+        self._queues[_class_of(count)][key] = block
 
     def remove(self, key: OffloadKey) -> None:
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"lct: key {key!r} is not resident")
-        cls = self._class.pop(key)
-        del self._queues[cls][key]
-        self._remember_ghost(key, self._count.pop(key), self._last.pop(key))
+        count = self._count.pop(key)
+        del self._queues[_class_of(count)][key]
+        self._remember_ghost(key, count, self._last.pop(key))
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         for key in reversed(keys):  # tail first, so the request's head is the newest
@@ -226,14 +228,14 @@ class LCTCachePolicy(CachePolicy):
                 continue
             count = self._count[key]
             self._observe(key, count, self._last[key])
-            count += 1
-            self._count[key] = count
+            self._count[key] = count + 1
             self._last[key] = self._clock
-            old = self._class[key]
-            cls = min(count, CLASSES) - 1
-            del self._queues[old][key]
-            self._queues[cls][key] = block
-            self._class[key] = cls
+            old, new = _class_of(count), _class_of(count + 1)
+            if old == new:
+                self._queues[new].move_to_end(key)
+            else:
+                del self._queues[old][key]
+                self._queues[new][key] = block
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
@@ -267,10 +269,10 @@ class LCTCachePolicy(CachePolicy):
             taken.add(head[0])
             heads[best] = self._next(iterators[best], protected, taken)
         for key, _ in chosen:
-            cls = self._class.pop(key)
-            del self._queues[cls][key]
+            count = self._count.pop(key)
+            del self._queues[_class_of(count)][key]
             del self._resident[key]
-            self._remember_ghost(key, self._count.pop(key), self._last.pop(key))
+            self._remember_ghost(key, count, self._last.pop(key))
         return chosen
 
     @staticmethod
@@ -288,7 +290,6 @@ class LCTCachePolicy(CachePolicy):
         for queue in self._queues:
             queue.clear()
         self._resident.clear()
-        self._class.clear()
         self._count.clear()
         self._last.clear()
         self._ghosts.clear()
