@@ -60,12 +60,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
 
     def __init__(
         self,
-        kv_caches: Any,
+        caches: CanonicalKVCaches,
         blocks_per_chunk: int,
         host: torch.Tensor,
         region: SharedOffloadRegion | None = None,
     ) -> None:
-        caches = kvtier_caches(kv_caches)
+        """`caches`: the engine's caches as kvtier's (`kvtier_caches` of vLLM's)."""
         self._region = region
         # store (GPU -> host), load, expedited load: the views of the region live only here.
         self._handlers = [
@@ -91,7 +91,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
             cpu_page_size=spec.cpu_page_size_per_worker,
         )
         try:
-            cell = chunk_bytes(kvtier_caches(kv_caches), spec.blocks_per_chunk)
+            caches = kvtier_caches(kv_caches)
+            cell = chunk_bytes(caches, spec.blocks_per_chunk)
             if cell > spec.cpu_page_size_per_worker:
                 raise SpecError(
                     f"the KV caches need {cell} bytes per chunk, the region's cell has "
@@ -104,7 +105,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 stride=(spec.kv_bytes_per_chunk, 1),
                 storage_offset=rank * spec.cpu_page_size_per_worker,
             ).view(torch.uint8)
-            return cls(kv_caches, spec.blocks_per_chunk, host, region)
+            return cls(caches, spec.blocks_per_chunk, host, region)
         except BaseException:
             region.cleanup()
             raise
