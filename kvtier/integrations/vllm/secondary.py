@@ -136,8 +136,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         chain = chain_config_for_vllm(config, row_bytes, namespace)
         options = dict(hierarchy_options or {})
         options.setdefault("load_timeout_s", load_timeout_s)
-        self._hierarchy = SyncHierarchy(chain, **options)
-        self.hierarchy = self._hierarchy
+        self.hierarchy = SyncHierarchy(chain, **options)
         """The kvtier hierarchy behind this tier (for stats and tests)."""
         if locality is not None:
             from vllm.v1.kv_offload.base import Locality
@@ -162,7 +161,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             tier_type,
             ", ".join(
                 f"{tier.name} ({tier.medium}, {tier.num_blocks} blocks at {tier.where})"
-                for tier in self._hierarchy.tiers
+                for tier in self.hierarchy.tiers
             ),
         )
 
@@ -219,7 +218,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if self._answer_scheduled:
                 return
             self._answer_scheduled = True
-        if not self._hierarchy.call_soon(self._answer):
+        if not self.hierarchy.call_soon(self._answer):
             with self._question_lock:
                 self._answer_scheduled = False
             self._inbox.put(_Verdicts(self._drain_questions(lambda key: False)))
@@ -246,7 +245,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def _start(self, job: TransferJob, run: Callable[..., Coroutine[Any, Any, None]]) -> None:
         keys = [OffloadKey(bytes(key)) for key in job.keys]
         rows = np.asarray(job.chunk_ids, dtype=np.int64).copy()
-        future = self._hierarchy.submit(functools.partial(run, job.job_id, keys, rows))
+        future = self.hierarchy.submit(functools.partial(run, job.job_id, keys, rows))
         if (
             future.done()
             and not future.cancelled()
@@ -283,7 +282,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         if keys:
             held = [OffloadKey(bytes(key)) for key in keys if self._verdicts.get(key)]
             if held:
-                self._hierarchy.call_soon(functools.partial(self._touch, held))
+                self.hierarchy.call_soon(functools.partial(self._touch, held))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -293,7 +292,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Pick up evictions kvtier made in the background since the last job."""
         self._apply_inbox()
         if not self._sweep_scheduled:
-            self._sweep_scheduled = self._hierarchy.call_soon(self._sweep)
+            self._sweep_scheduled = self.hierarchy.call_soon(self._sweep)
 
     @_timed
     def drain_jobs(self) -> None:
@@ -307,7 +306,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Finish every job, close kvtier's tiers (their background writes included) and stop
         the loop thread; nothing touches vLLM's memory afterwards."""
         self.drain_jobs()
-        self._hierarchy.close()
+        self.hierarchy.close()
         self._rows = torch.empty(0, 0, dtype=torch.uint8)  # vLLM may now unmap its region
 
     def config_info(self) -> Mapping[str, str]:
