@@ -27,7 +27,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,33 +41,10 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
     make_offload_key,
 )
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.config import parse_size
-
-
-def offloading_config(extra: dict[str, Any], chunk_bytes: int) -> OffloadingConfig:
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
-        worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
-        extra_config=extra,
-        engine_id=f"kvtier-bench-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="bench", dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-            is_parallelism_agnostic=True,
-        ),
-    )
+from kvtier.integrations.vllm.testing import offloading_config
 
 
 def tier_config(kind: str, directory: Path, chunks: int) -> dict[str, Any]:
@@ -119,7 +95,8 @@ def run_once(kind: str, chunk_bytes: int, chunks: int, per_request: int) -> dict
         "cpu_bytes_to_use": chunks * chunk_bytes,
         "secondary_tiers": [tier_config(kind, directory, chunks)],
     }
-    spec = TieringOffloadingSpec(offloading_config(extra, chunk_bytes))
+    config = offloading_config(extra, block_bytes=chunk_bytes, events=False)
+    spec = TieringOffloadingSpec(config)
     manager = spec.get_manager()
     try:
         (tier,) = manager.secondary_tiers

@@ -22,12 +22,12 @@ from vllm_support import (
     disk_chain,
     key,
     kvtier_tier,
-    offloading_config,
     pattern,
 )
 
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import KvtierSecondaryTier
+from kvtier.integrations.vllm.testing import offloading_config
 from kvtier.tiers.disk import FaultyIO
 from kvtier.tiers.disk.testing import flip_byte
 

@@ -22,7 +22,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
-from vllm_support import MODULE, Driver, key, offloading_config
+from vllm_support import MODULE, Driver, key
 
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import (
@@ -30,6 +30,7 @@ from kvtier.integrations.vllm import (
     KvtierOffloadingSpec,
     KvtierSecondaryTier,
 )
+from kvtier.integrations.vllm.testing import offloading_config
 from kvtier.integrations.vllm.worker import KvtierOffloadingWorker
 
 PAGES = (1024, 3072)  # two canonical tensors (e.g. K and V of different widths)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -30,49 +29,9 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
     make_offload_key,
 )
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 MODULE = "kvtier.integrations.vllm"
-
-
-def offloading_config(
-    extra: dict[str, Any],
-    *,
-    block_bytes: int = 4096,
-    blocks_per_chunk: int = 1,
-    events: bool = True,
-    engine_id: str | None = None,
-    model: str = "kvtier-test",
-) -> OffloadingConfig:
-    """vLLM's normalized offloading config for one KV group on one worker."""
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
-        worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=events,
-        extra_config=extra,
-        engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name=model, dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
-        parallel=OffloadingParallelConfig(
-            rank=0,
-            world_size=1,
-            tp_size=1,
-            pp_size=1,
-            pcp_size=1,
-            dcp_size=1,
-            data_parallel_index=0,
-            data_parallel_size=1,
-            data_parallel_rank_local=None,
-            is_parallelism_agnostic=True,
-        ),
-    )
 
 
 def disk_chain(path: os.PathLike[str] | str, capacity: int = 64, **disk: Any) -> dict[str, Any]:
