@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kvtier.config import BaseTierConfig, _error, _expand_path
+from kvtier.config import BaseTierConfig, _error, _expand_path, parse_size
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -168,8 +168,6 @@ class SharedFSTierConfig(BaseTierConfig):
     @classmethod
     def _check_size(cls, value: int | str | None) -> int | str | None:
         if value is not None:
-            from kvtier.config import parse_size
-
             try:
                 parse_size(value)
             except (ValueError, TypeError) as error:
