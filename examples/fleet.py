@@ -31,7 +31,7 @@ import xxhash
 
 from kvtier import Hierarchy
 from kvtier.keys import OffloadKey
-from kvtier.traces import read_mooncake
+from kvtier.workloads.traces import read_mooncake
 
 BLOCK_SIZE = 16 * 1024
 

@@ -8,19 +8,6 @@ tiers (GPU, pinned CPU, disk); each tier is a `Backend` (slots) plus a `CachePol
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from kvtier.allocator import (
-    Block,
-    BlockAllocator,
-    CpuGpuBlockAllocator,
-    Device,
-    DeviceAwareBlockAllocator,
-    EvictionListener,
-    NaiveBlockAllocator,
-    NullBlock,
-    PrefixCachingBlockAllocator,
-    hash_block_tokens,
-    hash_token_blocks,
-)
 from kvtier.blocks import BlockStatus
 from kvtier.config import HierarchyConfig, load_config, load_default_config, parse_config
 from kvtier.errors import (
@@ -119,17 +106,12 @@ __all__ = [
     "ARCCachePolicy",
     "AllocationError",
     "Backend",
-    "Block",
-    "BlockAllocator",
     "BlockIDsLoadStoreSpec",
     "BlockStateError",
     "BlockStatus",
     "CPULoadStoreSpec",
     "CachePolicy",
     "ConfigError",
-    "CpuGpuBlockAllocator",
-    "Device",
-    "DeviceAwareBlockAllocator",
     "DirectIOError",
     "DiskLayoutError",
     "DiskLoadStoreSpec",
@@ -137,7 +119,6 @@ __all__ = [
     "DiskStore",
     "DiskTierError",
     "DoubleFreeError",
-    "EvictionListener",
     "GPULoadStoreSpec",
     "Hierarchy",
     "HierarchyConfig",
@@ -149,13 +130,10 @@ __all__ = [
     "LoadStoreSpec",
     "ManagerClosedError",
     "Medium",
-    "NaiveBlockAllocator",
     "NoFreeBlocksError",
-    "NullBlock",
     "OffloadKey",
     "OffloadingEvent",
     "OffloadingManager",
-    "PrefixCachingBlockAllocator",
     "PrepareStoreOutput",
     "ReqContext",
     "SimulationResult",
@@ -174,8 +152,6 @@ __all__ = [
     "get_offload_block_hash",
     "get_offload_group_idx",
     "get_policy_class",
-    "hash_block_tokens",
-    "hash_token_blocks",
     "key_from_int",
     "load_config",
     "load_default_config",

@@ -16,7 +16,7 @@ from kvtier.policies import ARCCachePolicy, CachePolicy, LCTCachePolicy, LRUCach
 from kvtier.specs import Medium
 from kvtier.testing import PolicyTests
 from kvtier.tiers import SlotPoolBackend
-from kvtier.traces import read_mooncake
+from kvtier.workloads.traces import read_mooncake
 
 UNIQUE_BLOCKS = 182_790
 

@@ -26,7 +26,8 @@ from kvtier.config import load_default_config, parse_config
 from kvtier.errors import InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import key_from_int, make_offload_key
-from kvtier.replay import (
+from kvtier.tiers.tensor_copy import TensorCopier
+from kvtier.workloads.replay import (
     DEFAULT_REPLAY_BLOCK_BYTES,
     BlockContents,
     Replayer,
@@ -39,8 +40,7 @@ from kvtier.replay import (
     replay_config,
     write_report,
 )
-from kvtier.simulation.chain import offload_key_of
-from kvtier.tiers.tensor_copy import TensorCopier
+from kvtier.workloads.simulation.chain import offload_key_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LIMIT = "300"
@@ -462,8 +462,8 @@ async def test_cancelling_the_replay_closes_the_hierarchy_and_returns_a_partial_
     report = result.to_dict()
     assert report["partial"] is True and report["trace"]["requests_replayed"] == 50
     assert report["series"]["requests"][-1] == 50
-    paths = write_report(result, tmp_path / "out", plot=False)
-    assert json.loads(paths[0].read_text())["partial"] is True
+    path = write_report(result, tmp_path / "out")
+    assert json.loads(path.read_text())["partial"] is True
     # The disk tier was closed cleanly: it opens again at once, with what it held.
     async with Hierarchy.from_config(config) as h:
         assert h.stats().tiers[1].used > 0
@@ -505,7 +505,7 @@ def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
 
 def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
     """The replay table shortens `Hierarchy.tiers[i].where`; both sides of that contract."""
-    from kvtier.commands.replay import _where
+    from kvtier.cli.commands.replay import _where
     from kvtier.hierarchy import _describe
     from kvtier.tiers.disk import DiskStore
 

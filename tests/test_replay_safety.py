@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import main
-from kvtier.commands.check import store_shape
+from kvtier.cli.commands.check import store_shape
 from kvtier.tiers.disk import DiskStore
 
 

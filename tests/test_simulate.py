@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.cli import main
+from kvtier.cli.charts import chart_sweep
 from kvtier.errors import InvalidValueError, KvtierError, TraceFormatError, UnknownPolicyError
 from kvtier.policies import simulate
-from kvtier.simulation import (
+from kvtier.workloads.simulation import (
     BeladyOracle,
     belady_opt,
     infinite_cache_hits,
@@ -194,9 +195,9 @@ def test_sweep_on_a_key_file_matches_hand_counts(tmp_path: Path) -> None:
     assert report.row("lru", 4).result.hits == 3
     assert report.infinite.hits == 3
     assert not report.shipped and all(row.reference is None for row in report.rows)
-    paths = write_sweep_outputs(report, tmp_path / "out")
-    assert [p.name for p in paths] == ["simulate.json", "simulate.png"]
-    document = json.loads(paths[0].read_text())
+    path = write_sweep_outputs(report, tmp_path / "out")
+    assert path.name == "simulate.json"
+    document = json.loads(path.read_text())
     assert document["trace"]["format"] == "keys"
     assert document["infinite_cache"]["hits"] == 3
     assert {(r["policy"], r["blocks"], r["hits"]) for r in document["results"]} == {
@@ -205,7 +206,9 @@ def test_sweep_on_a_key_file_matches_hand_counts(tmp_path: Path) -> None:
         ("lru", 4, 3),
         ("opt", 4, 3),
     }
-    assert paths[1].read_bytes().startswith(PNG_MAGIC)
+    assert chart_sweep(report, tmp_path / "out" / "simulate.png").read_bytes().startswith(
+        PNG_MAGIC
+    )
 
 
 def test_capacities_that_resolve_alike_are_reported_once(tmp_path: Path) -> None:
@@ -359,7 +362,7 @@ def test_missing_matplotlib_names_the_extra(
 def test_plot_helpers_raise_a_kvtier_error_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvtier.plots import plot_hit_ratio_vs_capacity
+    from kvtier.cli.charts import plot_hit_ratio_vs_capacity
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)

@@ -13,20 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.cli import main
-from kvtier.demo import replay_tier
 from kvtier.errors import InvalidValueError, UnknownPolicyError
 from kvtier.keys import key_from_int, make_offload_key
 from kvtier.manager import make_tier_manager
-from kvtier.simulation import infinite_cache_hits, load_trace, parse_capacities
-from kvtier.simulation.chain import (
+from kvtier.workloads.demo import replay_tier
+from kvtier.workloads.simulation import infinite_cache_hits, load_trace, parse_capacities
+from kvtier.workloads.simulation.chain import (
     ChainTier,
     chain_tiers,
     offload_key_of,
     parse_chain_policies,
     simulate_chain,
 )
-from kvtier.simulation.sweep import Capacity, SimTrace
-from kvtier.traces import TraceRequest
+from kvtier.workloads.simulation.sweep import Capacity, SimTrace
+from kvtier.workloads.traces import TraceRequest
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,5 @@
-"""Tests of kvtier.traces: the shipped Mooncake trace, the JSONL reader and the key reader."""
+"""Tests of kvtier.workloads.traces: the shipped Mooncake trace, the JSONL reader and the key
+reader."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import zstandard
 
 from kvtier.errors import KvtierError, TraceFormatError
-from kvtier.traces import (
+from kvtier.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     TraceStats,
@@ -22,7 +23,8 @@ from kvtier.traces import (
     trace_stats,
 )
 
-# sha256 of upstream FAST25-release/traces/conversation_trace.jsonl (kvtier/data/NOTICE.md).
+# sha256 of upstream FAST25-release/traces/conversation_trace.jsonl
+# (kvtier/workloads/data/NOTICE.md).
 SHIPPED_SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
 
 SMALL_TRACE = (

@@ -757,7 +757,7 @@ def load_requests(
 ) -> list[list[int]]:
     """The hash ids of each request of a Mooncake trace (default: the shipped one), in order;
     only the first `limit_requests` requests when given."""
-    from kvtier.traces import read_mooncake
+    from kvtier.workloads.traces import read_mooncake
 
     requests: Iterable[Any] = read_mooncake(path)
     if limit_requests is not None:

@@ -1,9 +1,9 @@
 """`kvtier replay`: the main job. A trace served through the real hierarchy, bytes verified.
 
-The work is in `kvtier.replay`; this module parses options, prints the chain and the tables,
-writes the report and the chart, and turns the outcome into an exit status: 0, 1 when any
-loaded block did not match its content, 2 for bad input (a kvtier error, one line), 130 when
-interrupted (after writing a partial report).
+The work is in `kvtier.workloads.replay`; this module parses options, prints the chain and
+the tables, writes the report and the chart, and turns the outcome into an exit status: 0,
+1 when any loaded block did not match its content, 2 for bad input (a kvtier error, one
+line), 130 when interrupted (after writing a partial report).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kvtier.commands.options import (
+from kvtier.cli.commands.options import (
     config_option,
     json_option,
     no_plot_option,
     out_option,
     trace_option,
 )
-from kvtier.console import err, out, progress
+from kvtier.cli.console import err, out, progress
 from kvtier.errors import InvalidValueError
 
 EXIT_MISMATCH = 1
@@ -230,10 +230,11 @@ def replay(
       kvtier replay --config configs/three-tier.toml --block-bytes 64KiB --limit 500
       kvtier replay --trace keys.txt --json --no-plot
     """
-    from kvtier.commands.options import check_out_dir
+    from kvtier.cli.charts import draw_or_remove, require_matplotlib
+    from kvtier.cli.commands.options import check_out_dir
+    from kvtier.cli.replay_chart import plot_replay
     from kvtier.config import load_config, load_default_config
-    from kvtier.plots import require_matplotlib
-    from kvtier.replay import (
+    from kvtier.workloads.replay import (
         clean_disk_dirs,
         describe_block_bytes,
         disk_usage_line,
@@ -245,7 +246,7 @@ def replay(
         size_argument,
         write_report,
     )
-    from kvtier.replay import replay as replay_trace
+    from kvtier.workloads.replay import replay as replay_trace
 
     started = time.perf_counter()
     requested_bytes = parse_block_bytes(block_bytes_text)
@@ -314,7 +315,10 @@ def replay(
             clean_disk_dirs(disk_dirs)
 
     report = result.to_dict()
-    paths = write_report(result, out_dir, plot=not no_plot)
+    paths = [write_report(result, out_dir)]
+    paths += draw_or_remove(
+        out_dir / "replay.png", None if no_plot else lambda path: plot_replay(path, report)
+    )
     if as_json:
         click.echo(paths[0].read_text(), nl=False)
     else:

@@ -1,4 +1,4 @@
-"""PNG charts for the command line (`kvtier simulate`; the replay can use the same helpers).
+"""PNG charts for the command line (`kvtier simulate`; `replay_chart` draws `kvtier replay`'s).
 
 matplotlib is the optional `plot` extra, so it is imported only when a chart is drawn and the
 core never needs it; without it, `require_matplotlib()` raises a kvtier error that says how to
@@ -10,12 +10,16 @@ left alone.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import KvtierError
+
+if TYPE_CHECKING:
+    from kvtier.workloads.simulation.chain import ChainResult
+    from kvtier.workloads.simulation.sweep import SimTrace, SweepReport
 
 INSTALL_HINT = "pip install 'kvtier[plot]'"
 
@@ -189,3 +193,64 @@ def plot_tier_hits_over_replay(
         loc="lower right", title="tier (top first): final share of accesses", framealpha=0.95
     )
     return _save(figure, Path(path))
+
+
+def chart_sweep(report: SweepReport, path: Path) -> Path:
+    """Draw `kvtier simulate`'s sweep (hit ratio against capacity per policy) into `path`."""
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    references: dict[str, tuple[list[int], list[float]]] = {}
+    for row in report.rows:
+        blocks, ratios = curves.setdefault(row.policy, ([], []))
+        blocks.append(row.capacity.blocks)
+        ratios.append(row.result.hit_ratio)
+        if row.reference is not None:
+            ref_blocks, ref_ratios = references.setdefault(row.policy, ([], []))
+            ref_blocks.append(row.capacity.blocks)
+            ref_ratios.append(row.reference)
+    trace = report.trace
+    title = (
+        f"kvtier simulate: {trace.name}\n{len(trace.requests):,} requests, "
+        f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
+    )
+    return plot_hit_ratio_vs_capacity(
+        path,
+        title=title,
+        unique_blocks=trace.unique_blocks,
+        curves=curves,
+        infinite_bound=report.infinite.hit_ratio,
+        references=references,
+    )
+
+
+def chart_chain(result: ChainResult, trace: SimTrace, path: Path, *, source: str) -> Path:
+    """Draw `kvtier simulate --tiers/--config`'s chain (each tier's running share of the hits)
+    into `path`; `source` names the chain in the title ("--tiers lru,arc", "--config x")."""
+    points = result.timeline
+    return plot_tier_hits_over_replay(
+        path,
+        title=(
+            f"kvtier simulate {source} ({result.write_policy}): {trace.name}\n"
+            f"{result.requests:,} requests, {result.accesses:,} block accesses; "
+            f"chain hit ratio {result.hit_ratio:.2%}"
+        ),
+        requests=[p.requests for p in points],
+        tiers=[
+            f"{tier.name} ({tier.medium}, {tier.policy}, {tier.capacity.blocks:,} "
+            f"blocks): {result.tier_hit_ratio(index):.2%}"
+            for index, tier in enumerate(result.tiers)
+        ],
+        tier_hit_ratios=[
+            [p.tier_hits[index] / p.accesses for p in points] for index in range(len(result.tiers))
+        ],
+        infinite=[p.infinite_hits / p.accesses for p in points],
+    )
+
+
+def draw_or_remove(path: Path, draw: Callable[[Path], Path] | None) -> list[Path]:
+    """Draw the chart at `path` with `draw`, or, when `draw` is None (`--no-plot`), remove a
+    chart an earlier run left there, so a directory never pairs new figures with an old
+    picture. Returns the paths written."""
+    if draw is None:
+        path.unlink(missing_ok=True)
+        return []
+    return [draw(path)]

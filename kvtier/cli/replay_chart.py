@@ -1,7 +1,7 @@
 """The PNG chart of `kvtier replay`: hit ratio per tier over the replay, and bytes moved.
 
 Drawn from the report's data (`report.json`), so a chart can be redrawn from a saved report.
-Same conventions as `kvtier.plots`: matplotlib (the optional `plot` extra) is imported only
+Same conventions as `kvtier.cli.charts`: matplotlib (the optional `plot` extra) is imported only
 here and only when a chart is drawn, through its own `Figure` with an Agg canvas, never
 pyplot; without matplotlib a kvtier error says how to install it.
 """
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.plots import new_figure
-from kvtier.replay import format_size
+from kvtier.cli.charts import new_figure
+from kvtier.workloads.replay import format_size
 
 __all__ = ["plot_replay"]
 

@@ -12,10 +12,11 @@ engine would do with a prefix cache:
         await hierarchy.drain()                  # write-through cascades settle
 
 and counts block i < len(loaded) as a hit of `tiers[i]`. These are exactly the calls that
-`kvtier.simulation.chain.serve_request` mirrors with instant copies, so as long as every copy
-succeeds, **the per-tier hits of a replay equal those of `kvtier simulate --config` on the same
-configuration** (same tiers, policies, write policy and block counts): the chain's decisions do
-not depend on the bytes or on how long the copies take. `tests/test_replay.py` checks this.
+`kvtier.workloads.simulation.chain.serve_request` mirrors with instant copies, so as long
+as every copy succeeds, **the per-tier hits of a replay equal those of `kvtier simulate
+--config` on the same configuration** (same tiers, policies, write policy and block counts):
+the chain's decisions do not depend on the bytes or on how long the copies take.
+`tests/test_replay.py` checks this.
 
 Block contents are a deterministic function of the key (`BlockContents`): 64-bit words
 `j * K + seed(key)`, where `seed` is a keyed BLAKE2b of the key. Two keys' blocks differ in
@@ -50,9 +51,9 @@ from kvtier.config import HierarchyConfig, parse_config
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
-from kvtier.simulation.chain import offload_key_of
-from kvtier.simulation.sweep import SimTrace, load_trace
-from kvtier.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+from kvtier.workloads.simulation.chain import offload_key_of
+from kvtier.workloads.simulation.sweep import SimTrace, load_trace
+from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 __all__ = [
     "DEFAULT_REPLAY_BLOCK_BYTES",
@@ -298,9 +299,9 @@ class ReplayTrace:
 
 def load_replay_trace(path: Path | None, limit: int | None) -> ReplayTrace:
     """The trace at `path` (None: the shipped Mooncake conversation trace), first `limit`
-    requests, read by `kvtier.simulation.load_trace` (Mooncake JSONL or a key file, plain or
-    zstd; a bad line raises TraceFormatError naming file and line). A request that names the
-    same block twice raises TraceFormatError too (a prefix cannot hold a block twice)."""
+    requests, read by `kvtier.workloads.simulation.load_trace` (Mooncake JSONL or a key file,
+    plain or zstd; a bad line raises TraceFormatError naming file and line). A request that
+    names the same block twice raises TraceFormatError too (a prefix cannot hold a block twice)."""
     if limit is not None and limit < 1:
         raise InvalidValueError(f"--limit must be at least 1, got {limit}")
     trace = load_trace(path, limit)
@@ -780,8 +781,9 @@ def run_replay(
     )
 
 
-def write_report(result: ReplayResult, out_dir: Path, *, plot: bool = True) -> list[Path]:
-    """Write `report.json` (and, with `plot`, `replay.png`) into `out_dir`; return the paths."""
+def write_report(result: ReplayResult, out_dir: Path) -> Path:
+    """Write `report.json` into `out_dir`, whole or not at all; return its path. The command
+    line draws the chart (`kvtier.cli.replay_chart.plot_replay`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     # Whole or not at all: a reader never sees half a report.
@@ -793,12 +795,7 @@ def write_report(result: ReplayResult, out_dir: Path, *, plot: bool = True) -> l
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise InvalidValueError(f"cannot write {path}: {error.strerror or error}") from None
-    written = [path]
-    if plot:
-        from kvtier.replay_plot import plot_replay
-
-        written.append(plot_replay(out_dir / "replay.png", result.to_dict()))
-    return written
+    return path
 
 
 def format_size(size: int) -> str:

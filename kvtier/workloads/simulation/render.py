@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvtier.simulation.bounds import INFINITE_NAME, OPT_NAME
-from kvtier.simulation.chain import ChainResult
-from kvtier.simulation.sweep import SweepReport
+from kvtier.workloads.simulation.bounds import INFINITE_NAME, OPT_NAME
+from kvtier.workloads.simulation.chain import ChainResult
+from kvtier.workloads.simulation.sweep import SweepReport
 
 
 def _pp(value: float) -> str:

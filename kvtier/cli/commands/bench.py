@@ -16,8 +16,8 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
-from kvtier.commands.options import json_option
-from kvtier.console import out, progress
+from kvtier.cli.commands.options import json_option
+from kvtier.cli.console import out, progress
 from kvtier.errors import InvalidValueError
 
 EXIT_WRONG_BYTES = 1

@@ -32,7 +32,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.manager.tiered import WritePolicy
-from kvtier.simulation.sweep import Capacity, CapacitySpec, SimTrace
+from kvtier.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
 
 DEFAULT_WATERMARKS = (
     float(BaseTierConfig.model_fields["low_watermark"].default),
@@ -159,7 +159,7 @@ class ChainResult:
 
 def parse_chain_policies(text: str, tiers: int) -> tuple[str, ...]:
     """One policy per tier from `"lru"` (every tier) or `"lru,arc,lru"` (one per tier)."""
-    from kvtier.simulation.sweep import parse_policies
+    from kvtier.workloads.simulation.sweep import parse_policies
 
     names = [item.strip().lower() for item in text.split(",")]
     for name in names:
@@ -394,14 +394,12 @@ def simulate_chain(
     )
 
 
-def write_chain_outputs(
-    result: ChainResult, trace: SimTrace, out_dir: Path, plot: bool = True
-) -> list[Path]:
-    """Write `simulate.json` (and, with `plot`, `simulate.png`: the chain's hit ratio split by
-    tier) into `out_dir`; return the paths written."""
+def write_chain_outputs(result: ChainResult, trace: SimTrace, out_dir: Path) -> Path:
+    """Write `simulate.json` (the chain's figures beside the infinite cache's) into `out_dir`;
+    return its path. The command line draws the chart (`kvtier.cli.charts.chart_chain`)."""
     import json
 
-    from kvtier.simulation.bounds import infinite_cache_hits
+    from kvtier.workloads.simulation.bounds import infinite_cache_hits
 
     infinite = infinite_cache_hits(trace.accesses)
     document = {
@@ -421,30 +419,4 @@ def write_chain_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "simulate.json"
     json_path.write_text(json.dumps(document, indent=2) + "\n")
-    written = [json_path]
-    if plot:
-        from kvtier.plots import plot_tier_hits_over_replay
-
-        points = result.timeline
-        written.append(
-            plot_tier_hits_over_replay(
-                out_dir / "simulate.png",
-                title=(
-                    f"kvtier simulate --tiers ({result.write_policy}): {trace.name}\n"
-                    f"{result.requests:,} requests, {result.accesses:,} block accesses; "
-                    f"chain hit ratio {result.hit_ratio:.2%}"
-                ),
-                requests=[p.requests for p in points],
-                tiers=[
-                    f"{tier.name} ({tier.medium}, {tier.policy}, {tier.capacity.blocks:,} "
-                    f"blocks): {result.tier_hit_ratio(index):.2%}"
-                    for index, tier in enumerate(result.tiers)
-                ],
-                tier_hit_ratios=[
-                    [p.tier_hits[index] / p.accesses for p in points]
-                    for index in range(len(result.tiers))
-                ],
-                infinite=[p.infinite_hits / p.accesses for p in points],
-            )
-        )
-    return written
+    return json_path

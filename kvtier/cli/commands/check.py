@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvtier.commands.options import config_option
-from kvtier.console import out, progress
+from kvtier.cli.commands.options import config_option
+from kvtier.cli.console import out, progress
 from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Bookkeeping only (no bytes move): each policy is replayed with `kvtier.policies.
 exactly as a tier drives it, at each capacity; Belady's OPT and the infinite-cache bound are
 computed on the same accesses. When the accesses are those of the shipped conversation trace
 (recognized by content, whatever file or compression they came from), each figure is shown
-next to the independently computed reference of `kvtier/data/NOTICE.md`.
+next to the independently computed reference of `kvtier/workloads/data/NOTICE.md`.
 
 Method (the reference's): flatten the trace (each request's hash ids, left to right, one
 access each), cold start, every miss admitted, capacity = floor(fraction x unique blocks).
@@ -26,11 +26,22 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from kvtier.demo import REFERENCE_FRACTIONS, REFERENCE_HIT_RATIOS
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.policies import POLICIES, SimulationResult, get_policy_class, simulate
-from kvtier.simulation.bounds import INFINITE_NAME, OPT_NAME, BeladyOracle, infinite_cache_hits
-from kvtier.traces import read_keys, read_mooncake, shipped_trace_path
+from kvtier.workloads.simulation.bounds import (
+    INFINITE_NAME,
+    OPT_NAME,
+    BeladyOracle,
+    infinite_cache_hits,
+)
+from kvtier.workloads.traces import (
+    REFERENCE_FRACTIONS,
+    REFERENCE_HIT_RATIOS,
+    REFERENCE_INFINITE_HIT_RATIO,
+    read_keys,
+    read_mooncake,
+    shipped_trace_path,
+)
 
 TraceFormat = Literal["mooncake", "keys"]
 
@@ -42,7 +53,7 @@ SHIPPED_ACCESS_DIGEST = "0aab94d4d574ea3fc9498b7400862d4e358bc9f064e843ef776aecf
 """sha256 of the shipped trace's 288,500 block accesses as little-endian uint64s."""
 
 # Belady's OPT and the best possible hit ratio of the shipped conversation trace, from the
-# same reference table (kvtier/data/NOTICE.md) as demo.REFERENCE_HIT_RATIOS.
+# same reference table (kvtier/workloads/data/NOTICE.md) as demo.REFERENCE_HIT_RATIOS.
 REFERENCE_OPT_HIT_RATIOS: dict[float, float] = {
     0.01: 0.246319,
     0.05: 0.366412,
@@ -50,7 +61,6 @@ REFERENCE_OPT_HIT_RATIOS: dict[float, float] = {
     0.25: 0.366412,
     0.50: 0.366412,
 }
-REFERENCE_INFINITE_HIT_RATIO = 0.366412
 
 _PERCENT = re.compile(r"([0-9]+(?:\.[0-9]+)?)%")
 _BLOCKS = re.compile(r"[0-9]+")
@@ -390,44 +400,15 @@ def run_sweep(
     )
 
 
-def write_sweep_outputs(report: SweepReport, out_dir: Path, plot: bool = True) -> list[Path]:
-    """Write `simulate.json` (and, with `plot`, `simulate.png`) into `out_dir`; return the
-    paths written. The chart needs the `plot` extra (matplotlib)."""
+def write_sweep_outputs(report: SweepReport, out_dir: Path) -> Path:
+    """Write `simulate.json` into `out_dir`; return its path. The command line draws the chart
+    (`kvtier.cli.charts.chart_sweep`)."""
     import json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "simulate.json"
     json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    written = [json_path]
-    if plot:
-        from kvtier.plots import plot_hit_ratio_vs_capacity
-
-        curves: dict[str, tuple[list[int], list[float]]] = {}
-        references: dict[str, tuple[list[int], list[float]]] = {}
-        for row in report.rows:
-            blocks, ratios = curves.setdefault(row.policy, ([], []))
-            blocks.append(row.capacity.blocks)
-            ratios.append(row.result.hit_ratio)
-            if row.reference is not None:
-                ref_blocks, ref_ratios = references.setdefault(row.policy, ([], []))
-                ref_blocks.append(row.capacity.blocks)
-                ref_ratios.append(row.reference)
-        trace = report.trace
-        title = (
-            f"kvtier simulate: {trace.name}\n{len(trace.requests):,} requests, "
-            f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
-        )
-        written.append(
-            plot_hit_ratio_vs_capacity(
-                out_dir / "simulate.png",
-                title=title,
-                unique_blocks=trace.unique_blocks,
-                curves=curves,
-                infinite_bound=report.infinite.hit_ratio,
-                references=references,
-            )
-        )
-    return written
+    return json_path
 
 
 def sweep_runs(policies: Sequence[str], capacities: Sequence[CapacitySpec], unique: int) -> int:

@@ -17,19 +17,7 @@ from kvtier.config import HierarchyConfig
 from kvtier.keys import key_from_int
 from kvtier.manager import TierManager, make_tier_manager
 from kvtier.policies import SimulationResult, simulate
-from kvtier.traces import TraceRequest
-
-REFERENCE_FRACTIONS = (0.01, 0.05, 0.10, 0.25, 0.50)
-
-# Reference hit ratios of the shipped conversation trace (kvtier/data/NOTICE.md,
-# computed independently with libCacheSim): fraction -> (LRU, ARC).
-REFERENCE_HIT_RATIOS: dict[float, tuple[float, float]] = {
-    0.01: (0.052270, 0.064562),
-    0.05: (0.195432, 0.210118),
-    0.10: (0.278416, 0.284250),
-    0.25: (0.353477, 0.335473),
-    0.50: (0.363116, 0.362679),
-}
+from kvtier.workloads.traces import REFERENCE_FRACTIONS, REFERENCE_HIT_RATIOS, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from kvtier.commands.options import (
+from kvtier.cli.commands.options import (
     check_out_dir,
     config_option,
     json_option,
@@ -21,8 +21,8 @@ from kvtier.commands.options import (
     out_option,
     trace_option,
 )
-from kvtier.console import err, out
-from kvtier.console import progress as _progress
+from kvtier.cli.console import err, out
+from kvtier.cli.console import progress as _progress
 from kvtier.errors import KvtierError
 
 EXIT_USAGE = 2
@@ -71,8 +71,8 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
       kvtier demo --config configs/three-tier.toml --limit 2000
     """
     from kvtier.config import load_config, load_default_config
-    from kvtier.demo import policy_references, replay_config
-    from kvtier.traces import block_accesses, read_mooncake, shipped_trace_path
+    from kvtier.workloads.demo import policy_references, replay_config
+    from kvtier.workloads.traces import block_accesses, read_mooncake, shipped_trace_path
 
     config = load_config(config_path) if config_path else load_default_config()
     source = config_path if config_path else "embedded default"
@@ -219,12 +219,18 @@ def simulate(
     """
     import json
 
+    from kvtier.cli.charts import chart_chain, chart_sweep, draw_or_remove, require_matplotlib
     from kvtier.errors import InvalidValueError
-    from kvtier.plots import require_matplotlib
-    from kvtier.simulation import chain as chained
-    from kvtier.simulation import load_trace, parse_capacities, parse_policies, render, run_sweep
-    from kvtier.simulation.bounds import infinite_cache_hits
-    from kvtier.simulation.sweep import (
+    from kvtier.workloads.simulation import chain as chained
+    from kvtier.workloads.simulation import (
+        load_trace,
+        parse_capacities,
+        parse_policies,
+        render,
+        run_sweep,
+    )
+    from kvtier.workloads.simulation.bounds import infinite_cache_hits
+    from kvtier.workloads.simulation.sweep import (
         DEFAULT_CAPACITIES,
         DEFAULT_POLICIES,
         sweep_runs,
@@ -265,7 +271,7 @@ def simulate(
         import itertools
 
         from kvtier.policies import partial_block_flags
-        from kvtier.traces import read_mooncake
+        from kvtier.workloads.traces import read_mooncake
 
         lengths = [
             r.input_length
@@ -291,7 +297,12 @@ def simulate(
             )
         with _progress("serving requests through the chain", len(trace.requests)) as advance:
             result = chained.simulate_chain(trace, tiers, chain_write_policy, progress=advance)
-        paths = chained.write_chain_outputs(result, trace, out_dir, plot=not no_plot)
+        source = f"--config {config_path}" if config_path is not None else f"--tiers {tier_list}"
+        paths = [chained.write_chain_outputs(result, trace, out_dir)]
+        paths += draw_or_remove(
+            out_dir / "simulate.png",
+            None if no_plot else lambda path: chart_chain(result, trace, path, source=source),
+        )
         if as_json:
             click.echo(paths[0].read_text(), nl=False)
         else:
@@ -301,7 +312,10 @@ def simulate(
         runs = sweep_runs(policies, capacities, trace.unique_blocks)
         with _progress("simulating", runs) as advance:
             report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
-        paths = write_sweep_outputs(report, out_dir, plot=not no_plot)
+        paths = [write_sweep_outputs(report, out_dir)]
+        paths += draw_or_remove(
+            out_dir / "simulate.png", None if no_plot else lambda path: chart_sweep(report, path)
+        )
         if as_json:
             click.echo(json.dumps(report.to_dict(), indent=2))
         else:
@@ -313,12 +327,12 @@ def simulate(
         (err if as_json else out).print(f"wrote {path}", markup=False)
 
 
-from kvtier.commands.replay import replay as replay_command  # noqa: E402
+from kvtier.cli.commands.replay import replay as replay_command  # noqa: E402
 
 main.add_command(replay_command)
 
-from kvtier.commands.bench import bench  # noqa: E402
-from kvtier.commands.check import check  # noqa: E402
+from kvtier.cli.commands.bench import bench  # noqa: E402
+from kvtier.cli.commands.check import check  # noqa: E402
 
 main.add_command(bench)
 main.add_command(check)
