@@ -337,7 +337,6 @@ def test_check_finds_corrupted_bookkeeping() -> None:
 def test_no_free_blocks_error_is_a_kvtier_allocation_error() -> None:
     assert issubclass(NoFreeBlocksError, AllocationError)
     assert issubclass(NoFreeBlocksError, KvtierError)
-    assert BlockAllocator.NoFreeBlocksError is NoFreeBlocksError
 
 
 def test_block_ids_are_validated() -> None:

@@ -177,3 +177,17 @@ def test_backend_spec_type_follows_the_medium() -> None:
 def test_backend_rejects_bad_sizes(num_blocks: object, block_size: object) -> None:
     with pytest.raises(InvalidValueError):
         SlotPoolBackend(num_blocks, block_size, Medium.CPU)  # type: ignore[arg-type]
+
+
+def test_specs_carry_no_per_instance_dict() -> None:
+    """Specs are made per transfer: every class in their hierarchy declares `__slots__`, so
+    none of them pays for a `__dict__` (one missing in a base would bring it back)."""
+    specs = [
+        CPULoadStoreSpec([1, 2]),
+        GPULoadStoreSpec([1, 2], group_sizes=[2]),
+        DiskLoadStoreSpec([3]),
+    ]
+    for spec in specs:
+        assert not hasattr(spec, "__dict__"), type(spec).__mro__
+        with pytest.raises(AttributeError):
+            spec.extra = 1  # type: ignore[attr-defined]

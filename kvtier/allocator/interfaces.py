@@ -19,7 +19,6 @@ from typing import Protocol
 
 from kvtier.allocator.block import Block
 from kvtier.allocator.device import Device
-from kvtier.errors import NoFreeBlocksError
 
 
 class EvictionListener(Protocol):
@@ -35,8 +34,6 @@ class BlockAllocator(ABC):
     """One pool of fixed-size KV blocks: allocation, reference counting, copy-on-write and
     (in the prefix-caching implementation) sharing of equal prefixes."""
 
-    NoFreeBlocksError = NoFreeBlocksError
-    """Alias of `kvtier.errors.NoFreeBlocksError`, where vLLM-style code looks for it."""
 
     @property
     @abstractmethod

@@ -28,7 +28,12 @@ class Medium(enum.StrEnum):
 
 
 class LoadStoreSpec(ABC):
-    """Says where a batch of blocks lives (or is to be written) in one medium."""
+    """Says where a batch of blocks lives (or is to be written) in one medium.
+
+    Specs are made per transfer, so every class declares `__slots__` (this one too: a
+    subclass's slots only drop the per-instance dict when every base declares them)."""
+
+    __slots__ = ()
 
     @classmethod
     @abstractmethod

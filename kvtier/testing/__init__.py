@@ -5,22 +5,19 @@ or outside it) proves it honours the contract by subclassing it in a few lines.
 """
 
 from kvtier.testing.allocator import BlockAllocatorTests, PrefixCachingAllocatorMachine
+from kvtier.testing.keyed import KeyedStorageTests
 from kvtier.testing.manager import ManagerTests
 from kvtier.testing.policy import PolicyTests
 from kvtier.testing.state_machine import TierManagerMachine, make_tier_manager_machine
 from kvtier.testing.storage import StorageTests
 
-TierTests = StorageTests
-"""The conformance suite of a tier's storage (GPU pool, pinned CPU pool, disk), by the name the
-data-path design gives it; see `StorageTests`."""
-
 __all__ = [
     "BlockAllocatorTests",
+    "KeyedStorageTests",
     "ManagerTests",
     "PolicyTests",
     "PrefixCachingAllocatorMachine",
     "StorageTests",
     "TierManagerMachine",
-    "TierTests",
     "make_tier_manager_machine",
 ]

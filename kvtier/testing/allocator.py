@@ -155,7 +155,7 @@ class BlockAllocatorTests:
             allocator.allocate_immutable_blocks(None, [self.tokens(0), self.tokens(5)])
         assert snapshot(allocator) == before
         allocator.allocate_mutable_block(None)
-        with pytest.raises(BlockAllocator.NoFreeBlocksError):
+        with pytest.raises(NoFreeBlocksError):
             allocator.allocate_mutable_block(None)
         allocator.check()
 

@@ -5,6 +5,11 @@ implements `make_storage` and two backdoor hooks that bypass the API, so that `w
 checked by reading the medium behind its back and `read` by planting bytes behind its back;
 a bug shared by `write` and `read` (say, both using the wrong offset) cannot hide.
 
+The engine does not always call `write` and `read`: it moves blocks with
+`kvtier.engine.moves.move`, which copies a pool's tensor directly (a `TorchPool` is never
+asked to `read`/`write` in production) and hands other storages zero-copy row views. The
+"engine's route" tests certify that path too, for every storage.
+
 The suite is about `BlockStorage` only; checks that only a persistent or a particular storage
 can pass (restart, checksums, faults) belong in that storage's own tests. It needs
 pytest-asyncio (kvtier runs it with `asyncio_mode = "auto"`).
@@ -100,6 +105,66 @@ class StorageTests:
         results = await storage.read([k(i) for i in ids], slots, buffers)
         assert results == [None] * len(ids)
         return buffers
+
+    # ---------------------------------------------------------------------------------------
+    # The engine's route: `move` between a caller's tensor, a host pool and this storage
+    # ---------------------------------------------------------------------------------------
+
+    async def test_the_engines_route_in_and_out_is_bit_exact(self, storage: BlockStorage) -> None:
+        import torch
+
+        from kvtier.engine.moves import MoveResult, move
+        from kvtier.tiers.pool import TorchPool
+        from kvtier.tiers.tensor_copy import TensorCopier
+
+        count = min(5, storage.num_blocks)
+        blocks = make_blocks(count, self.block_size, seed=23)
+        keys = [k(i) for i in range(count)]
+        slots = np.arange(storage.num_blocks - 1, storage.num_blocks - 1 - count, -1)
+        source = torch.from_numpy(np.stack(blocks))
+        copier = TensorCopier()
+        stored = await move(copier, keys, source, np.arange(count), storage, slots, self.block_size)
+        assert stored == MoveResult()
+        for block, slot in zip(blocks, slots, strict=True):
+            assert self.backdoor_read(storage, int(slot)) == block.tobytes()
+        # Promotion into a host pool's rows (the chain's upper tier).
+        pool = TorchPool(count + 2, self.block_size)
+        rows = np.arange(2, count + 2)
+        loaded = await move(copier, keys, storage, slots, pool, rows, self.block_size)
+        assert loaded == MoveResult()
+        assert torch.equal(pool.tensor[2:], source)
+        # And into a caller's tensor that has no row views (a strided one): through staging.
+        wide = torch.zeros((count, 2 * self.block_size), dtype=torch.uint8)
+        strided = wide[:, ::2]
+        loaded = await move(
+            copier, keys[::-1], storage, slots[::-1].copy(), strided, np.arange(count),
+            self.block_size,
+        )
+        assert loaded == MoveResult()
+        assert torch.equal(strided, source.flip(0))
+        assert not wide[:, 1::2].any()  # nothing written between the rows
+
+    async def test_the_engines_route_reports_what_did_not_arrive(
+        self, storage: BlockStorage
+    ) -> None:
+        """A persistent storage's unindexed block is a per-key failure of `move`, never bytes;
+        a volatile one serves whatever its slot holds (the bookkeeping guards it)."""
+        if not storage.persistent:
+            pytest.skip("a volatile storage has no index to miss")
+        import torch
+
+        from kvtier.engine.moves import move
+        from kvtier.tiers.tensor_copy import TensorCopier
+
+        blocks = make_blocks(2, self.block_size, seed=29)
+        await self.write_ok(storage, [1], [0], blocks[:1])
+        target = torch.full((2, self.block_size), 0x77, dtype=torch.uint8)
+        result = await move(
+            TensorCopier(), [k(1), k(2)], storage, np.array([0, 1]), target, np.arange(2),
+            self.block_size,
+        )
+        assert result.failed == {k(2)} and result.corrupt == {k(2)}
+        assert target[0].numpy().tobytes() == blocks[0].tobytes()
 
     # ---------------------------------------------------------------------------------------
     # Shape
