@@ -117,7 +117,12 @@ class HierarchyCounters:
     put_blocks: int = 0
     put_stored: int = 0
     put_present: int = 0
+    """Blocks a tier already held (not stored again)."""
     put_refused: int = 0
+    """Blocks not stored: the top tier had no room (every block pinned) or its policy did not
+    admit them (`CachePolicy.admit`)."""
+    put_partial: int = 0
+    """Partial blocks (`put(partial_last=True)`) not stored."""
     put_failed: int = 0
     put_backpressure_waits: int = 0
     """Puts that found the top tier's reserve exhausted and waited for background demotions
@@ -650,35 +655,55 @@ class Hierarchy:
         blocks: torch.Tensor,
         *,
         rows: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        partial_last: bool = False,
     ) -> int:
         """Store blocks (row i is block `keys[i]`; with `rows`, row `rows[i]`, so blocks can
         be taken straight from an engine's buffer) in the top tier, demoting what it evicts.
         Returns how many were newly stored: keys already held by a tier are skipped, and a
         store that cannot get room (every block pinned) or fails to write stores nothing.
-        A batch larger than the top tier is stored in parts, so it spills down the chain."""
+        A batch larger than the top tier is stored in parts, so it spills down the chain.
+
+        `partial_last`: the last key is a prompt's partial block (fewer tokens than a block
+        holds). No later prompt repeats its tokens exactly, so it is never stored (counted
+        in `stats().calls.put_partial`); the engine knows, kvtier cannot."""
         manager, _ = self._open()
         keys = _check_keys(keys, "put")
         row_ids = self._check_rows(rows, blocks, len(keys), "put")
+        if not isinstance(partial_last, bool):
+            raise InvalidValueError(f"put: partial_last must be a bool, got {partial_last!r}")
         self._calls.put_blocks += len(keys)
+        partial = keys[-1] if partial_last and keys else None
         chunk = max(1, manager.top.num_blocks // 4)
         stored = 0
         for start in range(0, len(keys), chunk):
             part = keys[start : start + chunk]
-            stored += await self._put_part(part, blocks, row_ids[start : start + len(part)])
+            stored += await self._put_part(
+                part,
+                blocks,
+                row_ids[start : start + len(part)],
+                partial if start + len(part) == len(keys) else None,
+            )
         return stored
 
     async def _put_part(
-        self, keys: list[OffloadKey], blocks: torch.Tensor, row_ids: npt.NDArray[np.int64]
+        self,
+        keys: list[OffloadKey],
+        blocks: torch.Tensor,
+        row_ids: npt.NDArray[np.int64],
+        partial: OffloadKey | None = None,
     ) -> int:
         manager, engine = self._open()
         await self._wait_for_reserve(manager, len(keys))
-        out = manager.prepare_store(keys)
+        out = manager.prepare_store(keys, partial=() if partial is None else (partial,))
         if out is None:
             self._calls.put_refused += len(keys)
             self._spawn(manager.take_jobs())
             return 0
         stored = out.keys_to_store
-        self._calls.put_present += len(keys) - len(stored)
+        skipped = int(partial is not None and partial in out.refused_keys)
+        self._calls.put_partial += skipped
+        self._calls.put_present += len(keys) - len(stored) - len(out.refused_keys)
+        self._calls.put_refused += len(out.refused_keys) - skipped
         if not stored:
             self._spawn(manager.take_jobs())
             return 0

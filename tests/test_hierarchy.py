@@ -137,6 +137,24 @@ async def test_put_skips_blocks_already_held(tmp_path: Path) -> None:
         assert h.stats().calls.put_present == 2
 
 
+async def test_a_partial_last_block_is_never_stored(tmp_path: Path) -> None:
+    async with Hierarchy.from_config(chain_config(tmp_path)) as h:
+        ks = keys_(*range(5))
+        assert await h.put(ks, blocks_of(ks), partial_last=True) == 4
+        assert h.lookup(ks) == 4 and h.where(ks[4]) is None
+        calls = h.stats().calls
+        assert (calls.put_partial, calls.put_stored, calls.put_refused) == (1, 4, 0)
+        # Flagged again while already held: nothing to skip, nothing counted.
+        assert await h.put(ks[:4], blocks_of(ks[:4]), partial_last=True) == 0
+        assert h.stats().calls.put_partial == 1
+        # The same block as a full one (a longer prompt) is stored.
+        assert await h.put(ks, blocks_of(ks)) == 1
+        await h.drain()
+        verify_all(h)
+        with pytest.raises(InvalidValueError, match="partial_last must be a bool"):
+            await h.put(ks, blocks_of(ks), partial_last=1)  # type: ignore[arg-type]
+
+
 async def test_events_report_each_tier(tmp_path: Path) -> None:
     config = chain_config(tmp_path, gpu=2, cpu=2, disk=2, reserve=False)
     async with Hierarchy.from_config(config) as h:

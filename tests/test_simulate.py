@@ -390,6 +390,12 @@ def test_skip_partial_blocks_stores_no_partial_block(tmp_path: Path) -> None:
     plain = json.loads(stdout)
     assert code == 0, stderr
     assert skipping != plain  # the partial blocks took no room
-    code, _, stderr = run("simulate", "--tiers", "1%", "--skip-partial-blocks", "--no-plot",
-                          "--out", str(tmp_path / "c"))
-    assert code != 0 and "not a chain" in stderr
+    written = {}
+    for flag in ("--skip-partial-blocks", None):
+        args = ["simulate", "--tiers", "1%,2%", "--limit", "400", "--json", "--no-plot"]
+        code, stdout, stderr = run(*args, *([flag] if flag else []), "--out", str(tmp_path / "c"))
+        assert code == 0, stderr
+        chain = json.loads(stdout)["chain"]
+        written[flag] = sum(tier["blocks_written"] for tier in chain["tiers"])
+        assert (chain["counters"]["partial_refused"] > 0) == (flag is not None)
+    assert written["--skip-partial-blocks"] < written[None]

@@ -83,6 +83,21 @@ def test_hand_worked_two_tier_chain() -> None:
     assert [p.infinite_hits for p in result.timeline] == [0, 0, 2, 4, 5]
 
 
+def test_a_partial_last_block_is_never_stored_by_the_chain() -> None:
+    # [1,2] with 2 partial: 1 stored. [1,2,3] with 3 partial: 1 hits, 2 is stored (this time
+    # it is not flagged), 3 is not. [1,2] with 2 flagged: both hit (a flag only stops a store).
+    trace = SimTrace.from_requests([[1, 2], [1, 2, 3], [1, 2]])
+    flags = [False, True, False, False, True, False, True]
+    result = simulate_chain(trace, lru_chain(4), partial=flags)
+    assert result.tier_hits == (3,)
+    assert result.counters["partial_refused"] == 2
+    assert result.tier_written == (2,)
+    plain = simulate_chain(trace, lru_chain(4))
+    assert plain.tier_hits == (4,)
+    with pytest.raises(InvalidValueError, match="3 flags for a trace of 7"):
+        simulate_chain(trace, lru_chain(4), partial=flags[:3])
+
+
 def test_prefix_hits_stop_at_the_first_miss() -> None:
     # Block 9 is new, so 1 after it is recomputed although the top tier holds it.
     trace = SimTrace.from_requests([[1], [9, 1]])

@@ -176,7 +176,7 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
 @click.option(
     "--skip-partial-blocks",
     is_flag=True,
-    help="Sweep form, Mooncake traces: never store a prompt's last block when it holds "
+    help="Mooncake traces: never store a prompt's last block when it holds "
     "fewer than 512 tokens (its hash repeats in no later prompt); figures are then not "
     "comparable with the references, which store every miss.",
 )
@@ -244,8 +244,6 @@ def simulate(
         raise InvalidValueError("--capacity is for the policy sweep; a chain takes --tiers")
     if not is_chain and write_policy is not None:
         raise InvalidValueError("--write-policy needs a chain (--tiers)")
-    if is_chain and skip_partial_blocks:
-        raise InvalidValueError("--skip-partial-blocks is for the policy sweep, not a chain")
     if config_path is not None and (policy_list is not None or write_policy is not None):
         raise InvalidValueError("with --config, the policies and write policy come from the file")
     config = None
@@ -296,7 +294,9 @@ def simulate(
                 "write-through" if write_policy == "write-through" else "write-back"
             )
         with _progress("serving requests through the chain", len(trace.requests)) as advance:
-            result = chained.simulate_chain(trace, tiers, chain_write_policy, progress=advance)
+            result = chained.simulate_chain(
+                trace, tiers, chain_write_policy, progress=advance, partial=partial
+            )
         source = f"--config {config_path}" if config_path is not None else f"--tiers {tier_list}"
         paths = [chained.write_chain_outputs(result, trace, out_dir)]
         paths += draw_or_remove(

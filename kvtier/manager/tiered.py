@@ -88,6 +88,8 @@ class ChainCounters:
     misses: int = 0
     promotions: int = 0
     promotions_refused: int = 0
+    partial_refused: int = 0
+    """Partial blocks (`prepare_store(partial=...)`) not stored."""
     demoted: int = 0
     demotions_dropped: int = 0
     dropped_at_bottom: int = 0
@@ -261,12 +263,33 @@ class TieredManager(OffloadingManager):
     # -- writes ----------------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext | None = None,
+        *,
+        partial: Collection[OffloadKey] = (),
     ) -> TieredStoreOutput | None:
         """Reserve top-tier slots for the keys that no tier holds. Run `demotion` (if any)
-        before writing into `store_spec`; then `complete_store`. None: no room at the top."""
+        before writing into `store_spec`; then `complete_store`. None: no room at the top.
+
+        `partial` names keys that are a prompt's last, partial block (fewer tokens than a
+        block holds): its hash covers tokens no later prompt repeats exactly, so no tier
+        stores it; an absent one is reported in `refused_keys` (counted `partial_refused`)
+        and no policy hears of it."""
         self._check_open()
         unique = list(dict.fromkeys(keys))
+        skipped: list[OffloadKey] = []
+        if partial:
+            partial_set = set(partial)
+            skipped = [
+                key
+                for key in unique
+                if key in partial_set and all(tier.has(key) is False for tier in self.tiers)
+            ]
+            if skipped:
+                skipped_set = set(skipped)
+                unique = [key for key in unique if key not in skipped_set]
+                self.counters.partial_refused += len(skipped)
         below = self.tiers[1:]
         # Keys held only by a lower tier are not stored again; keys at the top stay protected.
         candidates = [
@@ -285,7 +308,7 @@ class TieredManager(OffloadingManager):
             out.store_spec,
             out.evicted_keys,
             out.evicted_spec,
-            refused_keys=out.refused_keys,
+            refused_keys=[*out.refused_keys, *skipped],
             demotion=demotion,
         )
 

@@ -289,14 +289,18 @@ def _get(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
     return served, lost
 
 
-def _put(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
+def _put(
+    manager: TieredManager, keys: Sequence[OffloadKey], partial_last: bool = False
+) -> tuple[int, int]:
     """`Hierarchy.put` with instant copies: (blocks newly stored, blocks refused). Batches of
-    `_batch_size`, each stored at the top after its DEMOTE job; then queued jobs (cascades)."""
+    `_batch_size`, each stored at the top after its DEMOTE job; then queued jobs (cascades).
+    `partial_last`: the last key is a partial block, never stored (as `Hierarchy.put`)."""
     chunk = _batch_size(manager)
     stored = refused = 0
+    partial = (keys[-1],) if partial_last and keys else ()
     for start in range(0, len(keys), chunk):
         part = list(keys[start : start + chunk])
-        out = manager.prepare_store(part)
+        out = manager.prepare_store(part, partial=partial if start + chunk >= len(keys) else ())
         if out is None:
             refused += len(part)
             continue
@@ -310,9 +314,12 @@ def _put(manager: TieredManager, keys: Sequence[OffloadKey]) -> tuple[int, int]:
     return stored, refused
 
 
-def serve_request(manager: TieredManager, keys: Sequence[OffloadKey]) -> RequestOutcome:
+def serve_request(
+    manager: TieredManager, keys: Sequence[OffloadKey], partial_last: bool = False
+) -> RequestOutcome:
     """Serve one request through `manager` with instant copies, exactly as a replay through a
-    Hierarchy does (see the module docstring): lookup, where, get, put of the rest.
+    Hierarchy does (see the module docstring): lookup, where, get, put of the rest (the last
+    block not stored when `partial_last` says it is a partial block).
 
     Returns the tier each served block came from, how many blocks were newly stored, whether
     a store was refused, and how many blocks `get` found ready at the top but could not pin.
@@ -326,7 +333,7 @@ def serve_request(manager: TieredManager, keys: Sequence[OffloadKey]) -> Request
             break
         sources.append(where[0])
     served, lost = _get(manager, keys[: len(sources)])
-    stored, refused = _put(manager, keys[served:])
+    stored, refused = _put(manager, keys[served:], partial_last and served < len(keys))
     return RequestOutcome(tuple(sources[:served]), stored, refused > 0, lost)
 
 
@@ -336,12 +343,20 @@ def simulate_chain(
     write_policy: WritePolicy = "write-back",
     progress: Callable[[int], None] | None = None,
     progress_every: int = 500,
+    partial: Sequence[bool] | None = None,
 ) -> ChainResult:
     """Serve every request of `trace` through a fresh chain of `tiers` (top first).
+
+    `partial` (a flag per access, as `kvtier.policies.partial_block_flags` makes them) says
+    which blocks are partial: a request's last block so flagged is never stored.
 
     `progress` is called with the number of requests served, every `progress_every`
     requests and once at the end.
     """
+    if partial is not None and len(partial) != len(trace.accesses):
+        raise InvalidValueError(
+            f"partial: {len(partial)} flags for a trace of {len(trace.accesses)} block accesses"
+        )
     manager = build_chain(tiers, write_policy)
     tier_hits = [0] * len(tiers)
     stored = refusals = accesses = cut = 0
@@ -353,7 +368,10 @@ def simulate_chain(
         keys = [offload_key_of(key) for key in request]
         accesses += len(keys)
         seen.update(keys)
-        outcome = serve_request(manager, keys)
+        partial_last = False
+        if partial is not None and keys:
+            partial_last = partial[accesses - 1]
+        outcome = serve_request(manager, keys, partial_last)
         for source in outcome.served_from:
             tier_hits[source] += 1
         stored += outcome.stored
@@ -372,6 +390,7 @@ def simulate_chain(
     summary = {
         "promotions": counters.promotions,
         "promotions_refused": counters.promotions_refused,
+        "partial_refused": counters.partial_refused,
         "demoted": counters.demoted,
         "demotions_dropped": counters.demotions_dropped,
         "dropped_at_bottom": counters.dropped_at_bottom,
