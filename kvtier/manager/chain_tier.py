@@ -77,7 +77,11 @@ class ChainTier(Protocol):
     ) -> None: ...
 
     def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext | None = None,
+        *,
+        moved: bool = False,
     ) -> PrepareStoreOutput | None: ...
 
     def complete_store(

@@ -162,10 +162,15 @@ class KeyedTierManager:
     # -- writes ----------------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext | None = None,
+        *,
+        moved: bool = False,
     ) -> PrepareStoreOutput | None:
         """Reserve handles for the keys not known to be there. Never evicts; None only when
-        more than `num_blocks` blocks would be in flight."""
+        more than `num_blocks` blocks would be in flight. The store has no policy to tell
+        whether the blocks are `moved` down or newly requested."""
         self._check_open()
         new = [key for key in dict.fromkeys(keys) if key not in self._known]
         if len(new) > self.num_free:

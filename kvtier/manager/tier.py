@@ -135,8 +135,15 @@ class TierManager(OffloadingManager):
     # -- writes ----------------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext | None = None,
+        *,
+        moved: bool = False,
     ) -> PrepareStoreOutput | None:
+        """Reserve slots for the absent keys the policy admits, evicting if needed; None when
+        there is no room. `moved`: the blocks are being evicted from a tier above and their
+        access was already announced here (`CachePolicy.on_store_move`)."""
         if self._closed:
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
         policy, backend, get = self.policy, self.backend, self._get
@@ -148,7 +155,10 @@ class TierManager(OffloadingManager):
             return PrepareStoreOutput([], backend.get_load_store_spec([], []), [])
         if len(keys_to_store) > backend.num_blocks:
             return None
-        policy.on_store_miss(keys_to_store)
+        if moved:
+            policy.on_store_move(keys_to_store)
+        else:
+            policy.on_store_miss(keys_to_store)
         refused: list[OffloadKey] = []
         if not policy.admits_all:
             admitted = policy.admit(keys_to_store)

@@ -492,11 +492,12 @@ class TieredManager(OffloadingManager):
         return job
 
     def _store_into(
-        self, index: int, keys: Sequence[OffloadKey], job: TransferJob
+        self, index: int, keys: Sequence[OffloadKey], job: TransferJob, *, moved: bool = False
     ) -> PrepareStoreOutput | None:
         """prepare_store on one tier; its victims are demoted by steps added to `job` (the
-        deeper demotions first), and its new keys recorded as pending in `job`."""
-        out = self.tiers[index].prepare_store(keys)
+        deeper demotions first), and its new keys recorded as pending in `job`. `moved`: see
+        `TierManager.prepare_store`."""
+        out = self.tiers[index].prepare_store(keys, moved=moved)
         if out is None:
             return None
         if out.keys_to_store and index > 0:
@@ -553,7 +554,12 @@ class TieredManager(OffloadingManager):
             return
         keys = [key for key, _ in missing]
         deeper = TransferJob(job.kind)
-        out = self._store_into(index + 1, keys, deeper)
+        # Write-through told the tier below of these blocks when they missed (the cascade);
+        # their eviction from this tier is not another access. Write-back's demotion is the
+        # first the tier below hears of them, so it stands for their accesses up here.
+        out = self._store_into(
+            index + 1, keys, deeper, moved=self.write_policy == "write-through"
+        )
         if out is None:
             self.counters.demotions_dropped += len(keys)
             return

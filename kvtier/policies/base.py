@@ -114,6 +114,14 @@ class CachePolicy(ABC):
         """
         return
 
+    def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
+        """Announce that `keys` (not resident) are about to be stored because a tier above is
+        evicting them, and this tier has already heard of the access that brought them (a
+        write-through chain cascaded them here on their miss). Not a request: a policy that
+        counts accesses (`lct`) must not count it again. The default treats it as
+        `on_store_miss`, so LRU and ARC decide as they always did; the same rules apply."""
+        self.on_store_miss(keys)
+
     @abstractmethod
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
