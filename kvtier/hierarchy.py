@@ -77,6 +77,7 @@ from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.jobs import PromotionHold
 from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tiered import TieredStoreOutput, slot_ids
+from kvtier.metrics import LatencyHistogram, register_metrics, unregister_metrics
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.registry import TierAccess, TierContext, open_storage, registered_media
@@ -95,8 +96,8 @@ DEFAULT_FLUSH_TIMEOUT_S = 30.0
 """Default time budget of the flush on close; what did not reach the bottom tier by then is
 reported (logged and in `last_flush`) and stays volatile."""
 
-LATENCY_SAMPLES = 100_000
-"""Most recent `get` latencies kept for the percentiles in `stats()`."""
+DEFAULT_METRICS_NAME = "default"
+"""The `hierarchy` label of a hierarchy's metrics when `metrics_name` is not given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,50 @@ class HierarchyCounters:
     get_blocks: int = 0
     get_served: int = 0
     get_timeouts: int = 0
-    get_latency_s: list[float] = field(default_factory=list)
+    get_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Latency of `get` / `get_into` calls, in fixed buckets (see `LatencyHistogram`)."""
+    put_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Latency of `put` calls, backpressure included."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierActivity:
+    """What one tier did since the hierarchy opened (blocks), for `stats()` and the metrics.
+
+    `hits`: lookups it answered; `misses`: lookups it could not (hits of the tiers below it
+    and misses of the chain); `stored`: blocks stored into it; `refused`: blocks it did not
+    take (its policy did not admit them, or no room); `evicted`: blocks its policy evicted;
+    `demoted` / `promoted`: blocks copied from it to a tier below / into it from a tier below;
+    `corrupt`: blocks read from it that failed their checksum; `events_dropped`: blocks of
+    events dropped because nobody took them (`take_events`) before its event log was full."""
+
+    name: str
+    hits: int
+    misses: int
+    stored: int
+    refused: int
+    evicted: int
+    demoted: int
+    promoted: int
+    corrupt: int
+    events_dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferStats:
+    """Copies from `source` to `target` (tier names, or "caller" for the embedder's
+    tensors): blocks and bytes moved, seconds during which a copy was in flight, copies
+    made, blocks whose copy failed (a failed store into `target`, or a failed load when it
+    is the caller) and blocks found corrupt at `source`."""
+
+    source: str
+    target: str
+    blocks: int
+    bytes: int
+    seconds: float
+    copies: int
+    failed: int
+    corrupt: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +206,18 @@ class HierarchyStats:
     """Copies waiting at each tier's queue when the snapshot was taken."""
     disabled_tiers: dict[str, str] = field(default_factory=dict)
     """Tiers of the config left out because they could not be opened: name -> why."""
+    activity: list[TierActivity] = field(default_factory=list)
+    """Per tier, top first (as `tiers`): what it did (hits, stores, evictions, ...)."""
+    transfers: list[TransferStats] = field(default_factory=list)
+    """Per tier pair, in the order the engine first moved bytes between them (`pairs`,
+    with copies, failures and corrupt blocks)."""
+    events_dropped: int = 0
+    """Blocks of events dropped, every tier together (see `TierActivity.events_dropped`)."""
 
     def latency_percentile(self, q: float) -> float:
-        """The q-th percentile (0..100) of recent `get` latencies, in seconds (0 if none)."""
-        samples = self.calls.get_latency_s
-        return float(np.percentile(samples, q)) if samples else 0.0
+        """The q-th percentile (0..100) of `get` latencies, in seconds (0 if none),
+        estimated from `calls.get_latency`'s buckets (within a bucket's width: 25 %)."""
+        return self.calls.get_latency.percentile(q)
 
 
 def _describe(storage: BlockStorage) -> str:
@@ -328,6 +379,8 @@ class Hierarchy:
         flush_on_close: bool | None = None,
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
+        metrics: Any = None,
+        metrics_name: str = DEFAULT_METRICS_NAME,
     ) -> None:
         """`load_timeout_s`: default deadline of `get` (None: wait as long as it takes).
         `flush_on_close`: copy what only volatile tiers hold down to the bottom tier when
@@ -335,7 +388,11 @@ class Hierarchy:
         `flush_timeout_s`: time budget of that flush. `staging_bytes`: host memory for
         snapshots of blocks on their way to slow tiers (see `StagingArena`).
         `tier_options`: per medium, options for its opener (e.g. `{"disk": {"io": ...}}`);
-        `disk_options` is the same for the disk medium."""
+        `disk_options` is the same for the disk medium.
+        `metrics`: a `prometheus_client.CollectorRegistry` to export the hierarchy's metrics
+        on (read at scrape time from the counters `stats()` reports; needs the `metrics`
+        extra), with the label `hierarchy=metrics_name`: hierarchies sharing a registry need
+        distinct names (the same name twice is an InvalidValueError)."""
         if not isinstance(config, HierarchyConfig):
             raise InvalidValueError(
                 f"config must be a HierarchyConfig (see Hierarchy.from_config for a dict or a "
@@ -397,6 +454,11 @@ class Hierarchy:
         self._info: list[TierInfo] = []
         self._disabled: dict[str, str] = {}
         self._state = "new"
+        if not isinstance(metrics_name, str) or not metrics_name:
+            raise InvalidValueError(f"metrics_name must be a non-empty str, got {metrics_name!r}")
+        self._metrics = metrics
+        if metrics is not None:
+            register_metrics(metrics, self, metrics_name)
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -580,7 +642,12 @@ class Hierarchy:
                 medium=str(tier.medium),
             )
         manager = make_tier_manager(
-            tier.num_blocks, self.block_size, tier.medium, tier.policy, name=tier.name
+            tier.num_blocks,
+            self.block_size,
+            tier.medium,
+            tier.policy,
+            name=tier.name,
+            admission=tier.admission,
         )
         restored = storage.restore()
         if restored:
@@ -637,6 +704,8 @@ class Hierarchy:
                 if self._manager is not None:
                     self._manager.shutdown()
                 self._state = "closed"
+                if self._metrics is not None:
+                    unregister_metrics(self._metrics, self)
 
     @property
     def closed(self) -> bool:
@@ -666,6 +735,7 @@ class Hierarchy:
         `partial_last`: the last key is a prompt's partial block (fewer tokens than a block
         holds). No later prompt repeats its tokens exactly, so it is never stored (counted
         in `stats().calls.put_partial`); the engine knows, kvtier cannot."""
+        started = time.perf_counter()
         manager, _ = self._open()
         keys = _check_keys(keys, "put")
         row_ids = self._check_rows(rows, blocks, len(keys), "put")
@@ -683,6 +753,7 @@ class Hierarchy:
                 row_ids[start : start + len(part)],
                 partial if start + len(part) == len(keys) else None,
             )
+        self._calls.put_latency.observe(time.perf_counter() - started)
         return stored
 
     async def _put_part(
@@ -970,10 +1041,7 @@ class Hierarchy:
                 if not released:
                     manager.release_hold(hold)
         self._calls.get_served += served
-        latencies = self._calls.get_latency_s
-        latencies.append(time.perf_counter() - started)
-        if len(latencies) > LATENCY_SAMPLES:
-            del latencies[: len(latencies) - LATENCY_SAMPLES]
+        self._calls.get_latency.observe(time.perf_counter() - started)
         return served
 
     def where(self, key: OffloadKey) -> str | None:
@@ -983,28 +1051,86 @@ class Hierarchy:
         return None if found is None else manager.tiers[found[0]].name
 
     def stats(self) -> HierarchyStats:
-        """Occupancy per tier, the chain's counters and the traffic per tier pair."""
+        """One snapshot of every counter: occupancy and activity per tier, the chain's
+        decisions, the API calls (latency histograms included) and the traffic per tier
+        pair. O(tiers + latency buckets), whatever the number of calls so far.
+
+        It only reads, and copies each mutable container in one step, so a Prometheus
+        scrape may take it from another thread (see `kvtier.metrics`); counters read
+        while the loop updates them may be one operation apart."""
         manager, engine = self._open()
-        pairs = {
-            pair: (counter.blocks, counter.bytes, counter.seconds)
-            for pair, counter in engine.counters.pairs.items()
-        }
+        chain = copy.copy(manager.counters)
+        chain.hits = list(chain.hits)
+        calls = copy.copy(self._calls)
+        calls.get_latency = calls.get_latency.copy()
+        calls.put_latency = calls.put_latency.copy()
+        supervisor = copy.copy(self._supervisor_of().counters)
+        supervisor.error_types = dict(supervisor.error_types)
+        tiers = manager.tiers
+        index = {tier.name: position for position, tier in enumerate(tiers)}
+        demoted = [0] * len(tiers)
+        promoted = [0] * len(tiers)
+        corrupt = [0] * len(tiers)
+        pairs: dict[tuple[str, str], tuple[int, int, float]] = {}
+        transfers: list[TransferStats] = []
+        for (source, target), counter in list(engine.counters.pairs.items()):
+            pairs[source, target] = (counter.blocks, counter.bytes, counter.seconds)
+            transfers.append(
+                TransferStats(
+                    source,
+                    target,
+                    counter.blocks,
+                    counter.bytes,
+                    counter.seconds,
+                    counter.copies,
+                    counter.failed,
+                    counter.corrupt,
+                )
+            )
+            src, dst = index.get(source), index.get(target)
+            if src is not None:
+                corrupt[src] += counter.corrupt
+                if dst is not None and src < dst:
+                    demoted[src] += counter.blocks
+                elif dst is not None and dst < src:
+                    promoted[dst] += counter.blocks
+        activity = []
+        below = chain.misses + sum(chain.hits)  # lookups that got past the tiers above
+        for position, tier in enumerate(tiers):
+            below -= chain.hits[position]
+            activity.append(
+                TierActivity(
+                    tier.name,
+                    chain.hits[position],
+                    below,
+                    tier.blocks_written,
+                    tier.blocks_refused,
+                    tier.blocks_evicted,
+                    demoted[position],
+                    promoted[position],
+                    corrupt[position],
+                    tier.events_dropped,
+                )
+            )
         return HierarchyStats(
             tiers=manager.stats(),
             info=list(self._info),
-            chain=copy.deepcopy(manager.counters),
-            calls=copy.deepcopy(self._calls),
+            chain=chain,
+            calls=calls,
             pairs=pairs,
             jobs=dict(engine.counters.jobs),
-            cascades_dropped=manager.counters.cascades_dropped,
+            cascades_dropped=chain.cascades_dropped,
             corrupt_blocks=engine.counters.corrupt_blocks,
             gone_blocks=engine.counters.gone_blocks,
             failed_blocks=engine.counters.failed_blocks,
             errors=dict(engine.counters.error_types),
-            supervisor=copy.deepcopy(self._supervisor_of().counters),
+            supervisor=supervisor,
             staging_waits=0 if engine.staging is None else engine.staging.waits,
             queue_depths=engine.queue_depths(),
             disabled_tiers=dict(self._disabled),
+            activity=activity,
+            transfers=transfers,
+            events_dropped=sum(tier.events_dropped for tier in activity),
         )
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -1248,5 +1374,7 @@ __all__ = [
     "Hierarchy",
     "HierarchyCounters",
     "HierarchyStats",
+    "TierActivity",
     "TierInfo",
+    "TransferStats",
 ]

@@ -160,6 +160,10 @@ class PairCounters:
     bytes: int = 0
     seconds: float = 0.0
     copies: int = 0
+    failed: int = 0
+    """Blocks whose copy failed."""
+    corrupt: int = 0
+    """Blocks found corrupt at the source."""
     in_flight: int = 0
     busy_since: float = 0.0
 
@@ -295,8 +299,9 @@ class TransferEngine:
         return semaphore
 
     def queue_depths(self) -> dict[str, int]:
-        """Copies waiting at each tier's queue now."""
-        return {self.name_of(lane): sem.waiting for lane, sem in self._lanes.items()}
+        """Copies waiting at each tier's queue now (the lanes are copied in one step, so a
+        scrape may call it from another thread)."""
+        return {self.name_of(lane): sem.waiting for lane, sem in list(self._lanes.items())}
 
     def name_of(self, index: int) -> str:
         return "caller" if index == CALLER else self.names[index]
@@ -344,8 +349,11 @@ class TransferEngine:
         pair.blocks += moved
         pair.bytes += moved * self.block_size
         pair.copies += 1
+        corrupt = len(result.corrupt - result.gone)
+        pair.failed += len(result.failed)
+        pair.corrupt += corrupt
         self.counters.failed_blocks += len(result.failed)
-        self.counters.corrupt_blocks += len(result.corrupt - result.gone)
+        self.counters.corrupt_blocks += corrupt
         self.counters.gone_blocks += len(result.gone)
         return result
 

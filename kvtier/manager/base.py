@@ -8,6 +8,7 @@ must never block.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -55,29 +56,61 @@ class OffloadingEvent:
     tier: str = field(default="")
 
 
+EVENT_LOG_BLOCKS = 100_000
+"""Most blocks a tier's event log holds until they are taken; past it the oldest batches are
+dropped (and counted), so an embedder that never calls `take_events` does not grow memory."""
+
+
 class EventLog:
     """A tier's stored / removed batches since they were last taken (records nothing when
-    disabled, e.g. in simulations that never read them)."""
+    disabled, e.g. in simulations that never read them).
 
-    def __init__(self, block_size: int, medium: str, tier: str, *, enabled: bool = True) -> None:
+    Bounded: it holds at most `max_blocks` blocks of batches (always the newest batch, even
+    a larger one); older batches are dropped first and their blocks counted in `dropped`."""
+
+    def __init__(
+        self,
+        block_size: int,
+        medium: str,
+        tier: str,
+        *,
+        enabled: bool = True,
+        max_blocks: int = EVENT_LOG_BLOCKS,
+    ) -> None:
         self.block_size = block_size
         self.medium = medium
         self.tier = tier
-        self._events: list[OffloadingEvent] | None = [] if enabled else None
+        self.max_blocks = max_blocks
+        self._events: deque[OffloadingEvent] | None = deque() if enabled else None
+        self._blocks = 0
+        self.dropped = 0
+        """Blocks of batches dropped because the log was full (never reset)."""
 
     def record(self, keys: Sequence[OffloadKey], removed: bool) -> None:
-        """One batch (none when `keys` is empty)."""
-        if self._events is not None and keys:
-            self._events.append(
-                OffloadingEvent(tuple(keys), self.block_size, self.medium, removed, self.tier)
-            )
+        """One batch (none when `keys` is empty); drops the oldest past `max_blocks`."""
+        events = self._events
+        if events is None or not keys:
+            return
+        event = OffloadingEvent(tuple(keys), self.block_size, self.medium, removed, self.tier)
+        events.append(event)
+        self._blocks += len(keys)
+        while self._blocks > self.max_blocks and len(events) > 1:
+            oldest = events.popleft()
+            self._blocks -= len(oldest.keys)
+            self.dropped += len(oldest.keys)
 
     def take(self) -> list[OffloadingEvent]:
         """The batches recorded since the last call, oldest first."""
         if self._events is None:
             return []
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
+        self._blocks = 0
         return events
+
+    def __len__(self) -> int:
+        """Batches held now."""
+        return 0 if self._events is None else len(self._events)
 
 
 class OffloadingManager(ABC):

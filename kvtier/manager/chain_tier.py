@@ -31,6 +31,15 @@ class ChainTier(Protocol):
     block_size: int
     blocks_written: int
     """Blocks stored into the tier so far (what a tier-aware admission spares)."""
+    blocks_evicted: int
+    """Blocks the tier's policy evicted so far."""
+    blocks_refused: int
+    """Blocks a store asked the tier to take and it did not (not admitted, or no room)."""
+
+    @property
+    def events_dropped(self) -> int:
+        """Blocks of events dropped because nobody took them in time."""
+        ...
 
     @property
     def medium(self) -> str: ...

@@ -80,6 +80,10 @@ class KeyedTierManager:
         self._events = EventLog(block_size, medium, name, enabled=enable_events)
         self.blocks_written = 0
         """Blocks stored into this tier so far."""
+        self.blocks_evicted = 0
+        """Always 0: the store evicts by its own rules, unseen."""
+        self.blocks_refused = 0
+        """Blocks a store asked it to take while too many were in flight."""
         self._num_pending = 0
         self._num_pinned_blocks = 0
         self._closed = False
@@ -174,6 +178,7 @@ class KeyedTierManager:
         self._check_open()
         new = [key for key in dict.fromkeys(keys) if key not in self._known]
         if len(new) > self.num_free:
+            self.blocks_refused += len(new)
             return None
         blocks = [self._remember(key, -1) for key in new]
         self._num_pending += len(blocks)
@@ -244,6 +249,11 @@ class KeyedTierManager:
 
     def take_events(self) -> list[OffloadingEvent]:
         return self._events.take()
+
+    @property
+    def events_dropped(self) -> int:
+        """Blocks of events dropped because nobody took them in time (see `EventLog`)."""
+        return self._events.dropped
 
     def stats(self) -> TierStats:
         ready = len(self._known) - self._num_pending

@@ -71,6 +71,10 @@ class TierManager(OffloadingManager):
         self._events = EventLog(self.block_size, self.medium, self.name, enabled=enable_events)
         self.blocks_written = 0
         """Blocks stored into this tier so far (every completed store, demotions included)."""
+        self.blocks_evicted = 0
+        """Blocks its policy evicted (in a store, or to refill a reserve)."""
+        self.blocks_refused = 0
+        """Blocks a store asked it to take and it did not: not admitted, or no room."""
         self._num_pending = 0
         self._num_evictable = 0
         self._num_draining = 0
@@ -154,6 +158,7 @@ class TierManager(OffloadingManager):
         if not keys_to_store:
             return PrepareStoreOutput([], backend.get_load_store_spec([], []), [])
         if len(keys_to_store) > backend.num_blocks:
+            self.blocks_refused += len(keys_to_store)
             return None
         if moved:
             policy.on_store_move(keys_to_store)
@@ -165,6 +170,7 @@ class TierManager(OffloadingManager):
             if not all(admitted):
                 refused = [k for k, ok in zip(keys_to_store, admitted, strict=True) if not ok]
                 keys_to_store = [k for k, ok in zip(keys_to_store, admitted, strict=True) if ok]
+                self.blocks_refused += len(refused)
                 if not keys_to_store:
                     return PrepareStoreOutput(
                         [], backend.get_load_store_spec([], []), [], refused_keys=refused
@@ -174,11 +180,14 @@ class TierManager(OffloadingManager):
         evicted_spec: LoadStoreSpec | None = None
         if num_to_evict > 0:
             if num_to_evict > self._num_evictable:
+                self.blocks_refused += len(keys_to_store)
                 return None
             evicted = policy.evict(num_to_evict, offered.keys())
             if evicted is None:
+                self.blocks_refused += len(keys_to_store)
                 return None
             self._num_evictable -= len(evicted)
+            self.blocks_evicted += len(evicted)
             evicted_keys = [key for key, _ in evicted]
             evicted_spec = backend.evict_blocks(evicted_keys, [block for _, block in evicted])
             self._events.record(evicted_keys, removed=True)
@@ -242,6 +251,7 @@ class TierManager(OffloadingManager):
         blocks = [block for _, block in evicted]
         self._num_evictable -= len(blocks)
         self._num_draining += len(blocks)
+        self.blocks_evicted += len(blocks)
         self._events.record(keys, removed=True)
         return keys, blocks
 
@@ -336,6 +346,11 @@ class TierManager(OffloadingManager):
 
     def take_events(self) -> list[OffloadingEvent]:
         return self._events.take()
+
+    @property
+    def events_dropped(self) -> int:
+        """Blocks of events dropped because nobody took them in time (see `EventLog`)."""
+        return self._events.dropped
 
     def shutdown(self) -> None:
         self._closed = True

@@ -534,9 +534,10 @@ class ReplayResult:
         return rows
 
     def latency(self) -> dict[str, float | int]:
-        """`get` latency percentiles, seconds."""
+        """`get` latency percentiles, seconds (estimated from the latency histogram's
+        buckets, see `kvtier.metrics.LatencyHistogram`)."""
         return {
-            "calls": len(self.stats.calls.get_latency_s),
+            "calls": self.stats.calls.get_latency.count,
             "p50_s": self.stats.latency_percentile(50),
             "p99_s": self.stats.latency_percentile(99),
         }
