@@ -277,6 +277,10 @@ class BaseTierConfig(_Frozen):
     medium: str
     capacity: int | str
     policy: str = "lru"
+    admission: Literal["all", "second-sighting"] = "all"
+    """Which absent blocks the tier stores at all: every one its policy admits ("all"), or
+    only those seen for the second time ("second-sighting": spares a disk or remote tier the
+    writes of blocks that are never read again; see `kvtier.policies.admission`)."""
     enabled: bool | Literal["auto"] = True
     high_watermark: float = 0.98
     """Occupancy fraction (0 < x <= 1) above which kvtier starts demoting blocks of this tier
@@ -352,6 +356,20 @@ class BaseTierConfig(_Frozen):
                 f"unknown cache policy {json.dumps(value)}; "
                 f"valid policies: {', '.join(error.valid)}",
             ) from None
+        return value
+
+    @field_validator("admission")
+    @classmethod
+    def _check_admission(cls, value: str, info: ValidationInfo) -> str:
+        from kvtier.tiers.registry import registered_media, tier_kind
+
+        medium = info.data.get("medium")
+        if value != "all" and medium in registered_media() and tier_kind(medium).owns_index:
+            raise _error(
+                "admission",
+                f"a {medium} tier keeps its own index (kvtier does not choose what it holds), "
+                'so its admission must be "all"',
+            )
         return value
 
     @field_validator("enabled", mode="before")

@@ -168,6 +168,15 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
     help="Chained form with --tiers: how lower tiers are written [default: write-back].",
 )
 @click.option(
+    "--admission",
+    "admission_list",
+    default=None,
+    metavar="NAMES",
+    help="Chained form with --tiers: which blocks each tier stores at all, one for every tier "
+    "or one per tier: all (every one its policy admits) or second-sighting (a block seen "
+    "for the second time) [default: all].",
+)
+@click.option(
     "--limit",
     type=click.IntRange(min=1),
     default=None,
@@ -190,6 +199,7 @@ def simulate(
     tier_list: str | None,
     config_path: Path | None,
     write_policy: str | None,
+    admission_list: str | None,
     limit: int | None,
     skip_partial_blocks: bool,
     out_dir: Path,
@@ -244,10 +254,14 @@ def simulate(
         raise InvalidValueError("--capacity is for the policy sweep; a chain takes --tiers")
     if not is_chain and write_policy is not None:
         raise InvalidValueError("--write-policy needs a chain (--tiers)")
+    if tier_list is None and admission_list is not None:
+        raise InvalidValueError(
+            "--admission needs a chain given as --tiers (a --config names each tier's)"
+        )
     if config_path is not None and (policy_list is not None or write_policy is not None):
         raise InvalidValueError("with --config, the policies and write policy come from the file")
     config = None
-    tier_specs = chain_policies = None
+    tier_specs = chain_policies = chain_admissions = None
     if config_path is not None:
         from kvtier.config import load_config
 
@@ -255,6 +269,7 @@ def simulate(
     elif tier_list is not None:
         tier_specs = parse_capacities(tier_list, option="--tiers")
         chain_policies = chained.parse_chain_policies(policy_list or "lru", len(tier_specs))
+        chain_admissions = chained.parse_chain_admissions(admission_list or "all", len(tier_specs))
     else:
         policies = parse_policies(policy_list or DEFAULT_POLICIES)
         capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
@@ -289,7 +304,9 @@ def simulate(
             chain_write_policy = config.write_policy
         else:
             assert tier_specs is not None and chain_policies is not None
-            tiers = chained.chain_tiers(tier_specs, chain_policies, trace.unique_blocks)
+            tiers = chained.chain_tiers(
+                tier_specs, chain_policies, trace.unique_blocks, admissions=chain_admissions
+            )
             chain_write_policy = (
                 "write-through" if write_policy == "write-through" else "write-back"
             )

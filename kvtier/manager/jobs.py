@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
 
 _job_ids = itertools.count(1)
@@ -42,6 +43,13 @@ class CopyStep:
     src_ids: npt.NDArray[np.int64]
     dst: int
     dst_ids: npt.NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        if not len(self.keys) == len(self.src_ids) == len(self.dst_ids):
+            raise BlockStateError(
+                f"a copy of {len(self.keys)} blocks from {len(self.src_ids)} slots of tier "
+                f"{self.src} to {len(self.dst_ids)} slots of tier {self.dst}"
+            )
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -17,7 +17,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.policies import CachePolicy, get_policy_class
+from kvtier.policies import CachePolicy, get_policy_class, with_admission
 from kvtier.specs import LoadStoreSpec
 from kvtier.tiers.backend import Backend, SlotPoolBackend
 
@@ -460,8 +460,10 @@ def make_tier_manager(
     *,
     name: str = "",
     enable_events: bool = True,
+    admission: str = "all",
 ) -> TierManager:
-    """A TierManager over a slot pool of `num_blocks`, with the named policy."""
-    policy_instance = get_policy_class(policy)(num_blocks)
+    """A TierManager over a slot pool of `num_blocks`, with the named policy behind the
+    named admission filter (`kvtier.policies.admission`)."""
+    policy_instance = with_admission(get_policy_class(policy)(num_blocks), admission)
     backend = SlotPoolBackend(num_blocks, block_size, medium)
     return TierManager(backend, policy_instance, name=name, enable_events=enable_events)

@@ -92,6 +92,8 @@ class ChainCounters:
     """Partial blocks (`prepare_store(partial=...)`) not stored."""
     demoted: int = 0
     demotions_dropped: int = 0
+    demotions_refused: int = 0
+    """Victims the tier below did not admit (its admission filter or policy): dropped."""
     dropped_at_bottom: int = 0
     cascaded: int = 0
     cascades_dropped: int = 0
@@ -565,9 +567,15 @@ class TieredManager(OffloadingManager):
             return
         job.steps.extend(deeper.steps)
         job.pending.extend(deeper.pending)
-        src = np.asarray([slot for _, slot in missing], dtype=np.int64)
-        job.steps.append(CopyStep(tuple(keys), index, src, index + 1, slot_ids(out.store_spec)))
-        self.counters.demoted += len(keys)
+        # The tier below may admit fewer than it was offered (its admission, its policy):
+        # copy exactly the blocks it took, each into the slot it gave that block.
+        stored = out.keys_to_store
+        self.counters.demotions_refused += len(keys) - len(stored)
+        if stored:
+            job.steps.append(
+                _copy_step(stored, dict(missing), index, index + 1, slot_ids(out.store_spec))
+            )
+        self.counters.demoted += len(stored)
 
     def _start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
         """Plan one PROMOTE job for `keys` (pinned in tier `source` by the caller; the job

@@ -1,6 +1,7 @@
 """Cache policies (LRU, ARC, ...), their registry, and `simulate`."""
 
 from kvtier.errors import UnknownPolicyError
+from kvtier.policies.admission import ADMISSIONS, SecondSightingAdmission, with_admission
 from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy
 from kvtier.policies.lct import LCTCachePolicy
@@ -24,13 +25,16 @@ def get_policy_class(name: str) -> type[CachePolicy]:
 
 
 __all__ = [
+    "ADMISSIONS",
     "POLICIES",
     "ARCCachePolicy",
     "CachePolicy",
     "LCTCachePolicy",
     "LRUCachePolicy",
+    "SecondSightingAdmission",
     "SimulationResult",
     "get_policy_class",
     "partial_block_flags",
     "simulate",
+    "with_admission",
 ]

@@ -629,6 +629,7 @@ class ReplayResult:
                 "promotions_refused": chain.promotions_refused,
                 "demoted": chain.demoted,
                 "demotions_dropped": chain.demotions_dropped,
+                "demotions_refused": chain.demotions_refused,
                 "dropped_at_bottom": chain.dropped_at_bottom,
                 "cascaded": chain.cascaded,
                 "cascades_dropped": self.stats.cascades_dropped,

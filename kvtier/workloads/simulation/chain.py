@@ -32,6 +32,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.manager.tiered import WritePolicy
+from kvtier.policies import ADMISSIONS
 from kvtier.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
 
 DEFAULT_WATERMARKS = (
@@ -65,6 +66,7 @@ class ChainTier:
     policy: str
     capacity: Capacity
     watermarks: tuple[float, float] = DEFAULT_WATERMARKS
+    admission: str = "all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,7 @@ class ChainResult:
                     "name": tier.name,
                     "medium": tier.medium,
                     "policy": tier.policy,
+                    "admission": tier.admission,
                     "capacity": tier.capacity.label,
                     "blocks": tier.capacity.blocks,
                     "hits": hits,
@@ -174,17 +177,46 @@ def parse_chain_policies(text: str, tiers: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+def parse_chain_admissions(text: str, tiers: int) -> tuple[str, ...]:
+    """One admission filter per tier from `"all"` (every tier) or `"all,second-sighting"`
+    (one per tier)."""
+    names = [item.strip().lower() for item in text.split(",")]
+    for name in names:
+        if name not in ADMISSIONS:
+            raise InvalidValueError(
+                f"--admission: unknown admission {name!r}; valid admissions: "
+                f"{', '.join(ADMISSIONS)}"
+            )
+    if len(names) == 1:
+        return tuple(names * tiers)
+    if len(names) != tiers:
+        raise InvalidValueError(
+            f"--admission: {len(names)} admissions for {tiers} tiers; give one for every "
+            "tier, or one per tier"
+        )
+    return tuple(names)
+
+
 def chain_tiers(
-    capacities: Sequence[CapacitySpec], policies: Sequence[str], unique_blocks: int
+    capacities: Sequence[CapacitySpec],
+    policies: Sequence[str],
+    unique_blocks: int,
+    admissions: Sequence[str] | None = None,
 ) -> tuple[ChainTier, ...]:
     """Name and size the tiers of a chain, top first: t1, t2, ... The media are nominal
     (bookkeeping does not depend on them): the last of several tiers is "disk", the first of
-    three or more "gpu", the others "cpu"."""
+    three or more "gpu", the others "cpu". `admissions`: each tier's admission filter
+    (default: "all")."""
     if len(capacities) != len(policies):
         raise InvalidValueError(f"{len(capacities)} capacities for {len(policies)} policies")
+    admissions = admissions if admissions is not None else ["all"] * len(capacities)
+    if len(admissions) != len(capacities):
+        raise InvalidValueError(f"{len(capacities)} capacities for {len(admissions)} admissions")
     count = len(capacities)
     tiers = []
-    for index, (spec, policy) in enumerate(zip(capacities, policies, strict=True)):
+    for index, (spec, policy, admission) in enumerate(
+        zip(capacities, policies, admissions, strict=True)
+    ):
         if count > 1 and index == count - 1:
             medium = "disk"
         elif count > 2 and index == 0:
@@ -192,7 +224,9 @@ def chain_tiers(
         else:
             medium = "cpu"
         capacity = Capacity(spec.text, spec.resolve(unique_blocks))
-        tiers.append(ChainTier(f"t{index + 1}", medium, policy, capacity))
+        tiers.append(
+            ChainTier(f"t{index + 1}", medium, policy, capacity, admission=admission)
+        )
     return tuple(tiers)
 
 
@@ -211,6 +245,7 @@ def chain_tiers_from_config(
             tier.policy,
             Capacity(str(tier.capacity), tier.num_blocks),
             (tier.low_watermark, tier.high_watermark),
+            tier.admission,
         )
         for tier in active
     )
@@ -227,6 +262,7 @@ def build_chain(tiers: Sequence[ChainTier], write_policy: WritePolicy) -> Tiered
                 tier.policy,
                 name=tier.name,
                 enable_events=False,
+                admission=tier.admission,
             )
             for tier in tiers
         ],
@@ -393,6 +429,7 @@ def simulate_chain(
         "partial_refused": counters.partial_refused,
         "demoted": counters.demoted,
         "demotions_dropped": counters.demotions_dropped,
+        "demotions_refused": counters.demotions_refused,
         "dropped_at_bottom": counters.dropped_at_bottom,
         "cascaded": counters.cascaded,
         "cascades_dropped": counters.cascades_dropped,

@@ -65,12 +65,16 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
     table = Table(title=f"Per-tier prefix hits through the chain ({result.write_policy})")
     columns = ("tier", "policy", "capacity", "blocks", "hits", "hit ratio", "blocks written")
     for column in columns:
-        table.add_column(column, justify="left" if column in ("tier", "policy") else "right")
+        table.add_column(
+            column,
+            justify="left" if column in ("tier", "policy") else "right",
+            no_wrap=column == "policy",
+        )
     for index, tier in enumerate(result.tiers):
         written = result.tier_written[index] if index < len(result.tier_written) else None
         table.add_row(
             tier.name if tier.name == tier.medium else f"{tier.name} ({tier.medium})",
-            tier.policy,
+            tier.policy if tier.admission == "all" else f"{tier.policy}, {tier.admission}",
             tier.capacity.label,
             f"{tier.capacity.blocks:,}",
             f"{result.tier_hits[index]:,}",
@@ -101,6 +105,10 @@ def chain_footer(result: ChainResult) -> str:
             f"; refused: {c['promotions_refused']:,} promotions, "
             f"{c['demotions_dropped']:,} demotions, {result.store_refusals:,} stores"
         )
+    if c.get("demotions_refused"):
+        line += f"; not admitted below: {c['demotions_refused']:,} demotions"
+    if c.get("partial_refused"):
+        line += f"; partial blocks not stored: {c['partial_refused']:,}"
     if c["lost_at_top"]:
         line += (
             f"; {c['lost_at_top']:,} blocks answered ready at the top were gone before they "
