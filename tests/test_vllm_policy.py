@@ -17,9 +17,10 @@ from vllm_support import MODULE, key
 from kvtier.integrations.vllm import (
     KvtierARCCachePolicy,
     KvtierCachePolicy,
+    KvtierLCTCachePolicy,
     KvtierLRUCachePolicy,
 )
-from kvtier.policies import ARCCachePolicy, LRUCachePolicy
+from kvtier.policies import ARCCachePolicy, LCTCachePolicy, LRUCachePolicy
 
 
 def manager(policy: str, chunks: int = 4) -> CPUOffloadingManager:
@@ -46,6 +47,7 @@ def resident(m: CPUOffloadingManager) -> set[bytes]:
     [
         ("KvtierLRUCachePolicy", KvtierLRUCachePolicy, LRUCachePolicy),
         ("KvtierARCCachePolicy", KvtierARCCachePolicy, ARCCachePolicy),
+        ("KvtierLCTCachePolicy", KvtierLCTCachePolicy, LCTCachePolicy),
         ("KvtierCachePolicy", KvtierCachePolicy, LRUCachePolicy),
     ],
 )
@@ -90,7 +92,9 @@ def test_a_chunk_vllm_pinned_is_never_evicted() -> None:
     assert store(m, [key(5)]) == [key(0)]
 
 
-@pytest.mark.parametrize("name", ["KvtierLRUCachePolicy", "KvtierARCCachePolicy"])
+@pytest.mark.parametrize(
+    "name", ["KvtierLRUCachePolicy", "KvtierARCCachePolicy", "KvtierLCTCachePolicy"]
+)
 def test_random_traffic_keeps_policy_and_manager_in_step(name: str) -> None:
     rng = random.Random(7)
     m = manager(name, chunks=16)

@@ -6,7 +6,8 @@ Three ways in, each one JSON `--kv-transfer-config` (see the README):
   restart) below vLLM's own CPU tier, started by vLLM's `TieringOffloadingSpec`;
 - `KvtierOffloadingSpec`: one kvtier config for the whole offloading stack (host memory
   sized and evicted by kvtier's policy, kvtier's lower tiers below it);
-- `KvtierLRUCachePolicy` / `KvtierARCCachePolicy` (or any kvtier policy through
+- `KvtierLRUCachePolicy` / `KvtierARCCachePolicy` / `KvtierLCTCachePolicy` (or any kvtier
+  policy through
   `KvtierCachePolicy`): kvtier's policies as the `eviction_policy` of vLLM's CPU tier.
 """
 
@@ -18,6 +19,7 @@ from kvtier.integrations.vllm.config import chain_config_for_vllm  # noqa: E402
 from kvtier.integrations.vllm.policy import (  # noqa: E402
     KvtierARCCachePolicy,
     KvtierCachePolicy,
+    KvtierLCTCachePolicy,
     KvtierLRUCachePolicy,
 )
 from kvtier.integrations.vllm.secondary import KvtierSecondaryTier  # noqa: E402
@@ -28,6 +30,7 @@ __all__ = [
     "VLLM_VERSION",
     "KvtierARCCachePolicy",
     "KvtierCachePolicy",
+    "KvtierLCTCachePolicy",
     "KvtierLRUCachePolicy",
     "KvtierOffloadingSpec",
     "KvtierSecondaryTier",

@@ -98,3 +98,14 @@ class KvtierARCCachePolicy(KvtierCachePolicy):
     """kvtier's ARC (exact to the paper) as vLLM's CPU-tier policy."""
 
     kvtier_policy: ClassVar[str] = "arc"
+
+
+class KvtierLCTCachePolicy(KvtierCachePolicy):
+    """kvtier's `lct` (learned class thresholds) as vLLM's CPU-tier policy, for eviction.
+
+    vLLM's CPU tier has no admission hook in its policy interface (its only filter is a fixed
+    `store_threshold` of sightings, kept by the manager), so every chunk vLLM offers is
+    stored; a chunk of a class `lct` would not have admitted has a residency limit of 0 and
+    is the first evicted. Under `KvtierOffloadingSpec` kvtier's own manager asks `admit`."""
+
+    kvtier_policy: ClassVar[str] = "lct"
