@@ -248,6 +248,14 @@ def test_config_gives_the_chain(tmp_path: Path) -> None:
         ("fast", "cpu", "arc", 64),
         ("slow", "disk", "lru", 256),
     ]
+    for tier in chain["tiers"]:  # the config's block size turns blocks written into bytes
+        assert tier["blocks_written"] > 0
+        assert tier["bytes_written"] == tier["blocks_written"] * 4096
+    code, stdout, _ = run(
+        "simulate", "--tiers", "64,256", "--limit", "200", "--json", "--no-plot",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert {t["bytes_written"] for t in json.loads(stdout)["chain"]["tiers"]} == {None}
 
 
 def one_line_error(args: list[str], *needles: str) -> None:

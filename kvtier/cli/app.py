@@ -314,6 +314,10 @@ def simulate(
             result = chained.simulate_chain(
                 trace, tiers, chain_write_policy, progress=advance, partial=partial
             )
+        if config is not None:
+            from dataclasses import replace
+
+            result = replace(result, block_bytes=config.block_size)
         source = f"--config {config_path}" if config_path is not None else f"--tiers {tier_list}"
         paths = [chained.write_chain_outputs(result, trace, out_dir)]
         paths += draw_or_remove(

@@ -116,6 +116,15 @@ class ChainResult:
     """Running totals at about 200 evenly spaced points of the replay, and at its end."""
     tier_written: tuple[int, ...] = ()
     """Blocks stored into each tier (puts, demotions, cascades, promotions)."""
+    block_bytes: int | None = None
+    """The configured block size, when the chain came from a config: bytes written per tier
+    are then `tier_written` times it (the simulation itself moves no bytes)."""
+
+    def bytes_written(self, index: int) -> int | None:
+        """Bytes stored into tier `index`, when the block size is known."""
+        if self.block_bytes is None or index >= len(self.tier_written):
+            return None
+        return self.tier_written[index] * self.block_bytes
 
     @property
     def hits(self) -> int:
@@ -150,6 +159,7 @@ class ChainResult:
                     "blocks_written": (
                         self.tier_written[index] if index < len(self.tier_written) else None
                     ),
+                    "bytes_written": self.bytes_written(index),
                 }
                 for index, (tier, hits) in enumerate(zip(self.tiers, self.tier_hits, strict=True))
             ],

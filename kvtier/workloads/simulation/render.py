@@ -63,12 +63,14 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
     """One row per tier, top first (its hits over all block accesses), then the whole chain
     and the infinite-cache bound."""
     table = Table(title=f"Per-tier prefix hits through the chain ({result.write_policy})")
-    columns = ("tier", "policy", "capacity", "blocks", "hits", "hit ratio", "blocks written")
+    columns = ["tier", "policy", "capacity", "blocks", "hits", "hit ratio", "blocks written"]
+    if result.block_bytes is not None:
+        columns.append("bytes written")
     for column in columns:
         table.add_column(
             column,
             justify="left" if column in ("tier", "policy") else "right",
-            no_wrap=column == "policy",
+            no_wrap=column in ("policy", "bytes written"),
         )
     for index, tier in enumerate(result.tiers):
         written = result.tier_written[index] if index < len(result.tier_written) else None
@@ -80,14 +82,30 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
             f"{result.tier_hits[index]:,}",
             f"{result.tier_hit_ratio(index):.6f}",
             "" if written is None else f"{written:,}",
+            *_bytes_cell(result.bytes_written(index), result),
             end_section=index == len(result.tiers) - 1,
         )
+    total = None if result.block_bytes is None else sum(result.tier_written) * result.block_bytes
     table.add_row(
         "chain", "", "", "", f"{result.hits:,}", f"{result.hit_ratio:.6f}",
-        f"{sum(result.tier_written):,}",
+        f"{sum(result.tier_written):,}", *_bytes_cell(total, result),
     )
-    table.add_row("infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}", "")
+    table.add_row(
+        "infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}", "", *_bytes_cell(None, result)
+    )
     return table
+
+
+def _bytes_cell(size: int | None, result: ChainResult) -> list[str]:
+    """The "bytes written" cell of a row (no cell when the table has no such column)."""
+    if result.block_bytes is None:
+        return []
+    if size is None:
+        return [""]
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return [f"{size / scale:,.1f}{unit}"]
+    return [f"{size}B"]
 
 
 def chain_footer(result: ChainResult) -> str:
