@@ -121,7 +121,7 @@ def test_import_kvtier_loads_only_the_core() -> None:
         if name.startswith("kvtier.") and _unit(name) in OUTSIDE_CORE
     ]
     assert tooling == []
-    assert not {"click", "rich", "matplotlib"} & set(loaded)
+    assert not {"click", "rich", "matplotlib", "prometheus_client"} & set(loaded)
 
 
 def test_the_allocator_is_not_exported_from_the_root() -> None:

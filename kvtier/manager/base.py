@@ -75,12 +75,13 @@ class EventLog:
         tier: str,
         *,
         enabled: bool = True,
-        max_blocks: int = EVENT_LOG_BLOCKS,
+        max_blocks: int | None = None,
     ) -> None:
+        """`max_blocks`: the bound (None: `EVENT_LOG_BLOCKS`, read now)."""
         self.block_size = block_size
         self.medium = medium
         self.tier = tier
-        self.max_blocks = max_blocks
+        self.max_blocks = EVENT_LOG_BLOCKS if max_blocks is None else max_blocks
         self._events: deque[OffloadingEvent] | None = deque() if enabled else None
         self._blocks = 0
         self.dropped = 0

@@ -13,6 +13,7 @@ installed.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -138,9 +139,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "Slots by state now: free, pending (being written), evictable (ready, unpinned), "
         "pinned (being read), draining (evicted, being copied down).",
     ),
-    MetricInfo(
-        "kvtier_tier_used_blocks", "gauge", ("tier",), "Slots not free (capacity - free)."
-    ),
+    MetricInfo("kvtier_tier_used_blocks", "gauge", ("tier",), "Slots not free (capacity - free)."),
     MetricInfo(
         "kvtier_tier_hits_total",
         "counter",
@@ -210,9 +209,7 @@ METRICS: tuple[MetricInfo, ...] = (
         ("source", "target"),
         "Blocks copied from source to target (caller: the embedder's tensors).",
     ),
-    MetricInfo(
-        "kvtier_transfer_bytes_total", "counter", ("source", "target"), "Bytes copied."
-    ),
+    MetricInfo("kvtier_transfer_bytes_total", "counter", ("source", "target"), "Bytes copied."),
     MetricInfo(
         "kvtier_transfer_seconds_total",
         "counter",
@@ -240,9 +237,7 @@ METRICS: tuple[MetricInfo, ...] = (
         ("outcome",),
         "Blocks asked of get / get_into, by outcome: served, missed (absent, corrupt or late).",
     ),
-    MetricInfo(
-        "kvtier_get_timeouts_total", "counter", (), "get calls whose deadline passed."
-    ),
+    MetricInfo("kvtier_get_timeouts_total", "counter", (), "get calls whose deadline passed."),
     MetricInfo(
         "kvtier_backpressure_waits_total",
         "counter",
@@ -299,6 +294,45 @@ def register_metrics(registry: Any, hierarchy: Hierarchy, name: str) -> None:
     register(registry, hierarchy, name)
 
 
+class MetricsServer:
+    """An HTTP server of a registry's metrics (Prometheus text format, on any path) in a
+    daemon thread of its own, until `close`: a scrape never runs on the event loop."""
+
+    def __init__(self, server: Any, thread: threading.Thread, host: str, port: int) -> None:
+        self._server = server
+        self._thread = thread
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and free the port (idempotent)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_metrics(registry: Any, port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve `registry` over HTTP on host:port until the returned server is closed.
+    KvtierError naming the extra without prometheus_client; InvalidValueError naming the
+    port when it is taken (or cannot be bound)."""
+    require_prometheus()
+    from kvtier.metrics.prometheus import serve
+
+    server, thread = serve(registry, port, host)
+    return MetricsServer(server, thread, host, port)
+
+
 def unregister_metrics(registry: Any, hierarchy: Hierarchy) -> None:
     """Stop exporting `hierarchy`'s metrics on `registry` (nothing if it never was)."""
     from kvtier.metrics.prometheus import unregister
@@ -313,7 +347,9 @@ __all__ = [
     "METRICS_EXTRA_HINT",
     "LatencyHistogram",
     "MetricInfo",
+    "MetricsServer",
     "register_metrics",
     "require_prometheus",
+    "serve_metrics",
     "unregister_metrics",
 ]

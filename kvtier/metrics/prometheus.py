@@ -12,13 +12,14 @@ nothing is counted twice, and a hierarchy that is closed (or gone) is simply lef
 
 from __future__ import annotations
 
+import errno
 import math
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -211,4 +212,22 @@ def unregister(registry: object, hierarchy: Hierarchy) -> None:
         collector.remove(hierarchy)
 
 
-__all__ = ["KvtierCollector", "register", "unregister"]
+def serve(registry: object, port: int, host: str) -> tuple[Any, threading.Thread]:
+    """prometheus_client's HTTP server of `registry` on host:port, in a daemon thread;
+    InvalidValueError naming the port when it is in use or cannot be bound."""
+    checked = _check_registry(registry)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise InvalidValueError(f"a metrics port is an int in 1..65535, got {port!r}")
+    try:
+        server, thread = start_http_server(port, addr=host, registry=checked)
+    except OSError as error:
+        why = (
+            f"port {port} is in use"
+            if error.errno == errno.EADDRINUSE
+            else (error.strerror or str(error))
+        )
+        raise InvalidValueError(f"cannot serve metrics on {host}:{port}: {why}") from None
+    return server, thread
+
+
+__all__ = ["KvtierCollector", "register", "serve", "unregister"]

@@ -690,9 +690,12 @@ async def replay(
     progress: Callable[[int], None] | None = None,
     disk_dirs: Sequence[Path] = (),
     load_trace_s: float = 0.0,
+    metrics: Any = None,
 ) -> ReplayResult:
     """Replay `trace` through a hierarchy opened from `config` (the replayed configuration;
-    `given` is the user's, for the report) and return what it measured.
+    `given` is the user's, for the report) and return what it measured. `metrics`: a
+    prometheus_client registry to export the hierarchy's metrics on while it runs
+    (`hierarchy="replay"`).
 
     Cancellation (Ctrl-C under `asyncio.run`) stops the replay after closing the hierarchy
     cleanly and returns a partial result (`interrupted`), rather than propagating.
@@ -705,7 +708,9 @@ async def replay(
     interrupted = False
     timings: dict[str, float] = {"load_trace_s": load_trace_s}
     # No flush on close: the next replay empties the disk tiers anyway (it starts cold).
-    hierarchy = Hierarchy.from_config(config, flush_on_close=False)
+    hierarchy = Hierarchy.from_config(
+        config, flush_on_close=False, metrics=metrics, metrics_name="replay"
+    )
     async with hierarchy as h:
         opened = time.perf_counter()
         timings["open_s"] = opened - started

@@ -13,8 +13,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from kvtier.cli.commands.options import (
@@ -26,6 +28,9 @@ from kvtier.cli.commands.options import (
 )
 from kvtier.cli.console import err, out, progress
 from kvtier.errors import InvalidValueError
+
+if TYPE_CHECKING:
+    from kvtier.metrics import MetricsServer
 
 EXIT_MISMATCH = 1
 EXIT_INTERRUPTED = 130
@@ -164,6 +169,22 @@ def pair_table(report: dict[str, object]) -> Table:
     return table
 
 
+def _metrics_server(port: int | None, console: Console) -> tuple[Any, MetricsServer | None]:
+    """A fresh registry served on 127.0.0.1:port, or (None, None) without --metrics-port.
+    A clear error names the extra without prometheus_client, and the port when it is taken."""
+    if port is None:
+        return None, None
+    from kvtier.metrics import require_prometheus, serve_metrics
+
+    require_prometheus()
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    server = serve_metrics(registry, port)
+    console.print(f"serving metrics on {server.url} while the replay runs", markup=False)
+    return registry, server
+
+
 @click.command()
 @config_option("Tier chain to replay (TOML). Default: the embedded configs/default.toml.")
 @trace_option(
@@ -190,6 +211,14 @@ def pair_table(report: dict[str, object]) -> Table:
     is_flag=True,
     help="Remove the disk tiers' files under --out after the run (the report stays).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve the hierarchy's Prometheus metrics on http://127.0.0.1:PORT/metrics while "
+    "the replay runs (needs pip install 'kvtier[metrics]').",
+)
 @json_option()
 @no_plot_option()
 def replay(
@@ -199,6 +228,7 @@ def replay(
     block_bytes_text: str | None,
     out_dir: Path,
     clean: bool,
+    metrics_port: int | None,
     as_json: bool,
     no_plot: bool,
 ) -> None:
@@ -221,7 +251,8 @@ def replay(
     the run. A second replay into an --out whose disk tier a running replay holds is
     refused (exit 2), never allowed to delete it. An --out that cannot be written is a
     one-line error before the run. Ctrl-C stops cleanly and writes a partial report (exit
-    status 130).
+    status 130). --metrics-port serves the metrics of the hierarchy being replayed (see the
+    README's Metrics section) on 127.0.0.1 until the replay ends.
 
     \b
     Examples:
@@ -229,6 +260,7 @@ def replay(
       kvtier replay --limit 2000 --out /tmp/replay
       kvtier replay --config configs/three-tier.toml --block-bytes 64KiB --limit 500
       kvtier replay --trace keys.txt --json --no-plot
+      kvtier replay --metrics-port 9400 --limit 5000
     """
     from kvtier.cli.charts import draw_or_remove, require_matplotlib
     from kvtier.cli.commands.options import check_out_dir
@@ -261,6 +293,10 @@ def replay(
     active = config.active_tiers()
     if not active:
         raise InvalidValueError("the configuration has no active tier here (no CUDA?)")
+    if metrics_port is not None:
+        from kvtier.metrics import require_prometheus
+
+        require_prometheus()  # a missing extra fails before the trace is read
     trace = load_replay_trace(trace_path, limit)
     load_trace_s = time.perf_counter() - started
     check_out_dir(out_dir)
@@ -297,6 +333,7 @@ def replay(
         if usage is not None:
             out.print(usage, markup=False)
 
+    registry, server = _metrics_server(metrics_port, err if as_json else out)
     try:
         with progress("replaying requests", len(trace.requests)) as advance:
             result = asyncio.run(
@@ -308,9 +345,12 @@ def replay(
                     progress=advance,
                     disk_dirs=disk_dirs,
                     load_trace_s=load_trace_s,
+                    metrics=registry,
                 )
             )
     finally:
+        if server is not None:
+            server.close()
         if clean:
             clean_disk_dirs(disk_dirs)
 

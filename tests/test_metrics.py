@@ -1,0 +1,273 @@
+"""Prometheus metrics: registered on the registry the embedder chooses, equal to `stats()`,
+one `hierarchy` label per hierarchy of a registry, and scraped over HTTP from a running
+`kvtier replay --metrics-port`.
+
+They need prometheus-client (the `metrics` extra, in the `test` extra too): without it they
+are skipped, said once, except in CI (CI=true), where a missing package is an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("prometheus_client") is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(
+            "CI runs the metrics tests, but prometheus-client is not installed: the test "
+            "extra has it (scripts/setup.sh installs it)"
+        )
+    pytest.skip(
+        "prometheus-client is not installed: pip install 'kvtier[metrics]'",
+        allow_module_level=True,
+    )
+
+from hierarchy_helpers import blocks_of, chain_config, key
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier import Hierarchy
+from kvtier.errors import InvalidValueError
+from kvtier.metrics import METRICS, serve_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def keys_(*ids: int) -> list[bytes]:
+    return [key(i) for i in ids]
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, {"hierarchy": "default", **labels})
+
+
+async def test_metrics_on_a_chosen_registry_equal_stats(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=16, reserve=False)
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        ks = keys_(*range(10))
+        for k in ks:
+            await h.put([k], blocks_of([k]))
+        await h.drain()
+        assert (await h.get(ks[:3])).shape[0] == 3  # on disk: three disk hits, promoted
+        assert (await h.get(keys_(99))).shape[0] == 0  # a miss of every tier
+        await h.drain()
+        stats = h.stats()
+        for tier in stats.activity:
+            labels = {"tier": tier.name}
+            assert value(registry, "kvtier_tier_hits_total", **labels) == tier.hits
+            assert value(registry, "kvtier_tier_misses_total", **labels) == tier.misses
+            assert value(registry, "kvtier_tier_stored_blocks_total", **labels) == tier.stored
+            assert value(registry, "kvtier_tier_evicted_blocks_total", **labels) == tier.evicted
+            assert value(registry, "kvtier_tier_demoted_blocks_total", **labels) == tier.demoted
+            assert value(registry, "kvtier_tier_promoted_blocks_total", **labels) == tier.promoted
+        assert value(registry, "kvtier_tier_hits_total", tier="disk") == 3
+        assert value(registry, "kvtier_tier_misses_total", tier="cpu") == 4
+        assert value(registry, "kvtier_tier_evicted_blocks_total", tier="cpu") == 9
+        assert value(registry, "kvtier_tier_capacity_blocks", tier="disk") == 16
+        assert value(registry, "kvtier_tier_used_blocks", tier="cpu") == 4
+        assert value(registry, "kvtier_tier_blocks", tier="cpu", state="evictable") == 4
+        for transfer in stats.transfers:
+            pair = {"source": transfer.source, "target": transfer.target}
+            assert value(registry, "kvtier_transfer_bytes_total", **pair) == transfer.bytes
+            assert value(registry, "kvtier_transfer_blocks_total", **pair) == transfer.blocks
+        assert value(registry, "kvtier_transfer_blocks_total", source="disk", target="cpu") == 3
+        assert value(registry, "kvtier_put_blocks_total", outcome="stored") == 10
+        assert value(registry, "kvtier_get_blocks_total", outcome="served") == 3
+        assert value(registry, "kvtier_get_blocks_total", outcome="missed") == 1
+        assert value(registry, "kvtier_get_seconds_count") == 2
+        assert value(registry, "kvtier_put_seconds_count") == 10
+        assert value(registry, "kvtier_get_seconds_bucket", le="+Inf") == 2
+        total = value(registry, "kvtier_get_seconds_sum")
+        assert total == pytest.approx(stats.calls.get_latency.sum_s)
+        exported = {family.name for family in registry.collect()}
+        assert exported == {re.sub(r"_total$", "", info.name) for info in METRICS}
+    # The default registry was not touched; a closed hierarchy is no longer exported.
+    labels = {"hierarchy": "default", "tier": "disk"}
+    assert REGISTRY.get_sample_value("kvtier_tier_hits_total", labels) is None
+    assert value(registry, "kvtier_tier_hits_total", tier="disk") is None
+
+
+async def test_corrupt_blocks_and_refusals_are_exported(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False)
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        ks = keys_(*range(4))
+        for k in ks:
+            await h.put([k], blocks_of([k]))
+        await h.drain()
+        disk = h.storages[-1]
+        slot = h.manager.tiers[-1].policy.get(ks[0])
+        assert slot is not None
+        path, offset = disk.slot_location(slot.block_id)  # type: ignore[attr-defined]
+        with open(path, "r+b") as f:
+            f.seek(offset + 7)
+            byte = f.read(1)
+            f.seek(offset + 7)
+            f.write(bytes([byte[0] ^ 0x01]))
+        assert (await h.get([ks[0]])).shape[0] == 0
+        await h.drain()
+        assert value(registry, "kvtier_tier_corrupt_blocks_total", tier="disk") == 1
+        assert value(registry, "kvtier_tier_corrupt_blocks_total", tier="cpu") == 0
+        read = next(t for t in h.stats().transfers if (t.source, t.target) == ("disk", "cpu"))
+        failed = "kvtier_transfer_failed_blocks_total"
+        assert value(registry, failed, source="disk", target="cpu") == read.failed == 1
+        policy = h.manager.tiers[0].policy
+        policy.admit = lambda keys: [False] * len(keys)  # type: ignore[method-assign]
+        policy.admits_all = False  # type: ignore[misc]
+        assert await h.put(keys_(50, 51), blocks_of(keys_(50, 51))) == 0
+        assert value(registry, "kvtier_tier_refused_blocks_total", tier="cpu") == 2
+        assert value(registry, "kvtier_put_blocks_total", outcome="refused") == 2
+
+
+async def test_two_hierarchies_on_one_registry_are_told_apart_by_name(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    a_config = chain_config(tmp_path / "a", gpu=None, cpu=4, disk=None)
+    b_config = chain_config(tmp_path / "b", gpu=None, cpu=8, disk=None)
+    async with (
+        Hierarchy.from_config(a_config, metrics=registry, metrics_name="a") as a,
+        Hierarchy.from_config(b_config, metrics=registry, metrics_name="b") as b,
+    ):
+        await a.put(keys_(1), blocks_of(keys_(1)))
+        await b.put(keys_(1, 2), blocks_of(keys_(1, 2)))
+        stored = "kvtier_tier_stored_blocks_total"
+        assert registry.get_sample_value(stored, {"hierarchy": "a", "tier": "cpu"}) == 1
+        assert registry.get_sample_value(stored, {"hierarchy": "b", "tier": "cpu"}) == 2
+        with pytest.raises(InvalidValueError, match="'a' is already registered"):
+            Hierarchy.from_config(a_config, metrics=registry, metrics_name="a")
+        text = generate_latest(registry).decode()
+        assert text.count("# TYPE kvtier_tier_stored_blocks_total counter") == 1
+    # Closed, the name is free again.
+    async with Hierarchy.from_config(a_config, metrics=registry, metrics_name="a") as again:
+        assert again.stats().activity[0].stored == 0
+        capacity = {"hierarchy": "a", "tier": "cpu"}
+        assert registry.get_sample_value("kvtier_tier_capacity_blocks", capacity) == 4
+
+
+def test_bad_metrics_arguments_are_clear_errors(tmp_path: Path) -> None:
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=None)
+    with pytest.raises(InvalidValueError, match="CollectorRegistry"):
+        Hierarchy.from_config(config, metrics=object())
+    with pytest.raises(InvalidValueError, match="metrics_name"):
+        Hierarchy.from_config(config, metrics=CollectorRegistry(), metrics_name="")
+    taken = CollectorRegistry()
+    from prometheus_client import Counter
+
+    Counter("kvtier_tier_hits", "not kvtier's", registry=taken)
+    with pytest.raises(InvalidValueError, match="already has metrics of kvtier's names"):
+        Hierarchy.from_config(config, metrics=taken)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """Every sample of the page, or None while nothing answers on the port."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_running_replay_serves_its_metrics(tmp_path: Path) -> None:
+    """Scraped while the replay runs (it is stopped with Ctrl-C once the hits show)."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "kvtier.cli", "replay", "--metrics-port", str(port),
+        "--limit", "20000", "--block-bytes", "4KiB", "--no-plot", "--out", str(tmp_path),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        samples = None
+        hits = 0.0
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and process.poll() is None:
+            samples = scrape(port)
+            if samples is not None:
+                hits = sum(
+                    v for (name, _), v in samples.items() if name == "kvtier_tier_hits_total"
+                )
+                if hits > 0:
+                    break
+            time.sleep(0.1)
+        assert process.poll() is None, "the replay ended before a scrape saw a hit"
+        assert samples is not None and hits > 0
+        names = {name for name, _ in samples}
+        for name in (
+            "kvtier_tier_hits_total",
+            "kvtier_tier_stored_blocks_total",
+            "kvtier_transfer_bytes_total",
+            "kvtier_get_seconds_bucket",
+            "kvtier_put_seconds_count",
+            "kvtier_tier_capacity_blocks",
+        ):
+            assert name in names, name
+        labels = {dict(pairs).get("hierarchy") for _, pairs in samples}
+        assert labels == {"replay"}
+        gets = samples["kvtier_get_seconds_count", (("hierarchy", "replay"),)]
+        assert gets > 0
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            _, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    assert process.returncode in (0, 130), stderr
+    assert scrape(port) is None  # the server is gone with the replay
+
+
+def test_replay_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = int(busy.getsockname()[1])
+        command = [
+            sys.executable, "-m", "kvtier.cli", "replay", "--metrics-port", str(port),
+            "--limit", "5", "--block-bytes", "4KiB", "--no-plot", "--out", str(tmp_path),
+        ]  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"port {port} is in use" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_serve_metrics_serves_a_registry_until_closed() -> None:
+    registry = CollectorRegistry()
+    port = free_port()
+    with serve_metrics(registry, port) as server:
+        assert server.url == f"http://127.0.0.1:{port}/metrics"
+        assert scrape(port) == {}
+    assert scrape(port) is None
+    with pytest.raises(InvalidValueError, match="metrics port"):
+        serve_metrics(registry, 0)
