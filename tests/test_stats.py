@@ -188,3 +188,20 @@ def test_replay_metrics_port_without_prometheus_client_names_the_extra(
     )
     assert result.exit_code == 2, result.output
     assert "pip install 'kvtier[metrics]'" in result.output
+
+
+def test_the_readme_lists_every_metric_with_its_type_and_labels() -> None:
+    from kvtier.metrics import METRICS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `kvtier_"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    documented = {
+        info.name: (info.kind, ", ".join(f"`{label}`" for label in ("hierarchy", *info.labels)))
+        for info in METRICS
+    }
+    assert rows == documented
