@@ -129,6 +129,10 @@ async def test_corrupt_blocks_and_refusals_are_exported(tmp_path: Path) -> None:
         assert await h.put(keys_(50, 51), blocks_of(keys_(50, 51))) == 0
         assert value(registry, "kvtier_tier_refused_blocks_total", tier="cpu") == 2
         assert value(registry, "kvtier_put_blocks_total", outcome="refused") == 2
+        ks = keys_(60, 61)
+        assert await h.put(ks, blocks_of(ks), partial_last=True) == 0
+        assert value(registry, "kvtier_put_blocks_total", outcome="partial") == 1
+        assert value(registry, "kvtier_put_blocks_total", outcome="refused") == 3
 
 
 async def test_two_hierarchies_on_one_registry_are_told_apart_by_name(tmp_path: Path) -> None:

@@ -229,7 +229,8 @@ METRICS: tuple[MetricInfo, ...] = (
         "counter",
         ("outcome",),
         "Blocks given to put, by outcome: stored, present (already held), refused (no room "
-        "or not admitted), failed (the write failed).",
+        "or not admitted), partial (a prompt's partial last block, never stored), failed "
+        "(the write failed).",
     ),
     MetricInfo(
         "kvtier_get_blocks_total",

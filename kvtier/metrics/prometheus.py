@@ -110,6 +110,7 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         ("stored", calls.put_stored),
         ("present", calls.put_present),
         ("refused", calls.put_refused),
+        ("partial", calls.put_partial),
         ("failed", calls.put_failed),
     ):
         add("kvtier_put_blocks_total", [name, outcome], value)
