@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -82,6 +82,9 @@ from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.registry import TierAccess, TierContext, open_storage, registered_media
 from kvtier.tiers.storage import BlockStorage
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("kvtier.hierarchy")
 
@@ -379,7 +382,7 @@ class Hierarchy:
         flush_on_close: bool | None = None,
         flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
-        metrics: Any = None,
+        metrics: CollectorRegistry | None = None,
         metrics_name: str = DEFAULT_METRICS_NAME,
     ) -> None:
         """`load_timeout_s`: default deadline of `get` (None: wait as long as it takes).

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,9 @@ from kvtier.keys import OffloadKey
 from kvtier.workloads.simulation.chain import offload_key_of
 from kvtier.workloads.simulation.sweep import SimTrace, load_trace
 from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "DEFAULT_REPLAY_BLOCK_BYTES",
@@ -690,7 +693,7 @@ async def replay(
     progress: Callable[[int], None] | None = None,
     disk_dirs: Sequence[Path] = (),
     load_trace_s: float = 0.0,
-    metrics: Any = None,
+    metrics: CollectorRegistry | None = None,
 ) -> ReplayResult:
     """Replay `trace` through a hierarchy opened from `config` (the replayed configuration;
     `given` is the user's, for the report) and return what it measured. `metrics`: a
