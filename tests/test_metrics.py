@@ -8,7 +8,6 @@ are skipped, said once, except in CI (CI=true), where a missing package is an er
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -22,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("prometheus_client") is None:
+try:
+    import prometheus_client  # noqa: F401
+except ImportError:
     if os.environ.get("CI") == "true":
         raise RuntimeError(
             "CI runs the metrics tests, but prometheus-client is not installed: the test "
             "extra has it (scripts/setup.sh installs it)"
-        )
+        ) from None
     pytest.skip(
         "prometheus-client is not installed: pip install 'kvtier[metrics]'",
         allow_module_level=True,
