@@ -196,7 +196,7 @@ def test_a_registered_medium_has_its_own_error_messages(shelf: TierKind) -> None
         "tiers[1].reel: expected a string, got 5",
         "tiers[1].rewind_s: must be at least 0, got -1",
         "tiers[1].colour: unknown key; a shelf tier takes: name, medium, capacity, policy, "
-        "enabled, high_watermark, low_watermark, path, reel, rewind_s",
+        "admission, enabled, high_watermark, low_watermark, path, reel, rewind_s",
     ]
 
 
