@@ -136,6 +136,12 @@ def test_default_config_replay_writes_table_report_and_chart(tmp_path: Path) -> 
     pairs = {(p["source"], p["destination"]): p for p in report["pairs"]}
     assert pairs["cpu", "caller"]["blocks"] == report["hits"]
     assert pairs["caller", "cpu"]["bytes"] == pairs["caller", "cpu"]["blocks"] * 4096
+    # What each tier was written: every copy whose destination it is.
+    for tier in report["tiers"]:
+        into = [p for (_, destination), p in pairs.items() if destination == tier["name"]]
+        assert tier["blocks_written"] == sum(p["blocks"] for p in into)
+        assert tier["bytes_written"] == sum(p["bytes"] for p in into)
+    assert report["tiers"][0]["blocks_written"] > 0
     series = report["series"]
     assert series["requests"][-1] == 300
     assert series["block_accesses"][-1] == report["block_accesses"]

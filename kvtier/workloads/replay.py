@@ -509,6 +509,10 @@ class ReplayResult:
         c = self.counters
         return c.tier_hits.get(name, 0) / c.accesses if c.accesses else 0.0
 
+    def blocks_written(self, name: str) -> int:
+        """Blocks stored into tier `name` (puts, demotions, cascades, promotions)."""
+        return next((a.stored for a in self.stats.activity if a.name == name), 0)
+
     @property
     def infinite_hit_ratio(self) -> float:
         """Hit ratio of an infinite cache over the requests replayed."""
@@ -599,6 +603,8 @@ class ReplayResult:
                     "bytes": tier.num_blocks * self.block_bytes,
                     "hits": c.tier_hits.get(tier.name, 0),
                     "hit_ratio": self.tier_hit_ratio(tier.name),
+                    "blocks_written": self.blocks_written(tier.name),
+                    "bytes_written": self.blocks_written(tier.name) * self.block_bytes,
                 }
                 for tier in self.tiers
             ],

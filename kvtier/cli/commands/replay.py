@@ -127,11 +127,12 @@ def summary_table(report: dict[str, object]) -> Table:
 
 
 def tier_table(report: dict[str, object]) -> Table:
-    """Per tier, top first: where it lives, its block count, its hits and hit ratio."""
+    """Per tier, top first: where it lives, its block count, its hits and hit ratio, and the
+    bytes written into it (what a disk or a remote store pays for)."""
     tiers = report["tiers"]
     assert isinstance(tiers, list)
     table = Table(title="Prefix hits per tier (hits / all block accesses)")
-    for column in ("tier", "lives in", "policy", "blocks", "hits", "hit ratio"):
+    for column in ("tier", "lives in", "policy", "blocks", "hits", "hit ratio", "written"):
         table.add_column(column, justify="left" if column in ("tier", "lives in") else "right")
     for index, tier in enumerate(tiers):
         name = (
@@ -144,9 +145,13 @@ def tier_table(report: dict[str, object]) -> Table:
             f"{tier['blocks']:,}",
             f"{tier['hits']:,}",
             f"{tier['hit_ratio']:.4f}",
+            _bytes(tier["bytes_written"]),
             end_section=index == len(tiers) - 1,
         )
-    table.add_row("chain", "", "", "", f"{report['hits']:,}", f"{report['hit_ratio']:.4f}")
+    written = sum(tier["bytes_written"] for tier in tiers)
+    table.add_row(
+        "chain", "", "", "", f"{report['hits']:,}", f"{report['hit_ratio']:.4f}", _bytes(written)
+    )
     return table
 
 
