@@ -170,41 +170,42 @@ class ChainResult:
         }
 
 
-def parse_chain_policies(text: str, tiers: int) -> tuple[str, ...]:
-    """One policy per tier from `"lru"` (every tier) or `"lru,arc,lru"` (one per tier)."""
-    from kvtier.workloads.simulation.sweep import parse_policies
-
+def _one_per_tier(
+    text: str, tiers: int, option: str, what: str, check: Callable[[str], object]
+) -> tuple[str, ...]:
+    """Names from `text`: one for every tier ("lru") or one per tier ("lru,arc"), each
+    validated by `check` (which raises naming the valid ones)."""
     names = [item.strip().lower() for item in text.split(",")]
     for name in names:
-        parse_policies(name)  # validates, naming the valid policies
+        check(name)
     if len(names) == 1:
         return tuple(names * tiers)
     if len(names) != tiers:
         raise InvalidValueError(
-            f"--policy: {len(names)} policies for {tiers} tiers; with --tiers give one policy "
-            "for every tier, or one per tier"
+            f"{option}: {len(names)} {what} for {tiers} tiers; with --tiers give one for every "
+            "tier, or one per tier"
         )
     return tuple(names)
+
+
+def parse_chain_policies(text: str, tiers: int) -> tuple[str, ...]:
+    """One policy per tier from `"lru"` (every tier) or `"lru,arc,lru"` (one per tier)."""
+    from kvtier.workloads.simulation.sweep import parse_policies
+
+    return _one_per_tier(text, tiers, "--policy", "policies", parse_policies)
+
+
+def _check_admission(name: str) -> None:
+    if name not in ADMISSIONS:
+        raise InvalidValueError(
+            f"--admission: unknown admission {name!r}; valid admissions: {', '.join(ADMISSIONS)}"
+        )
 
 
 def parse_chain_admissions(text: str, tiers: int) -> tuple[str, ...]:
     """One admission filter per tier from `"all"` (every tier) or `"all,second-sighting"`
     (one per tier)."""
-    names = [item.strip().lower() for item in text.split(",")]
-    for name in names:
-        if name not in ADMISSIONS:
-            raise InvalidValueError(
-                f"--admission: unknown admission {name!r}; valid admissions: "
-                f"{', '.join(ADMISSIONS)}"
-            )
-    if len(names) == 1:
-        return tuple(names * tiers)
-    if len(names) != tiers:
-        raise InvalidValueError(
-            f"--admission: {len(names)} admissions for {tiers} tiers; give one for every "
-            "tier, or one per tier"
-        )
-    return tuple(names)
+    return _one_per_tier(text, tiers, "--admission", "admissions", _check_admission)
 
 
 def chain_tiers(
