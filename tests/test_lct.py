@@ -111,3 +111,18 @@ def test_partial_blocks_are_never_stored_when_the_caller_says_which() -> None:
     lct = simulate("lct", capacity, accesses, partial=flags)
     arc = simulate("arc", capacity, accesses, partial=flags)
     assert lct.hit_ratio > arc.hit_ratio
+
+
+def test_a_block_moved_down_is_not_another_access() -> None:
+    """Write-through told the lower tier of the access (the cascade); the block leaving the
+    tier above later must not raise its class as a second access would."""
+    moved, accessed = LCTCachePolicy(8), LCTCachePolicy(8)
+    key = key_from_int(1)
+    for policy in (moved, accessed):
+        policy.on_store_miss([key])
+    moved.on_store_move([key])
+    accessed.on_store_miss([key])
+    assert moved._seen(key)[0] == 1 and accessed._seen(key)[0] == 2
+    never_heard = key_from_int(2)
+    moved.on_store_move([never_heard])  # it stands for the one access this tier missed
+    assert moved._seen(never_heard)[0] == 1

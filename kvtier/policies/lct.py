@@ -204,6 +204,15 @@ class LCTCachePolicy(CachePolicy):
             self._observe(key, count, last)
             self._remember_ghost(key, count + 1, self._clock)
 
+    def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
+        """A block the tier above evicts is not an access: its class stays what the accesses
+        this tier heard made it (one, if it heard none), and nothing is learned from it."""
+        for key in reversed(keys):
+            if key in self._resident:
+                continue
+            count, last = self._seen(key)
+            self._remember_ghost(key, max(count, 1), self._clock if last is None else last)
+
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._resident:
             raise BlockStateError(f"lct: key {key!r} is already resident")
