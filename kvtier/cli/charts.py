@@ -23,8 +23,48 @@ if TYPE_CHECKING:
 
 INSTALL_HINT = "pip install 'kvtier[plot]'"
 
-_COLORS = {"lru": "tab:blue", "arc": "tab:orange", "opt": "tab:green"}
-_LABELS = {"lru": "LRU", "arc": "ARC", "opt": "OPT (Belady, upper bound at this capacity)"}
+INFINITE_COLOR = "tab:red"
+"""The infinite-cache bound and the gap to it, in every chart; no tier or policy uses it."""
+
+TIER_COLORS = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+)
+"""One colour per tier, top first (a chain has at most 8 tiers); a tier pair takes its lower
+tier's colour, so a colour means the same tier in every panel. Red is left to the bound."""
+
+_POLICY_COLORS = {"lru": "tab:blue", "arc": "tab:orange", "opt": "tab:green", "lct": "tab:purple"}
+_POLICY_LABELS = {
+    "lru": "LRU",
+    "arc": "ARC",
+    "lct": "LCT (learned class thresholds)",
+    "opt": "OPT (Belady, upper bound at this capacity)",
+}
+_SPARE_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+"""Colours of policies without one of their own, in order of appearance (never a known
+policy's colour, never the bound's red)."""
+
+
+def policy_colors(names: Sequence[str]) -> dict[str, str]:
+    """A distinct colour for each policy name: its own when it has one, else a spare."""
+    spare = iter(_SPARE_COLORS * (1 + len(names) // len(_SPARE_COLORS)))
+    return {name: _POLICY_COLORS.get(name) or next(spare) for name in names}
+
+
+def title_lines(*lines: str, width: int = 90) -> str:
+    """A chart title of `lines`, each wrapped at `width` characters so none runs off the
+    figure (a long trace name or config path, a partial run's note)."""
+    import textwrap
+
+    return "\n".join(
+        "\n".join(textwrap.wrap(line, width, break_on_hyphens=False)) for line in lines if line
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +134,7 @@ def plot_hit_ratio_vs_capacity(
     axes = figure.add_subplot()
     scale = 100 / unique_blocks
     all_x: list[float] = []
+    colors = policy_colors(list(curves))
     for name, (blocks, ratios) in curves.items():
         x = [b * scale for b in blocks]
         all_x.extend(x)
@@ -102,8 +143,9 @@ def plot_hit_ratio_vs_capacity(
             ratios,
             marker="o",
             linestyle="--" if name == "opt" else "-",
-            color=_COLORS.get(name),
-            label=_LABELS.get(name, name.upper()),
+            color=colors[name],
+            label=_POLICY_LABELS.get(name, name.upper()),
+            zorder=3,
         )
     if references:
         first = True
@@ -118,13 +160,14 @@ def plot_hit_ratio_vs_capacity(
                 label="reference figure (libCacheSim)" if first else None,
             )
             first = False
-    if infinite_bound is not None:
+    if infinite_bound is not None:  # beneath the curves, so a curve at the bound stays seen
         axes.axhline(
             infinite_bound,
-            color="tab:red",
-            linestyle=":",
-            linewidth=2,
-            label=f"infinite cache (any capacity): {infinite_bound:.1%}",
+            color=INFINITE_COLOR,
+            linestyle=(0, (3, 2)),
+            linewidth=1.2,
+            label=f"infinite cache (any capacity): {infinite_bound:.2%}",
+            zorder=1,
         )
     if all_x and max(all_x) > 10 * min(all_x):
         axes.set_xscale("log")
@@ -150,6 +193,66 @@ def plot_hit_ratio_vs_capacity(
     return _save(figure, Path(path))
 
 
+def draw_running_hits(
+    axes: Any,
+    gap_axes: Any,
+    requests: Sequence[int],
+    tier_hit_ratios: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    infinite: Sequence[float],
+) -> None:
+    """Draw each tier's running hit ratio stacked on `axes` (tiers top first, coloured by
+    `TIER_COLORS`), the infinite-cache bound over it, and the gap between them on `gap_axes`.
+
+    The gap is the point of the bound, and on a good chain it is a fraction of a percentage
+    point: a line drawn on the stack's edge would hide it. So the bound is a thin line, the
+    band between it and the stack is hatched, and `gap_axes` plots the gap in percentage
+    points on its own scale.
+    """
+    chain = [sum(column) for column in zip(*tier_hit_ratios, strict=True)]
+    axes.stackplot(
+        requests,
+        *tier_hit_ratios,
+        labels=list(labels),
+        colors=TIER_COLORS[: len(tier_hit_ratios)],
+        alpha=0.85,
+    )
+    gap = [max(0.0, bound - held) for bound, held in zip(infinite, chain, strict=True)]
+    final = gap[-1] if gap else 0.0
+    axes.fill_between(
+        requests,
+        chain,
+        infinite,
+        facecolor="none",
+        edgecolor=INFINITE_COLOR,
+        hatch="//////",
+        linewidth=0,
+    )
+    axes.plot(
+        requests,
+        infinite,
+        color=INFINITE_COLOR,
+        linewidth=1.0,
+        label=(
+            f"infinite cache: {infinite[-1]:.2%} (gap to the chain: {final * 100:.2f} pp, "
+            "hatched, and below)"
+            if infinite
+            else "infinite cache"
+        ),
+    )
+    gap_pp = [g * 100 for g in gap]
+    gap_axes.fill_between(requests, 0, gap_pp, color=INFINITE_COLOR, alpha=0.25, linewidth=0)
+    gap_axes.plot(requests, gap_pp, color=INFINITE_COLOR, linewidth=1.2)
+    gap_axes.set_ylim(0, max([0.1, *gap_pp]) * 1.15)
+    gap_axes.set_ylabel("gap (pp)")
+    gap_axes.set_title(
+        "infinite cache minus chain: the hits a cache of unlimited size would add "
+        f"({final * 100:.2f} pp of block accesses at the end)",
+        fontsize="medium",
+    )
+    gap_axes.grid(True, alpha=0.3)
+
+
 def plot_tier_hits_over_replay(
     path: str | Path,
     *,
@@ -157,7 +260,7 @@ def plot_tier_hits_over_replay(
     requests: Sequence[int],
     tiers: Sequence[str],
     tier_hit_ratios: Sequence[Sequence[float]],
-    infinite: Sequence[float] | None = None,
+    infinite: Sequence[float],
 ) -> Path:
     """Write a PNG of each tier's running hit ratio over a replay, stacked, and return its
     path.
@@ -165,32 +268,28 @@ def plot_tier_hits_over_replay(
     `requests` are the x values (requests served so far); `tier_hit_ratios[i][j]` is tier i's
     hits over all block accesses after `requests[j]` requests, tiers top first, so the top of
     the stack is the chain's running hit ratio. `infinite` (same x) is the running
-    infinite-cache bound, drawn as a line.
+    infinite-cache bound, drawn over the stack, with the gap to it in a panel below.
     """
-    figure = new_figure(9.0, 5.5)
-    axes = figure.add_subplot()
-    axes.stackplot(requests, *tier_hit_ratios, labels=list(tiers), alpha=0.85)
-    if infinite is not None:
-        axes.plot(
-            requests,
-            infinite,
-            color="tab:red",
-            linestyle=":",
-            linewidth=2,
-            label=f"infinite cache: {infinite[-1]:.2%}" if infinite else "infinite cache",
-        )
+    figure = new_figure(9.0, 7.5)
+    axes, gap_axes = figure.subplots(2, 1, sharex=True, height_ratios=[3, 1])
+    draw_running_hits(axes, gap_axes, requests, tier_hit_ratios, tiers, infinite)
     from matplotlib.ticker import PercentFormatter, StrMethodFormatter
 
     axes.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
-    axes.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    axes.set_xlabel("requests served (trace order)")
+    gap_axes.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    gap_axes.set_xlabel("requests served (trace order)")
     axes.set_ylabel("running block hit ratio (hits / block accesses so far)")
     axes.set_xlim(left=0, right=max(requests) if requests else 1)
-    axes.set_ylim(bottom=0)
+    highest = max([*infinite, *(sum(column) for column in zip(*tier_hit_ratios, strict=True))])
+    axes.set_ylim(0, min(1.0, highest * 1.25 + 0.05))  # room above the stack for the legend
     axes.grid(True, alpha=0.3)
     axes.set_title(title)
     axes.legend(
-        loc="lower right", title="tier (top first): final share of accesses", framealpha=0.95
+        loc="upper right",
+        title="tier (top first): final share of accesses",
+        fontsize="small",
+        title_fontsize="small",
+        framealpha=0.95,
     )
     return _save(figure, Path(path))
 
@@ -208,9 +307,10 @@ def chart_sweep(report: SweepReport, path: Path) -> Path:
             ref_blocks.append(row.capacity.blocks)
             ref_ratios.append(row.reference)
     trace = report.trace
-    title = (
-        f"kvtier simulate: {trace.name}\n{len(trace.requests):,} requests, "
-        f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
+    title = title_lines(
+        f"kvtier simulate: {trace.name}",
+        f"{len(trace.requests):,} requests, {len(trace.accesses):,} block accesses, "
+        f"{trace.unique_blocks:,} unique blocks",
     )
     return plot_hit_ratio_vs_capacity(
         path,
@@ -228,10 +328,10 @@ def chart_chain(result: ChainResult, trace: SimTrace, path: Path, *, source: str
     points = result.timeline
     return plot_tier_hits_over_replay(
         path,
-        title=(
-            f"kvtier simulate {source} ({result.write_policy}): {trace.name}\n"
-            f"{result.requests:,} requests, {result.accesses:,} block accesses; "
-            f"chain hit ratio {result.hit_ratio:.2%}"
+        title=title_lines(
+            f"kvtier simulate {source} ({result.write_policy})",
+            f"{trace.name}: {result.requests:,} requests, {result.accesses:,} block accesses",
+            f"chain hit ratio {result.hit_ratio:.2%}",
         ),
         requests=[p.requests for p in points],
         tiers=[

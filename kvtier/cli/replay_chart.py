@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.charts import new_figure
+from kvtier.cli.charts import TIER_COLORS, draw_running_hits, new_figure, title_lines
 from kvtier.workloads.replay import format_size
 
-__all__ = ["plot_replay"]
+__all__ = ["plot_replay", "replay_figure"]
 
 
 def _ratios(hits: Sequence[int], accesses: Sequence[int]) -> list[float]:
@@ -53,20 +53,81 @@ def _unit(largest: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
+def _title(report: Mapping[str, Any]) -> str:
+    """The chart's title, a line each for the trace, the requests (a partial or `--limit`ed
+    run says so) and the blocks, wrapped so that none is cut off at the figure's edge."""
+    trace = report["trace"]
+    accesses = f"{report['block_accesses']:,} block accesses"
+    if report["partial"]:
+        done = trace.get("requests_replayed", report["requests"])
+        planned = trace.get("requests_planned", report["requests"])
+        why = "interrupted" if report.get("interrupted") else "stopped"
+        requests = f"PARTIAL ({why}): {done:,} of {planned:,} requests, {accesses}"
+    elif trace.get("limited"):
+        requests = f"the first {report['requests']:,} requests (--limit), {accesses}"
+    else:
+        requests = f"{report['requests']:,} requests, {accesses}"
+    sizes = report["block_bytes"]
+    size = f"{format_size(sizes['replayed'])} blocks"
+    if sizes["scaled"]:
+        size += f" (config: {format_size(sizes['config'])}, same block counts)"
+    verification = report["verification"]
+    return title_lines(
+        f"kvtier replay: {trace['name']}",
+        requests,
+        f"{size}; verified {verification['verified']:,} blocks, "
+        f"{verification['mismatches']:,} mismatches",
+    )
+
+
+def _pair_style(name: str, tier_index: Mapping[str, int]) -> tuple[str, str, float, float, int]:
+    """How the line of tier pair `name` ("source->destination") is drawn: (colour, line
+    style, width, alpha, z-order).
+
+    A pair takes the colour of its lower tier (the one further from the caller), as that
+    tier's area has in the panel above: `caller->cpu` and `cpu->caller` are the cpu's link,
+    `cpu->disk` and `disk->cpu` the disk's. Down (put, demotion, cascade) is solid, up (get,
+    promotion) dashed. Pairs of deeper links are drawn wider and beneath, so two pairs moving
+    the same bytes (every put at the top is later demoted below) both stay visible.
+    """
+    source, destination = name.split("->", 1)
+    depth = max(tier_index.get(source, -1), tier_index.get(destination, -1), 0)
+    down = tier_index.get(source, -1) < tier_index.get(destination, -1)
+    return (
+        TIER_COLORS[depth % len(TIER_COLORS)],
+        "-" if down else "--",
+        1.6 + 2.4 * depth,
+        1.0 if depth == 0 else 0.55,
+        10 - depth,
+    )
+
+
 def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
-    """Write the replay chart of `report` (a `ReplayResult.to_dict()`) and return its path.
+    """Write the replay chart of `report` (a `ReplayResult.to_dict()`) as a PNG at `path`
+    and return the path (see `replay_figure`)."""
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    replay_figure(report).savefig(destination, format="png")
+    return destination
+
+
+def replay_figure(report: Mapping[str, Any]) -> Any:
+    """The replay chart of `report` (a `ReplayResult.to_dict()`) as a matplotlib Figure.
 
     Top: each tier's running hit ratio (its hits over all block accesses so far), stacked top
     tier first, so the top edge is the chain's running hit ratio; the chain's hit ratio per
-    window of requests as a thin line; the running infinite-cache bound as a dotted line.
-    Bottom: bytes moved per tier pair (cumulative), with each pair's total and achieved GB/s.
+    window of requests as a thin line; the running infinite-cache bound as a thin line over
+    the stack. Middle: the gap between the bound and the chain, on its own scale. Bottom:
+    bytes moved per tier pair (cumulative), with each pair's total and achieved GB/s. A tier
+    has one colour in every panel.
     """
     series = report["series"]
     requests: list[int] = series["requests"]
     accesses: list[int] = series["block_accesses"]
     tiers = report["tiers"]
-    figure = new_figure(10.0, 9.0)
-    top, bottom = figure.subplots(2, 1, height_ratios=[3, 2])
+    figure = new_figure(10.0, 11.0)
+    top, gap, bottom = figure.subplots(3, 1, height_ratios=[3, 1, 2])
+    top.sharex(gap)
 
     from matplotlib.ticker import FuncFormatter, PercentFormatter, StrMethodFormatter
 
@@ -78,7 +139,9 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
     ]
     windows_or_zero: list[float] = [0.0]
     if requests:
-        top.stackplot(requests, *running, labels=labels, alpha=0.85)
+        draw_running_hits(
+            top, gap, requests, running, labels, _ratios(series["infinite_hits"], accesses)
+        )
         total_hits = [sum(column) for column in zip(*series["tier_hits"].values(), strict=True)]
         starts, windows = _windows(requests, total_hits, accesses)
         windows_or_zero = windows
@@ -90,21 +153,14 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
             linewidth=1.2,
             label=f"chain hit ratio within each window of ~{max(1, requests[-1] // 20):,} requests",
         )
-        top.plot(
-            requests,
-            _ratios(series["infinite_hits"], accesses),
-            color="tab:red",
-            linestyle=":",
-            linewidth=2,
-            label=f"infinite cache: {report['infinite_cache_hit_ratio']:.2%}",
-        )
         top.set_xlim(0, max(requests))
     top.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
-    top.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    top.tick_params(labelbottom=False)
+    gap.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    gap.set_xlabel("requests served (trace order)")
     highest = max([report["infinite_cache_hit_ratio"], report["hit_ratio"], *windows_or_zero])
     top.set_ylim(0, min(1.0, highest * 1.25 + 0.05))
     top.set_ylabel("block hit ratio")
-    top.set_xlabel("requests served (trace order)")
     top.grid(True, alpha=0.3)
     top.legend(
         loc="upper right",
@@ -113,19 +169,9 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
         title_fontsize="small",
         framealpha=0.95,
     )
-    sizes = report["block_bytes"]
-    size = f"{format_size(sizes['replayed'])} blocks"
-    if sizes["scaled"]:
-        size += f" (config: {format_size(sizes['config'])}, same block counts)"
-    trace = report["trace"]
-    partial = " (PARTIAL: interrupted)" if report["partial"] else ""
-    top.set_title(
-        f"kvtier replay: {trace['name']}, {report['requests']:,} requests, "
-        f"{report['block_accesses']:,} block accesses{partial}\n"
-        f"{size}; verified {report['verification']['verified']:,} "
-        f"blocks, {report['verification']['mismatches']:,} mismatches"
-    )
+    top.set_title(_title(report))
 
+    tier_index = {tier["name"]: index for index, tier in enumerate(tiers)}
     pair_rows = {f"{p['source']}->{p['destination']}": p for p in report["pairs"]}
     pair_series: dict[str, list[int]] = series["pair_bytes"]
     largest = max((values[-1] for values in pair_series.values() if values), default=0)
@@ -137,7 +183,17 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
         label = f"{name.replace('->', ' → ')}: {total / divisor:,.2f} {unit}"
         if rate is not None:
             label += f" at {rate:.2f} GB/s"
-        bottom.plot(requests, [v / divisor for v in values], linewidth=2, label=label)
+        color, style, width, alpha, order = _pair_style(name, tier_index)
+        bottom.plot(
+            requests,
+            [v / divisor for v in values],
+            color=color,
+            linestyle=style,
+            linewidth=width,
+            alpha=alpha,
+            zorder=order,
+            label=label,
+        )
     if requests:
         bottom.set_xlim(0, max(requests))
     bottom.set_ylim(bottom=0)
@@ -151,11 +207,9 @@ def plot_replay(path: str | Path, report: Mapping[str, Any]) -> Path:
     if series["pair_bytes"]:
         bottom.legend(
             loc="upper left",
-            title="source → destination: total at achieved rate",
+            title="source → destination: total at achieved rate\n"
+            "(colour: the lower tier; solid: down, dashed: up)",
             fontsize="small",
             title_fontsize="small",
         )
-    destination = Path(path)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(destination, format="png")
-    return destination
+    return figure
