@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import BlockStateError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
 
@@ -33,10 +33,14 @@ CLASSES = 4
 """Classes by access count: 1, 2, 3, and 4 or more."""
 BINS_PER_OCTAVE = 4
 MAX_BINS = 4 * 26
-GHOST_FACTOR = 16
+# The three tunables were chosen together on the first half (by time) of the shipped trace,
+# one set for every capacity (benchmarks/lct_tuning.py), and reported on the second half.
+GHOST_FACTOR = 32
 """Keys the ghost directory remembers, per block of capacity."""
-DECAY = 0.7
+DECAY = 0.8
 """Weight the statistics keep at each solve (older behaviour fades)."""
+SOLVE_EVERY = 2.0
+"""The limits are solved again every this many times the capacity, in accesses."""
 UNLIMITED = float("inf")
 MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
@@ -65,8 +69,27 @@ class LCTCachePolicy(CachePolicy):
     name: ClassVar[str] = "lct"
     admits_all: ClassVar[bool] = False
 
-    def __init__(self, cache_capacity: int) -> None:
+    def __init__(
+        self,
+        cache_capacity: int,
+        *,
+        decay: float = DECAY,
+        solve_every: float = SOLVE_EVERY,
+        ghost_factor: int = GHOST_FACTOR,
+    ) -> None:
+        """`decay`, `solve_every` (a fraction of the capacity, in accesses) and `ghost_factor`
+        default to the module's constants, the one set chosen for every capacity (see
+        `benchmarks/lct_tuning.py`); they are parameters for that tuning only."""
         super().__init__(cache_capacity)
+        if not 0.0 < decay <= 1.0:
+            raise InvalidValueError(f"lct: decay must be in (0, 1], got {decay!r}")
+        if not solve_every > 0.0:
+            raise InvalidValueError(f"lct: solve_every must be positive, got {solve_every!r}")
+        if isinstance(ghost_factor, bool) or not isinstance(ghost_factor, int) or ghost_factor < 1:
+            raise InvalidValueError(
+                f"lct: ghost_factor must be a positive int, got {ghost_factor!r}"
+            )
+        self.decay = decay
         self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
             OrderedDict() for _ in range(CLASSES)
         ]
@@ -77,14 +100,14 @@ class LCTCachePolicy(CachePolicy):
         """Access time (the access counter) of the last access of resident keys."""
         self._ghosts: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
         """Non-resident keys seen recently: (access count, last access time)."""
-        self._ghost_limit = GHOST_FACTOR * cache_capacity
+        self._ghost_limit = ghost_factor * cache_capacity
         self._clock = 0
         self._reuse = [[0.0] * MAX_BINS for _ in range(CLASSES)]
         self._arrivals = [0.0] * CLASSES
         self._window = 0.0
         self.limits: list[float] = [UNLIMITED] * CLASSES
         """Per class, the accesses since its last use a block may stay (inf: no limit)."""
-        self.period = max(64, cache_capacity // 4)
+        self.period = max(64, int(cache_capacity * solve_every))
         self._since_solve = 0
         self.refused = 0
         """Stores not admitted."""
@@ -176,11 +199,11 @@ class LCTCachePolicy(CachePolicy):
             limits[cls] = max(limits[cls], limits[cls - 1])
         self.limits = limits
         for cls in range(CLASSES):
-            self._arrivals[cls] *= DECAY
+            self._arrivals[cls] *= self.decay
             row = self._reuse[cls]
             for b in range(MAX_BINS):
-                row[b] *= DECAY
-        self._window *= DECAY
+                row[b] *= self.decay
+        self._window *= self.decay
 
     # -- CachePolicy ------------------------------------------------------------------------
 

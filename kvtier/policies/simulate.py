@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError, KvtierError
 from kvtier.keys import OffloadKey
+
+if TYPE_CHECKING:
+    from kvtier.policies.base import CachePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,7 @@ def partial_block_flags(
 
 
 def simulate(
-    name: str,
+    name: str | Callable[[int], CachePolicy],
     capacity: int,
     keys: Iterable[Hashable],
     partial: Iterable[bool] | None = None,
@@ -58,14 +61,16 @@ def simulate(
     cache is full, and a ready block is inserted, unless the policy does not admit it
     (`CachePolicy.admit`) or `partial` (a flag per access, see `partial_block_flags`) says it
     is a partial block, which no policy stores. Keys may be any hashable values (offload keys,
-    trace hash ids, ...). Cold start.
+    trace hash ids, ...). Cold start. `name` may also be a callable that builds the policy
+    from the capacity (a policy with other parameters, for tuning).
     """
     from kvtier.policies import get_policy_class
 
-    policy_class = get_policy_class(name)
+    policy_class = get_policy_class(name) if isinstance(name, str) else name
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise InvalidValueError(f"simulate: capacity must be a positive int, got {capacity!r}")
     policy = policy_class(capacity)
+    name = policy.name
     get, touch, announce = policy.get, policy.touch, policy.on_store_miss
     evict, insert = policy.evict, policy.insert
     admits_all = policy.admits_all
