@@ -98,7 +98,24 @@ class ARCCachePolicy(CachePolicy):
         return self._resident.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self.insert_many((key,), (block,))
+        # insert_many((key,), (block,)) without its batch checks and set-ups for the usual
+        # case, a new key (no ghost hit): it joins T1, leaves the announced keys, and the
+        # ghost bound is applied if the new |T1| trips it, as insert_many's loop does.
+        resident, b1, b2 = self._resident, self._b1, self._b2
+        if key in b1 or key in b2:
+            self.insert_many((key,), (block,))
+            return
+        if key in resident:
+            raise BlockStateError(f"{self.name}: key {key!r} is already resident")
+        t1 = self._t1
+        t1[key] = block
+        resident[key] = block
+        if self._incoming:
+            self._incoming.pop(key, None)
+        b1n, b2n, c = len(b1), len(b2), self.cache_capacity
+        t1n = len(t1)
+        if (b1n and t1n + b1n > c) or ((b1n or b2n) and t1n + len(self._t2) + b1n + b2n > 2 * c):
+            self._bound_ghosts()
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         resident = self._resident
@@ -343,7 +360,11 @@ class ARCCachePolicy(CachePolicy):
                 if victim is not None:
                     victims.append(victim)
                     ops.append(_EVICT_T1)
-                    pop_oldest(b1_oldest, popped_b1)
+                    for ghost in b1_oldest:  # pop_oldest(b1_oldest, popped_b1), inlined
+                        if ghost not in gone:
+                            gone.add(ghost)
+                            popped_b1.append(ghost)
+                            break
                     continue
                 # T1 has no evictable block left: the general path below takes T2's.
             # A ghost list this batch has already emptied cannot hold the key: sequentially,

@@ -1,0 +1,277 @@
+"""Cache-policy bookkeeping speed: kvtier's LRU / ARC / lct against vLLM 0.33.0's own
+`LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per second.
+
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python benchmarks/policy_speed.py [--repeats 5] [--limit N]
+
+Workload: the shipped Mooncake trace (`kvtier.workloads.traces.read_mooncake()`); each
+request's `hash_ids` (a prompt prefix of block keys, duplicates within a request dropped) is
+one request; capacities are 1 % and 10 % of the distinct blocks.
+
+Two drivers, identical for both sides, one request at a time:
+  - `loop` (the plain access loop, as `kvtier.policies.simulate` drives a policy): hits
+    (`get(key) is not None`) are touched with one `touch(hits)` call; the misses are announced
+    with one `on_store_miss(misses)` call, then admitted (kvtier's `lct`: `admit`), then
+    `evict(n, protected=request keys)` makes the room needed and each admitted key is inserted
+    with a fresh ready block (`ref_cnt = 0`; kvtier `BlockStatus`, vLLM `ChunkStatus`; slots of
+    evicted blocks are reused). vLLM's calls take one `ReqContext` (no key positions).
+  - `manager`: kvtier's `make_tier_manager(capacity, 16, "cpu", policy)` against vLLM's
+    `CPUOffloadingManager(capacity, policy)` (the real class, events off on both): `lookup` per
+    key; the hits go through `prepare_load`, `touch`, `complete_load`; the misses through
+    `prepare_store` and `complete_store` of the keys it chose. vLLM gets a fresh `ReqContext`
+    per request (its per-request access tracking runs as in the engine);
+    `on_request_finished` is not called (its recency update would repeat `touch`).
+
+Figures: accesses (block keys of the requests) per second, median over `--repeats` timed
+replays after one untimed warm-up, each replay on a fresh policy or manager,
+`time.perf_counter`, garbage collector disabled while timing. Sanity: both LRUs must make the
+same decisions (equal hit counts), else the script exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+try:
+    import kvtier  # noqa: F401
+except ModuleNotFoundError:  # run from a checkout without kvtier installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvtier.blocks import BlockStatus
+from kvtier.keys import key_from_int
+from kvtier.manager import make_tier_manager
+from kvtier.policies import get_policy_class
+from kvtier.workloads.traces import read_mooncake
+
+Requests = list[list]  # each request's keys, head first
+
+
+def load_requests(limit: int | None) -> tuple[Requests, int]:
+    requests: Requests = []
+    for i, req in enumerate(read_mooncake()):
+        if limit is not None and i >= limit:
+            break
+        requests.append([key_from_int(h) for h in dict.fromkeys(req.hash_ids)])
+    distinct = len({k for keys in requests for k in keys})
+    return requests, distinct
+
+
+# -- driver (a): the plain access loop ------------------------------------------------------
+
+
+def loop_kvtier(name: str, capacity: int, requests: Requests) -> int:
+    policy = get_policy_class(name)(capacity)
+    get, touch, announce = policy.get, policy.touch, policy.on_store_miss
+    evict, insert, admit = policy.evict, policy.insert, policy.admit
+    admits_all = policy.admits_all
+    free: list[int] = []
+    next_slot = 0
+    resident = 0
+    hits_total = 0
+    for keys in requests:
+        hits = [k for k in keys if get(k) is not None]
+        if hits:
+            touch(hits)
+            hits_total += len(hits)
+        if len(hits) == len(keys):
+            continue
+        misses = [k for k in keys if get(k) is None]
+        announce(misses)
+        if not admits_all:
+            misses = [k for k, ok in zip(misses, admit(misses), strict=True) if ok]
+        n = resident + len(misses) - capacity
+        if n > 0:
+            evicted = evict(n, set(keys))
+            if evicted is None:
+                continue
+            resident -= n
+            free.extend(block.block_id for _, block in evicted)
+        for k in misses:
+            if free:
+                block = BlockStatus(free.pop())
+            else:
+                block = BlockStatus(next_slot)
+                next_slot += 1
+            block.ref_cnt = 0
+            insert(k, block)
+        resident += len(misses)
+    return hits_total
+
+
+def loop_vllm(name: str, capacity: int, requests: Requests) -> int:
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
+    from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    policy = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}[name](capacity)
+    ctx = ReqContext(req_id="bench")
+    get, touch, announce = policy.get, policy.touch, policy.on_store_miss
+    evict, insert = policy.evict, policy.insert
+    free: list[int] = []
+    next_slot = 0
+    resident = 0
+    hits_total = 0
+    for keys in requests:
+        hits = [k for k in keys if get(k) is not None]
+        if hits:
+            touch(hits, ctx)
+            hits_total += len(hits)
+        if len(hits) == len(keys):
+            continue
+        misses = [k for k in keys if get(k) is None]
+        announce(misses, ctx)
+        n = resident + len(misses) - capacity
+        if n > 0:
+            evicted = evict(n, set(keys))
+            if evicted is None:
+                continue
+            resident -= n
+            free.extend(chunk.chunk_id for _, chunk in evicted)
+        for k in misses:
+            if free:
+                chunk = ChunkStatus(free.pop())
+            else:
+                chunk = ChunkStatus(next_slot)
+                next_slot += 1
+            chunk.ref_cnt = 0
+            insert(k, chunk, ctx)
+        resident += len(misses)
+    return hits_total
+
+
+# -- driver (b): through the tier manager ---------------------------------------------------
+
+
+def manager_kvtier(name: str, capacity: int, requests: Requests) -> int:
+    mgr = make_tier_manager(capacity, 16, "cpu", name, enable_events=False)
+    lookup = mgr.lookup
+    hits_total = 0
+    for keys in requests:
+        hits = []
+        misses = []
+        for k in keys:
+            (hits if lookup(k) is True else misses).append(k)
+        if hits:
+            mgr.prepare_load(hits)
+            mgr.touch(hits)
+            mgr.complete_load(hits)
+            hits_total += len(hits)
+        if misses:
+            out = mgr.prepare_store(misses)
+            if out is not None and out.keys_to_store:
+                mgr.complete_store(out.keys_to_store)
+    return hits_total
+
+
+def manager_vllm(name: str, capacity: int, requests: Requests) -> int:
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    mgr = CPUOffloadingManager(capacity, name, enable_events=False)
+    lookup = mgr.lookup
+    hit = LookupResult.HIT
+    hits_total = 0
+    for i, keys in enumerate(requests):
+        ctx = ReqContext(req_id=str(i))
+        hits = []
+        misses = []
+        for k in keys:
+            (hits if lookup(k, ctx) is hit else misses).append(k)
+        if hits:
+            mgr.prepare_load(hits, ctx)
+            mgr.touch(hits, ctx)
+            mgr.complete_load(hits, ctx)
+            hits_total += len(hits)
+        if misses:
+            out = mgr.prepare_store(misses, ctx)
+            if out is not None and out.keys_to_store:
+                mgr.complete_store(out.keys_to_store, ctx)
+    return hits_total
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def timed(
+    fn: Callable[[str, int, Requests], int],
+    name: str,
+    capacity: int,
+    requests: Requests,
+    repeats: int,
+) -> tuple[float, int]:
+    """Median seconds of `repeats` replays after one warm-up, and the hit count."""
+    hits = fn(name, capacity, requests)  # warm-up
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            h = fn(name, capacity, requests)
+            times.append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
+        assert h == hits, f"{fn.__name__} {name}: nondeterministic hits {h} != {hits}"
+    return statistics.median(times), hits
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--limit", type=int, default=None, help="first N requests (default all)")
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
+    ap.add_argument("--policies", nargs="+", default=["lru", "arc", "lct"])
+    ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
+    args = ap.parse_args(argv)
+
+    requests, distinct = load_requests(args.limit)
+    accesses = sum(map(len, requests))
+    print(
+        f"{len(requests)} requests, {accesses} block accesses, {distinct} distinct blocks; "
+        f"median of {args.repeats} after 1 warm-up"
+    )
+    drivers = {"loop": (loop_kvtier, loop_vllm), "manager": (manager_kvtier, manager_vllm)}
+    header = (
+        f"{'driver':8} {'policy':6} {'capacity':>13} {'kvtier acc/s':>13} "
+        f"{'vLLM acc/s':>12} {'kvtier/vLLM':>11} {'hits kvtier':>11} {'hits vLLM':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    ok = True
+    for driver in args.drivers:
+        kv_fn, vl_fn = drivers[driver]
+        for frac in args.fractions:
+            capacity = max(1, int(frac * distinct))
+            for name in args.policies:
+                kt, kh = timed(kv_fn, name, capacity, requests, args.repeats)
+                if name in ("lru", "arc"):
+                    vt, vh = timed(vl_fn, name, capacity, requests, args.repeats)
+                    v_rate, ratio, v_hits = accesses / vt, f"{vt / kt:10.2f}x", str(vh)
+                    vs = f"{v_rate:12,.0f}"
+                else:
+                    vs, ratio, v_hits = f"{'-':>12}", f"{'-':>11}", "-"
+                print(
+                    f"{driver:8} {name:6} {capacity:>7} ({frac:4.0%}) {accesses / kt:13,.0f} "
+                    f"{vs} {ratio} {kh:11} {v_hits:>10}",
+                    flush=True,
+                )
+                if name == "lru" and kh != vh:
+                    print(
+                        f"ERROR: {driver} lru hit counts differ: kvtier {kh}, vLLM {vh}",
+                        file=sys.stderr,
+                    )
+                    ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
