@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
-from itertools import chain
+from itertools import chain, islice
+from operator import attrgetter, itemgetter
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
@@ -41,6 +42,14 @@ _DROP_T1 = 2  # delete a T1 block without remembering it (paper case IV.A, |T1| 
 
 _Entry = tuple[OffloadKey, BlockStatus]
 _Entries = Iterator[_Entry]
+# An eviction plan: victims in order, what happens to each, the ghosts of B1 and of B2 to
+# delete, and the new p.
+_Plan = tuple[list[_Entry], list[int], list[OffloadKey], list[OffloadKey], float]
+
+# C-level field readers for map() over a batch of entries.
+_key_of = itemgetter(0)
+_block_of = itemgetter(1)
+_ref_cnt = attrgetter("ref_cnt")
 
 
 def _next_evictable(entries: _Entries, protected: Collection[OffloadKey]) -> _Entry | None:
@@ -66,6 +75,10 @@ class ARCCachePolicy(CachePolicy):
         # T1 and T2 together, unordered: `get` is one C-level dict lookup instead of a Python
         # call probing two lists, and a tier calls it several times per block.
         self._resident: dict[OffloadKey, BlockStatus] = {}
+        # `get` is that dict's own bound method (shadowing the method below, which documents
+        # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
+        # is never replaced (`clear` empties it), so the binding stays valid.
+        self.get = self._resident.get  # type: ignore[method-assign,assignment]
         self._p = 0.0
         # Keys announced by on_store_miss, in order (a dict used as an ordered set), and
         # whether p already adapted to them: evict adapts for every announced key at once, so
@@ -110,11 +123,12 @@ class ARCCachePolicy(CachePolicy):
         t1 = self._t1
         t1[key] = block
         resident[key] = block
-        if self._incoming:
-            self._incoming.pop(key, None)
+        incoming = self._incoming
+        if incoming:
+            incoming.pop(key, None)
+        # _bound_ghosts' entry test (T1 and T2 together are `resident`), cheapest part first
         b1n, b2n, c = len(b1), len(b2), self.cache_capacity
-        t1n = len(t1)
-        if (b1n and t1n + b1n > c) or ((b1n or b2n) and t1n + len(self._t2) + b1n + b2n > 2 * c):
+        if (b1n and len(t1) + b1n > c) or (len(resident) + b1n + b2n > 2 * c and (b1n or b2n)):
             self._bound_ghosts()
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
@@ -215,9 +229,11 @@ class ARCCachePolicy(CachePolicy):
             check_evict_count(n)
             if n == 0:
                 return []
-        plan = self._plan_evictions(n, protected)
+        plan = self._plan_new_keys(n, protected)
         if plan is None:
-            return None
+            plan = self._plan_evictions(n, protected)
+            if plan is None:
+                return None
         victims, ops, popped_b1, popped_b2, p = plan
         t1, t2, b1, b2, resident = self._t1, self._t2, self._b1, self._b2, self._resident
         if ops.count(_EVICT_T1) == len(ops):  # the usual plan: every victim from T1 to B1
@@ -266,9 +282,84 @@ class ARCCachePolicy(CachePolicy):
 
     # -- the algorithm ---------------------------------------------------------------------
 
-    def _plan_evictions(
-        self, n: int, protected: Collection[OffloadKey]
-    ) -> tuple[list[_Entry], list[int], list[OffloadKey], list[OffloadKey], float] | None:
+    def _plan_new_keys(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:
+        """`_plan_evictions` for a tier's usual batch, faster; None when it does not apply.
+
+        It applies when the n keys to make room for are exactly the announced ones and none
+        is a ghost (all take case IV), each REPLACE finds the oldest remaining block of the
+        list it chose evictable and unprotected, and the ghosts deleted are only ones listed
+        before the batch. The steps then depend on the list sizes alone: they are followed
+        on counts (no dict work, and in one go once the steady state is reached, see
+        `_plan_evictions`), and the victims and ghosts are slices of the lists' old ends,
+        checked with C-level calls. The result is the one `_plan_evictions` returns.
+        """
+        incoming = self._incoming
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        if len(incoming) != n or not (
+            b1.keys().isdisjoint(incoming) and b2.keys().isdisjoint(incoming)
+        ):
+            return None
+        c, p = self.cache_capacity, self._p
+        c2 = 2 * c
+        t1n, t2n, b1n, b2n = len(t1), len(t2), len(b1), len(b2)
+        ops: list[int] = []
+        pop1 = pop2 = 0  # ghosts deleted from B1's and B2's old ends
+        left = n
+        while left:
+            if b1n > 0 and p < t1n < c <= t1n + b1n:  # steady: every step left is the same
+                ops += [_EVICT_T1] * left
+                pop1 += left
+                break
+            left -= 1
+            if t1n + b1n >= c:  # IV.A
+                if t1n >= c:
+                    return None  # T1 holds the whole cache: rare, left to the general plan
+                if b1n > 0:
+                    pop1 += 1
+                    b1n -= 1
+            elif b2n > 0 and t1n + t2n + b1n + b2n >= c2:  # IV.B, directory full
+                pop2 += 1
+                b2n -= 1
+            if t1n > p:  # REPLACE(x, p) from T1 (t1n > p >= 0), else from T2
+                ops.append(_EVICT_T1)
+                b1n += 1  # and T1 loses the victim but gains the new key
+            else:
+                ops.append(_EVICT_T2)
+                t2n, b2n, t1n = t2n - 1, b2n + 1, t1n + 1
+            while b1n and t1n + b1n > c:  # _bound_ghosts, as `trimmed` applies it
+                pop1 += 1
+                b1n -= 1
+            while (b1n or b2n) and t1n + t2n + b1n + b2n > c2:
+                if b2n:
+                    pop2 += 1
+                    b2n -= 1
+                else:
+                    pop1 += 1
+                    b1n -= 1
+        if pop1 > len(b1) or pop2 > len(b2):
+            return None  # a ghost this batch makes would be deleted: the general plan
+        k1 = ops.count(_EVICT_T1)
+        from_t1 = list(islice(t1.items(), k1))
+        from_t2 = list(islice(t2.items(), n - k1)) if k1 < n else []
+        if (
+            len(from_t1) != k1
+            or len(from_t2) != n - k1
+            or any(map(_ref_cnt, map(_block_of, from_t1)))
+            or any(map(_ref_cnt, map(_block_of, from_t2)))
+            or any(map(protected.__contains__, map(_key_of, from_t1)))
+            or any(map(protected.__contains__, map(_key_of, from_t2)))
+        ):
+            return None
+        if k1 == n:
+            victims = from_t1
+        elif k1 == 0:
+            victims = from_t2
+        else:
+            next1, next2 = iter(from_t1).__next__, iter(from_t2).__next__
+            victims = [next1() if op == _EVICT_T1 else next2() for op in ops]
+        return victims, ops, list(islice(b1, pop1)), list(islice(b2, pop2)), p
+
+    def _plan_evictions(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:
         """Decide n evictions without changing anything: the victims in order, what happens
         to each (`_EVICT_T1`, `_EVICT_T2` or `_DROP_T1`), the ghosts of B1 and of B2 to
         delete, and the new p; or None when n blocks cannot be evicted.

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import islice
+from operator import attrgetter, itemgetter
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
+
+# C-level field readers for map() over a batch of (key, block) entries.
+_key_of = itemgetter(0)
+_block_of = itemgetter(1)
+_ref_cnt = attrgetter("ref_cnt")
 
 
 class LRUCachePolicy(CachePolicy):
@@ -24,6 +31,10 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        # `get` is that dict's own bound method (shadowing the method below, which documents
+        # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
+        # is never replaced (`clear` empties it), so the binding stays valid.
+        self.get = self._blocks.get  # type: ignore[method-assign,assignment]
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
@@ -62,15 +73,24 @@ class LRUCachePolicy(CachePolicy):
             return []
         if n > len(self._blocks):
             return None
+        blocks = self._blocks
+        # The usual case: the n least recent blocks are all ready, unpinned and unprotected,
+        # checked with C-level calls instead of a Python step per block.
+        oldest = list(islice(blocks.items(), n))
+        if not any(map(_ref_cnt, map(_block_of, oldest))) and not any(
+            map(protected.__contains__, map(_key_of, oldest))
+        ):
+            for key, _ in oldest:
+                del blocks[key]
+            return oldest
         victims: list[tuple[OffloadKey, BlockStatus]] = []
-        for key, block in self._blocks.items():
+        for key, block in blocks.items():
             if block.ref_cnt == 0 and key not in protected:
                 victims.append((key, block))
                 if len(victims) == n:
                     break
         else:
             return None
-        blocks = self._blocks
         for key, _ in victims:
             del blocks[key]
         return victims
