@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import NoReturn, cast
 
 from kvtier.blocks import BlockStatus
@@ -20,6 +21,11 @@ from kvtier.manager.base import (
 from kvtier.policies import CachePolicy, get_policy_class, with_admission
 from kvtier.specs import LoadStoreSpec
 from kvtier.tiers.backend import Backend, SlotPoolBackend
+
+# C-level field readers for map() over batches of blocks and (key, block) pairs.
+_key_of = itemgetter(0)
+_block_of = itemgetter(1)
+_ref_cnt = attrgetter("ref_cnt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +194,8 @@ class TierManager(OffloadingManager):
                 return None
             self._num_evictable -= len(evicted)
             self.blocks_evicted += len(evicted)
-            evicted_keys = [key for key, _ in evicted]
-            evicted_spec = backend.evict_blocks(evicted_keys, [block for _, block in evicted])
+            evicted_keys = list(map(_key_of, evicted))
+            evicted_spec = backend.evict_blocks(evicted_keys, list(map(_block_of, evicted)))
             self._events.record(evicted_keys, removed=True)
         blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
@@ -223,12 +229,20 @@ class TierManager(OffloadingManager):
                 remove(key)
                 free(block)
             return
-        # One pass: a block made ready here is skipped if its key comes again.
-        stored: list[OffloadKey] = []
-        for key, block in zip(keys, blocks, strict=True):
-            if block.ref_cnt < 0:
+        stored: list[OffloadKey]
+        if max(map(_ref_cnt, blocks), default=0) < 0:
+            # The usual call: every block is being written. Each key is stored once (a key
+            # given twice names one block), in order of first appearance.
+            for block in blocks:
                 block.ref_cnt = 0
-                stored.append(key)
+            stored = list(dict.fromkeys(keys))
+        else:
+            # One pass: a block made ready here is skipped if its key comes again.
+            stored = []
+            for key, block in zip(keys, blocks, strict=True):
+                if block.ref_cnt < 0:
+                    block.ref_cnt = 0
+                    stored.append(key)
         if not stored:
             return
         self._num_pending -= len(stored)
