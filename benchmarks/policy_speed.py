@@ -21,8 +21,16 @@ Two drivers, identical for both sides, one request at a time:
     per request (its per-request access tracking runs as in the engine);
     `on_request_finished` is not called (its recency update would repeat `touch`).
 
+Floor (`--floor`, on by default): the same two kvtier drivers with `FloorPolicy`, a FIFO
+that does no bookkeeping beyond one dict (C-level `get` and `insert`, eviction of the oldest
+evictable blocks). No real policy can run faster in these drivers: the driver's own per-key
+work (list comprehensions, a block object and an `insert` call per stored key, the manager's
+`lookup` per key, slot allocation, specs) is all it measures, so it shows how much of each
+figure the policy could still win, and whether 2x a reference is reachable at all.
+
 Figures: accesses (block keys of the requests) per second, median over `--repeats` timed
-replays after one untimed warm-up, each replay on a fresh policy or manager,
+replays after one untimed warm-up, kvtier's and vLLM's replays taking turns (the order
+rotating every repeat), each replay on a fresh policy or manager,
 `time.perf_counter`, garbage collector disabled while timing. Sanity: both LRUs must make the
 same decisions (equal hit counts), else the script exits 1.
 """
@@ -35,8 +43,11 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import islice
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from typing import ClassVar
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -46,12 +57,81 @@ except ModuleNotFoundError:  # run from a checkout without kvtier installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvtier.blocks import BlockStatus
-from kvtier.keys import key_from_int
-from kvtier.manager import make_tier_manager
-from kvtier.policies import get_policy_class
+from kvtier.keys import OffloadKey, key_from_int
+from kvtier.manager import TierManager, make_tier_manager
+from kvtier.policies import CachePolicy, get_policy_class
+from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.workloads.traces import read_mooncake
 
-Requests = list[list]  # each request's keys, head first
+Requests = list[list[OffloadKey]]  # each request's keys, head first
+
+
+class FloorPolicy(CachePolicy):
+    """FIFO in one dict, the least a policy can do: the drivers' cost floor."""
+
+    name: ClassVar[str] = "floor"
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        self.get = self._blocks.get  # type: ignore[method-assign,assignment]
+        self.insert = self._blocks.__setitem__  # type: ignore[method-assign,assignment]
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._blocks.get(key)
+
+    def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._blocks.get
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self._blocks[key] = block
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        self._blocks.update(zip(keys, blocks, strict=True))
+
+    def remove(self, key: OffloadKey) -> None:
+        del self._blocks[key]
+
+    def touch(self, keys: Sequence[OffloadKey]) -> None:
+        return
+
+    def evict(
+        self, n: int, protected: Collection[OffloadKey] = ()
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        blocks = self._blocks
+        oldest = list(islice(blocks.items(), n))  # as LRUCachePolicy.evict's fast path
+        if (
+            len(oldest) == n
+            and not any(map(attrgetter("ref_cnt"), map(itemgetter(1), oldest)))
+            and not any(map(protected.__contains__, map(itemgetter(0), oldest)))
+        ):
+            for key, _ in oldest:
+                del blocks[key]
+            return oldest
+        victims = []
+        for key, block in blocks.items():
+            if block.ref_cnt == 0 and key not in protected:
+                victims.append((key, block))
+                if len(victims) == n:
+                    break
+        else:
+            return None if n else []
+        for key, _ in victims:
+            del blocks[key]
+        return victims
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
+        return iter(list(self._blocks.items()))
+
+
+def make_policy(name: str, capacity: int) -> CachePolicy:
+    return FloorPolicy(capacity) if name == "floor" else get_policy_class(name)(capacity)
 
 
 def load_requests(limit: int | None) -> tuple[Requests, int]:
@@ -68,7 +148,7 @@ def load_requests(limit: int | None) -> tuple[Requests, int]:
 
 
 def loop_kvtier(name: str, capacity: int, requests: Requests) -> int:
-    policy = get_policy_class(name)(capacity)
+    policy = make_policy(name, capacity)
     get, touch, announce = policy.get, policy.touch, policy.on_store_miss
     evict, insert, admit = policy.evict, policy.insert, policy.admit
     admits_all = policy.admits_all
@@ -152,12 +232,16 @@ def loop_vllm(name: str, capacity: int, requests: Requests) -> int:
 
 
 def manager_kvtier(name: str, capacity: int, requests: Requests) -> int:
-    mgr = make_tier_manager(capacity, 16, "cpu", name, enable_events=False)
+    if name == "floor":
+        backend = SlotPoolBackend(capacity, 16, "cpu")
+        mgr = TierManager(backend, FloorPolicy(capacity), enable_events=False)
+    else:
+        mgr = make_tier_manager(capacity, 16, "cpu", name, enable_events=False)
     lookup = mgr.lookup
     hits_total = 0
     for keys in requests:
-        hits = []
-        misses = []
+        hits: list[OffloadKey] = []
+        misses: list[OffloadKey] = []
         for k in keys:
             (hits if lookup(k) is True else misses).append(k)
         if hits:
@@ -182,8 +266,8 @@ def manager_vllm(name: str, capacity: int, requests: Requests) -> int:
     hits_total = 0
     for i, keys in enumerate(requests):
         ctx = ReqContext(req_id=str(i))
-        hits = []
-        misses = []
+        hits: list[OffloadKey] = []
+        misses: list[OffloadKey] = []
         for k in keys:
             (hits if lookup(k, ctx) is hit else misses).append(k)
         if hits:
@@ -201,27 +285,30 @@ def manager_vllm(name: str, capacity: int, requests: Requests) -> int:
 # -- timing ---------------------------------------------------------------------------------
 
 
+Driver = Callable[[str, int, Requests], int]
+
+
 def timed(
-    fn: Callable[[str, int, Requests], int],
-    name: str,
-    capacity: int,
-    requests: Requests,
-    repeats: int,
-) -> tuple[float, int]:
-    """Median seconds of `repeats` replays after one warm-up, and the hit count."""
-    hits = fn(name, capacity, requests)  # warm-up
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            h = fn(name, capacity, requests)
-            times.append(time.perf_counter() - t0)
-        finally:
-            gc.enable()
-        assert h == hits, f"{fn.__name__} {name}: nondeterministic hits {h} != {hits}"
-    return statistics.median(times), hits
+    fns: Sequence[Driver], name: str, capacity: int, requests: Requests, repeats: int
+) -> list[tuple[float, int]]:
+    """For each driver: the median seconds of `repeats` replays after one warm-up, and its
+    hit count. The drivers take turns, each repeat in a rotated order, so that the drift of
+    a shared machine falls on all of them alike."""
+    hits = [fn(name, capacity, requests) for fn in fns]  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats):
+        for i in [(r + j) % len(fns) for j in range(len(fns))]:
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                h = fns[i](name, capacity, requests)
+                times[i].append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
+            if h != hits[i]:
+                raise RuntimeError(f"{fns[i].__name__} {name}: hits {h} != {hits[i]} before")
+    return [(statistics.median(t), h) for t, h in zip(times, hits, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
     ap.add_argument("--policies", nargs="+", default=["lru", "arc", "lct"])
     ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
+    ap.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the FloorPolicy rows (the drivers' cost with a do-nothing FIFO)",
+    )
     args = ap.parse_args(argv)
 
     requests, distinct = load_requests(args.limit)
@@ -251,13 +344,16 @@ def main(argv: list[str] | None = None) -> int:
         kv_fn, vl_fn = drivers[driver]
         for frac in args.fractions:
             capacity = max(1, int(frac * distinct))
-            for name in args.policies:
-                kt, kh = timed(kv_fn, name, capacity, requests, args.repeats)
+            names = [*args.policies, "floor"] if args.floor else args.policies
+            for name in names:
                 if name in ("lru", "arc"):
-                    vt, vh = timed(vl_fn, name, capacity, requests, args.repeats)
+                    (kt, kh), (vt, vh) = timed(
+                        [kv_fn, vl_fn], name, capacity, requests, args.repeats
+                    )
                     v_rate, ratio, v_hits = accesses / vt, f"{vt / kt:10.2f}x", str(vh)
                     vs = f"{v_rate:12,.0f}"
                 else:
+                    ((kt, kh),) = timed([kv_fn], name, capacity, requests, args.repeats)
                     vs, ratio, v_hits = f"{'-':>12}", f"{'-':>11}", "-"
                 print(
                     f"{driver:8} {name:6} {capacity:>7} ({frac:4.0%}) {accesses / kt:13,.0f} "
