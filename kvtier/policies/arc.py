@@ -85,6 +85,11 @@ class ARCCachePolicy(CachePolicy):
         # one flag serves them all; insert adapts for a key that evict did not see.
         self._incoming: dict[OffloadKey, None] = {}
         self._incoming_adapted = False
+        # How many new keys `insert` may still add to T1 without testing the ghost bound
+        # (see insert). Only insert and evict add to |T1|+|B1| or to the lists' total
+        # (every other change shrinks them, which keeps the figure safe): evict and
+        # insert_many reset it to 0, meaning "test".
+        self._insert_room = 0
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -126,14 +131,26 @@ class ARCCachePolicy(CachePolicy):
         incoming = self._incoming
         if incoming:
             incoming.pop(key, None)
+        room = self._insert_room
+        if room:
+            self._insert_room = room - 1
+            return
         # _bound_ghosts' entry test (T1 and T2 together are `resident`), cheapest part first
         b1n, b2n, c = len(b1), len(b2), self.cache_capacity
         if (b1n and len(t1) + b1n > c) or (len(resident) + b1n + b2n > 2 * c and (b1n or b2n)):
             self._bound_ghosts()
+            b1n, b2n = len(b1), len(b2)
+        # How many more new keys can join T1 before that test could pass again (it is
+        # false now): each adds one to |T1| and to |T1|+|T2|; the ghost counts stay.
+        self._insert_room = min(
+            c - len(t1) - b1n if b1n else c,
+            2 * c - len(resident) - b1n - b2n if b1n or b2n else c,
+        )
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         resident = self._resident
         self._check_insert_batch(keys, blocks, resident)
+        self._insert_room = 0
         t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
         incoming = self._incoming
         c = self.cache_capacity
@@ -261,6 +278,7 @@ class ARCCachePolicy(CachePolicy):
             del b2[key]
         self._p = p
         self._incoming_adapted = True
+        self._insert_room = 0  # B1 or B2 may have gained their first ghosts
         self._bound_ghosts()
         return victims
 
@@ -272,6 +290,7 @@ class ARCCachePolicy(CachePolicy):
         self._resident.clear()
         self._incoming.clear()
         self._incoming_adapted = False
+        self._insert_room = 0
         self._p = 0.0
 
     def __len__(self) -> int:
