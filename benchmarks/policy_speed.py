@@ -21,12 +21,15 @@ Two drivers, identical for both sides, one request at a time:
     per request (its per-request access tracking runs as in the engine);
     `on_request_finished` is not called (its recency update would repeat `touch`).
 
-Floor (`--floor`, on by default): the same two kvtier drivers with `FloorPolicy`, a FIFO
-that does no bookkeeping beyond one dict (C-level `get` and `insert`, eviction of the oldest
-evictable blocks). No real policy can run faster in these drivers: the driver's own per-key
-work (list comprehensions, a block object and an `insert` call per stored key, the manager's
-`lookup` per key, slot allocation, specs) is all it measures, so it shows how much of each
-figure the policy could still win, and whether 2x a reference is reachable at all.
+Floor (on by default, `--no-floor` skips it): for `lru` and `arc`, the kvtier drivers once
+more with `FloorPolicy`, which replays the evictions the real policy chose in that driver
+(recorded in an untimed run) at the least cost a policy can have: the resident blocks in
+one dict (C-level `get` and `insert`), a no-op `touch`, `evict` popping the recorded
+victims. Same calls, same hits, no bookkeeping: what is left is the driver's own per-key
+work (list comprehensions, a block object and an `insert` call per stored key, the
+manager's `lookup` per key, slot allocation, specs), shared by both sides in the loop. No
+implementation of the policy, compiled or not, can beat it, so it says how much a faster
+core could still win and whether 2x vLLM is reachable at all.
 
 Figures: accesses (block keys of the requests) per second, median over `--repeats` timed
 replays after one untimed warm-up, kvtier's and vLLM's replays taking turns (the order
@@ -38,14 +41,13 @@ same decisions (equal hit counts), else the script exits 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from itertools import islice
-from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import ClassVar
 
@@ -58,7 +60,7 @@ except ModuleNotFoundError:  # run from a checkout without kvtier installed
 
 from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey, key_from_int
-from kvtier.manager import TierManager, make_tier_manager
+from kvtier.manager import TierManager
 from kvtier.policies import CachePolicy, get_policy_class
 from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.workloads.traces import read_mooncake
@@ -67,13 +69,14 @@ Requests = list[list[OffloadKey]]  # each request's keys, head first
 
 
 class FloorPolicy(CachePolicy):
-    """FIFO in one dict, the least a policy can do: the drivers' cost floor."""
+    """Replays recorded evictions with no bookkeeping: the drivers' cost floor."""
 
     name: ClassVar[str] = "floor"
 
-    def __init__(self, cache_capacity: int) -> None:
+    def __init__(self, cache_capacity: int, victims: list[list[OffloadKey]]) -> None:
         super().__init__(cache_capacity)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
+        self._victims = iter(victims)
         self.get = self._blocks.get  # type: ignore[method-assign,assignment]
         self.insert = self._blocks.__setitem__  # type: ignore[method-assign,assignment]
 
@@ -98,27 +101,8 @@ class FloorPolicy(CachePolicy):
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        blocks = self._blocks
-        oldest = list(islice(blocks.items(), n))  # as LRUCachePolicy.evict's fast path
-        if (
-            len(oldest) == n
-            and not any(map(attrgetter("ref_cnt"), map(itemgetter(1), oldest)))
-            and not any(map(protected.__contains__, map(itemgetter(0), oldest)))
-        ):
-            for key, _ in oldest:
-                del blocks[key]
-            return oldest
-        victims = []
-        for key, block in blocks.items():
-            if block.ref_cnt == 0 and key not in protected:
-                victims.append((key, block))
-                if len(victims) == n:
-                    break
-        else:
-            return None if n else []
-        for key, _ in victims:
-            del blocks[key]
-        return victims
+        keys = next(self._victims)
+        return list(zip(keys, map(self._blocks.pop, keys), strict=True))
 
     def clear(self) -> None:
         self._blocks.clear()
@@ -130,8 +114,30 @@ class FloorPolicy(CachePolicy):
         return iter(list(self._blocks.items()))
 
 
-def make_policy(name: str, capacity: int) -> CachePolicy:
-    return FloorPolicy(capacity) if name == "floor" else get_policy_class(name)(capacity)
+def make_policy(
+    name: str,
+    capacity: int,
+    victims: list[list[OffloadKey]] | None = None,
+    record: list[list[OffloadKey]] | None = None,
+) -> CachePolicy:
+    """The named policy; with `victims`, a FloorPolicy replaying them instead; with `record`,
+    the policy appends the keys of each successful eviction to it."""
+    if victims is not None:
+        return FloorPolicy(capacity, victims)
+    policy = get_policy_class(name)(capacity)
+    if record is not None:
+        evict = policy.evict
+
+        def recording_evict(
+            n: int, protected: Collection[OffloadKey] = ()
+        ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+            evicted = evict(n, protected)
+            if evicted is not None:
+                record.append([key for key, _ in evicted])
+            return evicted
+
+        policy.evict = recording_evict  # type: ignore[method-assign]
+    return policy
 
 
 def load_requests(limit: int | None) -> tuple[Requests, int]:
@@ -147,8 +153,14 @@ def load_requests(limit: int | None) -> tuple[Requests, int]:
 # -- driver (a): the plain access loop ------------------------------------------------------
 
 
-def loop_kvtier(name: str, capacity: int, requests: Requests) -> int:
-    policy = make_policy(name, capacity)
+def loop_kvtier(
+    name: str,
+    capacity: int,
+    requests: Requests,
+    victims: list[list[OffloadKey]] | None = None,
+    record: list[list[OffloadKey]] | None = None,
+) -> int:
+    policy = make_policy(name, capacity, victims, record)
     get, touch, announce = policy.get, policy.touch, policy.on_store_miss
     evict, insert, admit = policy.evict, policy.insert, policy.admit
     admits_all = policy.admits_all
@@ -231,12 +243,17 @@ def loop_vllm(name: str, capacity: int, requests: Requests) -> int:
 # -- driver (b): through the tier manager ---------------------------------------------------
 
 
-def manager_kvtier(name: str, capacity: int, requests: Requests) -> int:
-    if name == "floor":
-        backend = SlotPoolBackend(capacity, 16, "cpu")
-        mgr = TierManager(backend, FloorPolicy(capacity), enable_events=False)
-    else:
-        mgr = make_tier_manager(capacity, 16, "cpu", name, enable_events=False)
+def manager_kvtier(
+    name: str,
+    capacity: int,
+    requests: Requests,
+    victims: list[list[OffloadKey]] | None = None,
+    record: list[list[OffloadKey]] | None = None,
+) -> int:
+    # make_tier_manager(capacity, 16, "cpu", name) with admission "all", built here so that
+    # the policy can be a FloorPolicy or a recording one
+    policy = make_policy(name, capacity, victims, record)
+    mgr = TierManager(SlotPoolBackend(capacity, 16, "cpu"), policy, enable_events=False)
     lookup = mgr.lookup
     hits_total = 0
     for keys in requests:
@@ -334,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     drivers = {"loop": (loop_kvtier, loop_vllm), "manager": (manager_kvtier, manager_vllm)}
     header = (
-        f"{'driver':8} {'policy':6} {'capacity':>13} {'kvtier acc/s':>13} "
+        f"{'driver':8} {'policy':10} {'capacity':>13} {'kvtier acc/s':>13} "
         f"{'vLLM acc/s':>12} {'kvtier/vLLM':>11} {'hits kvtier':>11} {'hits vLLM':>10}"
     )
     print(header)
@@ -344,8 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_fn, vl_fn = drivers[driver]
         for frac in args.fractions:
             capacity = max(1, int(frac * distinct))
-            names = [*args.policies, "floor"] if args.floor else args.policies
-            for name in names:
+            for name in args.policies:
                 if name in ("lru", "arc"):
                     (kt, kh), (vt, vh) = timed(
                         [kv_fn, vl_fn], name, capacity, requests, args.repeats
@@ -356,10 +372,28 @@ def main(argv: list[str] | None = None) -> int:
                     ((kt, kh),) = timed([kv_fn], name, capacity, requests, args.repeats)
                     vs, ratio, v_hits = f"{'-':>12}", f"{'-':>11}", "-"
                 print(
-                    f"{driver:8} {name:6} {capacity:>7} ({frac:4.0%}) {accesses / kt:13,.0f} "
+                    f"{driver:8} {name:10} {capacity:>7} ({frac:4.0%}) {accesses / kt:13,.0f} "
                     f"{vs} {ratio} {kh:11} {v_hits:>10}",
                     flush=True,
                 )
+                if args.floor and name in ("lru", "arc"):
+                    recorded: list[list[OffloadKey]] = []
+                    kv_fn(name, capacity, requests, record=recorded)
+                    floor_fn = functools.partial(kv_fn, victims=recorded)
+                    floor_fn.__name__ = f"{kv_fn.__name__} floor"  # type: ignore[attr-defined]
+                    ((ft, fh),) = timed([floor_fn], name, capacity, requests, args.repeats)
+                    label = f"{name} floor"
+                    print(
+                        f"{driver:8} {label:10} {capacity:>7} ({frac:4.0%}) {accesses / ft:13,.0f} "
+                        f"{'-':>12} {'-':>11} {fh:11} {'-':>10}",
+                        flush=True,
+                    )
+                    if fh != kh:
+                        print(
+                            f"ERROR: {driver} {name} floor: hits {fh} != {kh}, replay out of step",
+                            file=sys.stderr,
+                        )
+                        ok = False
                 if name == "lru" and kh != vh:
                     print(
                         f"ERROR: {driver} lru hit counts differ: kvtier {kh}, vLLM {vh}",
