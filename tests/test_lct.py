@@ -5,13 +5,16 @@ stored as one batch)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import random
 from collections.abc import Sequence
 
 import pytest
 
 from kvtier.blocks import BlockStatus
+from kvtier.errors import InvalidValueError
 from kvtier.keys import key_from_int
 from kvtier.manager.tier import TierManager
 from kvtier.policies import (
@@ -150,7 +153,8 @@ def _zipf_keys(count: int, universe: int, skew: float, seed: int) -> list[int]:
 def _scans_over_a_hot_set(count: int, seed: int) -> list[int]:
     """A hot set of 200 keys, read at random, interleaved with one-off scans of fresh keys."""
     rng = random.Random(seed)
-    keys, fresh = [], 10_000
+    keys: list[int] = []
+    fresh = 10_000
     while len(keys) < count:
         if rng.random() < 0.3:
             keys.extend(range(fresh, fresh + 50))  # a scan nobody reads again
@@ -191,3 +195,96 @@ def test_never_below_lru_on_the_shipped_trace_at_any_capacity() -> None:
         lct = serve(LCTCachePolicy(capacity), capacity, requests)
         lru = serve(LRUCachePolicy(capacity), capacity, requests)
         assert lct >= lru, (fraction, lct, lru)
+
+
+def _ready_blocks(count: int) -> list[BlockStatus]:
+    blocks = [BlockStatus(i) for i in range(count)]
+    for block in blocks:
+        block.ref_cnt = 0
+    return blocks
+
+
+def test_a_request_stored_at_once_loses_its_tail_first() -> None:
+    """The manager stores a request's missing blocks as one batch, head first: lct must
+    still make the head the newest entry of its queue, so that its tail is evicted first."""
+    policy = LCTCachePolicy(8)
+    keys = [key_from_int(i) for i in range(4)]
+    policy.on_store_miss(keys)
+    policy.insert_many(keys, _ready_blocks(4))
+    victims = policy.evict(4)
+    assert victims is not None
+    assert [key for key, _ in victims] == keys[::-1]
+
+
+def _advance(policy: LCTCachePolicy, accesses: int, start: int) -> None:
+    """`accesses` misses of fresh keys (never stored): the clock moves on."""
+    for i in range(start, start + accesses):
+        policy.on_store_miss([key_from_int(i)])
+
+
+@pytest.mark.parametrize(("order", "evicted"), [("ratio", "once"), ("over", "twice")])
+def test_eviction_takes_the_block_furthest_past_its_limit(order: str, evicted: str) -> None:
+    """A block seen once, 150 accesses old under a limit of 100, against one seen twice,
+    12,001 old under a limit of 10,000: as a ratio the first is further past (1.5 > 1.2),
+    as a difference the second (2,001 > 50)."""
+    policy = LCTCachePolicy(4, order="ratio" if order == "ratio" else "over")
+    policy.period = 10**9  # the limits below are kept
+    twice, once = key_from_int(1), key_from_int(2)
+    policy.on_store_miss([twice])
+    policy.on_store_miss([twice])
+    policy.insert(twice, _ready_blocks(1)[0])
+    _advance(policy, 11_850, start=1000)
+    policy.on_store_miss([once])
+    policy.insert(once, _ready_blocks(1)[0])
+    _advance(policy, 150, start=100_000)
+    policy.limits = [100.0, 10_000.0, 10_000.0, 10_000.0]
+    victims = policy.evict(1)
+    assert victims is not None
+    assert victims[0][0] == {"once": once, "twice": twice}[evicted]
+
+
+def test_an_unknown_eviction_order_is_refused() -> None:
+    with pytest.raises(InvalidValueError):
+        LCTCachePolicy(4, order="lru")  # type: ignore[arg-type]
+
+
+@functools.cache
+def _shipped_accesses() -> tuple[list[int], list[bool]]:
+    """The shipped trace's block accesses and their partial-block flags."""
+    from kvtier.policies import partial_block_flags
+
+    raw = list(read_mooncake())
+    requests = [list(r.hash_ids) for r in raw]
+    flags = partial_block_flags(requests, [r.input_length for r in raw], 512)
+    return [block for request in requests for block in request], flags
+
+
+LCT_ON_THE_SHIPPED_TRACE = {0.01: 0.1100, 0.05: 0.2156, 0.10: 0.2942}
+"""lct's hit ratios on the whole shipped trace, partial blocks skipped, with the parameters
+chosen on its first half (benchmarks/lct_tuning.py)."""
+ISSUE_TARGETS = {0.01: 0.110, 0.05: 0.220, 0.10: 0.295}
+
+
+def _lct_on_the_shipped_trace(fraction: float) -> float:
+    accesses, flags = _shipped_accesses()
+    capacity = math.floor(fraction * UNIQUE_BLOCKS)
+    return simulate("lct", capacity, accesses, partial=flags).hit_ratio
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fraction", sorted(LCT_ON_THE_SHIPPED_TRACE))
+def test_lct_figures_on_the_shipped_trace_hold(fraction: float) -> None:
+    """The figures benchmarks/README.md reports, to 0.0001 (a change of lct that moves them
+    must say so there)."""
+    found = _lct_on_the_shipped_trace(fraction)
+    assert abs(found - LCT_ON_THE_SHIPPED_TRACE[fraction]) < 1e-4, found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 12's targets at 5 % and 10 % are not met by the set tuned on the first half",
+)
+def test_lct_meets_the_issue_targets_on_the_shipped_trace() -> None:
+    for fraction, target in ISSUE_TARGETS.items():
+        assert _lct_on_the_shipped_trace(fraction) >= target, fraction

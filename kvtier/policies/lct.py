@@ -11,7 +11,15 @@ multiplier lambda, bisected, prices a slot-access so that the chosen limits fit.
 whose limit is 0 is not admitted (`admit` says False: the key stays in the ghost
 directory). Limits never decrease with the access count, so a prompt's tail is never kept
 longer than its prefix. Eviction takes, among the classes' LRU tails, the block furthest past
-its class limit.
+its class limit, as a ratio: age / limit (a block 1,000 accesses past a limit of 2,000 is
+further past its use than one 1,000 past a limit of 30,000; reuse distances are compared on
+a log scale, as the histograms bin them). Blocks of a class with no limit go only when no
+limited class has a block to give, oldest first.
+
+Within one request the deepest blocks go first: `on_store_miss`, `touch` and `insert_many`
+take a request's keys tail to head, so its head is the newest entry of its queue and a prefix
+outlives its tail (`simulate` hands over one key at a time, in trace order; the manager, a
+request's keys at once).
 
 Decisions are O(1) amortized per access: four queues, a dict per class, and a solve of
 (4 classes x ~100 bins) every `period` accesses.
@@ -22,18 +30,20 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
 
+EvictionOrder = Literal["ratio", "over"]
+
 CLASSES = 4
 """Classes by access count: 1, 2, 3, and 4 or more."""
 BINS_PER_OCTAVE = 4
 MAX_BINS = 4 * 26
-# The three tunables were chosen together on the first half (by time) of the shipped trace,
+# The four tunables were chosen together on the first half (by time) of the shipped trace,
 # one set for every capacity (benchmarks/lct_tuning.py), and reported on the second half.
 GHOST_FACTOR = 32
 """Keys the ghost directory remembers, per block of capacity."""
@@ -41,6 +51,9 @@ DECAY = 0.8
 """Weight the statistics keep at each solve (older behaviour fades)."""
 SOLVE_EVERY = 2.0
 """The limits are solved again every this many times the capacity, in accesses."""
+ORDER: EvictionOrder = "ratio"
+"""How far past its class limit a queue's oldest block is: "ratio" (age / limit) or "over"
+(age - limit); the evicted block is the one furthest past (see `LCTCachePolicy.evict`)."""
 UNLIMITED = float("inf")
 MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
@@ -76,10 +89,11 @@ class LCTCachePolicy(CachePolicy):
         decay: float = DECAY,
         solve_every: float = SOLVE_EVERY,
         ghost_factor: int = GHOST_FACTOR,
+        order: EvictionOrder = ORDER,
     ) -> None:
-        """`decay`, `solve_every` (a fraction of the capacity, in accesses) and `ghost_factor`
-        default to the module's constants, the one set chosen for every capacity (see
-        `benchmarks/lct_tuning.py`); they are parameters for that tuning only."""
+        """`decay`, `solve_every` (a multiple of the capacity, in accesses), `ghost_factor`
+        and `order` default to the module's constants, the one set chosen for every capacity
+        (see `benchmarks/lct_tuning.py`); they are parameters for that tuning only."""
         super().__init__(cache_capacity)
         if not 0.0 < decay <= 1.0:
             raise InvalidValueError(f"lct: decay must be in (0, 1], got {decay!r}")
@@ -89,7 +103,10 @@ class LCTCachePolicy(CachePolicy):
             raise InvalidValueError(
                 f"lct: ghost_factor must be a positive int, got {ghost_factor!r}"
             )
+        if order not in ("ratio", "over"):
+            raise InvalidValueError(f"lct: order must be 'ratio' or 'over', got {order!r}")
         self.decay = decay
+        self.order: EvictionOrder = order
         self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
             OrderedDict() for _ in range(CLASSES)
         ]
@@ -246,6 +263,14 @@ class LCTCachePolicy(CachePolicy):
         self._last[key] = last
         self._queues[_class_of(count)][key] = block
 
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        """Insert a request's blocks tail first, so its head is the newest in its queue: the
+        order `on_store_miss` and `touch` apply, and the one eviction assumes (a queue's
+        oldest entry first, by its last access), so a prefix outlives its tail."""
+        self._check_insert_batch(keys, blocks, self._resident)
+        for key, block in zip(reversed(keys), reversed(blocks), strict=True):
+            self.insert(key, block)
+
     def remove(self, key: OffloadKey) -> None:
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"lct: key {key!r} is not resident")
@@ -272,6 +297,8 @@ class LCTCachePolicy(CachePolicy):
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """The `n` blocks furthest past their class limits (see the module doc), taken one at
+        a time among the queues' oldest evictable entries."""
         check_evict_count(n)
         if n == 0:
             return []
@@ -284,13 +311,20 @@ class LCTCachePolicy(CachePolicy):
             self._next(it, protected, taken) for it in iterators
         ]
         clock = self._clock
+        by_ratio = self.order == "ratio"
         while len(chosen) < n:
             best, best_over = -1, -UNLIMITED
             for cls, head in enumerate(heads):
                 if head is None:
                     continue
                 age = clock - self._last[head[0]]
-                over = age - self.limits[cls] if self.limits[cls] != UNLIMITED else age - 1e18
+                limit = self.limits[cls]
+                if limit == UNLIMITED:  # after every limited class, oldest first
+                    over = age - 1e18
+                elif by_ratio:
+                    over = age / limit if limit > 0 else 1e18 + age
+                else:
+                    over = age - limit
                 if over > best_over:
                     best, best_over = cls, over
             if best < 0:
