@@ -77,8 +77,10 @@ class ARCCachePolicy(CachePolicy):
         self._resident: dict[OffloadKey, BlockStatus] = {}
         # `get` is that dict's own bound method (shadowing the method below, which documents
         # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
-        # is never replaced (`clear` empties it), so the binding stays valid.
-        self.get = self._resident.get  # type: ignore[method-assign,assignment]
+        # is never replaced (`clear` empties it), so the binding stays valid. A subclass
+        # that overrides `get` keeps its own.
+        if type(self).get is ARCCachePolicy.get:
+            self.get = self._resident.get  # type: ignore[method-assign,assignment]
         self._p = 0.0
         # Keys announced by on_store_miss, in order (a dict used as an ordered set), and
         # whether p already adapted to them: evict adapts for every announced key at once, so

@@ -33,8 +33,10 @@ class LRUCachePolicy(CachePolicy):
         self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         # `get` is that dict's own bound method (shadowing the method below, which documents
         # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
-        # is never replaced (`clear` empties it), so the binding stays valid.
-        self.get = self._blocks.get  # type: ignore[method-assign,assignment]
+        # is never replaced (`clear` empties it), so the binding stays valid. A subclass
+        # that overrides `get` keeps its own.
+        if type(self).get is LRUCachePolicy.get:
+            self.get = self._blocks.get  # type: ignore[method-assign,assignment]
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
