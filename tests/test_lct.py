@@ -204,18 +204,6 @@ def _ready_blocks(count: int) -> list[BlockStatus]:
     return blocks
 
 
-def test_a_request_stored_at_once_loses_its_tail_first() -> None:
-    """The manager stores a request's missing blocks as one batch, head first: lct must
-    still make the head the newest entry of its queue, so that its tail is evicted first."""
-    policy = LCTCachePolicy(8)
-    keys = [key_from_int(i) for i in range(4)]
-    policy.on_store_miss(keys)
-    policy.insert_many(keys, _ready_blocks(4))
-    victims = policy.evict(4)
-    assert victims is not None
-    assert [key for key, _ in victims] == keys[::-1]
-
-
 def _advance(policy: LCTCachePolicy, accesses: int, start: int) -> None:
     """`accesses` misses of fresh keys (never stored): the clock moves on."""
     for i in range(start, start + accesses):

@@ -16,10 +16,11 @@ further past its use than one 1,000 past a limit of 30,000; reuse distances are 
 a log scale, as the histograms bin them). Blocks of a class with no limit go only when no
 limited class has a block to give, oldest first.
 
-Within one request the deepest blocks go first: `on_store_miss`, `touch` and `insert_many`
-take a request's keys tail to head, so its head is the newest entry of its queue and a prefix
-outlives its tail (`simulate` hands over one key at a time, in trace order; the manager, a
-request's keys at once).
+Within one request the deepest blocks go first: `on_store_miss` and `touch` take a request's
+keys tail to head, so its head is the newest access and a prefix outlives its tail.
+`insert_many` inserts in order, as every policy's does (the fast paths' contract); storing a
+batch tail first was measured and did not pay for breaking it (prefix hits at 5 % of the
+shipped trace: 0.2159 tail first, 0.2165 in order).
 
 Decisions are O(1) amortized per access: four queues, a dict per class, and a solve of
 (4 classes x ~100 bins) every `period` accesses.
@@ -262,14 +263,6 @@ class LCTCachePolicy(CachePolicy):
         self._count[key] = count
         self._last[key] = last
         self._queues[_class_of(count)][key] = block
-
-    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
-        """Insert a request's blocks tail first, so its head is the newest in its queue: the
-        order `on_store_miss` and `touch` apply, and the one eviction assumes (a queue's
-        oldest entry first, by its last access), so a prefix outlives its tail."""
-        self._check_insert_batch(keys, blocks, self._resident)
-        for key, block in zip(reversed(keys), reversed(blocks), strict=True):
-            self.insert(key, block)
 
     def remove(self, key: OffloadKey) -> None:
         if self._resident.pop(key, None) is None:
