@@ -140,6 +140,22 @@ def test_the_replay_chart_shows_the_gap_and_one_colour_per_tier(report: dict[str
     assert gap_line[-1] == pytest.approx(expected)
 
 
+def test_the_chain_total_is_a_line_of_its_own_beneath_the_dashed_bound(
+    report: dict[str, Any],
+) -> None:
+    top = replay_figure(report).axes[0]
+    lines = {line.get_label().split(":")[0]: line for line in top.get_lines()}
+    chain, bound = lines["chain (all tiers)"], lines["infinite cache"]
+    series = report["series"]
+    hits = [sum(column) for column in zip(*series["tier_hits"].values(), strict=True)]
+    expected = [h / a for h, a in zip(hits, series["block_accesses"], strict=True)]
+    assert list(chain.get_ydata()) == pytest.approx(expected)
+    # where the two meet, the bound's dashes leave the chain's solid line visible
+    assert bound.get_linestyle() != "-" and chain.get_linestyle() == "-"
+    assert bound.get_zorder() >= chain.get_zorder()
+    assert top.get_lines().index(bound) > top.get_lines().index(chain)
+
+
 def test_a_partial_replays_title_says_so_and_stays_inside_the_figure(
     report: dict[str, Any], tmp_path: Path
 ) -> None:

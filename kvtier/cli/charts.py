@@ -26,6 +26,9 @@ INSTALL_HINT = "pip install 'kvtier[plot]'"
 INFINITE_COLOR = "tab:red"
 """The infinite-cache bound and the gap to it, in every chart; no tier or policy uses it."""
 
+CHAIN_COLOR = "black"
+"""The chain's running hit ratio (all tiers together), drawn as its own line on the stack."""
+
 TIER_COLORS = (
     "tab:blue",
     "tab:orange",
@@ -202,12 +205,13 @@ def draw_running_hits(
     infinite: Sequence[float],
 ) -> None:
     """Draw each tier's running hit ratio stacked on `axes` (tiers top first, coloured by
-    `TIER_COLORS`), the infinite-cache bound over it, and the gap between them on `gap_axes`.
+    `TIER_COLORS`), the chain's total as a line on the stack's top edge, the infinite-cache
+    bound over it, and the gap between them on `gap_axes`.
 
     The gap is the point of the bound, and on a good chain it is a fraction of a percentage
-    point: a line drawn on the stack's edge would hide it. So the bound is a thin line, the
-    band between it and the stack is hatched, and `gap_axes` plots the gap in percentage
-    points on its own scale.
+    point: a line drawn on the stack's edge would hide it. So the bound is a thin dashed line
+    over the chain's solid one, the band between them is hatched, and `gap_axes` plots the
+    gap in percentage points on its own scale.
     """
     chain = [sum(column) for column in zip(*tier_hit_ratios, strict=True)]
     axes.stackplot(
@@ -228,11 +232,19 @@ def draw_running_hits(
         hatch="//////",
         linewidth=0,
     )
-    axes.plot(
+    axes.plot(  # the chain's total as a line of its own, beneath the bound
+        requests,
+        chain,
+        color=CHAIN_COLOR,
+        linewidth=1.8,
+        label=f"chain (all tiers): {chain[-1]:.2%}" if chain else "chain (all tiers)",
+    )
+    axes.plot(  # dashed: where it meets the chain, the chain's line shows between the dashes
         requests,
         infinite,
         color=INFINITE_COLOR,
         linewidth=1.0,
+        linestyle=(0, (4, 2)),
         label=(
             f"infinite cache: {infinite[-1]:.2%} (gap to the chain: {final * 100:.2f} pp, "
             "hatched, and below)"

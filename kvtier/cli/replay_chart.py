@@ -149,8 +149,8 @@ def replay_figure(report: Mapping[str, Any]) -> Any:
             starts,
             windows,
             where="post",
-            color="0.2",
-            linewidth=1.2,
+            color="0.55",
+            linewidth=1.0,
             label=f"chain hit ratio within each window of ~{max(1, requests[-1] // 20):,} requests",
         )
         top.set_xlim(0, max(requests))
