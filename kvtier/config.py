@@ -65,6 +65,7 @@ __all__ = [
     "TierConfig",
     "default_cache_dir",
     "default_config_path",
+    "format_size",
     "load_config",
     "load_default_config",
     "parse_config",
@@ -146,6 +147,15 @@ def _size_in_bytes(value: object) -> tuple[int, bool]:
     if size < 1:
         raise _SizeError("must be at least 1 byte", malformed=False)
     return int(size), unit != ""
+
+
+def format_size(size: int) -> str:
+    """`size` bytes, readable, in binary units to one decimal, as `parse_size` reads them
+    back: "16KiB", "1.5GiB", "1000B"."""
+    for unit, multiplier in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024)):
+        if size >= multiplier:
+            return f"{size / multiplier:.1f}".removesuffix(".0") + unit
+    return f"{size}B"
 
 
 def parse_size(value: int | str) -> int:

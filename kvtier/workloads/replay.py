@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.config import HierarchyConfig, parse_config
+from kvtier.config import HierarchyConfig, format_size, parse_config, parse_size
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
@@ -814,18 +814,8 @@ def write_report(result: ReplayResult, out_dir: Path) -> Path:
     return path
 
 
-def format_size(size: int) -> str:
-    """`size` bytes, readable, in binary units to one decimal: "16KiB", "1.5GiB", "1000B"."""
-    for unit, multiplier in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024)):
-        if size >= multiplier:
-            return f"{size / multiplier:.1f}".removesuffix(".0") + unit
-    return f"{size}B"
-
-
 def size_argument(size: int) -> str:
     """`size` as an option value that means exactly `size` bytes: "256KiB", else "262145"."""
-    from kvtier.config import parse_size
-
     text = format_size(size)
     return text if parse_size(text) == size else str(size)
 

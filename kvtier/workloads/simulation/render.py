@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from kvtier.config import format_size
 from kvtier.workloads.simulation.bounds import INFINITE_NAME, OPT_NAME
 from kvtier.workloads.simulation.chain import ChainResult
 from kvtier.workloads.simulation.sweep import SweepReport
@@ -100,12 +101,7 @@ def _bytes_cell(size: int | None, result: ChainResult) -> list[str]:
     """The "bytes written" cell of a row (no cell when the table has no such column)."""
     if result.block_bytes is None:
         return []
-    if size is None:
-        return [""]
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return [f"{size / scale:,.1f}{unit}"]
-    return [f"{size}B"]
+    return [""] if size is None else [format_size(size)]
 
 
 def chain_footer(result: ChainResult) -> str:
