@@ -282,15 +282,10 @@ class TieredManager(OffloadingManager):
         unique = list(dict.fromkeys(keys))
         skipped: list[OffloadKey] = []
         if partial:
-            partial_set = set(partial)
-            skipped = [
-                key
-                for key in unique
-                if key in partial_set and all(tier.has(key) is False for tier in self.tiers)
-            ]
+            absent = {key for key in partial if all(tier.has(key) is False for tier in self.tiers)}
+            skipped = [key for key in unique if key in absent]
             if skipped:
-                skipped_set = set(skipped)
-                unique = [key for key in unique if key not in skipped_set]
+                unique = [key for key in unique if key not in absent]
                 self.counters.partial_refused += len(skipped)
         below = self.tiers[1:]
         # Keys held only by a lower tier are not stored again; keys at the top stay protected.
