@@ -50,6 +50,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from kvtier.errors import ConfigError, InvalidValueError, UnknownPolicyError
 from kvtier.policies import get_policy_class
+from kvtier.policies.admission import Admission
 from kvtier.specs.base import Medium
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ class BaseTierConfig(_Frozen):
     medium: str
     capacity: int | str
     policy: str = "lru"
-    admission: Literal["all", "second-sighting"] = "all"
+    admission: Admission = "all"
     """Which absent blocks the tier stores at all: every one its policy admits ("all"), or
     only those seen for the second time ("second-sighting": spares a disk or remote tier the
     writes of blocks that are never read again; see `kvtier.policies.admission`)."""

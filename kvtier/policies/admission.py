@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError
@@ -28,8 +28,9 @@ from kvtier.policies.base import CachePolicy
 SIGHTING_FACTOR = 16
 """Keys the sighting directory remembers, per block of capacity."""
 
-ADMISSIONS = ("all", "second-sighting")
+Admission = Literal["all", "second-sighting"]
 """Admission filters by the name a config file and `kvtier simulate --admission` use."""
+ADMISSIONS: tuple[str, ...] = get_args(Admission)
 
 
 class SecondSightingAdmission(CachePolicy):
