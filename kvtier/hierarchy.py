@@ -95,6 +95,12 @@ normally woken by the transfer's completion)."""
 DEFAULT_LOAD_TIMEOUT_S = 5.0
 """Default deadline of a `get`: past it, what has not arrived is a miss (recompute)."""
 
+DEFAULT_STORE_TIMEOUT_S = 60.0
+"""Default bound of a `put`'s wait for room in the top tier (backpressure): past it the put
+goes on and evicts (or refuses) as it must, and the expiry is counted
+(`stats().calls.put_store_timeouts`). Separate from `get`'s deadline: a busy machine slows
+demotions, and a store that gives up early loses offloads exactly when the engine is busiest."""
+
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
 """Default time budget of the flush on close; what did not reach the bottom tier by then is
 reported (logged and in `last_flush`) and stays volatile."""
@@ -133,6 +139,9 @@ class HierarchyCounters:
     to give slots back."""
     put_demotion_waits: int = 0
     """Puts that had to evict at once and waited for their victims' snapshot (a memory copy)."""
+    put_store_timeouts: int = 0
+    """Puts whose wait for room passed `store_timeout_s` (they went on and evicted or
+    refused as they had to)."""
     get_blocks: int = 0
     get_served: int = 0
     get_timeouts: int = 0
@@ -375,6 +384,7 @@ class Hierarchy:
         config: HierarchyConfig,
         *,
         load_timeout_s: float | None = DEFAULT_LOAD_TIMEOUT_S,
+        store_timeout_s: float | None = DEFAULT_STORE_TIMEOUT_S,
         max_concurrency: int = 4,
         max_pending_cascades: int = 64,
         disk_options: Mapping[str, Any] | None = None,
@@ -386,6 +396,9 @@ class Hierarchy:
         metrics_name: str = DEFAULT_METRICS_NAME,
     ) -> None:
         """`load_timeout_s`: default deadline of `get` (None: wait as long as it takes).
+        `store_timeout_s`: longest wait of a `put` for room in the top tier while background
+        demotions free it (backpressure; None: as long as it takes); past it the put evicts
+        or refuses as it must, counted in `stats().calls.put_store_timeouts`.
         `flush_on_close`: copy what only volatile tiers hold down to the bottom tier when
         closing; None (default) means yes when the chain has a persistent tier.
         `flush_timeout_s`: time budget of that flush. `staging_bytes`: host memory for
@@ -402,6 +415,7 @@ class Hierarchy:
                 f"file), got {type(config).__name__}"
             )
         load_timeout_s = _check_seconds(load_timeout_s, "load_timeout_s")
+        store_timeout_s = _check_seconds(store_timeout_s, "store_timeout_s")
         flush_timeout_s = _check_seconds(flush_timeout_s, "flush_timeout_s", none_ok=False) or 0.0
         max_concurrency = _check_count(max_concurrency, "max_concurrency", 1)
         max_pending_cascades = _check_count(max_pending_cascades, "max_pending_cascades", 0)
@@ -435,6 +449,7 @@ class Hierarchy:
         _check_option_keys(disk_options or {}, "disk_options")
         self.config = config
         self.load_timeout_s = load_timeout_s
+        self.store_timeout_s = store_timeout_s
         self.block_size = config.block_size
         self._max_concurrency = max_concurrency
         self._max_pending_cascades = max_pending_cascades
@@ -822,14 +837,16 @@ class Hierarchy:
         many blocks until the stores or demotions in flight into it land (so none is
         refused or dropped while the chain has room)."""
         counted = False
-        timeout = self.load_timeout_s
+        timeout = self.store_timeout_s
         deadline = None if timeout is None else time.perf_counter() + timeout
         while self._must_wait(manager, wanted):
             if not counted:
                 self._calls.put_backpressure_waits += 1
                 counted = True
             if not await self._wait_for_change(deadline):
-                return  # a stuck lower tier: go on, the store evicts (or drops) as it must
+                # A stuck lower tier: go on, the store evicts (or drops) as it must.
+                self._calls.put_store_timeouts += 1
+                return
 
     @staticmethod
     def _must_wait(manager: TieredManager, wanted: int) -> bool:

@@ -119,8 +119,11 @@ async def test_write_through_stores_every_block_of_a_sequential_loop(tmp_path: P
 
 
 async def test_write_through_with_128_concurrent_writers_refuses_nothing(tmp_path: Path) -> None:
+    """128 writers into a 16-block top tier: every put waits for room as long as it takes
+    (`store_timeout_s=None`), so every block is stored however loaded the machine is (with a
+    bound, a put on a busy machine may give up and refuse: see the next test)."""
     config = chain_config(tmp_path, gpu=None, cpu=16, disk=4096, write_policy="write-through")
-    async with Hierarchy.from_config(config) as h:
+    async with Hierarchy.from_config(config, store_timeout_s=None) as h:
         counts: list[int] = []
 
         async def writer(first: int) -> None:
@@ -131,7 +134,52 @@ async def test_write_through_with_128_concurrent_writers_refuses_nothing(tmp_pat
         await h.drain()
         assert sum(counts) == 1000
         assert h.stats().calls.put_refused == 0
+        assert h.stats().calls.put_store_timeouts == 0
         assert sum(tier.used for tier in h.stats().tiers) == 1000
+        settled(h)
+
+
+async def test_a_put_waits_for_room_until_store_timeout_not_get_deadline(tmp_path: Path) -> None:
+    """A put's wait for room has its own bound: with the disk's writes stuck and a one-block
+    staging arena, demotions cannot give slots back; a put waits past `get`'s deadline
+    (here 0 s), gives up at `store_timeout_s`, and that is counted. Nothing is lost or wrong
+    once the disk moves again."""
+    io = GatedIO()
+    config = chain_config(tmp_path, gpu=None, cpu=8, disk=512)
+    async with Hierarchy.from_config(
+        config,
+        disk_options={"io": io},
+        staging_bytes=1,  # the arena's floor: 64 blocks
+        load_timeout_s=0.01,
+        store_timeout_s=0.5,
+    ) as h:
+        first = keys_(*range(8))
+        assert await h.put(first, blocks_of(first)) == 8
+        io.gate.clear()
+
+        async def open_the_gate_once_a_wait_expired() -> None:
+            # Past its wait, the put evicts, and its victims' snapshot needs the full arena:
+            # the disk must move again for that put to return.
+            while not h.stats().calls.put_store_timeouts:
+                await asyncio.sleep(0.01)
+            io.gate.set()
+
+        opener = asyncio.create_task(open_the_gate_once_a_wait_expired())
+        stored = 0
+        for i in range(8, 200):
+            stored += await h.put(keys_(i), blocks_of(keys_(i)))
+            if h.stats().calls.put_store_timeouts:
+                break
+        await opener
+        calls = h.stats().calls
+        assert calls.put_store_timeouts == 1
+        assert calls.put_backpressure_waits >= 1
+        assert stored + calls.put_refused + calls.put_failed == i - 7
+        await h.drain()
+        for k in keys_(*range(i + 1)):
+            if h.where(k) is not None:
+                assert torch.equal((await h.get([k], timeout_s=None))[0].cpu(), content(k))
+        await h.drain()
         settled(h)
 
 

@@ -240,6 +240,12 @@ METRICS: tuple[MetricInfo, ...] = (
     ),
     MetricInfo("kvtier_get_timeouts_total", "counter", (), "get calls whose deadline passed."),
     MetricInfo(
+        "kvtier_put_store_timeouts_total",
+        "counter",
+        (),
+        "put calls whose wait for room passed store_timeout_s (they evicted or refused).",
+    ),
+    MetricInfo(
         "kvtier_backpressure_waits_total",
         "counter",
         ("kind",),
