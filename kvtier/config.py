@@ -49,6 +49,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from kvtier.errors import ConfigError, InvalidValueError, UnknownPolicyError
+from kvtier.namespaces import block_namespace
 from kvtier.policies import get_policy_class
 from kvtier.policies.admission import Admission
 from kvtier.specs.base import Medium
@@ -526,7 +527,12 @@ class HierarchyConfig(_Frozen):
     block_size: int
     """Bytes per block (given as an int or a size string such as "256KiB")."""
     model_id: str = ""
-    """Namespace of the stored blocks (the disk tier keeps each model's blocks apart)."""
+    """The model whose KV the blocks are (include what changes the KV bytes: revision or
+    fine-tune, KV dtype, layout); part of every block's namespace (`kvtier.namespaces`).
+    Required when a tier is shared (Redis, shared-fs)."""
+    tenant: str = ""
+    """Who owns the blocks: nodes of one tenant share blocks only with each other (part of
+    the namespace, and of a shared tier's key derivation). Default: none."""
     write_policy: Literal["write-back", "write-through"] = "write-back"
     strict: bool = False
     """true: a tier that cannot be opened fails `Hierarchy.open`; false (default): that tier
@@ -551,9 +557,25 @@ class HierarchyConfig(_Frozen):
                     for index, tier in enumerate(config.tiers)
                 ]
             )
+            shared = [
+                tier
+                for tier in config.tiers
+                if tier.enabled is not False and tier.kind.shared
+            ]
+            if shared and not config.model_id:
+                problems.append(
+                    f"model_id: required when a tier is shared (tier {json.dumps(shared[0].name)} "
+                    f"is {shared[0].medium}): name the model whose KV the blocks are, or "
+                    "other models' nodes would serve each other's KV"
+                )
             if problems:
                 raise _error("tier_chain", "\n".join(problems))
         return config
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of every block of this chain (`kvtier.namespaces.block_namespace`)."""
+        return block_namespace(self.model_id, self.block_size, self.tenant)
 
     @field_validator("block_size", mode="before")
     @classmethod
@@ -597,6 +619,8 @@ class HierarchyConfig(_Frozen):
         )
         if self.model_id:
             header += f", model_id {json.dumps(self.model_id)}"
+        if self.tenant:
+            header += f", tenant {json.dumps(self.tenant)}"
         width = max(len(tier.name) for tier in self.tiers)
         media_width = max(4, *(len(tier.medium) for tier in self.tiers))
         defaults = BaseTierConfig.model_fields

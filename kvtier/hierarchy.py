@@ -677,7 +677,9 @@ class Hierarchy:
         Cancelled meanwhile, it lets the opener finish (a disk store opens in a thread that
         cannot be stopped) and closes what it opened, so no lock is left held."""
         options = self._tier_options.get(tier.kind.medium, {})
-        context = TierContext(self.block_size, self.config.model_id, copier, options)
+        context = TierContext(
+            self.block_size, self.config.model_id, copier, options, tenant=self.config.tenant
+        )
         opening = asyncio.ensure_future(open_storage(tier, context))
         try:
             return await asyncio.shield(opening)

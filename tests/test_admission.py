@@ -149,6 +149,7 @@ def test_config_takes_an_admission_per_tier_and_refuses_it_for_a_keyed_tier() ->
             toml(
                 """
             block_size = "4KiB"
+            model_id = "test-model"
             [[tiers]]
             name = "cpu"
             medium = "cpu"

@@ -41,6 +41,7 @@ def chain(server: Server, *, cpu: int = 4, capacity: int = 256, **redis_options:
     }
     return {
         "block_size": BLOCK,
+        "model_id": "test-model",
         "tiers": [{"name": "cpu", "medium": "cpu", "capacity": cpu}, tier],
     }
 
@@ -299,7 +300,8 @@ async def test_redis_cluster_round_trip(server: Server) -> None:
         "password_env": PASSWORD_ENV,
         "timeout_ms": 1000,
     }
-    config = {"block_size": BLOCK, "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    config = {"block_size": BLOCK, "model_id": "test-model",
+              "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
     async with Hierarchy.from_config(config) as h:
         keys = await fill(h, range(20))
         assert sum(h.where(k) == "fleet" for k in keys) >= 16
@@ -353,7 +355,7 @@ async def test_tls_to_redis(server: Server) -> None:
         "url": f"rediss://127.0.0.1:{port}/0", "tls_ca_file": str(directory / "tls" / "ca.crt"),
         "password_env": PASSWORD_ENV, "timeout_ms": 2000,
     }
-    config = {"block_size": BLOCK, "strict": True,
+    config = {"block_size": BLOCK, "strict": True, "model_id": "test-model",
               "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
     async with Hierarchy.from_config(config) as h:
         keys = await fill(h, range(12))

@@ -63,7 +63,11 @@ class TestSharedFSStorage(KeyedStorageTests):
 def chain(path: Path, **options: Any) -> dict[str, Any]:
     tier = {"name": "shared", "medium": "shared-fs", "capacity": 256, "path": str(path),
             "sweep_interval_s": None, **options}
-    return {"block_size": BLOCK, "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    return {
+        "block_size": BLOCK,
+        "model_id": "test-model",
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier],
+    }
 
 
 async def fill(h: Hierarchy, ids: range) -> list[OffloadKey]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from kvtier.config import CPUTierConfig, DiskTierConfig, GPUTierConfig
+from kvtier.namespaces import combined_model_id
 from kvtier.tiers.pool import TorchPool, cuda_available
 from kvtier.tiers.registry import TierContext
 from kvtier.tiers.storage import BlockStorage
@@ -33,6 +34,11 @@ async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> BlockS
     `context.options` are `DiskStore`'s own (`max_workers`, `io`, ...)."""
     from kvtier.tiers.disk import DiskStore
 
+    # A tenant narrows the namespace of the store's blocks (and so its directory), as it does
+    # for the shared tiers; without one the store is the model's, as before.
+    model_id = combined_model_id(context.model_id, context.tenant) if context.tenant else (
+        context.model_id
+    )
     return await asyncio.to_thread(
-        DiskStore.from_config, config, context.block_size, context.model_id, **context.options
+        DiskStore.from_config, config, context.block_size, model_id, **context.options
     )

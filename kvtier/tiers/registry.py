@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from kvtier.config import BaseTierConfig, CPUTierConfig, DiskTierConfig, GPUTierConfig
 from kvtier.errors import InvalidValueError
+from kvtier.namespaces import block_namespace
 from kvtier.specs.base import Medium
 from kvtier.tiers.remote.config import RedisTierConfig, SharedFSTierConfig
 from kvtier.tiers.storage import BlockStorage
@@ -82,14 +83,23 @@ class TierAccess(enum.Enum):
 
 @dataclass(frozen=True)
 class TierContext:
-    """What an opener gets besides its tier's config: the chain's block size and model id,
-    the hierarchy's tensor copier, and the options an embedder gave for this tier's medium
-    (the disk tier's `max_workers` and `io`, ...)."""
+    """What an opener gets besides its tier's config: the chain's block size, model id and
+    tenant (together its `namespace`), the hierarchy's tensor copier, and the options an
+    embedder gave for this tier's medium (the disk tier's `max_workers` and `io`, ...)."""
 
     block_size: int
     model_id: str = ""
     copier: TensorCopier | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    tenant: str = ""
+    """Who owns the blocks (`HierarchyConfig.tenant`): part of the namespace, and of a shared
+    tier's key derivation."""
+
+    @property
+    def namespace(self) -> str:
+        """What a block's bytes mean (`block_namespace`): blocks of another namespace are
+        foreign, never data."""
+        return block_namespace(self.model_id, self.block_size, self.tenant)
 
 
 Opener = Callable[[Any, TierContext], Awaitable[BlockStorage]]
@@ -118,6 +128,10 @@ class TierKind:
     rules; False for a local slot pool that kvtier manages with a `CachePolicy`."""
     auto_enable: bool = False
     """`enabled = "auto"` is allowed: the tier is built when CUDA is available."""
+    shared: bool = False
+    """Many nodes (and possibly other tenants) write the store: the chain must name its model
+    (`model_id`), so blocks of models whose KV differs never meet, and what is read back is
+    authenticated with a secret key (a node that can write the store is not trusted)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.medium, str):
@@ -262,6 +276,7 @@ register_tier(
         RedisTierConfig,
         volatile=False,
         owns_index=True,
+        shared=True,
         access=TierAccess.CLIENT,
         opener="kvtier.tiers.remote.redis:open_redis_tier",
     )
@@ -272,6 +287,7 @@ register_tier(
         SharedFSTierConfig,
         volatile=False,
         owns_index=True,
+        shared=True,
         access=TierAccess.CLIENT,
         opener="kvtier.tiers.remote.sharedfs:open_sharedfs_tier",
     )

@@ -24,6 +24,7 @@ from kvtier.config import (
     read_config_file,
 )
 from kvtier.errors import ConfigError, InvalidValueError
+from kvtier.namespaces import combined_model_id
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
@@ -71,10 +72,15 @@ def chain_config_for_vllm(
 ) -> HierarchyConfig:
     """The validated chain for `config` with `block_size` = vLLM's `chunk_bytes`; a
     ConfigError names the source and every problem. `namespace` (see `vllm_namespace`)
-    becomes the `model_id` unless the config sets one."""
+    is the `model_id`; a `model_id` the config sets is added to it
+    (`kvtier.namespaces.combined_model_id`), never replaces it, so a base model and its
+    fine-tune under one configured `model_id` still never share blocks."""
     data, source = read_config_data(config)
-    if namespace is not None and not data.get("model_id"):
-        data["model_id"] = namespace
+    if namespace is not None:
+        configured = data.get("model_id", "")
+        if not isinstance(configured, str):
+            raise ConfigError([f"{source}: model_id must be a string, got {configured!r}"])
+        data["model_id"] = combined_model_id(namespace, configured)
     if config is None:
         data["tiers"] = [tier for tier in data["tiers"] if tier.get("medium") == "disk"]
         source = source.replace("without its gpu tier", "its disk tier")

@@ -50,7 +50,8 @@ class RedisTierConfig(BaseTierConfig):
     batch_keys: int = Field(default=32, ge=1, le=4096)
     """Keys per pipelined round trip."""
     key_prefix: str | None = None
-    """Prefix of every key; default: `kvtier:<namespace fingerprint>:`."""
+    """Prefix of every key, always followed by the namespace's fingerprint and ":"
+    (default prefix: `kvtier:`)."""
     ttl_s: int | None = Field(default=None, ge=1)
     """Expire values after this many seconds (default: never; Redis's maxmemory evicts)."""
     compression: Literal["none", "zstd"] = "none"

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-import xxhash
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from kvtier.errors import InvalidValueError, TierConnectionError
 from kvtier.keys import OffloadKey
+from kvtier.namespaces import namespace_fingerprint
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
@@ -338,10 +338,11 @@ class RedisStorage(KeyedStorage):
         return f"RedisStorage({self.description}, prefix={self.prefix!r})"
 
 
-def default_prefix(namespace: str) -> bytes:
-    """`kvtier:<fingerprint of the namespace>:`: nodes of one model and block size share
-    keys, others never see them."""
-    return b"kvtier:" + xxhash.xxh3_64_hexdigest(namespace.encode()).encode() + b":"
+def key_prefix(namespace: str, configured: str | None = None) -> bytes:
+    """`<configured or "kvtier:"><fingerprint of the namespace>:`: nodes of one namespace
+    (model, block size, tenant) share keys, others never see them. A configured prefix is
+    always followed by the fingerprint, so two tenants' prefixes never overlap."""
+    return (configured or "kvtier:").encode() + namespace_fingerprint(namespace).encode() + b":"
 
 
 async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> RedisStorage:
@@ -376,13 +377,13 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
         client = aioredis.Redis.from_url(config.url, max_connections=config.max_connections,
                                          **common)
         where = f"redis {config.url}"
-    namespace = f"{context.model_id}/{context.block_size}"
+    namespace = context.namespace
     storage = RedisStorage(
         client,
         block_size=context.block_size,
         num_blocks=config.num_blocks,
         namespace=namespace,
-        prefix=config.key_prefix.encode() if config.key_prefix else default_prefix(namespace),
+        prefix=key_prefix(namespace, config.key_prefix),
         timeout_s=timeout_s,
         max_in_flight=config.max_in_flight,
         batch_keys=config.batch_keys,

@@ -37,6 +37,7 @@ import xxhash
 from kvtier.config import parse_size
 from kvtier.errors import DiskTierError
 from kvtier.keys import OffloadKey
+from kvtier.namespaces import namespace_fingerprint
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
@@ -344,8 +345,8 @@ class SharedFSStorage(KeyedStorage):
 
 async def open_sharedfs_tier(config: SharedFSTierConfig, context: TierContext) -> SharedFSStorage:
     """The opener of `medium = "shared-fs"`."""
-    namespace = f"{context.model_id}/{context.block_size}"
-    root = config.path / f"kvtier-{xxhash.xxh3_64_hexdigest(namespace.encode())}"
+    namespace = context.namespace
+    root = config.path / f"kvtier-{namespace_fingerprint(namespace)}"
     try:
         await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     except OSError as error:
