@@ -238,3 +238,21 @@ def test_the_readmes_three_configs_start_kvtier_in_vllm(
         ("KvtierOffloadingSpec", "KvtierARCCachePolicy", ["KvtierSecondaryTier"]),
         ("CPUOffloadingSpec", "KvtierARCCachePolicy", []),
     ]
+
+
+def test_under_vllm_a_configured_model_id_narrows_the_derived_namespace() -> None:
+    """Two models under one configured `model_id` (a base model and its fine-tune) keep
+    separate namespaces: the configured id is added, it does not replace the derived one."""
+    from kvtier.integrations.vllm import chain_config_for_vllm
+
+    configured = {
+        "model_id": "shared-name",
+        "tiers": [{"name": "disk", "medium": "disk", "capacity": 16, "path": "/tmp/x"}],
+    }
+    base = chain_config_for_vllm(dict(configured), 8192, "vllm:base:bf16")
+    tuned = chain_config_for_vllm(dict(configured), 8192, "vllm:tuned:bf16")
+    assert base.model_id != tuned.model_id
+    assert "vllm:base:bf16" in base.model_id and "shared-name" in base.model_id
+    plain = dict(configured)
+    del plain["model_id"]
+    assert chain_config_for_vllm(plain, 8192, "vllm:base:bf16").model_id == "vllm:base:bf16"
