@@ -188,7 +188,7 @@ async def test_a_put_waits_for_room_until_store_timeout_not_get_deadline(tmp_pat
         await h.drain()
         for k in keys_(*range(i + 1)):
             if h.where(k) is not None:
-                assert torch.equal((await h.get([k], timeout_s=None))[0].cpu(), content(k))
+                assert torch.equal((await h.get([k], timeout_s=60))[0].cpu(), content(k))
         await h.drain()
         settled(h)
 
