@@ -534,10 +534,12 @@ class HierarchyConfig(_Frozen):
     """Who owns the blocks: nodes of one tenant share blocks only with each other (part of
     the namespace, and of a shared tier's key derivation). Default: none."""
     write_policy: Literal["write-back", "write-through"] = "write-back"
-    strict: bool = False
-    """true: a tier that cannot be opened fails `Hierarchy.open`; false (default): that tier
-    is disabled (logged, listed in `stats().disabled_tiers`) and the hierarchy starts without
-    it."""
+    strict: bool = True
+    """true (default): a tier that cannot be opened fails `Hierarchy.open` with an error
+    naming the tier and why, so a mistyped disk path never silently leaves a memory-only
+    chain; false: that tier is disabled (logged at open and by every `stats()` snapshot, at
+    most once a minute; listed in `stats().disabled_tiers`) and the hierarchy starts
+    without it."""
     tiers: tuple[_Tier, ...]
     """Each tier's config, in the order of the `[[tiers]]` tables."""
 
@@ -754,6 +756,7 @@ _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
 # Error types whose message already says all there is; no ", got <value>" is added.
 _NO_VALUE_SHOWN = {
     "missing",
+    "url_credentials",  # the value holds a password: never echoed
     "missing_medium",
     "extra_forbidden",
     "unknown_policy",
@@ -773,12 +776,23 @@ _MESSAGES = {
 }
 
 
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s?#]*@")
+_QUERY_SECRET = re.compile(r"(?i)([?&;](?:password|username)=)[^&;#\s]*")
+
+
+def hide_userinfo(text: str) -> str:
+    """`text` with the user and password of every URL in it (`redis://user:pass@host`, and a
+    `?password=` query) replaced by `***`: what may reach a log line, an error or a repr."""
+    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
 def _show(value: object, limit: int | None = 80) -> str:
-    """`value` as TOML would write it (strings in double quotes), cut to `limit` characters."""
+    """`value` as TOML would write it (strings in double quotes, a URL's credentials hidden),
+    cut to `limit` characters."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
+        text = json.dumps(hide_userinfo(value), ensure_ascii=False)
     elif isinstance(value, Path):
         text = json.dumps(str(value), ensure_ascii=False)
     elif isinstance(value, Mapping):

@@ -108,6 +108,10 @@ reported (logged and in `last_flush`) and stays volatile."""
 DEFAULT_METRICS_NAME = "default"
 """The `hierarchy` label of a hierarchy's metrics when `metrics_name` is not given."""
 
+DISABLED_LOG_INTERVAL_S = 60.0
+"""While tiers are disabled, `stats()` logs them (which, and why) at most once per this many
+seconds: a dashboard polling `stats()` every second gets one line a minute, not sixty."""
+
 
 @dataclass(frozen=True, slots=True)
 class TierInfo:
@@ -217,7 +221,9 @@ class HierarchyStats:
     queue_depths: dict[str, int] = field(default_factory=dict)
     """Copies waiting at each tier's queue when the snapshot was taken."""
     disabled_tiers: dict[str, str] = field(default_factory=dict)
-    """Tiers of the config left out because they could not be opened: name -> why."""
+    """Disabled tiers, name -> why: tiers of the config left out because they could not be
+    opened (`strict = false`), and tiers that disabled themselves while open (a disk tier
+    whose files were removed or replaced under it: its stores fail, its reads are misses)."""
     activity: list[TierActivity] = field(default_factory=list)
     """Per tier, top first (as `tiers`): what it did (hits, stores, evictions, ...)."""
     transfers: list[TransferStats] = field(default_factory=list)
@@ -368,6 +374,31 @@ async def _close_all(storages: Sequence[BlockStorage], *, reraise: bool = False)
         raise first
 
 
+def _disabled_reason(storage: BlockStorage) -> str | None:
+    """Why a storage disabled itself while open (a `DiskStore` whose files were removed or
+    replaced: its `disabled_reason`), or None while it serves (and for storages that never
+    disable themselves)."""
+    reason = getattr(storage, "disabled_reason", None)
+    return reason if isinstance(reason, str) else None
+
+
+def _open_failure(tier: BaseTierConfig, error: Exception) -> KvtierError:
+    """The error that stops a strict open because `tier` could not be opened: its message
+    names the tier, its medium and why (and what `strict` means). It is of the class of
+    `error` when that is a KvtierError built from a message alone (`except DiskLockedError`
+    still catches it), else a plain KvtierError; the caller chains `error` to it."""
+    what = f"tier {tier.name!r} ({tier.medium}) could not be opened"
+    hint = (
+        "strict = true: a tier that cannot be opened stops the open; fix it, or set "
+        "strict = false to start without it"
+    )
+    if isinstance(error, KvtierError):
+        kind = type(error)
+        if kind.__init__ in (Exception.__init__, OSError.__init__):
+            return kind(f"{what}: {error} ({hint})")
+    return KvtierError(f"{what}: {type(error).__name__}: {error} ({hint})")
+
+
 def _safe_describe(storage: BlockStorage) -> str:
     """`_describe` for a log line about a storage that may be broken."""
     try:
@@ -471,6 +502,8 @@ class Hierarchy:
         self._calls = HierarchyCounters()
         self._info: list[TierInfo] = []
         self._disabled: dict[str, str] = {}
+        self._lost: set[int] = set()  # positions of the tiers that disabled themselves
+        self._disabled_logged_at: float | None = None  # when stats() last logged them
         self._state = "new"
         if not isinstance(metrics_name, str) or not metrics_name:
             raise InvalidValueError(f"metrics_name must be a non-empty str, got {metrics_name!r}")
@@ -525,11 +558,14 @@ class Hierarchy:
         """Allocate the pools, open the disk tiers (restoring what they hold) and start.
 
         A tier that cannot be opened (its storage or its bookkeeping raises a KvtierError,
-        OSError, MemoryError or RuntimeError: a damaged or locked store, a full disk, no
-        memory) is left out of the chain, logged and listed in `disabled_tiers`, unless the
-        config is `strict`; dropping tiers keeps a valid chain valid (their order is kept).
-        If the open fails (strict, no tier left, bad options, cancelled), everything it
-        opened is closed again, so a disk store's lock is free for the next try."""
+        OSError, MemoryError or RuntimeError: a damaged or locked store, a mistyped path, a
+        full disk, no memory) stops the open when the config is `strict` (the default): a
+        KvtierError naming the tier and why, of the class of the tier's own error where it
+        is a KvtierError. With `strict = false` it is left out of the chain, logged, listed
+        in `disabled_tiers` and logged again by `stats()` (at most once a minute); dropping
+        tiers keeps a valid chain valid (their order is kept). If the open fails (strict, no
+        tier left, bad options, cancelled), everything it opened is closed again, so a disk
+        store's lock is free for the next try."""
         if self._state != "new":
             raise ManagerClosedError(f"a hierarchy opens once; this one is {self._state}")
         self._state = "opening"
@@ -594,7 +630,7 @@ class Hierarchy:
         except (KvtierError, OSError, MemoryError, RuntimeError) as error:
             await _close_all([] if storage is None else [storage])
             if self.config.strict:
-                raise
+                raise _open_failure(tier, error) from error
             # One tier that cannot open (a damaged or locked store, a full disk, no memory)
             # must not keep the serving engine from starting: it is left out.
             reason = f"{type(error).__name__}: {error}"
@@ -636,7 +672,7 @@ class Hierarchy:
             staging=staging,
             tensor_tiers=tensor,
         )
-        self._supervisor = JobSupervisor(self._engine, self._poke)
+        self._supervisor = JobSupervisor(self._engine, self._job_done)
         self._changed = asyncio.Event()
         if self.flush_on_close is None:
             self.flush_on_close = any(storage.persistent for storage in self._storages)
@@ -828,6 +864,8 @@ class Hierarchy:
                 manager.complete_store(list(failed), success=False)
             self._calls.put_stored += len(ok)
             self._calls.put_failed += len(failed)
+            if failed:
+                self._notice_lost_tiers()
             self._spawn(manager.take_jobs())
             self._poke()
         return len(stored) - len(failed)
@@ -1079,7 +1117,8 @@ class Hierarchy:
 
         It only reads, and copies each mutable container in one step, so a Prometheus
         scrape may take it from another thread (see `kvtier.metrics`); counters read
-        while the loop updates them may be one operation apart."""
+        while the loop updates them may be one operation apart. While tiers are disabled
+        it logs them, which and why, at most once per `DISABLED_LOG_INTERVAL_S`."""
         manager, engine = self._open()
         chain = copy.copy(manager.counters)
         chain.hits = list(chain.hits)
@@ -1149,7 +1188,7 @@ class Hierarchy:
             supervisor=supervisor,
             staging_waits=0 if engine.staging is None else engine.staging.waits,
             queue_depths=engine.queue_depths(),
-            disabled_tiers=dict(self._disabled),
+            disabled_tiers=self._log_disabled(self._disabled_now()),
             activity=activity,
             transfers=transfers,
             events_dropped=sum(tier.events_dropped for tier in activity),
@@ -1164,9 +1203,10 @@ class Hierarchy:
 
     @property
     def disabled_tiers(self) -> dict[str, str]:
-        """Tiers of the config left out at open because they could not be opened (name ->
-        why); empty when every active tier opened. See the config's `strict`."""
-        return dict(self._disabled)
+        """Disabled tiers, name -> why: those left out at open because they could not be
+        opened (the config's `strict = false`) and those that disabled themselves while open
+        (see `HierarchyStats.disabled_tiers`); empty when every tier serves."""
+        return self._disabled_now()
 
     @property
     def tiers(self) -> list[TierInfo]:
@@ -1238,6 +1278,64 @@ class Hierarchy:
         self._open()[0].check()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _disabled_now(self) -> dict[str, str]:
+        """`disabled_tiers`: those noted so far, and a tier whose storage disabled itself
+        since (read only, so it is safe from another thread, as `stats()` is)."""
+        disabled = dict(self._disabled)
+        for info, storage in zip(self._info, list(self._storages), strict=False):
+            if info.name not in disabled:
+                reason = _disabled_reason(storage)
+                if reason is not None:
+                    disabled[info.name] = f"disabled while open: {reason}"
+        return disabled
+
+    def _log_disabled(self, disabled: dict[str, str]) -> dict[str, str]:
+        """Log the disabled tiers (which, and why), at most once per
+        `DISABLED_LOG_INTERVAL_S`, so an embedder polling `stats()` sees them without being
+        flooded; returns `disabled`."""
+        if not disabled:
+            return disabled
+        now = time.monotonic()
+        last = self._disabled_logged_at
+        if last is not None and now - last < DISABLED_LOG_INTERVAL_S:
+            return disabled
+        self._disabled_logged_at = now
+        log.warning(
+            "serving without %d disabled tier%s: %s",
+            len(disabled),
+            "" if len(disabled) == 1 else "s",
+            "; ".join(f"{name!r}: {why}" for name, why in disabled.items()),
+        )
+        return disabled
+
+    def _notice_lost_tiers(self) -> None:
+        """Act on tiers whose storage disabled itself while open (a disk tier whose files
+        were removed or replaced: its writes fail, its reads are misses): list it in
+        `disabled_tiers`, and drop its blocks from the bookkeeping, so no lookup claims a
+        block that is gone (their removed events tell the embedder). Blocks pinned now are
+        dropped at a later call, once unpinned; the tier stays in the chain, and every
+        store into it fails (counted). Called on the loop when a job ends or a put fails."""
+        manager = self._manager
+        if manager is None or manager.closed:
+            return
+        for position, storage in enumerate(self._storages):
+            if position not in self._lost:
+                reason = _disabled_reason(storage)
+                if reason is None:
+                    continue
+                self._lost.add(position)
+                self._disabled[manager.tiers[position].name] = f"disabled while open: {reason}"
+            tier = manager.tiers[position]
+            idle = tier.idle_keys()
+            if idle:
+                tier.discard(idle)
+
+    def _job_done(self) -> None:
+        """A transfer job ended (the supervisor's callback): note tiers that disabled
+        themselves during it, then wake the waiters."""
+        self._notice_lost_tiers()
+        self._poke()
 
     def _check_rows(
         self,

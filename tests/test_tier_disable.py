@@ -76,6 +76,7 @@ async def test_a_tier_whose_restore_fails_is_disabled_and_its_lock_given_back(
 ) -> None:
     fail_restore(monkeypatch)
     config = chain_config(tmp_path, gpu=None, cpu=8, disk=16)
+    config["strict"] = False
     async with Hierarchy.from_config(config) as h:
         assert [tier.name for tier in h.tiers] == ["cpu"]
         assert "index unreadable (test)" in h.disabled_tiers["disk"]

@@ -20,7 +20,8 @@ or key the group already touches waits for the next group). A group:
 3. makes them durable: one `fdatasync` per slab file the group touched;
 4. commits ONE LMDB transaction that deletes the stale records (overwritten slots,
    forgotten keys) and puts the records of the blocks that made it (durable with `fsync`);
-5. resolves every call with its own per-block results.
+5. checks that the files it wrote are still the store's files (see "Failing closed");
+6. resolves every call with its own per-block results.
 
 Durability: between steps 1 and 4 the index on disk may still hold an old record for a slot
 whose bytes are being overwritten. After a crash there, that record points at new or torn
@@ -37,6 +38,17 @@ fails that file's blocks of the group; a failed commit fails every block of the 
 is indexed, in memory or on disk; the stale records are then dropped in a second
 transaction where the index allows it). Without `fsync`, the same steps run with no
 fdatasync and non-durable commits: a process crash still loses nothing, a power cut may.
+
+Failing closed: a store's files can be taken from under it while it is open (the directory
+`rm -rf`ed, a file unlinked, the lock file removed or replaced, so that another process may
+open the same directory). Writes through the descriptors it holds still succeed, into files
+nobody will ever read. So after every group's commit the store checks, with a few `stat`
+calls (the lock file's path against the descriptor it holds, the index file's identity,
+`st_nlink` of the slab and header files the group wrote), that they are still its files. If
+not, none of the group's blocks is reported stored, and the store disables itself for good
+(`disabled_reason`, one log line): every later write fails, every read is a miss, it claims
+no block, and it gives its files (and so their disk space) back. Reopening the path starts
+from what is really there.
 
 Reads never wait behind writes: they run in their own thread pool, and the write lane is one
 thread (with helpers) that always makes progress. Each read verifies its blocks' checksums,
@@ -111,14 +123,18 @@ from kvtier.tiers.disk.index_check import (
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import FileIO, IOBuffer
 from kvtier.tiers.disk.safety import (
+    FileId,
     OpenFootprint,
     allocated_bytes,
     check_free_space,
     check_parent_dir,
     check_store_dir,
     create_or_open,
+    file_id,
+    file_moved,
     make_dirs,
     open_file,
+    path_moved,
     preallocate,
     refuse_symlink,
 )
@@ -443,14 +459,21 @@ class DiskStore(BlockStorage):
         self.directory = Path(directory)
         self.path = self.directory / f"kvtier-{self.fingerprint}"
         """The store's own directory."""
+        # Checked after every write group (see `_ground_problem`): made once, as strings.
+        self._lock_path = str(self.path / _LOCK_FILE)
+        self._index_data_path = str(self.path / _INDEX_DIR / DATA_FILE)
         self._codec = BlockCodec(compression, zstd_level)
         self._io = io if io is not None else FileIO()
         self._direct_io = False
         self._fds: list[int] = []
         self._lock_fd: int | None = None
         self._index: BlockIndex | None = None
+        self._index_file: FileId | None = None
+        """The identity of the index's data file, to tell when it was removed or replaced."""
         self._inflight: InflightLog | None = None
         self._headers_fd: int | None = None
+        self._lost: str | None = None
+        """Why the store disabled itself while open (see `disabled_reason`), or None."""
         self._index_sound = False
         """Whether the index may be stamped as cleanly closed (set once it is known good)."""
         self.inspect = inspect
@@ -551,6 +574,7 @@ class DiskStore(BlockStorage):
         make_dirs(index_path, create_parents=False)
         check_store_dir(index_path)
         self._index = self._new_index(index_path)
+        self._index_file = file_id(index_path / DATA_FILE)
         if damage is not None and recorded is not None:
             # The slab headers say how the store was laid out; the index is rebuilt to match.
             self._open_index.write_layout(recorded, self.num_blocks)
@@ -604,6 +628,10 @@ class DiskStore(BlockStorage):
             fresh.close()
             raise
         self._index = fresh
+        try:
+            self._index_file = file_id(index_path / DATA_FILE)
+        except OSError:
+            self._index_file = None  # not examined from now on; the other files still are
         with self._map_lock:
             self._stats.index_rebuilds += 1
 
@@ -1017,6 +1045,84 @@ class DiskStore(BlockStorage):
         return self._closed
 
     # ----------------------------------------------------------------------------------------
+    # Failing closed (module docstring)
+    # ----------------------------------------------------------------------------------------
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why the store disabled itself while open (its files were removed or replaced
+        under it), or None while it serves. Once set it stays: every write fails, every read
+        is a miss and it holds no block until it is closed; open the path again to start
+        from what is there."""
+        return self._lost
+
+    def _lost_error(self, why: str) -> OSError:
+        """The per-block error of a write the store does not report stored because its
+        files were lost (`why`)."""
+        return OSError(errno.ESTALE, f"the disk tier at {self.path} is disabled: {why}")
+
+    def _refuse_writes(self, count: int, why: str) -> list[OSError | None]:
+        """`count` failed results for a write after the store disabled itself (counted)."""
+        error = self._lost_error(why)
+        with self._map_lock:
+            self._stats.write_failures += count
+        return [error] * count
+
+    def _refuse_reads(self, count: int) -> list[ReadFailure | None]:
+        """`count` failed reads (IO_ERROR: misses) after the store disabled itself."""
+        with self._map_lock:
+            self._stats.read_failures[ReadFailure.IO_ERROR] += count
+        return [ReadFailure.IO_ERROR] * count
+
+    def _ground_problem(self, files: Iterable[int]) -> str | None:
+        """Why the files this store holds open are no longer its files on disk, or None
+        while they are: the lock file removed or replaced (its path against the descriptor
+        held), the index's data file removed or replaced, or one of the slab `files` (numbers)
+        or the header file unlinked. One or two stat calls per file; a file that cannot be
+        examined (EACCES, EIO) counts as lost too."""
+        try:
+            if self._lock_fd is not None:
+                moved = file_moved(self._lock_path, self._lock_fd)
+                if moved is not None:
+                    return f"the lock file {self._lock_path} {moved}"
+            if self._index_file is not None:
+                moved = path_moved(self._index_data_path, self._index_file)
+                if moved is not None:
+                    return f"the index file {self._index_data_path} {moved}"
+            for file in sorted(set(files)):
+                if os.fstat(self._fds[file]).st_nlink == 0:
+                    return f"the slab file {self.path / slab_file_name(file)} was removed"
+            if self._headers_fd is not None and os.fstat(self._headers_fd).st_nlink == 0:
+                return f"the header file {self.path / HEADERS_FILE} was removed"
+        except OSError as error:
+            return f"the files in {self.path} cannot be examined: {error}"
+        return None
+
+    def _lose(self, why: str) -> None:
+        """Disable the store for good (called by a write group, holding _index_lock):
+        no read starts any more and those in flight finish, the blocks are forgotten in
+        memory (they are in files nobody will read), one line is logged, and the files are
+        closed, so the space of removed files is given back now, not when the process ends."""
+        with self._reads_done:
+            if self._lost is not None:
+                return
+            self._lost = why
+            self._reads_done.wait_for(lambda: self._reads_in_flight == 0)
+        with self._map_lock:
+            self._records.clear()
+            self._slot_keys.clear()
+            self._restored = []
+        _log.error(
+            "disk tier at %s disabled while open: %s; its writes fail and its reads are misses "
+            "from now on (blocks it stored may be gone: open the path again to start from what "
+            "is there)",
+            self.path,
+            why,
+        )
+        self._index_sound = False  # not stamped clean: the next open checks what it finds
+        self._release()
+
+    # ----------------------------------------------------------------------------------------
     # Introspection
     # ----------------------------------------------------------------------------------------
 
@@ -1086,7 +1192,12 @@ class DiskStore(BlockStorage):
             ]
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} blocks"
+        if self._closed:
+            state = "closed"
+        elif self._lost is not None:
+            state = f"disabled: {self._lost}"
+        else:
+            state = f"{len(self)} blocks"
         return (
             f"DiskStore({str(self.path)!r}, block_size={self.block_size}, "
             f"num_blocks={self.num_blocks}, compression={self.compression!r}, "
@@ -1227,10 +1338,14 @@ class DiskStore(BlockStorage):
 
         The buffers must not change until the call returns. Cancelling the call while it
         waits in the queue withdraws it (nothing is written); once its group has started,
-        the group completes in its thread and its blocks may still be indexed (intact)."""
+        the group completes in its thread and its blocks may still be indexed (intact).
+        Once the store has disabled itself (`disabled_reason`), every block fails."""
         key_list, slot_list, buffer_list = self._check_batch(keys, slots, buffers, writable=False)
         if not key_list:
             return []
+        lost = self._lost
+        if lost is not None:
+            return self._refuse_writes(len(key_list), lost)
         future: asyncio.Future[list[OSError | None]] = asyncio.get_running_loop().create_future()
         self._enqueue(_WriteJob(key_list, slot_list, buffer_list, future))
         return await future
@@ -1242,8 +1357,8 @@ class DiskStore(BlockStorage):
         no longer served either way)."""
         self._check_open()
         key_list = [self._check_key(key, f"keys[{i}]") for i, key in enumerate(keys)]
-        if not key_list:
-            return
+        if not key_list or self._lost is not None:
+            return  # a disabled store holds no block: nothing to forget
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueue(_ForgetJob(list(dict.fromkeys(key_list)), future))
         await future
@@ -1351,6 +1466,9 @@ class DiskStore(BlockStorage):
         count = len(keys)
         block_size = self.block_size
         with self._index_lock:
+            lost = self._lost
+            if lost is not None:  # queued before the store disabled itself
+                return self._refuse_writes(count, lost), None
             index = self._open_index
             # 1. Nothing in this process is served from a slot about to be rewritten, nor
             # under a forgotten key, from now on.
@@ -1437,6 +1555,14 @@ class DiskStore(BlockStorage):
                         with contextlib.suppress(lmdb.Error):
                             index.update(dropped, ())
                             commits += 1
+            # 5. Are the files this group wrote still the store's files? If the directory
+            # was removed or the lock replaced, its blocks are in files nobody will read
+            # again: none is reported stored, and the store disables itself.
+            problem = self._ground_problem(files)
+            if problem is not None:
+                results = [self._lost_error(problem)] * count
+                new = []
+                forget_error = None  # a disabled store holds no block, forgotten or not
             with self._map_lock:
                 self._remember_locked(new)
                 stats = self._stats
@@ -1449,6 +1575,8 @@ class DiskStore(BlockStorage):
                 stats.raw_bytes_written += len(new) * block_size
                 stats.bytes_written += sum(record.length for _, record in new)
                 stats.write_failures += count - len(new)
+            if problem is not None:
+                self._lose(problem)
         return results, forget_error
 
     def _write_data(
@@ -1739,10 +1867,13 @@ class DiskStore(BlockStorage):
         """Read the blocks (see `BlockStorage.read`): one preadv per run of consecutive
         slots (whole slots for raw blocks, the frame for compressed ones), each block checked
         against its index record (this key in this slot) and its xxh3 checksum, then
-        decompressed if it was stored compressed."""
+        decompressed if it was stored compressed. Once the store has disabled itself
+        (`disabled_reason`), every block is an IO_ERROR (a miss)."""
         key_list, slot_list, buffer_list = self._check_batch(keys, slots, buffers, writable=True)
         if not key_list:
             return []
+        if self._lost is not None:
+            return self._refuse_reads(len(key_list))
         parts = self._read_parts(slot_list)
         if len(parts) == 1:
             return await self._run(
@@ -1783,9 +1914,14 @@ class DiskStore(BlockStorage):
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
     ) -> list[ReadFailure | None]:
         """The blocking body of `read` (runs in the read pool), counted as in flight so the
-        write lane lets it finish before starting a group."""
+        write lane lets it finish before starting a group (and a store disabling itself
+        before closing its files)."""
         with self._reads_done:
-            self._reads_in_flight += 1
+            refused = self._lost is not None
+            if not refused:
+                self._reads_in_flight += 1
+        if refused:
+            return self._refuse_reads(len(keys))
         try:
             return self._read_blocks_now(keys, slots, buffers)
         finally:
@@ -1930,8 +2066,10 @@ class DiskStore(BlockStorage):
         self._check_open()
         if repair and self.inspect:
             raise DiskTierError(f"{self.path} is open only to be checked; reopen it to repair")
-        index = self._open_index
         with self._index_lock:
+            if self._lost is not None:
+                raise DiskTierError(f"the disk tier at {self.path} is disabled: {self._lost}")
+            index = self._open_index
             # Opening to inspect keeps what a normal open drops; a normal open has dropped it.
             problems: list[CheckProblem] = list(self._open_problems) if self.inspect else []
             by_slot: dict[int, list[tuple[OffloadKey, IndexRecord]]] = {}
