@@ -20,12 +20,15 @@ from redis_helpers import CLUSTER_PORT, PASSWORD_ENV, Server
 from kvtier import Hierarchy
 from kvtier.errors import TierConnectionError
 from kvtier.keys import OffloadKey
-from kvtier.testing.keyed import KeyedStorageTests
+from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.remote.redis import CircuitBreaker, RedisStorage
+from kvtier.tiers.remote.auth import ValueAuth
+from kvtier.tiers.remote.redis import CircuitBreaker, RedisStorage, key_prefix
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("redis_clean")]
+
+os.environ[AUTH_KEY_ENV] = fixed_key_hex()  # the key every test chain names (auth_key_env)
 
 
 def chain(server: Server, *, cpu: int = 4, capacity: int = 256, **redis_options: Any) -> dict:
@@ -35,6 +38,7 @@ def chain(server: Server, *, cpu: int = 4, capacity: int = 256, **redis_options:
         "capacity": capacity,
         "url": server.url,
         "password_env": PASSWORD_ENV,
+        "auth_key_env": AUTH_KEY_ENV,
         "timeout_ms": 300,
         "breaker_cooldown_s": 0.2,
         **redis_options,
@@ -83,23 +87,39 @@ async def fill(h: Hierarchy, ids: range) -> list[OffloadKey]:
 
 
 class TestRedisStorage(KeyedStorageTests):
+    shared = True
+
     @pytest.fixture(autouse=True)
     def _server(self, server: Server) -> None:
         self.server = server
 
     def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> KeyedStorage:
+        namespace = self.shared_namespace()
+        return self.open_shared(tmp_path, namespace, keyed_auth(namespace))
+
+    def open_shared(self, tmp_path: Path, namespace: str, auth: ValueAuth | None) -> KeyedStorage:
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(self.server.url, password=self.server.password)
         return RedisStorage(
             client,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            namespace=str(tmp_path),
-            prefix=f"test:{tmp_path.name}:".encode(),
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            namespace=namespace,
+            prefix=f"test:{tmp_path.name}:".encode() + key_prefix(namespace),
             timeout_s=2.0,
             batch_keys=7,  # several round trips per batch
+            auth=auth,
         )
+
+    def backdoor_get_raw(self, storage: KeyedStorage, key: OffloadKey) -> bytes | None:
+        with self.server.client() as client:
+            value: bytes | None = client.get(self._name(storage, key))
+            return value
+
+    def backdoor_put_raw(self, storage: KeyedStorage, key: OffloadKey, value: bytes) -> None:
+        with self.server.client() as client:
+            client.set(self._name(storage, key), value)
 
     def _name(self, storage: KeyedStorage, key: OffloadKey) -> bytes:
         assert isinstance(storage, RedisStorage)
@@ -298,6 +318,7 @@ async def test_redis_cluster_round_trip(server: Server) -> None:
         "capacity": 256,
         "cluster_nodes": [f"127.0.0.1:{CLUSTER_PORT}"],
         "password_env": PASSWORD_ENV,
+        "auth_key_env": AUTH_KEY_ENV,
         "timeout_ms": 1000,
     }
     config = {"block_size": BLOCK, "model_id": "test-model",
@@ -353,7 +374,7 @@ async def test_tls_to_redis(server: Server) -> None:
     tier = {
         "name": "fleet", "medium": "redis", "capacity": 256,
         "url": f"rediss://127.0.0.1:{port}/0", "tls_ca_file": str(directory / "tls" / "ca.crt"),
-        "password_env": PASSWORD_ENV, "timeout_ms": 2000,
+        "password_env": PASSWORD_ENV, "auth_key_env": AUTH_KEY_ENV, "timeout_ms": 2000,
     }
     config = {"block_size": BLOCK, "strict": True, "model_id": "test-model",
               "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}

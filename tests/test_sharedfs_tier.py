@@ -20,11 +20,15 @@ from hierarchy_helpers import BLOCK, blocks_of, key
 
 from kvtier import Hierarchy
 from kvtier.keys import OffloadKey
-from kvtier.testing.keyed import KeyedStorageTests
+from kvtier.namespaces import namespace_fingerprint
+from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
 from kvtier.tiers.keyed import KeyedStorage
+from kvtier.tiers.remote.auth import ValueAuth
 from kvtier.tiers.remote.sharedfs import LOCK_FILE, STALE_TEMP_S, SharedFSStorage
 
 pytestmark = pytest.mark.timeout(120)
+
+os.environ[AUTH_KEY_ENV] = fixed_key_hex()  # the key every test chain names (auth_key_env)
 
 
 def storage_at(root: Path, *, max_size: int = 1 << 30, namespace: str = "ns") -> SharedFSStorage:
@@ -35,11 +39,27 @@ def storage_at(root: Path, *, max_size: int = 1 << 30, namespace: str = "ns") ->
 
 
 class TestSharedFSStorage(KeyedStorageTests):
+    shared = True
+
     def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> KeyedStorage:
+        namespace = self.shared_namespace()
+        return self.open_shared(tmp_path, namespace, keyed_auth(namespace))
+
+    def open_shared(self, tmp_path: Path, namespace: str, auth: ValueAuth | None) -> KeyedStorage:
+        root = tmp_path / "shared" / f"kvtier-{namespace_fingerprint(namespace)}"
         return SharedFSStorage(
-            tmp_path / "shared", block_size=block_size, num_blocks=num_blocks,
-            namespace="conformance", max_size=1 << 30, sweep_interval_s=None,
+            root, block_size=self.block_size, num_blocks=self.num_blocks,
+            namespace=namespace, max_size=1 << 30, sweep_interval_s=None, auth=auth,
         )
+
+    def backdoor_get_raw(self, storage: KeyedStorage, key: OffloadKey) -> bytes | None:
+        path = self._path(storage, key)
+        return path.read_bytes() if path.exists() else None
+
+    def backdoor_put_raw(self, storage: KeyedStorage, key: OffloadKey, value: bytes) -> None:
+        path = self._path(storage, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(value)
 
     def _path(self, storage: KeyedStorage, key: OffloadKey) -> Path:
         assert isinstance(storage, SharedFSStorage)
@@ -62,7 +82,7 @@ class TestSharedFSStorage(KeyedStorageTests):
 
 def chain(path: Path, **options: Any) -> dict[str, Any]:
     tier = {"name": "shared", "medium": "shared-fs", "capacity": 256, "path": str(path),
-            "sweep_interval_s": None, **options}
+            "sweep_interval_s": None, "auth_key_env": AUTH_KEY_ENV, **options}
     return {
         "block_size": BLOCK,
         "model_id": "test-model",

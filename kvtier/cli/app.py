@@ -354,9 +354,11 @@ main.add_command(replay_command)
 
 from kvtier.cli.commands.bench import bench  # noqa: E402
 from kvtier.cli.commands.check import check  # noqa: E402
+from kvtier.cli.commands.keys import keys  # noqa: E402
 
 main.add_command(bench)
 main.add_command(check)
+main.add_command(keys)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -81,6 +81,12 @@ class BlockCodec:
             decompressor = zstandard.ZstdDecompressor()
             self._local.dctx = decompressor
         try:
+            # A frame's declared size is checked first: zstd allocates what a frame declares
+            # (max_output_size bounds only frames that declare none), so a tiny frame
+            # declaring gigabytes would otherwise cost that much memory and time.
+            declared = zstandard.frame_content_size(stored)
+            if declared not in (-1, out.nbytes):
+                raise CodecError(f"zstd frame declares {declared} bytes, expected {out.nbytes}")
             data: bytes = decompressor.decompress(stored, max_output_size=out.nbytes)
         except zstandard.ZstdError as error:
             raise CodecError(f"zstd frame does not decode: {error}") from None
