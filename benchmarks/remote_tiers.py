@@ -6,11 +6,17 @@
 - shared-fs: `SharedFSStorage.write` / `read` (header, checksum, temp file + rename) against
   plain write-to-temp + rename / read of the same files on the same thread-pool size.
 
-Prints GB/s (medians of --repeats) and kvtier's share of the plain figure. Needs a Redis:
-`scripts/redis.sh start && eval "$(scripts/redis.sh env)"`.
+Each kvtier figure is taken with the values' authentication off (an unkeyed xxh3 checksum,
+`authenticate = false`), on (keyed BLAKE3, the default) and with encryption (AES-256-GCM,
+`encrypt = true`), interleaved in every repeat, so the cost of each is read off one run.
+
+Prints GB/s (medians of --repeats), kvtier's share of the plain figure and each mode's share
+of the unauthenticated one. Needs a Redis: `scripts/redis.sh start && eval "$(scripts/redis.sh
+env)"`.
 
     .venv/bin/python benchmarks/remote_tiers.py
     .venv/bin/python benchmarks/remote_tiers.py --sizes 256KiB --total 64MiB --tiers redis
+    .venv/bin/python benchmarks/remote_tiers.py --modes off mac   # without encryption
 """
 
 from __future__ import annotations
@@ -25,24 +31,43 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import redis.asyncio as aioredis
 
 from kvtier.config import parse_size
 from kvtier.keys import key_from_int
+from kvtier.tiers.remote.auth import ValueAuth, ValueKey, new_key
 from kvtier.tiers.remote.redis import INLINE_CPU_BYTES, RedisStorage
 from kvtier.tiers.remote.sharedfs import SharedFSStorage
 
 BATCH = 32
 IN_FLIGHT = 8
 WORKERS = 8
+MODES = ("off", "mac", "encrypt")
+"""Authentication off (unkeyed checksum), on (keyed BLAKE3), on with AES-256-GCM."""
+BENCH_KEY = ValueKey(new_key(), "the benchmark's key")
 
 
-async def timed(work: Callable[[], Awaitable[object]]) -> float:
-    started = time.perf_counter()
+def auth_of(mode: str, namespace: str) -> ValueAuth | None:
+    if mode == "off":
+        return None
+    return ValueAuth.for_namespace(namespace, BENCH_KEY, encrypt=mode == "encrypt")
+
+
+class Timing(NamedTuple):
+    """Wall seconds, and CPU seconds of this process (all its threads): the CPU figure is
+    what a mode costs, little changed by other work on the machine."""
+
+    wall_s: float
+    cpu_s: float
+
+
+async def timed(work: Callable[[], Awaitable[object]]) -> Timing:
+    wall, cpu = time.perf_counter(), time.process_time()
     await work()
-    return time.perf_counter() - started
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
 
 
 async def in_batches(
@@ -60,26 +85,51 @@ async def in_batches(
     await asyncio.gather(*(one(range(i, min(count, i + step))) for i in range(0, count, step)))
 
 
-async def redis_pair(size: int, count: int, url: str, password: str | None) -> tuple[float, ...]:
+def bench_blocks(size: int, count: int) -> list[np.ndarray]:
     blocks = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(8)]
+    return [blocks[i % 8] for i in range(count)]
+
+
+async def redis_kvtier(
+    size: int, count: int, url: str, password: str | None, mode: str
+) -> tuple[Timing, Timing]:
+    """(put, get) seconds of `count` blocks through a RedisStorage in `mode`."""
     keys = [key_from_int(i) for i in range(count)]
+    namespace = f"bench/{size}"
     client = aioredis.Redis.from_url(url, password=password, max_connections=64)
     storage = RedisStorage(
         aioredis.Redis.from_url(url, password=password, max_connections=64),
-        block_size=size, num_blocks=count, namespace=f"bench/{size}", prefix=b"bench:k:",
+        block_size=size, num_blocks=count, namespace=namespace, prefix=b"bench:k:",
         timeout_s=30.0, max_in_flight=IN_FLIGHT, batch_keys=BATCH,
+        auth=auth_of(mode, namespace),
     )
     try:
         await client.flushall()
-        buffers = [blocks[i % 8] for i in range(count)]
+        buffers = bench_blocks(size, count)
         out = [np.empty(size, dtype=np.uint8) for _ in range(count)]
-        warm = min(count, BATCH * IN_FLIGHT)  # both clients' connections opened first
+        warm = min(count, BATCH * IN_FLIGHT)  # the connections opened first
         await storage.write(keys[:warm], [0] * warm, buffers[:warm])
-        await asyncio.gather(*(client.ping() for _ in range(IN_FLIGHT)))
         kv_put = await timed(lambda: storage.write(keys, [0] * count, buffers))
         kv_get = await timed(lambda: storage.read(keys, [0] * count, out))
         assert all(np.array_equal(out[i], buffers[i]) for i in range(0, count, 97))
         await client.flushall()
+        return kv_put, kv_get
+    finally:
+        await storage.aclose()
+        await client.aclose()
+
+
+async def redis_plain(
+    size: int, count: int, url: str, password: str | None
+) -> tuple[Timing, Timing]:
+    """(put, get) seconds of the same blocks as plain pipelined SET / MGET."""
+    keys = [key_from_int(i) for i in range(count)]
+    client = aioredis.Redis.from_url(url, password=password, max_connections=64)
+    try:
+        await client.flushall()
+        buffers = bench_blocks(size, count)
+        out = [np.empty(size, dtype=np.uint8) for _ in range(count)]
+        await asyncio.gather(*(client.ping() for _ in range(IN_FLIGHT)))
 
         async def plain_set(batch: range) -> None:
             pipe = client.pipeline(transaction=False)
@@ -95,27 +145,35 @@ async def redis_pair(size: int, count: int, url: str, password: str | None) -> t
         plain_put = await timed(lambda: in_batches(count, size, plain_set))
         plain_get_s = await timed(lambda: in_batches(count, size, plain_get))
         await client.flushall()
-        return kv_put, kv_get, plain_put, plain_get_s
+        return plain_put, plain_get_s
     finally:
-        await storage.aclose()
         await client.aclose()
 
 
-async def fs_pair(size: int, count: int, root: Path) -> tuple[float, ...]:
-    blocks = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(8)]
+async def fs_kvtier(size: int, count: int, root: Path, mode: str) -> tuple[Timing, Timing]:
+    """(put, get) seconds of `count` blocks through a SharedFSStorage in `mode`."""
     keys = [key_from_int(i) for i in range(count)]
-    buffers = [blocks[i % 8] for i in range(count)]
+    buffers = bench_blocks(size, count)
     out = [np.empty(size, dtype=np.uint8) for _ in range(count)]
+    namespace = f"bench/{size}"
     storage = SharedFSStorage(
-        root / "kvtier", block_size=size, num_blocks=count, namespace=f"bench/{size}",
+        root / "kvtier", block_size=size, num_blocks=count, namespace=namespace,
         max_size=1 << 40, max_workers=WORKERS, sweep_interval_s=None,
+        auth=auth_of(mode, namespace),
     )
     try:
         kv_put = await timed(lambda: storage.write(keys, [0] * count, buffers))
         kv_get = await timed(lambda: storage.read(keys, [0] * count, out))
         assert all(np.array_equal(out[i], buffers[i]) for i in range(0, count, 97))
+        return kv_put, kv_get
     finally:
         await storage.aclose()
+
+
+async def fs_plain(size: int, count: int, root: Path) -> tuple[Timing, Timing]:
+    """(put, get) seconds of the same blocks as plain temp file + rename / read."""
+    buffers = bench_blocks(size, count)
+    out = [np.empty(size, dtype=np.uint8) for _ in range(count)]
     plain = root / "plain"
     for i in range(256):
         (plain / f"{i:02x}").mkdir(parents=True, exist_ok=True)
@@ -144,7 +202,39 @@ async def fs_pair(size: int, count: int, root: Path) -> tuple[float, ...]:
         )
     finally:
         pool.shutdown()
-    return kv_put, kv_get, plain_put, plain_get
+    return plain_put, plain_get
+
+
+def one_repeat(
+    tier: str, size: int, count: int, modes: list[str]
+) -> dict[str, tuple[Timing, Timing]]:
+    """Seconds of (put, get) for "plain" and each mode, one after the other."""
+    url = os.environ.get("KVTIER_REDIS_URL", "redis://127.0.0.1:6390/0")
+    password = os.environ.get("KVTIER_REDIS_PASSWORD")
+    times: dict[str, tuple[Timing, Timing]] = {}
+    for mode in ["plain", *modes]:
+        if tier == "redis":
+            if mode == "plain":
+                times[mode] = asyncio.run(redis_plain(size, count, url, password))
+            else:
+                times[mode] = asyncio.run(redis_kvtier(size, count, url, password, mode))
+            continue
+        root = Path(tempfile.mkdtemp(prefix="kvtier-bench-fs-"))
+        try:
+            if mode == "plain":
+                times[mode] = asyncio.run(fs_plain(size, count, root))
+            else:
+                times[mode] = asyncio.run(fs_kvtier(size, count, root, mode))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return times
+
+
+def share(gbps: dict[str, list[float]], mode: str, of: str, i: int) -> str:
+    """`mode`'s figure `i` as a share of mode `of`'s ("" for `of` itself or when absent)."""
+    if of not in gbps or mode == of:
+        return ""
+    return f"{gbps[mode][i] / gbps[of][i]:.0%}"
 
 
 def main() -> None:
@@ -153,31 +243,36 @@ def main() -> None:
     parser.add_argument("--total", default="128MiB")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiers", nargs="+", default=["redis", "shared-fs"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="kvtier's value modes: off (unkeyed checksum), mac, encrypt")
     args = parser.parse_args()
-    url = os.environ.get("KVTIER_REDIS_URL", "redis://127.0.0.1:6390/0")
-    password = os.environ.get("KVTIER_REDIS_PASSWORD")
     total = parse_size(args.total)
-    print(f"{'tier':<10}{'block':>8}{'kvtier put':>12}{'plain put':>11}{'share':>7}"
-          f"{'kvtier get':>12}{'plain get':>11}{'share':>7}   GB/s, median of {args.repeats}")
+    print(f"{'tier':<10}{'block':>8}  {'values':<9}{'put':>7}{'of plain':>9}{'of off':>8}"
+          f"{'cpu us':>8}{'get':>8}{'of plain':>9}{'of off':>8}{'cpu us':>8}")
     for text in args.sizes:
         size = parse_size(text)
         count = max(1, total // size)
         for tier in args.tiers:
-            runs = []
-            for _ in range(args.repeats):
-                if tier == "redis":
-                    runs.append(asyncio.run(redis_pair(size, count, url, password)))
-                else:
-                    root = Path(tempfile.mkdtemp(prefix="kvtier-bench-fs-"))
-                    try:
-                        runs.append(asyncio.run(fs_pair(size, count, root)))
-                    finally:
-                        shutil.rmtree(root, ignore_errors=True)
-            gbps = [total / statistics.median(run[i] for run in runs) / 1e9 for i in range(4)]
-            print(
-                f"{tier:<10}{text:>8}{gbps[0]:>12.2f}{gbps[2]:>11.2f}{gbps[0] / gbps[2]:>7.0%}"
-                f"{gbps[1]:>12.2f}{gbps[3]:>11.2f}{gbps[1] / gbps[3]:>7.0%}"
-            )
+            runs = [one_repeat(tier, size, count, args.modes) for _ in range(args.repeats)]
+            gbps = {
+                mode: [total / statistics.median(run[mode][i].wall_s for run in runs) / 1e9
+                       for i in range(2)]
+                for mode in runs[0]
+            }
+            cpu_us = {
+                mode: [statistics.median(run[mode][i].cpu_s for run in runs) / count * 1e6
+                       for i in range(2)]
+                for mode in runs[0]
+            }
+            for mode, (put, get) in gbps.items():
+                print(
+                    f"{tier:<10}{text:>8}  {mode:<9}{put:>7.2f}"
+                    f"{share(gbps, mode, 'plain', 0):>9}{share(gbps, mode, 'off', 0):>8}"
+                    f"{cpu_us[mode][0]:>8.0f}{get:>8.2f}{share(gbps, mode, 'plain', 1):>9}"
+                    f"{share(gbps, mode, 'off', 1):>8}{cpu_us[mode][1]:>8.0f}"
+                )
+    print(f"GB/s: medians of {args.repeats}; cpu us: this process's CPU time per block (all "
+          "threads; Redis's own excluded), median")
 
 
 if __name__ == "__main__":

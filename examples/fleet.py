@@ -11,6 +11,11 @@ function of its key, as a model's KV is of its tokens).
     .venv/bin/python examples/fleet.py --shared redis
     .venv/bin/python examples/fleet.py --shared shared-fs --dir /mnt/nfs/kvtier
 
+Both nodes authenticate every value with one key file (`auth_key_file`): $KVTIER_AUTH_KEY_FILE
+(`scripts/redis.sh env` exports the one it made), else a fresh one made for this run, as
+`kvtier keys new PATH` makes them (0600). Whoever can write the shared store cannot make the
+nodes serve forged blocks.
+
 Exit status 0 when B loaded some of A's blocks and no block came back wrong.
 """
 
@@ -52,7 +57,19 @@ def bytes_of(keys: list[OffloadKey]) -> torch.Tensor:
                                                                      dtype=torch.uint8)
 
 
-def chain(shared: str, directory: str) -> dict[str, Any]:
+def key_file(directory: str) -> str:
+    """The fleet's key file: $KVTIER_AUTH_KEY_FILE, else a new one (0600) for this run."""
+    configured = os.environ.get("KVTIER_AUTH_KEY_FILE")
+    if configured:
+        return configured
+    from kvtier.tiers.remote.auth import new_key, write_key_file
+
+    path = Path(tempfile.mkdtemp(prefix="kvtier-fleet-key-")) / "fleet.key"
+    write_key_file(path, new_key())
+    return str(path)
+
+
+def chain(shared: str, directory: str, auth_key_file: str) -> dict[str, Any]:
     if shared == "redis":
         tier: dict[str, Any] = {
             "name": "fleet", "medium": "redis", "capacity": 65536,
@@ -61,6 +78,7 @@ def chain(shared: str, directory: str) -> dict[str, Any]:
         }
     else:
         tier = {"name": "fleet", "medium": "shared-fs", "capacity": 65536, "path": directory}
+    tier["auth_key_file"] = auth_key_file  # the values' key: never the key itself
     return {
         "block_size": BLOCK_SIZE,
         "model_id": "fleet-demo",
@@ -110,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = [list(r.hash_ids) for r, _ in zip(read_mooncake(), range(args.requests),
                                                  strict=False)]
     half = len(requests) // 2
-    config = chain(args.shared, directory)
+    config = chain(args.shared, directory, key_file(directory))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     counts: dict[str, dict[str, int]] = {}

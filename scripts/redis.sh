@@ -5,7 +5,8 @@
 #   scripts/redis.sh start      # a standalone server on 127.0.0.1:$KVTIER_REDIS_PORT (6390)
 #   scripts/redis.sh stop
 #   scripts/redis.sh status     # exit 0 when it answers
-#   scripts/redis.sh env        # export lines: KVTIER_REDIS_URL, KVTIER_REDIS_PASSWORD
+#   scripts/redis.sh env        # export lines: KVTIER_REDIS_URL, KVTIER_REDIS_PASSWORD,
+#                               # KVTIER_AUTH_KEY_FILE
 #   scripts/redis.sh cluster    # a 3-master Redis Cluster on 127.0.0.1:$KVTIER_REDIS_CLUSTER_PORT
 #                               # and the two ports after it (7390-7392)
 #   scripts/redis.sh cluster-stop
@@ -17,6 +18,10 @@
 # sudo); exits 3 with the reason when it cannot. The password is made once (random) and kept
 # in $KVTIER_REDIS_DIR/password (0600); KVTIER_REDIS_MAXMEMORY (default 256mb) bounds the
 # server, which then evicts least recently used keys (allkeys-lru), as a shared cache should.
+# Beside the password, $KVTIER_REDIS_DIR/auth.key (0600, 32 random bytes as hex, made once)
+# is the key that authenticates kvtier's values (a tier's auth_key_file): whoever can write
+# the server cannot forge blocks without it. A real fleet makes its own with
+# `kvtier keys new PATH` and gives it to its nodes only.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,6 +68,15 @@ password() {
         (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/password")
     fi
     cat "$dir/password"
+}
+
+auth_key() { # the path of the values' key file, made once (never printed)
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    if [ ! -s "$dir/auth.key" ]; then
+        (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/auth.key")
+    fi
+    echo "$dir/auth.key"
 }
 
 cli() { # cli PORT ARGS...: redis-cli against a server of ours
@@ -158,7 +172,7 @@ case "${1:-}" in
 start)
     ensure_installed
     start_one standalone "$port"
-    say "running on 127.0.0.1:$port (password in $dir/password)"
+    say "running on 127.0.0.1:$port (password in $dir/password, values' key in $(auth_key))"
     ;;
 stop)
     stop_one standalone "$port"
@@ -169,6 +183,7 @@ status)
 env)
     echo "export KVTIER_REDIS_URL=redis://127.0.0.1:$port/0"
     echo "export KVTIER_REDIS_PASSWORD=$(password)"
+    echo "export KVTIER_AUTH_KEY_FILE=$(auth_key)"
     echo "export KVTIER_REDIS_TLS_URL=rediss://127.0.0.1:$tls_port/0"
     echo "export KVTIER_REDIS_TLS_CA=$dir/tls/ca.crt"
     echo "export KVTIER_REDIS_CLUSTER_NODES=$(printf '127.0.0.1:%s,' "${cluster_ports[@]}" | sed 's/,$//')"

@@ -24,6 +24,33 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
     )
 
 
+def auth_key_file(server: Server) -> Path:
+    """The values' key file `scripts/redis.sh` made beside the server's password (0600)."""
+    path = Path(server.env["KVTIER_REDIS_DIR"]) / "auth.key"
+    assert path.is_file() and path.stat().st_mode & 0o077 == 0
+    return path
+
+
+def test_without_a_key_the_shared_tier_is_refused_and_named(tmp_path: Path) -> None:
+    """The example's config without its key file: the open fails naming what to set."""
+    env = {k: v for k, v in os.environ.items() if k != "KVTIER_AUTH_KEY_FILE"}
+    code = (
+        "import asyncio, sys\n"
+        "sys.path.insert(0, 'examples')\n"
+        "import fleet\n"
+        "from kvtier import Hierarchy\n"
+        f"config = fleet.chain('shared-fs', {str(tmp_path)!r}, 'unused')\n"
+        "del config['tiers'][1]['auth_key_file']\n"
+        "async def main():\n"
+        "    async with Hierarchy.from_config(config):\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    done = run(["-c", code], env)
+    assert done.returncode != 0
+    assert "auth_key_file" in done.stderr and "kvtier keys new" in done.stderr
+
+
 def loaded_from_a(stdout: str) -> int:
     line = next(line for line in stdout.splitlines() if line.startswith("node B loaded"))
     return int(line.split()[3])
@@ -38,6 +65,7 @@ def test_node_b_loads_what_node_a_computed(server: Server, shared: str, tmp_path
         **os.environ,
         "KVTIER_REDIS_URL": server.url,
         "KVTIER_REDIS_PASSWORD": server.password,
+        "KVTIER_AUTH_KEY_FILE": str(auth_key_file(server)),
     }
     done = run(
         [str(EXAMPLE), "--shared", shared, "--dir", str(tmp_path / "nfs"), "--requests", "300"],
@@ -54,7 +82,11 @@ def test_replay_runs_the_fleet_config(server: Server, tmp_path: Path) -> None:
     config = config.replace("redis://127.0.0.1:6390/0", server.url)
     path = tmp_path / "fleet.toml"
     path.write_text(config)
-    env = {**os.environ, "KVTIER_REDIS_PASSWORD": server.password}
+    env = {
+        **os.environ,
+        "KVTIER_REDIS_PASSWORD": server.password,
+        "KVTIER_AUTH_KEY_FILE": str(auth_key_file(server)),
+    }
     done = run(
         ["-m", "kvtier.cli", "replay", "--config", str(path), "--block-bytes", "16KiB",
          "--limit", "300", "--no-plot", "--json", "--out", str(tmp_path / "out")],
