@@ -49,40 +49,59 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check -q)
-
 stamp="$venv/.kvtier-setup-stamp"
-want=$( (cat "$root/pyproject.toml" "$root/scripts/setup.sh" && echo "vllm=$with_vllm") |
-    sha256sum | cut -d' ' -f1)
-check='import kvtier, torch'
-[ "$with_vllm" = 1 ] && check='import kvtier, torch, vllm'
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "$check" 2>/dev/null; then
+vllm_stamp="$venv/.kvtier-vllm-stamp"
+# One stamp of the install inputs for the project, one for vLLM: a run without --vllm neither
+# needs nor removes vLLM, so switching between scripts/kvtier and scripts/test reinstalls nothing.
+want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
+project_ok=0
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, torch' 2>/dev/null; then
+    project_ok=1
+fi
+vllm_ok=1
+if [ "$with_vllm" = 1 ]; then
+    if ! { [ -f "$vllm_stamp" ] && [ "$(cat "$vllm_stamp")" = "$want" ] &&
+        "$py" -c 'import vllm' 2>/dev/null; }; then
+        vllm_ok=0
+    fi
+fi
+if [ "$project_ok" = 1 ] && [ "$vllm_ok" = 1 ]; then
     echo "$venv"
     exit 0
 fi
 
-if ! "$py" -c 'import torch' 2>/dev/null; then
-    if [ -n "${KVTIER_TORCH:-}" ]; then
-        torch_req=$KVTIER_TORCH
-    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        torch_req=torch
-    else
-        torch_req=$cpu_torch
-    fi
-    echo "setup: installing $torch_req" >&2
-    "${pip[@]}" install "$torch_req" >&2
-fi
+# pip's resolver reports vLLM's exact pins (torch, ...) as conflicts on every install: vLLM is
+# installed --no-deps on purpose (its CPU use here needs only the offloading code), so those
+# lines are noise to a user; every other line of pip's output is kept.
+quiet_pins() {
+    grep -v -E "^(vllm [0-9.]+ requires |ERROR: pip's dependency resolver does not currently)" >&2 || true
+}
 
-echo "setup: installing kvtier (editable) with its test and plot tools" >&2
-"${pip[@]}" install -e "$root[test,torch,plot]" >&2
-if [ "$with_vllm" = 1 ]; then
+if [ "$project_ok" = 0 ]; then
+    if ! "$py" -c 'import torch' 2>/dev/null; then
+        if [ -n "${KVTIER_TORCH:-}" ]; then
+            torch_req=$KVTIER_TORCH
+        elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            torch_req=torch
+        else
+            torch_req=$cpu_torch
+        fi
+        echo "setup: installing $torch_req" >&2
+        "${pip[@]}" install "$torch_req" >&2
+    fi
+    echo "setup: installing kvtier (editable) with its test and plot tools" >&2
+    "${pip[@]}" install -e "$root[test,torch,plot]" 2>&1 | quiet_pins
+    echo "$want" >"$stamp"
+fi
+if [ "$vllm_ok" = 0 ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         echo "setup: installing vLLM 0.33.0 (GPU build, with its requirements)" >&2
-        "${pip[@]}" install -e "$root[vllm]" >&2
+        "${pip[@]}" install -e "$root[vllm]" 2>&1 | quiet_pins
     else
         echo "setup: installing vLLM 0.33.0 for CPU (--no-deps, plus what it imports)" >&2
-        "${pip[@]}" install --no-deps "vllm==0.33.0" >&2
-        "${pip[@]}" install -e "$root[vllm-cpu]" "$("$py" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" >&2
+        "${pip[@]}" install --no-deps "vllm==0.33.0" 2>&1 | quiet_pins
+        "${pip[@]}" install -e "$root[vllm-cpu]" "$("$py" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" 2>&1 | quiet_pins
     fi
+    echo "$want" >"$vllm_stamp"
 fi
-echo "$want" >"$stamp"
 echo "$venv"
