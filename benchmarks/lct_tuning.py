@@ -36,11 +36,12 @@ from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 FRACTIONS = (0.01, 0.05, 0.10)
 TARGETS = {0.01: 0.110, 0.05: 0.220, 0.10: 0.295}
 GRID: dict[str, tuple[Any, ...]] = {
-    "decay": (0.6, 0.7, 0.8, 0.9),
+    "decay": (0.7, 0.8, 0.9),
     "solve_every": (1.0, 2.0, 4.0),
-    "ghost_factor": (16, 32, 64),
-    "order": ("ratio", "over"),
+    "horizons": ((1.0, 4.0, 16.0), (4.0, 16.0, 64.0), (1.0, 4.0, 16.0, 64.0)),
 }
+"""The grid; every set starts at the middle candidate horizon (`start`), remembers keys
+`MEMORY` (64) capacities and evicts by ratio (`ORDER`)."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,15 @@ def main() -> None:
     chosen: dict[str, Any] = {
         "decay": lct_module.DECAY,
         "solve_every": lct_module.SOLVE_EVERY,
-        "ghost_factor": lct_module.GHOST_FACTOR,
-        "order": lct_module.ORDER,
+        "horizons": lct_module.HORIZONS,
+        "start": lct_module.START,
     }
     if not args.table:
         arc = ratios("arc", first)
         best = -1.0
         for values in itertools.product(*GRID.values()):
             params: dict[str, Any] = dict(zip(GRID, values, strict=True))
+            params["start"] = len(params["horizons"]) // 2
             factory = functools.partial(LCTCachePolicy, **params)
             found = ratios(factory, first)
             mark = score(found, arc)

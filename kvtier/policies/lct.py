@@ -1,35 +1,76 @@
 """LCT, learned class thresholds: a cache policy that learns, online, how long each class of
 block deserves to stay, and admits nothing of a class that never pays.
 
-A block's class is how often it was accessed so far (1, 2, 3, 4 or more), remembered across
-eviction by a bounded ghost directory of recently seen keys. Each class keeps an LRU queue of
-its resident blocks and, online, a decayed histogram of its reuse distances (in accesses,
-log-spaced bins) and of its arrivals. Every `period` accesses the policy solves for per-class
-residency limits L_k (in accesses since the last use) that maximize expected hits within the
-capacity: by Little's law a class occupies rate_k * E[min(d, L_k)] slots, and a Lagrange
-multiplier lambda, bisected, prices a slot-access so that the chosen limits fit. A class
-whose limit is 0 is not admitted (`admit` says False: the key stays in the ghost
-directory). Limits never decrease with the access count, so a prompt's tail is never kept
-longer than its prefix. Eviction takes, among the classes' LRU tails, the block furthest past
-its class limit, as a ratio: age / limit (a block 1,000 accesses past a limit of 2,000 is
-further past its use than one 1,000 past a limit of 30,000; reuse distances are compared on
-a log scale, as the histograms bin them). Blocks of a class with no limit go only when no
-limited class has a block to give, oldest first.
+A block's class is how many times it was accessed within the horizon: 1 + how many of its
+previous three accesses are at most `horizon` accesses old (1, 2, 3 or 4). Each class keeps
+an LRU queue of its resident blocks and, online, statistics of its arrivals (accesses that
+leave a block in that class) and of their reuse distances (the next access, in accesses,
+log-spaced bins). Every `period` accesses the policy solves for per-class residency limits
+L_k (in accesses since the last use) that maximize expected hits within the capacity, and
+admits nothing of a class whose limit is 0 (`admit` says False; the key is remembered).
+Eviction takes, among the classes' LRU tails, the block furthest past its class limit, as a
+ratio, age / limit (reuse distances are compared on a log scale, as the histograms bin them);
+blocks of a class with no limit go only when no limited class has a block to give, oldest
+first. Limits never decrease with the class, so a prompt's tail is never kept longer than its
+prefix.
+
+The horizon is learned. A count since the start (the first version of this policy, whose
+ghost directory outlived long traces) puts every reused block into class 4 after warm-up,
+and the policy degenerates to LRU; a horizon too short cannot tell a block reused now and
+then from one seen once. So the policy counts every key under each candidate (`HORIZONS`:
+1, 4, 16 and 64 times the capacity, in accesses) at once: the ages of a key's previous three
+accesses, each summed up by how many candidates it is within, make one small state id (35
+states for four candidates), and the statistics are kept per state, so each candidate's
+classes are a grouping of the same statistics. At each solve the solver runs for every
+candidate and the horizon moves one step toward the one whose classes are expected to hit
+most (as ARC moves its target toward the list whose ghosts hit); the resident blocks are then
+queued again by their class under the new horizon. What is kept of a key that is not
+resident, (state, its last three access times), is dropped `memory` accesses (`MEMORY` times
+the capacity) after its last access: a reuse further apart is a new arrival. That is at most
+two keys per access of that window, usually the window's distinct keys, whatever the trace's
+length (on the shipped trace at 1 %: 41 x capacity, where the first version kept 32 x; at 5
+and 10 % the window is longer than the trace).
+
+The solver, and why it is sound:
+  - Same cohort. The statistics fade by `decay` at every solve; a reuse is weighted as its own
+    arrival is now (by the solves since that arrival, not since the reuse), so a class never
+    counts more reuses than arrivals, however fast the workload changes.
+  - Exposure. The probability of a reuse at distance d is estimated over the arrivals at
+    least d old, the ones that could have shown it (arrivals are kept per solve period for
+    that, `kept_epochs` of them, older ones summed): recent arrivals are not counted as
+    never reused.
+  - Evidence. No limit is set from fewer than a capacity's worth of observed reuse distance
+    beyond it: limit L needs L + capacity accesses watched (within the memory), so limit 0,
+    refusing a class, needs a capacity's worth. A class whose best limit is the longest the
+    evidence allows has none, and until anything can be set every class is unlimited: the
+    policy evicts as LRU does and admits every block.
+  - The optimum. By Little's law a class occupies rate_k * E[min(d, L_k)] slots; each class's
+    options (limit 0 and every bin) form a curve of hits against slots; the segments of the
+    curves' concave hulls, steepest first, are taken while they fit (the Lagrangian solution,
+    one price per slot for every class, found exactly). The first segment that does not fit
+    is the marginal one: its class keeps its shorter option, except when that is 0 (refused),
+    where it takes the longer one for the share of its new blocks that fits (`shares`: the
+    class's blocks of every n-th `admit` call, so a request's blocks of one class go together
+    and a prefix is not cut; deterministic); this realizes the relaxation's optimum, whose
+    value is what the candidates' horizons are compared by. When every segment fits, the
+    classes that pay are unlimited.
 
 Within one request the deepest blocks go first: `on_store_miss` and `touch` take a request's
 keys tail to head, so its head is the newest access and a prefix outlives its tail.
-`insert_many` inserts in order, as every policy's does (the fast paths' contract); storing a
-batch tail first was measured and did not pay for breaking it (prefix hits at 5 % of the
-shipped trace: 0.2159 tail first, 0.2165 in order).
+`insert_many` inserts in order, as every policy's does (the fast paths' contract).
 
-Decisions are O(1) amortized per access: four queues, a dict per class, and a solve of
-(4 classes x ~100 bins) every `period` accesses.
+Cost: O(1) amortized per access (a state from three ages, one histogram cell, four queues),
+a solve every `period` accesses over (35 states x ~70 bins, four candidates) and, when the
+horizon moves, a requeue of the resident blocks (O(n log n)). On the shipped trace, driven a
+request at a time, that is 1.6 to 1.9 times ARC's time per access (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections import OrderedDict
+from bisect import bisect_left
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar, Literal
 
@@ -41,16 +82,24 @@ from kvtier.policies.base import CachePolicy, check_evict_count
 EvictionOrder = Literal["ratio", "over"]
 
 CLASSES = 4
-"""Classes by access count: 1, 2, 3, and 4 or more."""
+"""Classes by accesses within the horizon: 1, 2, 3, and 4 (the last three accesses are
+remembered)."""
 BINS_PER_OCTAVE = 4
-MAX_BINS = 4 * 26
-# The four tunables were chosen together on the first half (by time) of the shipped trace,
-# one set for every capacity (benchmarks/lct_tuning.py), and reported on the second half.
-GHOST_FACTOR = 32
-"""Keys the ghost directory remembers, per block of capacity."""
-DECAY = 0.8
+MAX_BINS = BINS_PER_OCTAVE * 48
+"""Reuse distances up to 2**48 accesses: beyond any memory, so no bin is ever capped."""
+# The tunables were chosen together on the first half (by time) of the shipped trace, one set
+# for every capacity (benchmarks/lct_tuning.py), and are reported on other traces too
+# (benchmarks/policy_traces.py).
+HORIZONS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
+"""Candidate horizons, in accesses, as multiples of the capacity (ascending)."""
+START = 2
+"""The index in `HORIZONS` of the horizon the policy starts with."""
+MEMORY = 64.0
+"""How long what is known of a key is kept after its last access, in accesses, as a multiple
+of the capacity (at least the longest horizon)."""
+DECAY = 0.9
 """Weight the statistics keep at each solve (older behaviour fades)."""
-SOLVE_EVERY = 2.0
+SOLVE_EVERY = 1.0
 """The limits are solved again every this many times the capacity, in accesses."""
 ORDER: EvictionOrder = "ratio"
 """How far past its class limit a queue's oldest block is: "ratio" (age / limit) or "over"
@@ -58,11 +107,8 @@ ORDER: EvictionOrder = "ratio"
 UNLIMITED = float("inf")
 MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
-
-
-def _class_of(count: int) -> int:
-    """The queue (0..CLASSES-1) of a block accessed `count` (>= 1) times."""
-    return min(count, CLASSES) - 1
+NEVER = -(1 << 62)
+"""The time of an access that did not happen (a key seen fewer than three times)."""
 
 
 def _bin(distance: int) -> int:
@@ -72,13 +118,106 @@ def _bin(distance: int) -> int:
 
 _EDGES = [2 ** ((b + 1) / BINS_PER_OCTAVE) for b in range(MAX_BINS)]
 """Upper edge of each bin: the residency limits the solver chooses among."""
-_MIDS = [
-    (2 ** (b / BINS_PER_OCTAVE) + 2 ** ((b + 1) / BINS_PER_OCTAVE)) / 2 for b in range(MAX_BINS)
-]
+_LOWS = [2 ** (b / BINS_PER_OCTAVE) for b in range(MAX_BINS)]
+_MIDS = [(low + high) / 2 for low, high in zip(_LOWS, _EDGES, strict=True)]
+
+History = tuple[int, int, int, int]
+"""What the policy remembers of a key: its state and the times of its last three accesses,
+newest first (NEVER for those that did not happen)."""
+
+
+class _States:
+    """A key's classes under each of `horizons` candidates, as one small int.
+
+    The ages of a key's previous three accesses, newest first, each summed up by how many
+    candidates it is within (0 to `horizons`, non-increasing from the newest), make a triple;
+    a state is one triple: 20 of them for 3 candidates, 35 for 4.
+    `ids[(g1 * (H + 1) + g2) * (H + 1) + g3]` is the state of a triple and `classes[i][s]`
+    the class (0-based) of state `s` under candidate `i`: how many of the three are within it.
+    """
+
+    def __init__(self, horizons: int) -> None:
+        width = horizons + 1
+        triples = [
+            combo
+            for combo in itertools.product(range(width), repeat=CLASSES - 1)
+            if all(a >= b for a, b in itertools.pairwise(combo))
+        ]
+        self.width = width
+        self.ids = [0] * width ** (CLASSES - 1)
+        for index, (g1, g2, g3) in enumerate(triples):
+            self.ids[(g1 * width + g2) * width + g3] = index
+        self.count = len(triples)
+        self.first = triples.index((0,) * (CLASSES - 1))
+        self.classes = [
+            [sum(g >= horizons - i for g in combo) for combo in triples] for i in range(horizons)
+        ]
+
+
+_Curve = list[tuple[float, float, float]]
+"""A class's options: (slots, hits per access, limit), slots and hits non-decreasing."""
+
+
+def _hull(curve: _Curve) -> list[int]:
+    """The upper concave hull of a curve that starts at (0, 0, limit 0), as indices into it:
+    the options a price per slot can choose."""
+    hull = [0]
+    for index in range(1, len(curve)):
+        slots, hits, _ = curve[index]
+        if hits <= curve[hull[-1]][1]:
+            continue  # more slots for no more hits
+        while len(hull) >= 2:
+            (s0, h0, _), (s1, h1, _) = curve[hull[-2]], curve[hull[-1]]
+            if (h1 - h0) * (slots - s0) <= (hits - h0) * (s1 - s0):
+                hull.pop()  # the middle point lies on or under the chord
+            else:
+                break
+        hull.append(index)
+    return hull
+
+
+def _allocate(
+    curves: list[_Curve], capacity: float
+) -> tuple[list[float], list[float], float, bool]:
+    """Per class, the limit and the share of its new blocks to admit that maximize hits
+    within `capacity` slots; the hits per access the relaxation expects within exactly
+    `capacity` slots; and whether every option that adds hits fit (no slot was scarce).
+
+    The segments of the classes' concave hulls are taken steepest first while they fit. The
+    first that does not fit is the marginal one: the expected hits count it in proportion
+    to the slots left, and its class keeps its shorter option, or, when that is 0 (the class
+    refused), takes the longer one for that proportion of its new blocks."""
+    hulls = [_hull(curve) for curve in curves]
+    segments = []
+    for cls, (curve, hull) in enumerate(zip(curves, hulls, strict=True)):
+        for i in range(1, len(hull)):
+            slots = curve[hull[i]][0] - curve[hull[i - 1]][0]
+            hits = curve[hull[i]][1] - curve[hull[i - 1]][1]
+            slope = hits / slots if slots > 0 else math.inf
+            segments.append((-slope, cls, i, slots, hits))
+    segments.sort()
+    chosen = [0] * len(curves)  # per class, the hull vertex taken
+    shares = [1.0] * len(curves)
+    used = expected = 0.0
+    fits = True
+    for _, cls, i, slots, hits in segments:
+        if used + slots <= capacity:
+            used += slots
+            expected += hits
+            chosen[cls] = i
+            continue
+        fits = False
+        share = (capacity - used) / slots
+        expected += hits * share
+        if i == 1:  # the class was refused: its longer option for the share that fits
+            chosen[cls], shares[cls] = i, share
+        break
+    limits = [curve[hull[i]][2] for curve, hull, i in zip(curves, hulls, chosen, strict=True)]
+    return limits, shares, expected, fits
 
 
 class LCTCachePolicy(CachePolicy):
-    """Learned class thresholds (see the module doc)."""
+    """Learned class thresholds over a learned horizon (see the module doc)."""
 
     name: ClassVar[str] = "lct"
     admits_all: ClassVar[bool] = False
@@ -89,10 +228,13 @@ class LCTCachePolicy(CachePolicy):
         *,
         decay: float = DECAY,
         solve_every: float = SOLVE_EVERY,
-        ghost_factor: int = GHOST_FACTOR,
+        horizons: Sequence[float] = HORIZONS,
+        start: int = START,
+        memory: float = MEMORY,
         order: EvictionOrder = ORDER,
     ) -> None:
-        """`decay`, `solve_every` (a multiple of the capacity, in accesses), `ghost_factor`
+        """`decay`, `solve_every` (a multiple of the capacity, in accesses), `horizons` and
+        `memory` (multiples of the capacity, in accesses), `start` (an index in `horizons`)
         and `order` default to the module's constants, the one set chosen for every capacity
         (see `benchmarks/lct_tuning.py`); they are parameters for that tuning only."""
         super().__init__(cache_capacity)
@@ -100,128 +242,270 @@ class LCTCachePolicy(CachePolicy):
             raise InvalidValueError(f"lct: decay must be in (0, 1], got {decay!r}")
         if not solve_every > 0.0:
             raise InvalidValueError(f"lct: solve_every must be positive, got {solve_every!r}")
-        if isinstance(ghost_factor, bool) or not isinstance(ghost_factor, int) or ghost_factor < 1:
+        horizons = tuple(horizons)
+        if not (
+            1 <= len(horizons) <= 4
+            and all(h > 0 for h in horizons)
+            and list(horizons) == sorted(set(horizons))
+        ):
             raise InvalidValueError(
-                f"lct: ghost_factor must be a positive int, got {ghost_factor!r}"
+                f"lct: horizons must be 1 to 4 distinct positive values, ascending, got "
+                f"{horizons!r}"
+            )
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < len(horizons):
+            raise InvalidValueError(f"lct: start must be an index of horizons, got {start!r}")
+        if not memory >= horizons[-1]:
+            raise InvalidValueError(
+                f"lct: memory must be at least the longest horizon, got {memory!r}"
             )
         if order not in ("ratio", "over"):
             raise InvalidValueError(f"lct: order must be 'ratio' or 'over', got {order!r}")
         self.decay = decay
         self.order: EvictionOrder = order
+        self._states = _States(len(horizons))
+        self._horizons = [max(1, int(h * cache_capacity)) for h in horizons]
+        """Candidate horizons, in accesses."""
+        self._memory = max(self._horizons[-1], int(memory * cache_capacity))
+        """Accesses after its last one that what is known of a non-resident key is kept."""
+        self._bins = _bin(self._memory) + 1
+        """Bins of the reuse histograms: no reuse further apart is recorded."""
+        self._members = [
+            [state for state, cls in enumerate(classes) if cls == c]
+            for classes in self._states.classes
+            for c in range(CLASSES)
+        ]
+        """Per candidate and class (candidate * CLASSES + class), the states in it."""
+        self.period = max(64, int(cache_capacity * solve_every))
+        self.kept_epochs = self._memory // self.period + 2
+        """Solve periods whose arrivals are kept apart (for the exposure of each distance)."""
+        self._weights = [decay**k for k in range(self.kept_epochs + 1)]
+        """The weight of an arrival `k` solve periods old."""
+        self._start = start
         self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
             OrderedDict() for _ in range(CLASSES)
         ]
         self._resident: dict[OffloadKey, BlockStatus] = {}
-        self._count: dict[OffloadKey, int] = {}
-        """Accesses so far of resident keys."""
-        self._last: dict[OffloadKey, int] = {}
-        """Access time (the access counter) of the last access of resident keys."""
-        self._ghosts: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
-        """Non-resident keys seen recently: (access count, last access time)."""
-        self._ghost_limit = ghost_factor * cache_capacity
-        self._clock = 0
-        self._reuse = [[0.0] * MAX_BINS for _ in range(CLASSES)]
-        self._arrivals = [0.0] * CLASSES
-        self._window = 0.0
-        self.limits: list[float] = [UNLIMITED] * CLASSES
-        """Per class, the accesses since its last use a block may stay (inf: no limit)."""
-        self.period = max(64, int(cache_capacity * solve_every))
-        self._since_solve = 0
+        self._history: dict[OffloadKey, History] = {}
+        """What the policy remembers of each resident key."""
+        self._ghosts: OrderedDict[OffloadKey, History] = OrderedDict()
+        """What it remembers of non-resident keys accessed in the last `memory` accesses."""
+        # `get` is the resident dict's own bound method, as ARC's is: one C-level lookup with
+        # no Python frame (the dict is never replaced); a subclass overriding `get` keeps its.
+        if type(self).get is LCTCachePolicy.get:
+            self.get = self._resident.get  # type: ignore[method-assign,assignment]
+        self._learn_afresh()
         self.refused = 0
         """Stores not admitted."""
 
+    def _learn_afresh(self) -> None:
+        """The learned state of a new policy: no statistics, no limits, the start horizon."""
+        self._clock = 0
+        self._since_solve = 0
+        self._reuse = [[0.0] * self._bins for _ in range(self._states.count)]
+        """Per state, the reuses of its arrivals by distance bin, each weighted as its
+        arrival is now."""
+        self._arrivals = [0.0] * self._states.count
+        """Arrivals per state in the current solve period."""
+        self._epochs: deque[list[float]] = deque()
+        """Arrivals per candidate and class of the last solve periods, newest first."""
+        self._older = [0.0] * len(self._members)
+        """Arrivals per candidate and class of the periods before those."""
+        self.limits: list[float] = [UNLIMITED] * CLASSES
+        """Per class, the accesses since its last use a block may stay (inf: no limit)."""
+        self.shares: list[float] = [1.0] * CLASSES
+        """Per class, the share of its new blocks admitted where its limit is above 0."""
+        self._credit = [0.0] * CLASSES
+        self.expected: list[float] = [0.0] * len(self._horizons)
+        """Per candidate horizon, the hits per access the last solve expected of it."""
+        self.horizon = self._start
+        """The index of the candidate the classes are counted over now."""
+        self._class_of = self._states.classes[self._start]
+
     # -- what every access does -----------------------------------------------------------------
 
-    def _observe(self, key: OffloadKey, count: int, last: int | None) -> None:
-        """An access of `key`, seen `count` times before (its class is min(count, 4) - 1 for
-        the histogram: the class it was in when this reuse came)."""
-        self._clock += 1
-        if count > 0:
-            cls = _class_of(count)
-            if last is not None:
-                self._reuse[cls][_bin(max(1, self._clock - last))] += 1.0
-        arrival = _class_of(count + 1)
-        self._arrivals[arrival] += 1.0
-        self._window += 1.0
+    def _observe(self, seen: History | None) -> History:
+        """An access of a key (`seen`: what is remembered of it, None if nothing): record the
+        reuse and the arrival; what to remember of the key now."""
+        clock = self._clock = self._clock + 1
+        states = self._states
+        if seen is None or (gap := clock - seen[1]) > self._memory:
+            history = (states.first, clock, NEVER, NEVER)
+        else:
+            state, last, second, third = seen
+            period = self.period
+            age = (clock - 1) // period - (last - 1) // period
+            weights = self._weights
+            # the bin of the gap (_bin, inline: gap <= memory, so it is below self._bins)
+            bin_ = int(math.log2(gap) * BINS_PER_OCTAVE)
+            self._reuse[state][bin_] += weights[age] if age < len(weights) else 0.0
+            horizons = self._horizons
+            top = len(horizons)
+            g1 = top - bisect_left(horizons, gap)
+            g2 = top - bisect_left(horizons, clock - second) if g1 else 0
+            g3 = top - bisect_left(horizons, clock - third) if g2 else 0
+            width = states.width
+            history = (states.ids[(g1 * width + g2) * width + g3], clock, last, second)
+        self._arrivals[history[0]] += 1.0
         self._since_solve += 1
         if self._since_solve >= self.period:
             self._solve()
+        return history
 
-    def _seen(self, key: OffloadKey) -> tuple[int, int | None]:
-        """(accesses so far, last access time) of a key, resident or ghost."""
-        if key in self._resident:
-            return self._count[key], self._last[key]
-        ghost = self._ghosts.get(key)
-        return ghost if ghost is not None else (0, None)
+    def _seen(self, key: OffloadKey) -> History | None:
+        """What is remembered of a key, resident or not (None: nothing)."""
+        history = self._history.get(key)
+        return history if history is not None else self._ghosts.get(key)
 
-    def _remember_ghost(self, key: OffloadKey, count: int, last: int) -> None:
+    def count(self, key: OffloadKey, horizon: int | None = None) -> int:
+        """The accesses of `key` within the horizon (`horizon`: an index in the candidates,
+        default the one in use) as of its last access, its last three at most: its class
+        + 1 (0: a key this policy no longer remembers)."""
+        seen = self._seen(key)
+        if seen is None or (key not in self._resident and self._clock - seen[1] > self._memory):
+            return 0
+        classes = self._states.classes[self.horizon if horizon is None else horizon]
+        return classes[seen[0]] + 1
+
+    def class_statistics(self, horizon: int | None = None) -> list[tuple[float, float]]:
+        """Per class counted over candidate `horizon` (default: the one in use), the weighted
+        (reuses, arrivals) the solver works from; reuses never exceed arrivals, as each is
+        weighted as its own arrival is."""
+        horizon = self.horizon if horizon is None else horizon
+        found = []
+        for cls in range(CLASSES):
+            index = horizon * CLASSES + cls
+            states = self._members[index]
+            arrivals = self._older[index] + sum(epoch[index] for epoch in self._epochs)
+            arrivals += sum(self._arrivals[s] for s in states)
+            found.append((sum(sum(self._reuse[s]) for s in states), arrivals))
+        return found
+
+    def _remember(self, key: OffloadKey, history: History) -> None:
         ghosts = self._ghosts
-        ghosts[key] = (count, last)
+        ghosts[key] = history
         ghosts.move_to_end(key)
-        while len(ghosts) > self._ghost_limit:
-            ghosts.popitem(last=False)
+
+    def _forget_old(self) -> None:
+        """Drop the remembered keys last accessed more than `memory` accesses ago, from the
+        oldest stored; a key stored later with an older access waits its turn (it reads as
+        forgotten anyway), so at most two keys per access of the window are kept."""
+        ghosts = self._ghosts
+        oldest = self._clock - self._memory
+        while ghosts:
+            key = next(iter(ghosts))
+            if ghosts[key][1] >= oldest:
+                break
+            del ghosts[key]
 
     # -- the solver -------------------------------------------------------------------------
 
     def _solve(self) -> None:
+        """New limits and shares, and a step of the horizon toward the candidate expected to
+        hit most; then the statistics fade."""
         self._since_solve = 0
-        window = self._window
-        if window <= 0:
-            return
-        curves = []
+        arrivals = self._arrivals
+        self._arrivals = [0.0] * len(arrivals)
+        self._epochs.appendleft([sum(arrivals[s] for s in states) for states in self._members])
+        if len(self._epochs) > self.kept_epochs:
+            oldest = self._epochs.pop()
+            self._older = [a + b for a, b in zip(self._older, oldest, strict=True)]
+        self._forget_old()
+        top = self._longest_limit()
+        if top >= 0:
+            results = [self._solve_horizon(i, top) for i in range(len(self._horizons))]
+            self.expected = [hits for _, _, hits in results]
+            best = max(range(len(results)), key=lambda i: (self.expected[i], -i))
+            if self.expected[best] > self.expected[self.horizon]:
+                self._move_horizon(self.horizon + (1 if best > self.horizon else -1))
+            self.limits, self.shares, _ = results[self.horizon]
+        decay = self.decay
+        self._reuse = [[x * decay for x in row] for row in self._reuse]
+        self._epochs = deque([x * decay for x in epoch] for epoch in self._epochs)
+        self._older = [x * decay for x in self._older]
+
+    def _longest_limit(self) -> int:
+        """The bin of the longest limit the evidence allows: a capacity's worth of observed
+        reuse distance beyond it (-1: none yet)."""
+        span = min(self._clock, self._memory) - self.cache_capacity
+        top = -1
+        while top + 1 < self._bins and _EDGES[top + 1] <= span:
+            top += 1
+        return top
+
+    def _solve_horizon(self, horizon: int, top: int) -> tuple[list[float], list[float], float]:
+        """The limits and shares of the classes counted over candidate `horizon`, and the
+        hits per access they are expected to give; limits end in bins up to `top`."""
+        epochs = self._epochs
+        curves: list[_Curve] = []
+        arrivals: list[float] = []
         for cls in range(CLASSES):
-            arrivals = self._arrivals[cls]
-            if arrivals <= 0 or sum(self._reuse[cls]) < MIN_REUSE * arrivals:
-                curves.append([(0.0, 0.0, 0.0)])
-                continue
-            rate = arrivals / window
-            hits = 0.0
-            time_reused = 0.0
-            options = [(0.0, 0.0, 0.0)]  # (limit, hits per access, slots)
-            for b in range(MAX_BINS):
-                reused = self._reuse[cls][b]
-                hits += reused
-                time_reused += reused * _MIDS[b]
-                limit = _EDGES[b]
-                if reused <= 0 and b + 1 < MAX_BINS:
-                    continue
-                expected = hits / arrivals
-                residency = (time_reused + (arrivals - hits) * limit) / arrivals
-                options.append((limit, rate * min(1.0, expected), rate * residency))
-            curves.append(options)
-        capacity = float(self.cache_capacity)
+            index = horizon * CLASSES + cls
+            per_epoch = [epoch[index] for epoch in epochs]
+            # exposed[j]: the arrivals of epoch j (newest first) and of every older one
+            exposed = list(itertools.accumulate(reversed(per_epoch), initial=self._older[index]))
+            exposed.reverse()
+            arrivals.append(exposed[0])
+            rows = [self._reuse[s] for s in self._members[index]]
+            reuse = [sum(column) for column in zip(*rows, strict=True)]
+            curves.append(self._curve(reuse, per_epoch, exposed, top))
+        total = sum(arrivals)
+        if total <= 0.0:
+            return [UNLIMITED] * CLASSES, [1.0] * CLASSES, 0.0
+        curves = [
+            [(slots * rate, hits * rate, limit) for slots, hits, limit in curve]
+            for curve, rate in zip(curves, (a / total for a in arrivals), strict=True)
+        ]
+        limits, shares, hits, fits = _allocate(curves, float(self.cache_capacity))
+        longest = _EDGES[top]
+        limits = [
+            UNLIMITED if limit > 0 and (fits or limit >= longest) else limit for limit in limits
+        ]
+        for cls in range(1, CLASSES):  # never keep a later class shorter
+            if limits[cls] < limits[cls - 1]:
+                limits[cls] = limits[cls - 1]
+                shares[cls] = max(shares[cls], shares[cls - 1])
+        return limits, shares, hits
 
-        def choose(price: float) -> tuple[list[float], float]:
-            limits, slots = [], 0.0
-            cost = price
-            for options in curves:
-                best = max(options, key=lambda o: o[1] - cost * o[2])
-                limits.append(best[0])
-                slots += best[2]
-            return limits, slots
-
-        limits, slots = choose(0.0)
-        if slots > capacity:
-            low, high = 0.0, 1.0
-            for _ in range(40):
-                middle = (low + high) / 2
-                _, slots = choose(middle)
-                if slots > capacity:
-                    low = middle
+    def _curve(
+        self, reuse: list[float], per_epoch: list[float], exposed: list[float], top: int
+    ) -> _Curve:
+        """A class's options, per arrival: (slots, hits, limit) for limit 0 and each bin up to
+        `top`, the reuse in each bin taken over the arrivals that could have shown it."""
+        curve: _Curve = [(0.0, 0.0, 0.0)]
+        if exposed[0] <= 0.0:
+            return curve
+        period = self.period
+        found = 0.0
+        time_reused = 0.0
+        for b in range(top + 1):
+            reused = reuse[b]
+            if reused > 0.0:
+                distance = _LOWS[b]  # the arrivals at least this old: exposed to this reuse
+                j = int(distance // period)
+                if j < len(per_epoch):
+                    fraction = ((j + 1) * period - distance) / period
+                    at_risk = exposed[j + 1] + fraction * per_epoch[j]
                 else:
-                    high = middle
-            limits, _ = choose(high)
-        else:
-            limits = [UNLIMITED if lim > 0 else 0.0 for lim in limits]
-        for cls in range(1, CLASSES):  # never keep a later access class shorter
-            limits[cls] = max(limits[cls], limits[cls - 1])
-        self.limits = limits
-        for cls in range(CLASSES):
-            self._arrivals[cls] *= self.decay
-            row = self._reuse[cls]
-            for b in range(MAX_BINS):
-                row[b] *= self.decay
-        self._window *= self.decay
+                    at_risk = exposed[-1]
+                if at_risk > 0.0:
+                    share = min(reused / at_risk, 1.0 - found)
+                    found += share
+                    time_reused += share * _MIDS[b]
+            if reused > 0.0 or b == top:
+                limit = _EDGES[b]
+                curve.append((time_reused + (1.0 - found) * limit, found, limit))
+        return curve if found >= MIN_REUSE else curve[:1]
+
+    def _move_horizon(self, horizon: int) -> None:
+        """Count classes over candidate `horizon` from now on: the resident blocks are
+        queued again by their class under it, oldest first."""
+        self.horizon = horizon
+        self._class_of = class_of = self._states.classes[horizon]
+        queues: list[OrderedDict[OffloadKey, BlockStatus]] = [OrderedDict() for _ in range(CLASSES)]
+        history, resident = self._history, self._resident
+        for key in sorted(resident, key=lambda key: history[key][1]):
+            queues[class_of[history[key][0]]][key] = resident[key]
+        self._queues = queues
 
     # -- CachePolicy ------------------------------------------------------------------------
 
@@ -232,18 +516,35 @@ class LCTCachePolicy(CachePolicy):
         return self._resident.get
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
-        """Whether each (absent) key is worth storing: its class's limit is above 0."""
+        """Whether each (absent) key is worth storing: its class's limit is above 0, and, for
+        a class admitted in part (`shares`), whether this call is the next of that share:
+        every n-th call, by a running credit (deterministic), takes that class's keys, all of
+        them, so a request's blocks of one class are stored together or not at all."""
         answers = []
+        first = self._states.first
+        limits, shares, credits = self.limits, self.shares, self._credit
+        decided: dict[int, bool] = {}
         for key in keys:
-            count, _ = self._seen(key)  # this access included (`on_store_miss` counted it)
-            answers.append(self.limits[_class_of(max(count, 1))] > 0)
+            seen = self._seen(key)  # this access included (`on_store_miss` counted it)
+            cls = self._class_of[seen[0] if seen is not None else first]
+            if limits[cls] <= 0:
+                answers.append(False)
+            elif shares[cls] >= 1.0:
+                answers.append(True)
+            else:
+                admitted = decided.get(cls)
+                if admitted is None:
+                    credit = credits[cls] + shares[cls]
+                    admitted = decided[cls] = credit >= 1.0
+                    credits[cls] = credit - 1.0 if admitted else credit
+                answers.append(admitted)
         return answers
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
+        ghosts, observe = self._ghosts, self._observe
         for key in reversed(keys):  # a request's deepest block first: its prefix is newer
-            count, last = self._seen(key)
-            self._observe(key, count, last)
-            self._remember_ghost(key, count + 1, self._clock)
+            ghosts[key] = observe(ghosts.get(key))
+            ghosts.move_to_end(key)
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         """A block the tier above evicts is not an access: its class stays what the accesses
@@ -251,41 +552,41 @@ class LCTCachePolicy(CachePolicy):
         for key in reversed(keys):
             if key in self._resident:
                 continue
-            count, last = self._seen(key)
-            self._remember_ghost(key, max(count, 1), self._clock if last is None else last)
+            seen = self._ghosts.get(key)
+            self._remember(
+                key, seen if seen is not None else (self._states.first, self._clock, NEVER, NEVER)
+            )
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         if key in self._resident:
             raise BlockStateError(f"lct: key {key!r} is already resident")
-        ghost = self._ghosts.pop(key, None)
-        count, last = ghost if ghost is not None else (1, self._clock)
+        seen = self._ghosts.pop(key, None)
+        history = seen if seen is not None else (self._states.first, self._clock, NEVER, NEVER)
         self._resident[key] = block
-        self._count[key] = count
-        self._last[key] = last
-        self._queues[_class_of(count)][key] = block
+        self._history[key] = history
+        self._queues[self._class_of[history[0]]][key] = block
 
     def remove(self, key: OffloadKey) -> None:
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"lct: key {key!r} is not resident")
-        count = self._count.pop(key)
-        del self._queues[_class_of(count)][key]
-        self._remember_ghost(key, count, self._last.pop(key))
+        history = self._history.pop(key)
+        del self._queues[self._class_of[history[0]]][key]
+        self._remember(key, history)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         for key in reversed(keys):  # tail first, so the request's head is the newest
             block = self._resident.get(key)
             if block is None:
                 continue
-            count = self._count[key]
-            self._observe(key, count, self._last[key])
-            self._count[key] = count + 1
-            self._last[key] = self._clock
-            old, new = _class_of(count), _class_of(count + 1)
-            if old == new:
-                self._queues[new].move_to_end(key)
+            old = self._history[key]
+            new = self._history[key] = self._observe(old)  # may move the horizon
+            class_of = self._class_of
+            old_cls, new_cls = class_of[old[0]], class_of[new[0]]
+            if old_cls == new_cls:
+                self._queues[new_cls].move_to_end(key)
             else:
-                del self._queues[old][key]
-                self._queues[new][key] = block
+                del self._queues[old_cls][key]
+                self._queues[new_cls][key] = block
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
@@ -295,63 +596,71 @@ class LCTCachePolicy(CachePolicy):
         check_evict_count(n)
         if n == 0:
             return []
+        queues = self._queues
+        iterators: list[Iterator[tuple[OffloadKey, BlockStatus]] | None] = [None] * CLASSES
+        heads: list[tuple[OffloadKey, BlockStatus] | None] = [None] * CLASSES
+        overs = [0.0] * CLASSES
+        for cls, queue in enumerate(queues):
+            if queue:
+                entries = iterators[cls] = iter(queue.items())
+                head = heads[cls] = self._next(entries, protected)
+                if head is not None:
+                    overs[cls] = self._past_limit(cls, head[0])
         chosen: list[tuple[OffloadKey, BlockStatus]] = []
-        taken: set[OffloadKey] = set()
-        iterators: list[Iterator[tuple[OffloadKey, BlockStatus]]] = [
-            iter(queue.items()) for queue in self._queues
-        ]
-        heads: list[tuple[OffloadKey, BlockStatus] | None] = [
-            self._next(it, protected, taken) for it in iterators
-        ]
-        clock = self._clock
-        by_ratio = self.order == "ratio"
-        while len(chosen) < n:
-            best, best_over = -1, -UNLIMITED
-            for cls, head in enumerate(heads):
-                if head is None:
-                    continue
-                age = clock - self._last[head[0]]
-                limit = self.limits[cls]
-                if limit == UNLIMITED:  # after every limited class, oldest first
-                    over = age - 1e18
-                elif by_ratio:
-                    over = age / limit if limit > 0 else 1e18 + age
-                else:
-                    over = age - limit
-                if over > best_over:
-                    best, best_over = cls, over
+        while True:
+            best = -1
+            for cls in range(CLASSES):
+                if heads[cls] is not None and (best < 0 or overs[cls] > overs[best]):
+                    best = cls
             if best < 0:
                 return None
-            head = heads[best]
-            assert head is not None
+            head, rest = heads[best], iterators[best]
+            assert head is not None and rest is not None
             chosen.append(head)
-            taken.add(head[0])
-            heads[best] = self._next(iterators[best], protected, taken)
+            if len(chosen) == n:
+                break
+            head = heads[best] = self._next(rest, protected)
+            if head is not None:
+                overs[best] = self._past_limit(best, head[0])
+        history, class_of, clock = self._history, self._class_of, self._clock
         for key, _ in chosen:
-            count = self._count.pop(key)
-            del self._queues[_class_of(count)][key]
+            seen = history.pop(key)
+            del queues[class_of[seen[0]]][key]
             del self._resident[key]
-            self._remember_ghost(key, count, self._last.pop(key))
+            if clock - seen[1] <= self._memory:
+                self._remember(key, seen)
         return chosen
+
+    def _past_limit(self, cls: int, key: OffloadKey) -> float:
+        """How far resident `key` of class `cls` is past its class limit, for `evict`: the
+        largest goes first (a class with no limit after every limited one, oldest first)."""
+        age = self._clock - self._history[key][1]
+        limit = self.limits[cls]
+        if limit == UNLIMITED:
+            return age - 1e18
+        if self.order == "ratio":
+            return age / limit if limit > 0 else 1e18 + age
+        return age - limit
 
     @staticmethod
     def _next(
-        entries: Iterator[tuple[OffloadKey, BlockStatus]],
-        protected: Collection[OffloadKey],
-        taken: set[OffloadKey],
+        entries: Iterator[tuple[OffloadKey, BlockStatus]], protected: Collection[OffloadKey]
     ) -> tuple[OffloadKey, BlockStatus] | None:
+        """The next evictable entry of a queue (each key is in one queue only, so an entry
+        already chosen is never met again)."""
         for entry in entries:
-            if entry[1].ref_cnt == 0 and entry[0] not in protected and entry[0] not in taken:
+            if entry[1].ref_cnt == 0 and entry[0] not in protected:
                 return entry
         return None
 
     def clear(self) -> None:
+        """Forget every block and all learned state: a fresh policy of the same settings."""
         for queue in self._queues:
             queue.clear()
         self._resident.clear()
-        self._count.clear()
-        self._last.clear()
+        self._history.clear()
         self._ghosts.clear()
+        self._learn_afresh()
 
     def __len__(self) -> int:
         return len(self._resident)
