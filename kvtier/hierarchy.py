@@ -374,14 +374,6 @@ async def _close_all(storages: Sequence[BlockStorage], *, reraise: bool = False)
         raise first
 
 
-def _disabled_reason(storage: BlockStorage) -> str | None:
-    """Why a storage disabled itself while open (a `DiskStore` whose files were removed or
-    replaced: its `disabled_reason`), or None while it serves (and for storages that never
-    disable themselves)."""
-    reason = getattr(storage, "disabled_reason", None)
-    return reason if isinstance(reason, str) else None
-
-
 def _open_failure(tier: BaseTierConfig, error: Exception) -> KvtierError:
     """The error that stops a strict open because `tier` could not be opened: its message
     names the tier, its medium and why (and what `strict` means). It is of the class of
@@ -1285,7 +1277,7 @@ class Hierarchy:
         disabled = dict(self._disabled)
         for info, storage in zip(self._info, list(self._storages), strict=False):
             if info.name not in disabled:
-                reason = _disabled_reason(storage)
+                reason = storage.disabled_reason
                 if reason is not None:
                     disabled[info.name] = f"disabled while open: {reason}"
         return disabled
@@ -1321,7 +1313,7 @@ class Hierarchy:
             return
         for position, storage in enumerate(self._storages):
             if position not in self._lost:
-                reason = _disabled_reason(storage)
+                reason = storage.disabled_reason
                 if reason is None:
                     continue
                 self._lost.add(position)

@@ -65,6 +65,13 @@ class BlockStorage(ABC):
         """Blocks stored by an earlier process, oldest first; [] for a volatile tier."""
         return []
 
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why the storage disabled itself while open (its ground moved: a disk store whose
+        files were removed or replaced), or None while it serves. Once set, its writes fail
+        and its reads miss; the hierarchy lists it in `disabled_tiers`."""
+        return None
+
     @abstractmethod
     async def write(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
