@@ -24,6 +24,7 @@ from hierarchy_helpers import BLOCK, blocks_of, key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis_helpers import PASSWORD_ENV, Server
+from test_sharedfs_tier import fill
 
 from kvtier import Hierarchy
 from kvtier.config import parse_config
@@ -377,11 +378,7 @@ async def test_authenticate_false_warns_and_writes_unkeyed_values(
         async with Hierarchy.from_config(
             sharedfs_chain(tmp_path / "nfs", authenticate=False)
         ) as h:
-            keys = [key(i) for i in range(12)]
-            for first in range(0, 12, 4):
-                await h.put(keys[first : first + 4], blocks_of(keys[first : first + 4]))
-            await h.flush()
-            await h.drain()
+            keys = await fill(h, range(12))
             assert torch.equal(await h.get(keys), blocks_of(keys))
             storage = h.storages[-1]
             assert isinstance(storage, SharedFSStorage)
@@ -396,11 +393,7 @@ async def test_an_encrypted_shared_fs_chain(tmp_path: Path) -> None:
     write_key_file(path, fixed_key(0).material())
     config = sharedfs_chain(tmp_path / "nfs", auth_key_file=str(path), encrypt=True)
     async with Hierarchy.from_config(config) as h:
-        keys = [key(i) for i in range(12)]
-        for first in range(0, 12, 4):
-            await h.put(keys[first : first + 4], blocks_of(keys[first : first + 4]))
-        await h.flush()
-        await h.drain()
+        keys = await fill(h, range(12))
         storage = h.storages[-1]
         assert isinstance(storage, SharedFSStorage)
         files = [(k, storage.path_of(k)) for k in keys if storage.path_of(k).exists()]
@@ -475,11 +468,7 @@ async def test_an_encrypted_redis_chain(server: Server) -> None:
     config = {"block_size": BLOCK, "model_id": "auth-model", "strict": True,
               "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
     async with Hierarchy.from_config(config) as h:
-        keys = [key(i) for i in range(16)]
-        for first in range(0, 16, 4):
-            await h.put(keys[first : first + 4], blocks_of(keys[first : first + 4]))
-        await h.flush()
-        await h.drain()
+        keys = await fill(h, range(16))
         with server.client() as client:
             names = client.keys("enc:*")
             assert len(names) >= 8
