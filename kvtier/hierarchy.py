@@ -79,9 +79,8 @@ from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tiered import TieredStoreOutput, slot_ids
 from kvtier.metrics import LatencyHistogram, register_metrics, unregister_metrics
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.registry import TierAccess, TierContext, open_storage, registered_media
-from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.storage import BlockStorage, TensorStorage
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -973,7 +972,7 @@ class Hierarchy:
         keys = _check_keys(keys, "get")
         deadline = self._deadline(timeout_s, "get")
         top = self._storages[0]
-        device = top.device if isinstance(top, TorchPool) else torch.device("cpu")
+        device = top.device if isinstance(top, TensorStorage) else torch.device("cpu")
         out = torch.empty((len(keys), self.block_size), dtype=torch.uint8, device=device)
         served = await self._serve(keys, out, np.arange(len(keys), dtype=np.int64), deadline)
         return out[:served]

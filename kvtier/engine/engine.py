@@ -41,8 +41,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.manager.jobs import CopyStep, JobKind, TransferJob
 from kvtier.manager.tiered import TieredManager
-from kvtier.tiers.pool import TorchPool
-from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.storage import BlockStorage, TensorStorage, TierAccess
 from kvtier.tiers.tensor_copy import TensorCopier
 
 log = logging.getLogger("kvtier.engine")
@@ -255,7 +254,7 @@ class TransferEngine:
         """`staging`: the arena that lets demotions and cascades to slow tiers give their
         sources back after a memory copy; None: they hold them until written.
         `tensor_tiers`: per tier, whether its bytes are a torch tensor pool (its kind's
-        declared access; default: whether the storage is a `TorchPool`)."""
+        declared access; default: each storage's own `access`)."""
         if len(storages) != len(manager.tiers):
             raise InvalidValueError(f"{len(storages)} storages for {len(manager.tiers)} tiers")
         if max_pending_cascades < 0:
@@ -273,12 +272,12 @@ class TransferEngine:
         self.tensor_tiers = (
             list(tensor_tiers)
             if tensor_tiers is not None
-            else [isinstance(storage, TorchPool) for storage in storages]
+            else [storage.access is TierAccess.TENSOR for storage in storages]
         )
         if len(self.tensor_tiers) != len(self.storages):
             raise InvalidValueError(f"{len(self.tensor_tiers)} access flags for {len(storages)}")
         for index, (tensor, storage) in enumerate(zip(self.tensor_tiers, storages, strict=True)):
-            if tensor and not isinstance(storage, TorchPool):
+            if tensor and not isinstance(storage, TensorStorage):
                 raise InvalidValueError(
                     f"tier {self.names[index]!r} is declared a tensor pool, but its storage is "
                     f"a {type(storage).__name__}: declare its access as host buffers or client"
@@ -475,7 +474,7 @@ class TransferEngine:
         """Copy a step's source blocks into arena rows; None if the copy failed."""
         staging = self.staging
         source = self.storages[step.src]
-        if staging is None or not isinstance(source, TorchPool):
+        if staging is None or not isinstance(source, TensorStorage):
             return None
         rows = await staging.acquire(len(src_ids))
         try:

@@ -17,10 +17,8 @@ import numpy.typing as npt
 import torch
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.pool import TorchPool, cuda_available
-from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure
-from kvtier.tiers.tensor_copy import TensorCopier
+from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, TensorStorage, TierAccess
+from kvtier.tiers.tensor_copy import TensorCopier, cuda_available
 
 Endpoint = BlockStorage | torch.Tensor
 """Where blocks are: a tier's storage, or a `[n, block_size]` uint8 tensor of the caller."""
@@ -35,8 +33,9 @@ store unreachable), not "bad bytes"."""
 class MoveResult:
     """Per-block outcome of a move: keys that did not arrive, and keys whose source could not
     be read (the source block must be dropped from the bookkeeping). `gone` are those of
-    `corrupt` that a shared store (a `KeyedStorage`) no longer holds or could not be asked
-    for: not damage (nothing to delete, nothing counted as corrupt), only a miss."""
+    `corrupt` that a client tier (`TierAccess.CLIENT`: a shared store) no longer holds or
+    could not be asked for: not damage (nothing to delete, nothing counted as corrupt), only
+    a miss."""
 
     failed: frozenset[OffloadKey] = frozenset()
     corrupt: frozenset[OffloadKey] = frozenset()
@@ -46,7 +45,7 @@ class MoveResult:
 def _tensor_of(endpoint: Endpoint) -> torch.Tensor | None:
     if isinstance(endpoint, torch.Tensor):
         return endpoint
-    if isinstance(endpoint, TorchPool):
+    if isinstance(endpoint, TensorStorage):
         return endpoint.tensor
     return None
 
@@ -100,7 +99,7 @@ async def move(
     bad = frozenset(k for k, f in zip(keys, failures, strict=True) if f is not None)
     gone = (
         frozenset(k for k, f in zip(keys, failures, strict=True) if f in _NOT_DAMAGE)
-        if isinstance(src, KeyedStorage)
+        if src.access is TierAccess.CLIENT
         else frozenset()
     )
     if staged_out is not None:

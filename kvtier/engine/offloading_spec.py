@@ -26,7 +26,7 @@ from kvtier.manager.base import OffloadingEvent, PrepareStoreOutput
 from kvtier.manager.handler import OffloadingHandler
 from kvtier.specs.base import LoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCaches
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.storage import TensorStorage
 
 if TYPE_CHECKING:
     from kvtier.hierarchy import Hierarchy
@@ -82,7 +82,7 @@ class OffloadingSpec:
             raise SpecError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         top = hierarchy.storages[0]
         medium = hierarchy.tiers[0].medium
-        if medium != "cpu" or not isinstance(top, TorchPool) or top.device.type != "cpu":
+        if medium != "cpu" or not isinstance(top, TensorStorage) or top.device.type != "cpu":
             raise SpecError(
                 f"the hierarchy's top tier {hierarchy.tiers[0].name!r} must be host memory "
                 f"(medium 'cpu', not {medium!r}): GPU blocks are offloaded to it"

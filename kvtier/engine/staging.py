@@ -21,7 +21,7 @@ import numpy.typing as npt
 import torch
 
 from kvtier.errors import InvalidValueError
-from kvtier.tiers.pool import cuda_available
+from kvtier.tiers.tensor_copy import cuda_available
 
 DEFAULT_STAGING_BYTES = 256 << 20
 """Default size of a hierarchy's staging arena (at least 64 blocks are always allowed)."""

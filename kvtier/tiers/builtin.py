@@ -8,9 +8,10 @@ import asyncio
 
 from kvtier.config import CPUTierConfig, DiskTierConfig, GPUTierConfig
 from kvtier.namespaces import combined_model_id
-from kvtier.tiers.pool import TorchPool, cuda_available
+from kvtier.tiers.pool import TorchPool
 from kvtier.tiers.registry import TierContext
 from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.tensor_copy import cuda_available
 
 
 async def open_gpu_tier(config: GPUTierConfig, context: TierContext) -> BlockStorage:

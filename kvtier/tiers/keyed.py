@@ -21,10 +21,11 @@ from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.storage import BlockStorage, TierAccess
 
 log = logging.getLogger("kvtier.tiers.keyed")
 
@@ -34,6 +35,7 @@ Listener = Callable[[], None]
 class KeyedStorage(BlockStorage):
     """A `BlockStorage` addressed by key that answers lookups itself (see module doc)."""
 
+    access: ClassVar[TierAccess] = TierAccess.CLIENT
     _listener: Listener | None = None
 
     @abstractmethod

@@ -19,13 +19,8 @@ import torch
 
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure
-from kvtier.tiers.tensor_copy import TensorCopier
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a usable CUDA device."""
-    return bool(torch.cuda.is_available())
+from kvtier.tiers.storage import HostBuffer, ReadFailure, TensorStorage
+from kvtier.tiers.tensor_copy import TensorCopier, cuda_available
 
 
 def resolve_device(requested: str) -> tuple[torch.device, str | None]:
@@ -49,7 +44,7 @@ def _page_aligned_host(num_bytes: int) -> tuple[torch.Tensor, mmap.mmap]:
     return torch.frombuffer(mapping, dtype=torch.uint8), mapping
 
 
-class TorchPool(BlockStorage):
+class TorchPool(TensorStorage):
     """`num_blocks` blocks of `block_size` bytes in one tensor on `device`."""
 
     def __init__(

@@ -38,7 +38,6 @@ gpu, cpu and disk are registered when this module is imported; their openers are
 
 from __future__ import annotations
 
-import enum
 import importlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,7 +49,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.namespaces import block_namespace
 from kvtier.specs.base import Medium
 from kvtier.tiers.remote.config import RedisTierConfig, SharedFSTierConfig
-from kvtier.tiers.storage import BlockStorage
+from kvtier.tiers.storage import BlockStorage, TierAccess
 
 if TYPE_CHECKING:
     from kvtier.tiers.tensor_copy import TensorCopier
@@ -68,17 +67,6 @@ __all__ = [
 
 _MEDIUM_PATTERN = re.compile(r"[a-z][a-z0-9_-]*")
 _OPENER_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
-class TierAccess(enum.Enum):
-    """How a tier's bytes are reached."""
-
-    TENSOR = "tensor"
-    """A torch tensor pool: copies in and out are tensor copies (gpu, cpu)."""
-    HOST_BUFFERS = "host-buffers"
-    """The storage reads and writes host buffers by slot (disk)."""
-    CLIENT = "client"
-    """A client that sends and fetches bytes by key (Redis, ...)."""
 
 
 @dataclass(frozen=True)

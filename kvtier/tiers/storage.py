@@ -17,11 +17,15 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from kvtier.keys import OffloadKey
+
+if TYPE_CHECKING:
+    import torch
 
 HostBuffer = npt.NDArray[np.uint8]
 """One block's bytes in host memory: a contiguous, one-dimensional uint8 array."""
@@ -42,6 +46,19 @@ class ReadFailure(enum.StrEnum):
     """The stored bytes could not be decompressed."""
 
 
+class TierAccess(enum.Enum):
+    """How a tier's bytes are reached: declared by a tier's kind (`TierKind.access`) and by
+    its storage class (`BlockStorage.access`), which the registry checks agree when it opens
+    a storage. The transfer engine routes bytes by it, never by a storage's concrete type."""
+
+    TENSOR = "tensor"
+    """A torch tensor pool (`TensorStorage`): copies in and out are tensor copies (gpu, cpu)."""
+    HOST_BUFFERS = "host-buffers"
+    """The storage reads and writes host buffers by slot (disk)."""
+    CLIENT = "client"
+    """A client that sends and fetches bytes by key (Redis, ...): a `KeyedStorage`."""
+
+
 @dataclass(frozen=True, slots=True)
 class RestoredBlock:
     """A block found in a persistent tier when it was opened: `key` lives in `slot`."""
@@ -55,6 +72,8 @@ class BlockStorage(ABC):
 
     num_blocks: int
     block_size: int
+    access: ClassVar[TierAccess] = TierAccess.HOST_BUFFERS
+    """How the transfer engine reaches the bytes (see `TierAccess`)."""
 
     @property
     @abstractmethod
@@ -92,3 +111,16 @@ class BlockStorage(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Flush and release files and memory. Idempotent."""
+
+
+class TensorStorage(BlockStorage):
+    """A storage whose slots are the rows of one `[num_blocks, block_size]` uint8 tensor
+    (`tensor`, on `device`): the transfer engine copies to and from it with tensor copies (on
+    a CUDA stream between devices), and hands host rows of it to other tiers' reads and
+    writes directly."""
+
+    access: ClassVar[TierAccess] = TierAccess.TENSOR
+    tensor: torch.Tensor
+    """The blocks, one row per slot."""
+    device: torch.device
+    """Where the blocks live."""

@@ -47,6 +47,11 @@ _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3
 
 
+def cuda_available() -> bool:
+    """Whether torch sees a usable CUDA device."""
+    return bool(torch.cuda.is_available())
+
+
 def coalesce(
     src_ids: npt.NDArray[np.int64], dst_ids: npt.NDArray[np.int64]
 ) -> list[tuple[int, int, int]]:
