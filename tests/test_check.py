@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import main
-from kvtier.config import DiskTierConfig, load_config
+from kvtier.config import load_config
 from kvtier.keys import key_from_int
 from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk.kind import DiskTierConfig
 
 BLOCK = 4096
 BLOCKS = 6

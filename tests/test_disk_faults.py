@@ -20,7 +20,12 @@ from kvtier.errors import DirectIOError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import empty_buffers
 from kvtier.tiers.disk import Codec, DiskStore, FaultyIO, IndexRecord
-from kvtier.tiers.disk.testing import deterministic_block, flip_byte, stored_bytes
+from kvtier.tiers.disk.testing import (
+    deterministic_block,
+    flip_byte,
+    index_behind,
+    stored_bytes,
+)
 from kvtier.tiers.storage import ReadFailure
 
 BLOCK = 4096
@@ -252,7 +257,7 @@ async def test_an_undecodable_frame_is_a_codec_failure(tmp_path: Path) -> None:
         with path.open("r+b") as file:
             file.seek(offset)
             file.write(garbage)
-        disk._index_put([(k(1), 3, int(Codec.ZSTD), garbage)])
+        index_behind(disk, [(k(1), 3, int(Codec.ZSTD), garbage)])
         results, _ = await read(disk, [1], [3])
         assert results == [ReadFailure.CODEC]
         (problem,) = disk.check().problems
@@ -268,7 +273,7 @@ async def test_check_finds_a_slot_claimed_twice_and_keeps_the_newest(tmp_path: P
         record = disk.record(k(1))
         assert record is not None
         stale = IndexRecord(3, record.length, record.codec, record.checksum, seq=0)
-        disk._open_index.put([(k(9), stale)])  # behind the store's back
+        disk._catalog.index.put([(k(9), stale)])  # behind the store's back
         report = disk.check()
         assert [(p.key, p.slot) for p in report.problems] == [(k(9), 3)]
         assert "claimed" in report.problems[0].what
@@ -284,7 +289,7 @@ async def test_reopen_drops_the_older_of_two_records_for_one_slot(tmp_path: Path
     assert await write(disk, [1], [3]) == [None]
     record = disk.record(k(1))
     assert record is not None
-    disk._open_index.put([(k(9), IndexRecord(3, BLOCK, 0, 0, seq=0))])
+    disk._catalog.index.put([(k(9), IndexRecord(3, BLOCK, 0, 0, seq=0))])
     await disk.aclose()
     disk = open_store(tmp_path)
     try:
@@ -491,7 +496,7 @@ async def test_a_write_racing_a_read_makes_the_read_a_miss_not_a_corruption(
     try:
         assert await write(disk, [1], [3]) == [None]
         # Between the read's index lookup and its preadv, block 2 is written over slot 3.
-        io.before_read = lambda: disk._write_blocks([k(2)], [3], [deterministic_block(2, BLOCK)])
+        io.before_read = lambda: disk._lane.write_now([k(2)], [3], [deterministic_block(2, BLOCK)])
         results, _ = await read(disk, [1], [3])
         assert results == [ReadFailure.NOT_INDEXED]
         assert disk.stats.read_failures == {ReadFailure.NOT_INDEXED: 1}

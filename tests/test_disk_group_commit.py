@@ -21,7 +21,7 @@ import lmdb
 import numpy as np
 import pytest
 
-import kvtier.tiers.disk.store as disk_store
+import kvtier.tiers.disk.lane as disk_lane
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import empty_buffers
@@ -117,7 +117,7 @@ async def queued(disk: DiskStore, count: int) -> None:
     """Let the tasks just created run up to their first await (each queues its call there),
     and check that `count` calls wait in the lane's queue."""
     await asyncio.sleep(0)
-    assert len(disk._queue) == count
+    assert disk._lane.queued == count
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ async def test_concurrent_writes_merge_into_one_group_with_one_sync_and_commit(
 async def test_a_group_is_bounded(
     tmp_path: Path, io: GateIO, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(disk_store, "WRITE_GROUP_BYTES", 5 * 20 * BLOCK)  # five batches
+    monkeypatch.setattr(disk_lane, "WRITE_GROUP_BYTES", 5 * 20 * BLOCK)  # five batches
     disk = open_store(tmp_path, io=io)
     try:
         first = await hold_the_lane(disk, io)
@@ -212,9 +212,7 @@ async def test_forgets_merge_into_the_group_of_the_writes_around_them(
         await disk.aclose()
 
 
-async def test_queued_calls_on_one_slot_or_key_keep_their_order(
-    tmp_path: Path, io: GateIO
-) -> None:
+async def test_queued_calls_on_one_slot_or_key_keep_their_order(tmp_path: Path, io: GateIO) -> None:
     disk = open_store(tmp_path, io=io)
     try:
         first = await hold_the_lane(disk, io)
@@ -273,7 +271,7 @@ async def test_a_failed_group_commit_fails_every_block_of_the_group(
     disk = open_store(tmp_path, io=io)
     try:
         assert await write(disk, [1, 2, 3], [0, 1, 2]) == [None] * 3
-        index = disk._open_index
+        index = disk._catalog.index
         update = index.update
         calls: list[int] = []
 
@@ -482,11 +480,11 @@ async def test_reopening_after_a_killed_group_drops_the_records_of_torn_slots(
 async def test_a_group_records_its_slots_in_the_in_flight_log(tmp_path: Path) -> None:
     disk = open_store(tmp_path)
     try:
-        assert disk._inflight is not None and disk._inflight.read() == []
+        assert disk._files.inflight is not None and disk._files.inflight.read() == []
         assert await write(disk, [1, 2, 3], [7, 2, 300]) == [None] * 3
-        assert disk._inflight.read() == [7, 2, 300]
+        assert disk._files.inflight.read() == [7, 2, 300]
         await disk.forget([k(1)])  # a group that writes nothing leaves the log alone
-        assert disk._inflight.read() == [7, 2, 300]
+        assert disk._files.inflight.read() == [7, 2, 300]
     finally:
         await disk.aclose()
 
@@ -506,12 +504,11 @@ async def test_a_torn_or_foreign_in_flight_log_reads_as_empty(tmp_path: Path, da
         path.write_bytes(b"not a log at all" * 3)
     disk = open_store(tmp_path)
     try:
-        assert disk._inflight is not None and disk._inflight.read() == []
+        assert disk._files.inflight is not None and disk._files.inflight.read() == []
         assert disk.stats.dropped_at_open == 0
         await assert_intact(disk, [1], [5])
     finally:
         await disk.aclose()
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,7 +545,7 @@ async def test_a_write_group_waits_for_the_reads_in_flight(
 ) -> None:
     """A group does not start while a read is on the device (here: held in preadv), so the
     read is not slowed down by it; it starts as soon as the read is done."""
-    monkeypatch.setattr(disk_store, "READS_FIRST_WAIT_S", GATE_TIMEOUT)
+    monkeypatch.setattr(disk_lane, "READS_FIRST_WAIT_S", GATE_TIMEOUT)
     io = ReadGateIO()
     disk = open_store(tmp_path, io=io)
     try:
@@ -573,7 +570,7 @@ async def test_reads_never_starve_the_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a read stuck on the device, a write still goes through after the bounded wait."""
-    monkeypatch.setattr(disk_store, "READS_FIRST_WAIT_S", 0.05)
+    monkeypatch.setattr(disk_lane, "READS_FIRST_WAIT_S", 0.05)
     io = ReadGateIO()
     disk = open_store(tmp_path, io=io)
     try:

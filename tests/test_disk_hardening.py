@@ -272,15 +272,15 @@ async def test_a_clean_close_is_trusted_and_a_crash_is_probed(
     store_dir = await fill(tmp_path, 4)
     assert (store_dir / "index" / "clean").exists()
     probes: list[Path] = []
-    import kvtier.tiers.disk.store as store_module
+    import kvtier.tiers.disk.recovery as recovery_module
 
-    real_probe = store_module.probe_index
+    real_probe = recovery_module.probe_index
 
     def counting_probe(path: Path, *args: Any) -> str | None:
         probes.append(path)
         return real_probe(path, *args)
 
-    monkeypatch.setattr(store_module, "probe_index", counting_probe)
+    monkeypatch.setattr(recovery_module, "probe_index", counting_probe)
     disk = open_store(tmp_path)
     assert not (store_dir / "index" / "clean").exists()  # taken while open
     disk.close()
@@ -322,7 +322,7 @@ async def test_an_index_damaged_while_open_is_replaced_from_memory(
 
 
 def test_a_groups_entries_are_the_ones_a_single_block_would_get() -> None:
-    from kvtier.tiers.disk.header import (
+    from kvtier.tiers.disk.layout import (
         BlockHeader,
         bound_checksum,
         group_entries,

@@ -38,7 +38,8 @@ from kvtier.tiers.disk import (
     IndexRecord,
     layout_fingerprint,
 )
-from kvtier.tiers.disk.slab import IOV_MAX, SlabLayout
+from kvtier.tiers.disk.io import IOV_MAX
+from kvtier.tiers.disk.layout import StoreLayout
 from kvtier.tiers.disk.testing import backdoor_read, backdoor_write, deterministic_block
 from kvtier.tiers.storage import BlockStorage, ReadFailure, RestoredBlock
 
@@ -425,7 +426,7 @@ async def test_a_batch_longer_than_iov_max(tmp_path: Path) -> None:
 
 
 def test_runs_are_cut_at_gaps_files_short_blocks_and_iov_max() -> None:
-    layout = SlabLayout(num_blocks=4000, block_size=10, slots_per_file=2000)
+    layout = StoreLayout(num_blocks=4000, block_size=10, slots_per_file=2000)
     slots = [5, 3, 4, 7, 1999, 2000, 2001]
     runs = layout.runs(range(len(slots)), slots, ends_run=lambda member: member == 2)
     assert [[slots[m] for m in run.members] for run in runs] == [

@@ -1,15 +1,21 @@
 """The disk tier's storage: fixed-size slots in preallocated slab files, an LMDB index that
 records each block's slot, codec and checksum, and every read verified.
 
-`DiskStore` is the `BlockStorage`; `FileIO` / `FaultyIO` are the replaceable system calls it
-makes (the latter injects errors for tests); `BlockIndex`, `BlockCodec` and `SlabLayout` are
-its parts, exposed for tools.
+`DiskStore` is the `BlockStorage` (store.py, a facade over the parts listed there);
+`FileIO` / `FaultyIO` are the replaceable system calls it makes (the latter injects errors for
+tests); `StoreLayout`, `BlockIndex` and `BlockCodec` are parts exposed for tools.
 """
 
 from kvtier.tiers.disk.codec import BlockCodec, Codec, Compression
-from kvtier.tiers.disk.index import LAYOUT_VERSION, BlockIndex, IndexRecord, layout_fingerprint
-from kvtier.tiers.disk.io import Fault, FaultyIO, FileIO
-from kvtier.tiers.disk.slab import ALIGNMENT, SlabLayout, slab_file_name
+from kvtier.tiers.disk.index import BlockIndex
+from kvtier.tiers.disk.io import ALIGNMENT, Fault, FaultyIO, FileIO
+from kvtier.tiers.disk.layout import (
+    LAYOUT_VERSION,
+    IndexRecord,
+    StoreLayout,
+    layout_fingerprint,
+    slab_file_name,
+)
 from kvtier.tiers.disk.store import (
     DEFAULT_SLAB_FILE_BYTES,
     CheckProblem,
@@ -36,7 +42,7 @@ __all__ = [
     "FaultyIO",
     "FileIO",
     "IndexRecord",
-    "SlabLayout",
+    "StoreLayout",
     "layout_fingerprint",
     "slab_file_name",
 ]

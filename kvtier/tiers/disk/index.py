@@ -2,69 +2,61 @@
 
 LMDB gives crash-safe transactions (copy-on-write B-tree, two meta pages), so a batch of
 records is committed all or nothing and a process killed mid-commit leaves the previous state.
-Two named databases: `meta` holds the layout (fingerprint, block size, model id, slots per
-slab file) that every open checks, and `blocks` maps an `OffloadKey` to an `IndexRecord`.
+Two named databases: `meta` holds the layout record (layout.py) that every open checks, and
+`blocks` maps an `OffloadKey` to a packed `IndexRecord` (layout.py). This module is the LMDB
+I/O only; what the records mean is layout.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
-import struct
+import logging
+import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import lmdb
 
 from kvtier.keys import OffloadKey
-
-LAYOUT_VERSION = 2
-"""Version of the on-disk layout (slab addressing, record format). Part of the fingerprint,
-so blocks written under another layout are never served."""
+from kvtier.tiers.disk.index_check import DATA_FILE, move_aside
+from kvtier.tiers.disk.io import round_up
+from kvtier.tiers.disk.layout import IndexRecord, StoreLayout
+from kvtier.tiers.disk.safety import (
+    FILE_MODE,
+    FileId,
+    file_id,
+    make_dirs,
+    open_file,
+    preallocate,
+    refuse_symlink,
+)
 
 _META_DB = b"meta"
 _BLOCKS_DB = b"blocks"
 _LAYOUT_KEY = b"layout"
 _NUM_BLOCKS_KEY = b"num_blocks"
 
+DAMAGE_ERRORS = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.InvalidError,
+    lmdb.BadTxnError,
+)
+"""LMDB errors that mean the index file is damaged (not full, not busy)."""
 
-def layout_fingerprint(block_size: int, model_id: str) -> str:
-    """A short hash of (layout version, block size, model id): the name of a store's
-    directory and the value its index must record. Blocks of another model or block size
-    live under another fingerprint and so are never read as this store's."""
-    text = json.dumps(["kvtier-disk", LAYOUT_VERSION, block_size, model_id])
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+_log = logging.getLogger("kvtier.disk")
+_LMDB_FILES = (DATA_FILE, "lock.mdb")
+_REPLACE_BATCH = 65536
+"""Records per transaction when an index is written whole (a rebuild, a replacement)."""
 
 
-@dataclass(frozen=True, slots=True)
-class IndexRecord:
-    """Where and how one block is stored.
-
-    `length` is the number of bytes stored at the start of the slot (the block size for a raw
-    block, the frame size for a zstd one); `checksum` is xxh3-64 of exactly those bytes;
-    `seq` grows with every record written, so the oldest blocks can be listed first.
-    """
-
-    slot: int
-    length: int
-    codec: int
-    checksum: int
-    seq: int
-
-    FORMAT: ClassVar[struct.Struct] = struct.Struct("<QQBQQ")
-
-    def pack(self) -> bytes:
-        """The record as stored in LMDB (fixed size, little-endian)."""
-        return self.FORMAT.pack(self.slot, self.length, self.codec, self.checksum, self.seq)
-
-    @classmethod
-    def unpack(cls, data: bytes) -> IndexRecord:
-        """The record stored as `data`; raises ValueError if it has the wrong size."""
-        if len(data) != cls.FORMAT.size:
-            raise ValueError(f"an index record has {cls.FORMAT.size} bytes, got {len(data)}")
-        return cls(*cls.FORMAT.unpack(data))
+def index_reserve(num_blocks: int) -> int:
+    """Bytes reserved for the index file of `num_blocks` slots (about 512 per slot, at least
+    1 MiB)."""
+    return max(1 << 20, round_up(num_blocks * 512, 1 << 20))
 
 
 class BlockIndex:
@@ -169,3 +161,73 @@ class BlockIndex:
     def close(self) -> None:
         """Close the environment (committed data is already on disk)."""
         self._env.close()
+
+    def write_all(self, records: list[tuple[OffloadKey, bytes]]) -> None:
+        """Write `records` (key, packed record) in transactions of a bounded size."""
+        for start in range(0, len(records), _REPLACE_BATCH):
+            self.update((), records[start : start + _REPLACE_BATCH])
+
+
+class IndexHome:
+    """The directory of a store's index: opens the LMDB environment there, its files' mode
+    tightened and its space reserved, and replaces a damaged one with a fresh one."""
+
+    def __init__(self, path: Path, layout: StoreLayout, *, durable: bool) -> None:
+        self.path = path
+        self.layout = layout
+        self.durable = durable
+
+    def open(self) -> BlockIndex:
+        """Open (or create) the index, the files it creates 0600 and its map preallocated,
+        so a full disk fails here, not at a later commit."""
+        reserve = index_reserve(self.layout.num_blocks)
+        new_files = []
+        for name in _LMDB_FILES:
+            refuse_symlink(self.path / name)  # LMDB opens them itself, following links
+            if not (self.path / name).exists():
+                new_files.append(self.path / name)
+        index = BlockIndex(self.path, map_size=reserve, durable=self.durable)
+        try:
+            for path in new_files:  # only what this open created: a umask may narrow it
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(path, FILE_MODE)
+            fd = open_file(self.path / DATA_FILE, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size < reserve:
+                    preallocate(fd, reserve, self.path / DATA_FILE)
+            finally:
+                os.close(fd)
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    def file_id(self) -> FileId | None:
+        """The identity of the index's data file now, or None when it cannot be examined
+        (it is then not watched: the other files still are)."""
+        try:
+            return file_id(self.path / DATA_FILE)
+        except OSError:
+            return None
+
+    def replace(
+        self, damaged: BlockIndex, records: list[tuple[OffloadKey, bytes]], why: str
+    ) -> BlockIndex:
+        """Close `damaged` (damaged because `why`), move it aside (logged) and open a fresh
+        index holding `records` (key, packed record): the caller's truth in memory. Raises
+        lmdb.Error / OSError when that fails (the fresh index is then closed)."""
+        with contextlib.suppress(lmdb.Error):
+            damaged.close()
+        aside = move_aside(self.path)
+        _log.error(
+            "disk tier %s: %s; moved it aside to %s, rebuilding", self.path.parent, why, aside
+        )
+        make_dirs(self.path, create_parents=False)
+        fresh = self.open()
+        try:
+            fresh.write_layout(self.layout.meta(), self.layout.num_blocks)
+            fresh.write_all(records)
+        except BaseException:
+            fresh.close()
+            raise
+        return fresh

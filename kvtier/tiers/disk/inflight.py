@@ -21,7 +21,6 @@ by a crash belongs to a group that wrote no slot yet.
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 from collections.abc import Sequence
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
+
+from kvtier.tiers.disk.io import pwritev_all
 
 _MAGIC = b"kvtinfl1"
 _HEADER = struct.Struct("<8sQ")
@@ -71,11 +72,11 @@ class InflightLog:
         return [int(slot) for slot in np.frombuffer(data, "<u8", count, _HEADER.size)]
 
     def record(self, slots: Sequence[int]) -> None:
-        """Replace the log with `slots`; raises OSError if it cannot be written whole."""
+        """Replace the log with `slots` (a short write resumed); raises OSError if it cannot be
+        written whole."""
         body = _HEADER.pack(_MAGIC, len(slots)) + np.asarray(slots, dtype="<u8").tobytes()
         data = body + _TRAILER.pack(xxhash.xxh3_64_intdigest(body))
-        if os.pwrite(self._fd, data, 0) != len(data):
-            raise OSError(errno.EIO, "short write to the in-flight log", str(self.path))
+        pwritev_all(self._fd, [data], 0)
 
     def clear(self) -> None:
         """Empty the log (once the records it covers have been checked)."""

@@ -1,19 +1,28 @@
-"""The few system calls a disk store makes on its slab files, behind one replaceable object.
+"""The system calls of a disk store, behind one replaceable object, and the loops around them.
 
 `FileIO` is the real thing (thin wrappers of `os`); `FaultyIO` is a `FileIO` that raises
 chosen errors (ENOSPC, EIO, EINVAL, ...) on chosen files, offsets or calls, so tests exercise
 the failure paths of a store without monkeypatching `os` and without a broken disk.
+
+A `pwritev` / `preadv` may move fewer bytes than asked (a signal, a file system's limit per
+call, the end of a file). The loops that resume such a call where it stopped live here, once:
+`pwritev_all`, `preadv_fill` and `preadv_all`; the store's write lane, its reader, its check
+and the benchmarks all call them. `staging_buffer` is the page-aligned memory that O_DIRECT
+needs.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from kvtier.errors import InvalidValueError
 
@@ -22,6 +31,21 @@ _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 
 IOBuffer = bytes | bytearray | memoryview
 """One buffer of a `pwritev` / `preadv` call (a numpy array is passed as its `.data`)."""
+
+ALIGNMENT = 4096
+"""Alignment of O_DIRECT buffers, offsets and lengths (the page size; enough on every disk)."""
+
+
+def _iov_max() -> int:
+    try:
+        value = os.sysconf("SC_IOV_MAX")
+    except (ValueError, OSError):
+        return 1024
+    return value if value > 0 else 1024
+
+
+IOV_MAX = _iov_max()
+"""The most buffers one `pwritev` / `preadv` takes."""
 
 Operation = Literal["open", "pwritev", "preadv", "fsync", "allocate"]
 OPERATIONS: tuple[Operation, ...] = ("open", "pwritev", "preadv", "fsync", "allocate")
@@ -207,3 +231,114 @@ class FaultyIO(FileIO):
     def fsync(self, fd: int) -> None:
         self._check("fsync", self._path(fd))
         super().fsync(fd)
+
+
+PLAIN_IO = FileIO()
+"""The real system calls, for callers with no `FileIO` of their own (the header file, the
+benchmarks)."""
+
+
+def round_up(value: int, multiple: int) -> int:
+    """`value` rounded up to a multiple of `multiple`."""
+    return -(-value // multiple) * multiple
+
+
+def byte_views(buffers: Sequence[IOBuffer]) -> list[memoryview]:
+    """Each buffer as a flat memoryview of bytes (what the loops below slice)."""
+    return [memoryview(buffer).cast("B") for buffer in buffers]
+
+
+def advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of `views` (flat byte views, back to back) once their first `done` bytes
+    have been moved: whole views dropped, the first one left cut."""
+    first = 0
+    while first < len(views) and done >= views[first].nbytes:
+        done -= views[first].nbytes
+        first += 1
+    rest = views[first:]
+    if rest and done:
+        rest[0] = rest[0][done:]
+    return rest
+
+
+def pwritev_all(
+    fd: int,
+    buffers: Sequence[IOBuffer],
+    offset: int,
+    *,
+    io: FileIO = PLAIN_IO,
+    nbytes: int | None = None,
+) -> int:
+    """Write all of `buffers`, back to back, at `offset` of `fd`, resuming after a partial
+    write until every byte is written; the bytes written. `nbytes` (their total, when the
+    caller knows it) lets a write that completes in one call skip building views. Raises the
+    OSError of a failed call, and OSError(EIO) when a call writes nothing (a write that cannot
+    progress would otherwise loop for ever)."""
+    written = io.pwritev(fd, buffers, offset)
+    views = byte_views(buffers) if nbytes is None or written != nbytes else []
+    total = sum(view.nbytes for view in views) if views else written
+    done = written
+    while True:
+        if done >= total:
+            return total
+        if written <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote nothing at offset {offset + done}")
+        views = advance(views, written)
+        written = io.pwritev(fd, views, offset + done)
+        done += max(written, 0)
+
+
+def preadv_fill(fd: int, buffers: Sequence[IOBuffer], offset: int, *, io: FileIO = PLAIN_IO) -> int:
+    """Read into all of `buffers`, back to back, from `offset` of `fd`, resuming after a
+    partial read until they are full or the file ends (a call that reads nothing); the bytes
+    read, fewer than asked only at the end of the file or after an error. The first call's
+    OSError propagates (nothing was read); a later call's ends the read, so the caller sees
+    a short read and can tell which buffers were filled."""
+    views = byte_views(buffers)
+    total = 0
+    while views:
+        try:
+            got = io.preadv(fd, views, offset + total)
+        except OSError:
+            if total == 0:
+                raise
+            break
+        if got <= 0:
+            break
+        total += got
+        views = advance(views, got)
+    return total
+
+
+def preadv_all(fd: int, buffers: Sequence[IOBuffer], offset: int, *, io: FileIO = PLAIN_IO) -> None:
+    """Fill all of `buffers`, back to back, from `offset` of `fd` (`preadv_fill`); raises
+    OSError(EIO) when the file ends first, and the OSError of a failed call."""
+    wanted = sum(memoryview(buffer).nbytes for buffer in buffers)
+    got = preadv_fill(fd, buffers, offset, io=io)
+    if got < wanted:
+        raise OSError(errno.EIO, f"short read: {got} of {wanted} bytes at offset {offset}")
+
+
+_STAGING_CACHE_BYTES = 64 << 20
+"""Largest staging buffer a thread keeps for its next call."""
+_staging_cache = threading.local()
+
+
+def staging_buffer(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A page-aligned uint8 buffer of `nbytes` bytes (anonymous mmap memory), as O_DIRECT
+    needs. Each thread reuses one buffer (up to 64 MiB) from call to call, so staging does not
+    pay an mmap and a page fault per page every time: the buffer is this thread's until it
+    stages again, and holds what earlier use left."""
+    if nbytes > _STAGING_CACHE_BYTES:
+        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+    cached: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_staging_cache, "buffer", None)
+    if cached is None or cached.nbytes < nbytes:
+        size = min(max(round_up(nbytes, 1 << 20), 1 << 20), _STAGING_CACHE_BYTES)
+        cached = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+        _staging_cache.buffer = cached
+    return cached[:nbytes]
+
+
+def is_aligned(buffer: np.ndarray[Any, Any]) -> bool:
+    """Whether `buffer`'s memory starts on an ALIGNMENT boundary (O_DIRECT can use it)."""
+    return int(buffer.ctypes.data) % ALIGNMENT == 0

@@ -1,7 +1,8 @@
 """Test helpers for the disk store: backdoors that read and plant blocks in the slab files and
 the index without going through `DiskStore.read` / `DiskStore.write` (what `StorageTests`
-needs), byte flipping, and block contents that are a function of the block id (so a process
-that reopens a store can tell right bytes from wrong ones)."""
+needs; they reach into the store's parts), byte flipping, and block contents that are a
+function of the block id (so a process that reopens a store can tell right bytes from wrong
+ones)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import numpy as np
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.disk.io import pwritev_all
+from kvtier.tiers.disk.layout import IndexRecord, entry_offset
 from kvtier.tiers.disk.store import DiskStore
 from kvtier.tiers.storage import HostBuffer
 
@@ -45,13 +48,36 @@ def backdoor_write(store: DiskStore, key: OffloadKey, slot: int, data: bytes) ->
     codec, stored = BlockCodec(store.compression).encode(np.frombuffer(data, np.uint8).copy())
     payload = bytes(stored)
     path, offset = store.slot_location(slot)
-    store._unindex_slots([slot])
+    store._catalog.unindex_slots([slot])
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, payload, offset)
+        pwritev_all(fd, [payload], offset)
     finally:
         os.close(fd)
-    store._index_put([(key, slot, int(codec), payload)])
+    index_behind(store, [(key, slot, int(codec), payload)])
+
+
+def index_behind(store: DiskStore, blocks: list[tuple[OffloadKey, int, int, bytes]]) -> None:
+    """Index `blocks` ((key, slot, codec, stored bytes) each) in one transaction, with
+    increasing sequence numbers and their slot headers written, as if the store had written
+    them (for backdoors that wrote, or pretend to have written, the bytes behind its back)."""
+    catalog, layout, files = store._catalog, store._layout, store._files
+    index = catalog.index
+    with catalog.writing:
+        new = []
+        for (key, slot, codec, stored), seq in zip(
+            blocks, catalog.take_seqs(len(blocks)), strict=True
+        ):
+            record = IndexRecord(slot, len(stored), codec, 0, seq)
+            checksum = layout.checksum(key, record, stored)
+            new.append((key, IndexRecord(slot, len(stored), codec, checksum, seq)))
+        if files.headers_fd is not None:
+            for key, record in new:
+                pwritev_all(
+                    files.headers_fd, [layout.pack_entry(key, record)], entry_offset(record.slot)
+                )
+        index.update((), [(key, record.pack()) for key, record in new])
+        catalog.remember(new)
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -1,0 +1,365 @@
+"""The files one open disk store holds, and the bytes it moves through them.
+
+`StoreFiles` owns the descriptors of a store directory: the lock file (flock'ed), the slab
+files (through the store's `FileIO`, so tests count and fault those calls), the header file
+and the in-flight log (plain system calls: small metadata beside the slabs). It writes and
+reads runs of slots (O_DIRECT staging included), writes and reads slot header entries, syncs,
+tells whether its files are still the ones at their paths (`ground_problem`), and closes
+everything in the right order. Where bytes go is layout.py's; when they go is the lane's,
+the reader's and recovery's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvtier.errors import DirectIOError, DiskLockedError
+from kvtier.tiers.disk.codec import Stored
+from kvtier.tiers.disk.index_check import DATA_FILE
+from kvtier.tiers.disk.inflight import InflightLog
+from kvtier.tiers.disk.io import (
+    ALIGNMENT,
+    FileIO,
+    IOBuffer,
+    preadv_fill,
+    pwritev_all,
+    round_up,
+    staging_buffer,
+)
+from kvtier.tiers.disk.layout import (
+    ENTRY_BYTES,
+    FILE_HEADER_BYTES,
+    HEADERS_FILE,
+    INDEX_DIR,
+    INFLIGHT_FILE,
+    LOCK_FILE,
+    Run,
+    StoreLayout,
+    entry_offset,
+    headers_file_bytes,
+    pack_file_header,
+    slab_file_name,
+    unpack_file_header,
+)
+from kvtier.tiers.disk.safety import (
+    FILE_MODE,
+    FileId,
+    create_or_open,
+    file_moved,
+    path_moved,
+    preallocate,
+)
+
+if TYPE_CHECKING:
+    from kvtier.tiers.disk.catalog import Catalog
+
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+
+
+class StoreFiles:
+    """The open files of the store in `root`; empty until recovery opens them."""
+
+    def __init__(self, root: Path, io: FileIO) -> None:
+        self.root = root
+        self.io = io
+        self.lock_fd: int | None = None
+        self.slab_fds: list[int] = []
+        """One descriptor per slab file (-1: missing, when opened to inspect)."""
+        self.headers_fd: int | None = None
+        self.inflight: InflightLog | None = None
+        self.direct_io = False
+        """Whether the slab descriptors are O_DIRECT ones."""
+        self._lock_path = str(root / LOCK_FILE)
+        self._index_data_path = str(root / INDEX_DIR / DATA_FILE)
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def take_lock(self, *, create: bool) -> None:
+        """Hold the store's lock file (flock), so no two stores open the same directory. With
+        `create` false, a store without a lock file is opened unlocked (nothing holds it)."""
+        if create:
+            fd = create_or_open(self.root / LOCK_FILE)
+        else:
+            try:
+                fd = os.open(self.root / LOCK_FILE, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            except FileNotFoundError:
+                return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DiskLockedError(
+                f"the disk tier at {self.root} is already open in another store"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.lock_fd = fd
+
+    def open_headers(self, *, create: bool) -> dict[str, Any] | None:
+        """Open (or create) `headers.bin`; the layout its first page records, or None for a
+        new (or unreadable, or with `create` false missing) header file."""
+        path = self.root / HEADERS_FILE
+        if create:
+            fd = create_or_open(path)
+        else:
+            try:
+                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            except FileNotFoundError:
+                return None
+        self.headers_fd = fd
+        return unpack_file_header(os.pread(fd, FILE_HEADER_BYTES, 0))
+
+    def write_file_header(self, layout: StoreLayout) -> None:
+        """Record `layout` in the first page of the header file."""
+        if self.headers_fd is not None:
+            pwritev_all(self.headers_fd, [pack_file_header(layout.meta())], 0)
+
+    def open_inflight(self) -> None:
+        """Open (or create) the in-flight log."""
+        self.inflight = InflightLog(self.root / INFLIGHT_FILE, FILE_MODE)
+
+    def open_slabs(self, layout: StoreLayout, *, create: bool) -> list[int]:
+        """Open the slab files of `layout` (creating the missing ones with `create`); their
+        sizes before this open. Without `create` a missing file is not created: its
+        descriptor is -1 and its size 0."""
+        sizes: list[int] = []
+        for file in range(layout.num_files):
+            path = str(self.root / slab_file_name(file))
+            if create:
+                flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
+                fd = self.io.open(path, flags, FILE_MODE)
+            else:
+                try:
+                    fd = self.io.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+                except FileNotFoundError:
+                    self.slab_fds.append(-1)
+                    sizes.append(0)
+                    continue
+            self.slab_fds.append(fd)
+            sizes.append(self.io.size(fd))
+        return sizes
+
+    def fit(self, layout: StoreLayout, sizes: list[int]) -> None:
+        """Size and preallocate the slab files and the header file for `layout` (shrinking
+        what is too long), and remove slab files beyond its last."""
+        for file, fd in enumerate(self.slab_fds):
+            wanted = layout.file_bytes(file)
+            if sizes[file] > wanted:
+                self.io.truncate(fd, wanted)
+            self.io.allocate(fd, wanted)
+        if self.headers_fd is not None:
+            wanted = headers_file_bytes(layout.num_blocks)
+            if os.fstat(self.headers_fd).st_size > wanted:
+                os.ftruncate(self.headers_fd, wanted)
+            preallocate(self.headers_fd, wanted, self.root / HEADERS_FILE)
+        for extra in self.root.glob("slab-*.bin"):
+            number = extra.name.removeprefix("slab-").removesuffix(".bin")
+            if number.isdigit() and int(number) >= layout.num_files:
+                extra.unlink()
+
+    def use_direct_io(self, mode: bool | str, layout: StoreLayout) -> None:
+        """Reopen the slab files with O_DIRECT when `mode` (True, False or "auto") asks for it
+        and it works here; DirectIOError when it is required (True) and does not."""
+        if mode is False:
+            return
+        reason = self._direct_io_problem(layout)
+        fds: list[int] = []
+        if reason is None:
+            try:
+                for file in range(layout.num_files):
+                    path = str(self.root / slab_file_name(file))
+                    fds.append(self.io.open(path, os.O_RDWR | O_DIRECT | _O_CLOEXEC))
+                got = self.io.preadv(fds[0], [staging_buffer(ALIGNMENT).data], 0)
+                if got != ALIGNMENT:
+                    reason = f"an aligned O_DIRECT read returned {got} bytes, not {ALIGNMENT}"
+            except OSError as error:
+                reason = f"O_DIRECT does not work in {self.root}: {error}"
+        if reason is not None:
+            self._close_all(fds)
+            if mode is True:
+                raise DirectIOError(f"direct_io = true, but {reason}")
+            return
+        self._close_all(self.slab_fds)
+        self.slab_fds = fds
+        self.direct_io = True
+
+    @staticmethod
+    def _direct_io_problem(layout: StoreLayout) -> str | None:
+        if not O_DIRECT:
+            return "this platform has no O_DIRECT"
+        if layout.block_size % ALIGNMENT:
+            return f"block_size {layout.block_size} is not a multiple of {ALIGNMENT}"
+        return None
+
+    def _close_all(self, fds: Iterable[int]) -> None:
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+
+    # -- slots --------------------------------------------------------------------------------
+
+    def write_run(self, run: Run, stored: Sequence[Stored], lengths: Sequence[int]) -> None:
+        """Write one run of consecutive slots (`stored[member]`, `lengths[member]` bytes, for
+        each member) with one pwritev, more after a partial write.
+
+        Under O_DIRECT, a zstd frame (always the last block of its run) is copied, zero-padded
+        to whole pages, into page-aligned staging memory, and raw blocks are written straight
+        from the caller's buffers. O_DIRECT refuses (EINVAL, before writing anything) memory
+        that is not page-aligned; the run is then written again from staging memory. That
+        costs one failed system call for the rare unaligned buffer, instead of an address
+        check of every block of every batch."""
+        fd = self.slab_fds[run.file]
+        members = run.members
+        payloads: list[IOBuffer] = [stored[member] for member in members]
+        nbytes = sum(lengths[member] for member in members)
+        if not self.direct_io:
+            pwritev_all(fd, payloads, run.offset, io=self.io, nbytes=nbytes)
+            return
+        last = members[-1]
+        if lengths[last] % ALIGNMENT:
+            padded = self._staged([last], stored, lengths)
+            payloads[-1] = padded
+            nbytes += padded.nbytes - lengths[last]
+        try:
+            pwritev_all(fd, payloads, run.offset, io=self.io, nbytes=nbytes)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            staged = self._staged(list(members), stored, lengths)
+            pwritev_all(fd, [staged], run.offset, io=self.io, nbytes=staged.nbytes)
+
+    @staticmethod
+    def _staged(members: list[int], stored: Sequence[Stored], lengths: Sequence[int]) -> memoryview:
+        """The stored bytes of `members`, each zero-padded to whole pages (padding: bytes on
+        disk that are never read as data), one after another in this thread's page-aligned
+        staging memory (valid until the thread stages again)."""
+        sizes = [round_up(lengths[member], ALIGNMENT) for member in members]
+        staging = staging_buffer(sum(sizes))
+        start = 0
+        for member, size in zip(members, sizes, strict=True):
+            length = lengths[member]
+            staging[start : start + length] = np.frombuffer(stored[member], dtype=np.uint8)
+            staging[start + length : start + size] = 0
+            start += size
+        return staging.data
+
+    def read(self, file: int, buffers: Sequence[IOBuffer], offset: int) -> int:
+        """Fill `buffers` from `offset` of slab file `file`, resuming after partial reads;
+        the bytes read (`io.preadv_fill`: the first call's OSError propagates)."""
+        return preadv_fill(self.slab_fds[file], buffers, offset, io=self.io)
+
+    def slab_size(self, file: int) -> int:
+        """The length of slab file `file` now; OSError when it cannot be examined."""
+        return self.io.size(self.slab_fds[file])
+
+    def sync_slab(self, file: int) -> None:
+        """Make the bytes written to slab file `file` durable (OSError when that fails)."""
+        self.io.fsync(self.slab_fds[file])
+
+    # -- slot headers -------------------------------------------------------------------------
+
+    def write_entries(
+        self, chosen: dict[int, tuple[int | None, bytes | memoryview]]
+    ) -> list[tuple[list[int], OSError]]:
+        """Write header entries (`chosen`: slot -> (owner, entry)), one pwrite per run of
+        consecutive slots; each failed run's slots with its error."""
+        fd = self.headers_fd
+        failed: list[tuple[list[int], OSError]] = []
+        if fd is None:
+            return failed
+        order = sorted(chosen)
+        first = 0
+        while first < len(order):
+            end = first + 1
+            while end < len(order) and order[end] == order[end - 1] + 1:
+                end += 1
+            run = order[first:end]
+            payload = b"".join(chosen[slot][1] for slot in run)  # one buffer: no IOV_MAX
+            try:
+                pwritev_all(fd, [payload], entry_offset(run[0]))
+            except OSError as error:
+                failed.append((run, error))
+            first = end
+        return failed
+
+    def read_entries(self, first: int, count: int) -> bytes:
+        """The raw header entries of slots [first, first + count) (fewer at the file's end)."""
+        if self.headers_fd is None:
+            return b""
+        buffer = bytearray(count * ENTRY_BYTES)
+        got = preadv_fill(self.headers_fd, [buffer], entry_offset(first))
+        return bytes(buffer[:got])
+
+    def headers_slots(self) -> int:
+        """How many slots the header file has entries for (0 without one)."""
+        if self.headers_fd is None:
+            return 0
+        return max(0, os.fstat(self.headers_fd).st_size - entry_offset(0)) // ENTRY_BYTES
+
+    def sync_headers(self) -> None:
+        """Make the header entries written durable (OSError when that fails)."""
+        if self.headers_fd is not None:
+            os.fdatasync(self.headers_fd)
+
+    # -- the ground it stands on --------------------------------------------------------------
+
+    def ground_problem(self, files: Iterable[int], index_file: FileId | None) -> str | None:
+        """Why the files this store holds open are no longer its files on disk, or None
+        while they are: the lock file removed or replaced (its path against the descriptor
+        held), the index's data file (`index_file`) removed or replaced, or one of the slab
+        `files` (numbers) or the header file unlinked. One or two stat calls per file; a file
+        that cannot be examined (EACCES, EIO) counts as lost too."""
+        try:
+            if self.lock_fd is not None:
+                moved = file_moved(self._lock_path, self.lock_fd)
+                if moved is not None:
+                    return f"the lock file {self._lock_path} {moved}"
+            if index_file is not None:
+                moved = path_moved(self._index_data_path, index_file)
+                if moved is not None:
+                    return f"the index file {self._index_data_path} {moved}"
+            for file in sorted(set(files)):
+                if os.fstat(self.slab_fds[file]).st_nlink == 0:
+                    return f"the slab file {self.root / slab_file_name(file)} was removed"
+            if self.headers_fd is not None and os.fstat(self.headers_fd).st_nlink == 0:
+                return f"the header file {self.root / HEADERS_FILE} was removed"
+        except OSError as error:
+            return f"the files in {self.root} cannot be examined: {error}"
+        return None
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self, *, clean: bool, catalog: Catalog | None = None) -> None:
+        """Close every file: the slab files, the in-flight log (emptied when `clean`: every
+        group has ended), the header file, then the `catalog`'s index (stamped clean when
+        `clean`), and the lock last. Idempotent; never raises OSError."""
+        self._close_all(self.slab_fds)
+        self.slab_fds = []
+        if self.inflight is not None:
+            with contextlib.suppress(OSError):
+                if clean:
+                    self.inflight.clear()
+                self.inflight.close()
+            self.inflight = None
+        if self.headers_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.headers_fd)
+            self.headers_fd = None
+        if catalog is not None:
+            catalog.close(clean=clean)
+        if self.lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)  # releases the flock
+            self.lock_fd = None

@@ -1,0 +1,559 @@
+"""The write lane of a disk store: every `write` and `forget`, merged into group commits.
+
+One thread runs the lane. It merges every call queued while it was busy into one group (in
+call order, up to WRITE_GROUP_BYTES; a call that touches a slot or key the group already
+touches waits for the next group). A group:
+
+1. drops from memory the records of the slots it is about to overwrite and of the keys it
+   forgets, so nothing in this process is served from a slot being rewritten (a read that
+   overlaps the rewrite re-checks its record, see reader.py);
+2. notes its slots in the in-flight log (inflight.py), then writes the bytes: one `pwritev`
+   per run of consecutive slots across the whole group (a large group's runs are spread over
+   helper threads, so the disk sees several at once), then their slot headers;
+3. makes them durable: one `fdatasync` per slab file the group touched, and the header file;
+4. commits ONE index transaction that deletes the stale records (overwritten slots,
+   forgotten keys) and puts the records of the blocks that made it;
+5. checks that the files it wrote are still the store's files (guard.py), disabling the
+   store if not;
+6. resolves every call with its own per-block results.
+
+A new block counts as stored only once its group's fdatasync and commit are done, so a
+process killed at any point loses no block reported stored, and an indexed block is never one
+whose bytes were not completely on disk. A failed run (ENOSPC, EIO) fails only its blocks; a
+failed fdatasync fails that file's blocks; a failed commit fails every block of the group (none
+is indexed; the stale records are then dropped in a second transaction where the index allows
+it). Without `fsync`, the same steps run with no fdatasync and non-durable commits.
+
+The lane's helpers only ever run parts of the lane's current group (never anything that waits
+on the lane), so the lane always makes progress; reads never wait behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from kvtier.errors import DiskTierError, StorageClosedError
+from kvtier.keys import OffloadKey
+from kvtier.tiers.disk.catalog import Catalog, Records
+from kvtier.tiers.disk.codec import BlockCodec, Codec, Stored
+from kvtier.tiers.disk.files import StoreFiles
+from kvtier.tiers.disk.guard import Guard
+from kvtier.tiers.disk.index import BlockIndex
+from kvtier.tiers.disk.layout import (
+    EMPTY_ENTRY,
+    ENTRY_BYTES,
+    ENTRY_DTYPE,
+    Entries,
+    IndexRecord,
+    Run,
+    StoreLayout,
+)
+from kvtier.tiers.disk.stats import StoreCounters
+from kvtier.tiers.storage import HostBuffer
+
+READS_FIRST_WAIT_S = 0.01
+"""Longest a write group waits, before it starts, for the reads in flight to finish: on one
+device a write in flight slows a read down, so reads go first; writes are never starved."""
+
+WRITE_GROUP_BYTES = 32 << 20
+"""Most block bytes one write group takes from the queue (a single larger call is a group of
+its own): bounds the latency of one group, so that a call queued behind it waits little."""
+
+WRITE_SPLIT_BYTES = 4 << 20
+"""A write group of at least twice this many bytes spreads its runs over helper threads."""
+
+HASH_ASIDE_BYTES = 1 << 20
+"""A write group of at least this many bytes takes its checksums in a helper thread while
+the disk is busy (xxh3 holds the GIL, pwritev does not); a smaller one after its writes."""
+
+_log = logging.getLogger("kvtier.disk")
+Results = list[OSError | None]
+
+
+@dataclass(eq=False, slots=True)
+class WriteJob:
+    """One `write` call (validated); its future (None for `write_now`) gets one result per
+    block."""
+
+    keys: list[OffloadKey]
+    slots: list[int]
+    buffers: list[HostBuffer]
+    future: asyncio.Future[Results] | None
+
+
+@dataclass(eq=False, slots=True)
+class ForgetJob:
+    """One `forget` call (validated, keys distinct)."""
+
+    keys: list[OffloadKey]
+    future: asyncio.Future[None]
+
+
+Job = WriteJob | ForgetJob
+_Settlement = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def _settle(settlements: list[_Settlement]) -> None:
+    """Resolve the futures of a group (on their event loop); a caller that was cancelled
+    meanwhile has a done future, which is left alone."""
+    for future, result, error in settlements:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+def split_runs(runs: list[Run], lengths: list[int], ways: int) -> list[list[Run]]:
+    """`runs` (in slot order) cut into at most `ways` consecutive parts of about equal bytes."""
+    if ways <= 1 or len(runs) <= 1:
+        return [runs]
+    sizes = [sum(lengths[member] for member in run.members) for run in runs]
+    share = sum(sizes) / min(ways, len(runs))
+    parts: list[list[Run]] = [[]]
+    done = 0
+    for run, size in zip(runs, sizes, strict=True):
+        if parts[-1] and done >= share * len(parts):
+            parts.append([])
+        parts[-1].append(run)
+        done += size
+    return parts
+
+
+@dataclass(slots=True)
+class _Written:
+    """What writing a group's data left: per block its codec, stored length and error (None:
+    written), the header entries (with the bound checksums), and the blocks per slab file."""
+
+    codecs: list[int]
+    lengths: list[int]
+    results: Results
+    entries: Entries
+    files: dict[int, list[int]]
+
+
+class WriteLane:
+    """The write lane of one store: a queue, one lane thread and `max_workers` helpers."""
+
+    def __init__(
+        self,
+        layout: StoreLayout,
+        files: StoreFiles,
+        catalog: Catalog,
+        codec: BlockCodec,
+        counters: StoreCounters,
+        guard: Guard,
+        *,
+        max_workers: int,
+        fsync: bool,
+    ) -> None:
+        self.layout = layout
+        self.files = files
+        self.catalog = catalog
+        self.codec = codec
+        self.counters = counters
+        self.guard = guard
+        self.max_workers = max_workers
+        self.fsync = fsync
+        self._where = files.root
+        # _draining: whether a drain task is queued or running. _closed is set under
+        # _queue_lock too, so nothing is queued after close() drains.
+        self._queue: deque[Job] = deque()
+        self._queue_lock = threading.Lock()
+        self._draining = False
+        self._closed = False
+        self._lane = ThreadPoolExecutor(1, thread_name_prefix="kvtier-disk-write")
+        self._helpers = ThreadPoolExecutor(max_workers, thread_name_prefix="kvtier-disk-write-io")
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting in the queue (not counting the group running)."""
+        with self._queue_lock:
+            return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`, starting a drain task if none is queued or running;
+        StorageClosedError once the lane is closing."""
+        with self._queue_lock:
+            if self._closed:
+                raise StorageClosedError(f"the disk tier at {self._where} is closed")
+            self._queue.append(job)
+            if not self._draining:
+                self._lane.submit(self._drain)
+                self._draining = True
+
+    def close(self) -> None:
+        """Refuse new calls and run every group queued before (blocking)."""
+        with self._queue_lock:
+            self._closed = True
+        self._lane.shutdown(wait=True)
+        self._helpers.shutdown(wait=True)
+
+    def lost_error(self, why: str) -> OSError:
+        """The per-block error of a write not reported stored because the store's files were
+        lost (`why`)."""
+        return OSError(errno.ESTALE, f"the disk tier at {self._where} is disabled: {why}")
+
+    def refuse(self, count: int, why: str) -> Results:
+        """`count` failed results for a write after the store disabled itself (counted)."""
+        self.counters.count_write_failures(count)
+        return [self.lost_error(why)] * count
+
+    def write_now(
+        self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
+    ) -> Results:
+        """Write one validated batch as a group of its own, in the calling thread (for tools
+        and tests; `write` goes through the queue)."""
+        results, _ = self._commit_group([WriteJob(keys, slots, buffers, None)], [])
+        return results
+
+    # -- the lane thread ----------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """The lane's task: run groups until the queue is empty; each group lets the reads in
+        flight finish first (for at most READS_FIRST_WAIT_S)."""
+        while True:
+            self.guard.wait_for_reads(READS_FIRST_WAIT_S)
+            with self._queue_lock:
+                jobs = self._take_group()
+                if not jobs:
+                    self._draining = False
+                    return
+            self._run_group(jobs)
+
+    def _take_group(self) -> list[Job]:
+        """Pop the jobs of the next group (the caller holds _queue_lock): queued jobs in
+        order, up to WRITE_GROUP_BYTES of blocks (at least one job), stopping before a job
+        that touches a slot or a key the group already touches, so that merging never
+        reorders two operations on one slot or key. Jobs cancelled while queued are dropped
+        (a caller cancelled after this point finds its group run anyway)."""
+        queue = self._queue
+        jobs: list[Job] = []
+        slots: set[int] = set()
+        keys: set[OffloadKey] = set()
+        nbytes = 0
+        while queue:
+            job = queue[0]
+            size = len(job.keys) * self.layout.block_size if isinstance(job, WriteJob) else 0
+            if jobs and (
+                nbytes + size > WRITE_GROUP_BYTES
+                or not keys.isdisjoint(job.keys)
+                or (isinstance(job, WriteJob) and not slots.isdisjoint(job.slots))
+            ):
+                break
+            queue.popleft()
+            if job.future is not None and job.future.cancelled():
+                continue
+            jobs.append(job)
+            nbytes += size
+            keys.update(job.keys)
+            if isinstance(job, WriteJob):
+                slots.update(job.slots)
+        return jobs
+
+    def _run_group(self, jobs: list[Job]) -> None:
+        """Run one group and settle the futures of its jobs, with one callback per event
+        loop (not one wake-up per call). Never raises: an unexpected error (a bug) fails
+        every job of the group with it."""
+        writes = [job for job in jobs if isinstance(job, WriteJob)]
+        forgets = [job for job in jobs if isinstance(job, ForgetJob)]
+        settlements: list[_Settlement] = []
+        try:
+            results, forget_error = self._commit_group(writes, forgets)
+        except Exception as error:
+            settlements = [(job.future, None, error) for job in jobs if job.future is not None]
+        else:
+            start = 0
+            for write in writes:
+                end = start + len(write.keys)
+                if write.future is not None:
+                    settlements.append((write.future, results[start:end], None))
+                start = end
+            settlements += [(forget.future, None, forget_error) for forget in forgets]
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Settlement]] = {}
+        for settlement in settlements:
+            by_loop.setdefault(settlement[0].get_loop(), []).append(settlement)
+        for loop, some in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, some)
+
+    # -- one group ----------------------------------------------------------------------------
+
+    def _commit_group(
+        self, writes: list[WriteJob], forgets: list[ForgetJob]
+    ) -> tuple[Results, DiskTierError | None]:
+        """The body of a group (module docstring, steps 1 to 5): the results of the blocks of
+        `writes`, in order, and the error of the forgets (None when committed)."""
+        keys = [key for write in writes for key in write.keys]
+        slots = [slot for write in writes for slot in write.slots]
+        buffers = [buffer for write in writes for buffer in write.buffers]
+        forgotten = [key for forget in forgets for key in forget.keys]
+        count = len(keys)
+        catalog = self.catalog
+        with catalog.writing:
+            lost = self.guard.reason
+            if lost is not None:  # queued before the store disabled itself
+                return self.refuse(count, lost), None
+            index = catalog.index
+            before = catalog.drop_for_group(slots, forgotten)  # 1.
+            seqs = catalog.take_seqs(count)
+            written, fsyncs = self._write_group(keys, slots, seqs, buffers, before)  # 2., 3.
+            new, commits, forget_error = self._commit(index, keys, slots, seqs, written, before)
+            problem = self.files.ground_problem(written.files, catalog.index_file)  # 5.
+            results = written.results
+            if problem is not None:
+                results = [self.lost_error(problem)] * count
+                new = []
+                forget_error = None  # a disabled store holds no block, forgotten or not
+            catalog.remember(new)
+            self.counters.count_group(
+                writes=len(writes),
+                forgets=len(forgets),
+                fsyncs=fsyncs,
+                commits=commits,
+                stored=len(new),
+                failed=count - len(new),
+                raw_bytes=len(new) * self.layout.block_size,
+                stored_bytes=sum(record.length for _, record in new),
+            )
+            if problem is not None:
+                self._lose(problem)
+        return results, forget_error
+
+    def _write_group(
+        self,
+        keys: list[OffloadKey],
+        slots: list[int],
+        seqs: range,
+        buffers: list[HostBuffer],
+        before: dict[OffloadKey, IndexRecord],
+    ) -> tuple[_Written, int]:
+        """Steps 2 and 3: the slots noted in the in-flight log, the bytes and headers written
+        (and the headers of forgotten blocks whose slots this group does not rewrite
+        cleared), then synced; what was written, and how many slab files were synced."""
+        inflight = self.files.inflight
+        if slots and inflight is not None:
+            with contextlib.suppress(OSError):  # see inflight.py: only weakens cleanup
+                inflight.record(slots)
+        written = self._write_data(keys, slots, seqs, buffers)
+        rewritten = set(slots)
+        cleared = [record.slot for record in before.values() if record.slot not in rewritten]
+        headers_written = self._write_headers(written.entries, slots, written.results, cleared)
+        if not self.fsync:
+            return written, 0
+        results = written.results
+        for file, members in written.files.items():
+            try:
+                self.files.sync_slab(file)
+            except OSError as error:
+                for member in members:
+                    results[member] = error
+        if headers_written:
+            try:
+                self.files.sync_headers()
+            except OSError as error:
+                results[:] = [error if result is None else result for result in results]
+        return written, len(written.files)
+
+    def _commit(
+        self,
+        index: BlockIndex,
+        keys: list[OffloadKey],
+        slots: list[int],
+        seqs: range,
+        written: _Written,
+        before: dict[OffloadKey, IndexRecord],
+    ) -> tuple[Records, int, DiskTierError | None]:
+        """Step 4: one transaction, the stale records out and the new ones in. The records
+        committed, the commits made and the forgets' error (None when committed)."""
+        results = written.results
+        pack = IndexRecord.FORMAT.pack
+        checksums = written.entries["checksum"].tolist()
+        new: Records = []
+        packed: list[tuple[OffloadKey, bytes]] = []
+        for key, slot, length, codec, checksum, seq, result in zip(
+            keys, slots, written.lengths, written.codecs, checksums, seqs, results, strict=True
+        ):
+            if result is None:
+                new.append((key, IndexRecord(slot, length, codec, checksum, seq)))
+                packed.append((key, pack(slot, length, codec, checksum, seq)))
+        stored_keys = {key for key, _ in new}
+        dropped = list(before)
+        deleted = [key for key in dropped if key not in stored_keys]
+        if not (deleted or packed):
+            return new, 0, None
+        try:
+            self.catalog.commit(index, deleted, new, packed)
+        except lmdb.Error as error:
+            failure = OSError(errno.EIO, f"disk tier index: {error}")
+            results[:] = [failure if result is None else result for result in results]
+            # Their headers go too (best effort): a block reported failed is not brought
+            # back by a rebuild, nor reported lost by `check`.
+            self._write_headers(written.entries[:0], [], [], [record.slot for _, record in new])
+            # The index still holds the records dropped from memory in step 1; try once more
+            # to drop them there too, so that the two agree (if this fails as well, those
+            # records point at rewritten bytes, and a read after a reopen finds their
+            # checksums wrong: a miss).
+            commits = int(bool(dropped) and self.catalog.delete_quietly(index, dropped))
+            why = f"the disk tier at {self._where} could not commit its index: {error}"
+            return [], commits, DiskTierError(why)
+        return new, 1, None
+
+    def _lose(self, why: str) -> None:
+        """Disable the store for good: no read starts any more and those in flight finish,
+        the blocks are forgotten in memory (they are in files nobody will read), one line is
+        logged, and the files are closed, so the space of removed files is given back now,
+        not when the process ends."""
+        if not self.guard.disable(why):
+            return
+        self.catalog.clear()
+        _log.error(
+            "disk tier at %s disabled while open: %s; its writes fail and its reads are misses "
+            "from now on (blocks it stored may be gone: open the path again to start from what "
+            "is there)",
+            self._where,
+            why,
+        )
+        self.files.close(clean=False, catalog=self.catalog)
+
+    # -- bytes --------------------------------------------------------------------------------
+
+    def _write_data(
+        self,
+        keys: list[OffloadKey],
+        slots: list[int],
+        seqs: Sequence[int],
+        buffers: list[HostBuffer],
+    ) -> _Written:
+        """Encode and write the blocks of a group. A large group's runs are cut into parts
+        written in parallel (the lane thread writes one, helpers the others), and the
+        checksums of all but a small group are taken in a helper meanwhile."""
+        count = len(slots)
+        if not count:
+            return _Written([], [], [], np.zeros(0, dtype=ENTRY_DTYPE), {})
+        block_size = self.layout.block_size
+        codecs, stored, lengths = self._encode(buffers)
+        total = sum(lengths)
+        ways = (
+            min(self.max_workers, total // WRITE_SPLIT_BYTES)
+            if total >= 2 * WRITE_SPLIT_BYTES
+            else 1
+        )
+        short = total < count * block_size
+        runs = self.layout.runs(
+            range(count), slots, ends_run=(lambda m: lengths[m] < block_size) if short else None
+        )
+        parts = split_runs(runs, lengths, ways)
+        hash_all = functools.partial(
+            self.layout.entries, keys, slots, lengths, codecs, seqs, stored
+        )
+        pending: list[Future[list[tuple[Run, OSError | None]]]] = []
+        hashing: Future[Entries] | None = None
+        try:
+            if total >= HASH_ASIDE_BYTES:
+                hashing = self._helpers.submit(hash_all)
+            pending = [
+                self._helpers.submit(self._write_runs, p, stored, lengths) for p in parts[1:]
+            ]
+            outcomes = self._write_runs(parts[0], stored, lengths)
+            for part in pending:
+                outcomes += part.result()
+            entries = hash_all() if hashing is None else hashing.result()
+        finally:
+            # Also on an unexpected error: the buffers are not touched once we return.
+            wait_all(pending)
+            if hashing is not None:
+                wait_all([hashing])
+        results: Results = [None] * count
+        files: dict[int, list[int]] = {}
+        for run, error in outcomes:
+            if error is None:
+                files.setdefault(run.file, []).extend(run.members)
+            else:
+                for member in run.members:
+                    results[member] = error
+        return _Written(codecs, lengths, results, entries, files)
+
+    def _encode(self, buffers: list[HostBuffer]) -> tuple[list[int], list[Stored], list[int]]:
+        """(codec, bytes to store, their length) per block; zstd work is spread over the
+        helpers for a large group (zstd releases the GIL)."""
+        count = len(buffers)
+        block_size = self.layout.block_size
+        if self.codec.compression == "none":
+            return (
+                [int(Codec.NONE)] * count,
+                [buffer.data for buffer in buffers],
+                [block_size] * count,
+            )
+        ways = min(self.max_workers, count * block_size // WRITE_SPLIT_BYTES)
+        if ways <= 1:
+            encoded = self._encode_some(buffers)
+        else:
+            size = -(-count // ways)
+            chunks = [buffers[start : start + size] for start in range(0, count, size)]
+            futures = [self._helpers.submit(self._encode_some, chunk) for chunk in chunks]
+            encoded = [item for future in futures for item in future.result()]
+        codecs = [int(codec) for codec, _ in encoded]
+        stored = [data for _, data in encoded]
+        lengths = [memoryview(data).nbytes for data in stored]
+        return codecs, stored, lengths
+
+    def _encode_some(self, buffers: list[HostBuffer]) -> list[tuple[Codec, Stored]]:
+        encode = self.codec.encode
+        return [encode(buffer) for buffer in buffers]
+
+    def _write_runs(
+        self, runs: list[Run], stored: list[Stored], lengths: list[int]
+    ) -> list[tuple[Run, OSError | None]]:
+        """Write `runs`, one after another; each with the OSError that failed it, or None."""
+        outcomes: list[tuple[Run, OSError | None]] = []
+        for run in runs:
+            try:
+                self.files.write_run(run, stored, lengths)
+            except OSError as error:
+                outcomes.append((run, error))
+            else:
+                outcomes.append((run, None))
+        return outcomes
+
+    def _write_headers(
+        self, entries: Entries, slots: list[int], results: Results, cleared: list[int]
+    ) -> bool:
+        """Write the header entries of the group's written blocks (`entries[member]` for
+        the block in `slots[member]`) and clear those of `cleared` slots. A failed run fails
+        its blocks (in `results`); a failed clear is left (its block stays verifiable, and an
+        index rebuild may bring a forgotten block back: right bytes, never wrong ones).
+        Whether anything was to be written."""
+        if self.files.headers_fd is None:
+            return False
+        raw = entries.view(np.uint8).data
+        chosen: dict[int, tuple[int | None, bytes | memoryview]] = {}
+        for slot in cleared:
+            chosen[slot] = (None, EMPTY_ENTRY)
+        for member, result in enumerate(results):
+            if result is None:
+                start = member * ENTRY_BYTES
+                chosen[slots[member]] = (member, raw[start : start + ENTRY_BYTES])
+        if not chosen:
+            return False
+        for run, error in self.files.write_entries(chosen):
+            for slot in run:
+                owner = chosen[slot][0]
+                if owner is not None:
+                    results[owner] = error
+        return True
