@@ -62,7 +62,7 @@ def key_file(directory: str) -> str:
     configured = os.environ.get("KVTIER_AUTH_KEY_FILE")
     if configured:
         return configured
-    from kvtier.tiers.remote.auth import new_key, write_key_file
+    from kvtier.tiers.shared.auth import new_key, write_key_file
 
     path = Path(tempfile.mkdtemp(prefix="kvtier-fleet-key-")) / "fleet.key"
     write_key_file(path, new_key())

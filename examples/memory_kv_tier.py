@@ -13,7 +13,9 @@ Every value carries a header that binds the key, the namespace, the length and a
 checksum, so a reader serves a block only if it is the block it asked for: a foreign, torn
 or evicted value is a miss, never data.
 
-Use it from TOML after `import memory_kv_tier` (which registers the medium):
+Nothing else in kvtier changes for it. Use it from TOML after `import memory_kv_tier` (which
+registers the medium), or, from an installed package, name `memory_kv_tier:KIND` in the
+`kvtier.tiers` entry-point group, and kvtier registers it on first use:
 
     [[tiers]]
     name = "shared"
@@ -36,11 +38,16 @@ import numpy as np
 import xxhash
 from pydantic import Field
 
-from kvtier.config import BaseTierConfig
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
-from kvtier.tiers.registry import TierAccess, TierContext, TierKind, register_tier
+from kvtier.tiers.registry import (
+    BaseTierConfig,
+    TierAccess,
+    TierContext,
+    TierKind,
+    register_tier,
+)
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 MEDIUM = "memkv"
@@ -199,7 +206,7 @@ class MemoryKVStorage(KeyedStorage):
 class MemoryKVTierConfig(BaseTierConfig):
     """The `[[tiers]]` table of a memkv tier."""
 
-    medium: Literal["memkv"]  # type: ignore[assignment]
+    medium: Literal["memkv"]
     server: str = "default"
     """Name of the in-process server: hierarchies naming the same one share its blocks."""
     server_capacity: int = Field(default=65536, ge=1)

@@ -11,9 +11,6 @@ from pydantic import ValidationError
 
 import kvtier.config as config_module
 from kvtier.config import (
-    CPUTierConfig,
-    DiskTierConfig,
-    GPUTierConfig,
     HierarchyConfig,
     default_cache_dir,
     default_config_path,
@@ -22,8 +19,11 @@ from kvtier.config import (
     parse_config,
     parse_size,
 )
+from kvtier.config_fields import show_value
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.specs.base import Medium
+from kvtier.tiers.disk.kind import DiskTierConfig
+from kvtier.tiers.pool.kind import CPUTierConfig, GPUTierConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -312,7 +312,7 @@ def test_unknown_policy_lists_valid_ones() -> None:
     data = minimal()
     data["tiers"][2]["policy"] = "mru"
     assert the_problem(data, "tiers[2].policy") == (
-        'tiers[2].policy: unknown cache policy "mru"; valid policies: arc, lct, lru'
+        'tiers[2].policy: unknown cache policy "mru"; valid policies: arc, auto, lct, lru'
     )
 
 
@@ -489,7 +489,7 @@ def test_bad_capacity_values(capacity: Any) -> None:
     data = minimal()
     data["tiers"][0]["capacity"] = capacity
     line = the_problem(data, "tiers[0].capacity")
-    assert line.endswith(f"got {config_module._show(capacity)}")
+    assert line.endswith(f"got {show_value(capacity)}")
 
 
 def test_auto_is_only_for_gpu_tiers() -> None:

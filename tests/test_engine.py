@@ -12,7 +12,7 @@ from kvtier.engine import PrioritySemaphore, TransferEngine
 from kvtier.errors import InvalidValueError
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.tiers.disk import DiskStore
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import BlockStorage
 
 

@@ -34,7 +34,7 @@ from kvtier.manager.tier import TierManager
 from kvtier.manager.tiered import Watermarks, WritePolicy, slot_ids
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyCounters, FlakyStorage
 from kvtier.tiers.disk import DiskStore
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import BlockStorage
 
 B = 64

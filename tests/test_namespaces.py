@@ -13,8 +13,8 @@ import pytest
 from kvtier.config import parse_config
 from kvtier.errors import ConfigError
 from kvtier.namespaces import block_namespace, combined_model_id, namespace_fingerprint
+from kvtier.tiers.redis.storage import key_prefix
 from kvtier.tiers.registry import TierContext, tier_kind
-from kvtier.tiers.remote.redis import key_prefix
 
 
 def shared_chain(**top: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.testing.storage import StorageTests
-from kvtier.tiers.pool import TorchPool, resolve_device
+from kvtier.tiers.pool.storage import TorchPool, resolve_device
 from kvtier.tiers.storage import BlockStorage
 from kvtier.tiers.tensor_copy import TensorCopier, coalesce
 

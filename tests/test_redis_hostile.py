@@ -43,8 +43,8 @@ from kvtier.errors import ConfigError, TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.testing.keyed import keyed_auth
 from kvtier.tiers.disk.codec import BlockCodec, Codec, Compression
-from kvtier.tiers.remote.config import RedisTierConfig
-from kvtier.tiers.remote.redis import CircuitBreaker, RedisStorage
+from kvtier.tiers.redis.kind import RedisTierConfig
+from kvtier.tiers.redis.storage import CircuitBreaker, RedisStorage
 from kvtier.tiers.storage import ReadFailure
 
 pytestmark = pytest.mark.timeout(90)

@@ -23,8 +23,8 @@ from kvtier.keys import OffloadKey
 from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.remote.auth import ValueAuth
-from kvtier.tiers.remote.redis import CircuitBreaker, RedisStorage, key_prefix
+from kvtier.tiers.redis.storage import CircuitBreaker, RedisStorage, key_prefix
+from kvtier.tiers.shared.auth import ValueAuth
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("redis_clean")]
 
@@ -333,7 +333,7 @@ def test_block_codec_round_trip_is_used_for_values() -> None:
     """The value codec is the disk tier's block codec: zstd frames decode exactly."""
     import numpy as np
 
-    from kvtier.tiers.remote.value import ValueCodec
+    from kvtier.tiers.shared.value import ValueCodec
 
     values = ValueCodec("ns", 64, BlockCodec("zstd"))
     block = np.arange(64, dtype=np.uint8)

@@ -4,31 +4,35 @@ declarations (chain rules, `kvtier check`, the replay's disk directories, bookke
 
 from __future__ import annotations
 
+import ast
 import copy
+import importlib
+import inspect
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from click.testing import CliRunner
 from pydantic import Field, field_validator
 
 from kvtier.cli import main
-from kvtier.config import (
-    BaseTierConfig,
-    CPUTierConfig,
-    DiskTierConfig,
-    GPUTierConfig,
-    parse_config,
-)
+from kvtier.config import parse_config
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import key_from_int
 from kvtier.manager.tier import make_tier_manager
 from kvtier.specs import Medium, SlotLoadStoreSpec, slot_spec_type
 from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.tiers.disk import DiskStore
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.disk.kind import DiskTierConfig
+from kvtier.tiers.pool.kind import CPUTierConfig, GPUTierConfig
+from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.registry import (
+    ENTRY_POINT_GROUP,
+    BaseTierConfig,
     TierAccess,
     TierContext,
     TierKind,
@@ -62,10 +66,17 @@ class ShelfTierConfig(BaseTierConfig):
 OPENED: list[tuple[ShelfTierConfig, TierContext]] = []
 
 
+class ShelfPool(TorchPool):
+    """A host pool reached through its reads and writes, as a shelf's tapes would be (the
+    access the shelf kind declares)."""
+
+    access: ClassVar[TierAccess] = TierAccess.HOST_BUFFERS
+
+
 async def open_shelf_tier(config: ShelfTierConfig, context: TierContext) -> BlockStorage:
     """Records what it was given; the bytes go to a host pool (enough for a test)."""
     OPENED.append((config, context))
-    return TorchPool(config.num_blocks, context.block_size, "cpu")
+    return ShelfPool(config.num_blocks, context.block_size, "cpu")
 
 
 async def open_nothing(config: ShelfTierConfig, context: TierContext) -> object:
@@ -148,19 +159,141 @@ def test_an_unknown_medium_names_the_registered_ones() -> None:
 
 
 def test_validating_a_config_imports_no_opener() -> None:
-    # The openers' module imports torch; a config must validate without it.
-    import subprocess
-    import sys
-
+    # The openers' modules import torch or a client library; a config must validate without.
     code = (
         "import sys; from kvtier.config import load_default_config; load_default_config(); "
         "import kvtier.tiers.registry; "
-        "print(sorted(m for m in ('torch', 'kvtier.tiers.builtin') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'redis', 'kvtier.tiers.pool.storage', "
+        "'kvtier.tiers.redis.storage', 'kvtier.tiers.sharedfs.storage') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def run_python(code: str, *, path: list[Path] | None = None) -> str:
+    """What `code` prints in a fresh interpreter (with `path` first on its sys.path)."""
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, path), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_the_built_in_kinds_come_first_whichever_module_is_imported_first() -> None:
+    # A tier package's kind module imported before the registry is used registers nothing by
+    # itself: the registry loads the built-in list, in its order, on first use.
+    code = (
+        "import kvtier.tiers.sharedfs.kind, kvtier.tiers.disk.kind; "
+        "from kvtier.tiers.registry import registered_media; print(registered_media())"
+    )
+    assert run_python(code) == "['gpu', 'cpu', 'disk', 'redis', 'shared-fs']"
+
+
+def test_an_installed_plugin_is_registered_by_its_entry_point(tmp_path: Path) -> None:
+    """A package that names its TierKind in the `kvtier.tiers` entry-point group needs no
+    import: its medium validates (after the built-ins) and opens."""
+    dist = tmp_path / "memkv_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: memkv-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nmemkv = memory_kv_tier:KIND\n")
+    code = (
+        "import asyncio, sys\n"
+        "from kvtier.config import parse_config\n"
+        "from kvtier.tiers.registry import TierContext, open_storage, registered_media\n"
+        "config = parse_config({'block_size': 4096, 'tiers': [\n"
+        "    {'name': 'm', 'medium': 'memkv', 'capacity': 4, 'latency_ms': 2}]})\n"
+        "storage = asyncio.run(open_storage(config.tiers[0], TierContext(block_size=4096)))\n"
+        "print(registered_media()[-1], config.tiers[0].latency_ms, type(storage).__name__)\n"
+    )
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    assert run_python(code, path=[tmp_path, examples]) == "memkv 2.0 MemoryKVStorage"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("json:dumps", "is not a TierKind, got <function dumps"),
+        ("no_such_module:KIND", "cannot be loaded: No module named 'no_such_module'"),
+    ],
+)
+def test_a_plugin_that_is_not_a_kind_is_named(tmp_path: Path, value: str, why: str) -> None:
+    dist = tmp_path / "broken_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nbroken = {value}\n")
+    code = (
+        "from kvtier.errors import InvalidValueError\n"
+        "from kvtier.tiers.registry import registered_media\n"
+        "for attempt in range(2):\n"
+        "    try:\n"
+        "        registered_media()\n"
+        "    except InvalidValueError as error:\n"
+        "        print(error)\n"
+    )
+    lines = run_python(code, path=[tmp_path]).splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1]  # asked again, it fails the same way
+    named = f"the tier plug-in broken = {value!r} (entry-point group {ENTRY_POINT_GROUP})"
+    assert lines[0].startswith(f"{named} {why}")
+
+
+# The modules that decide for every tier: none of them may name a medium (each tier's package
+# declares its own; `BUILTIN_TIERS` lists the packages).
+MEDIUM_FREE = [
+    "kvtier/config.py",
+    "kvtier/config_fields.py",
+    "kvtier/hierarchy.py",
+    "kvtier/tiers/registry.py",
+    "kvtier/tiers/storage.py",
+    "kvtier/tiers/keyed.py",
+    "kvtier/chain",
+    "kvtier/engine",
+    "kvtier/manager",
+]
+
+
+def _names_of_media(path: Path, media: set[str]) -> list[str]:
+    """Where `path` names one of `media`: a string constant that is not a docstring nor a
+    torch device's type, or a `Medium.<member>`."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            skipped.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Attribute) and side.attr == "type"
+            for side in [node.left, *node.comparators]
+        ):
+            skipped.update(id(side) for side in node.comparators)  # device.type != "cpu"
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("device"):
+            skipped.update(id(argument) for argument in node.args)  # torch.device("cpu")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in media and id(node) not in skipped:
+            found.append(f"{path}:{node.lineno}: {node.value!r}")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "Medium"
+        ):
+            found.append(f"{path}:{node.lineno}: Medium.{node.attr}")
+    return found
+
+
+def test_no_module_that_serves_every_tier_names_a_medium() -> None:
+    root = Path(__file__).resolve().parent.parent
+    media = set(registered_media())
+    found = []
+    for name in MEDIUM_FREE:
+        place = root / name
+        for path in sorted(place.rglob("*.py")) if place.is_dir() else [place]:
+            found.extend(_names_of_media(path, media))
+    assert found == []
 
 
 # ------------------------------------------------------------------------------------------
@@ -350,6 +483,56 @@ async def test_open_storage_refuses_what_is_not_a_storage() -> None:
             await open_storage(tier, TierContext(block_size=4096))
     finally:
         unregister_tier("shelf")
+
+
+CLOSED: list[BlockStorage] = []
+
+
+class ClosingShelfPool(ShelfPool):
+    """A shelf pool that records that it was closed."""
+
+    async def aclose(self) -> None:
+        CLOSED.append(self)
+        await super().aclose()
+
+
+async def open_closing_shelf(config: ShelfTierConfig, context: TierContext) -> BlockStorage:
+    return ClosingShelfPool(config.num_blocks, context.block_size, "cpu")
+
+
+@pytest.mark.parametrize("declared", [TierAccess.TENSOR, TierAccess.CLIENT])
+async def test_open_storage_refuses_a_storage_that_is_reached_otherwise(
+    declared: TierAccess,
+) -> None:
+    """The engine routes a tier's bytes by its kind's `access`: a storage that declares
+    another one is closed and refused, naming the tier."""
+    register_tier(shelf_kind(access=declared, opener="test_registry:open_closing_shelf"))
+    CLOSED.clear()
+    try:
+        tier = parse_config(chain(SHELF)).tiers[0]
+        with pytest.raises(InvalidValueError) as caught:
+            await open_storage(tier, TierContext(block_size=4096))
+        assert str(caught.value) == (
+            f"tier 's': the shelf kind declares access {declared.value!r}, but its opener "
+            "test_registry:open_closing_shelf returned a ClosingShelfPool, whose access is "
+            "'host-buffers'"
+        )
+        assert len(CLOSED) == 1
+        register_tier(shelf_kind(opener="test_registry:open_closing_shelf"), replace=True)
+        storage = await open_storage(tier, TierContext(block_size=4096))
+        await storage.aclose()  # the access it declares: opened
+    finally:
+        unregister_tier("shelf")
+
+
+def test_every_built_in_kind_opens_a_storage_of_its_declared_access() -> None:
+    for medium in ("gpu", "cpu", "disk", "redis", "shared-fs"):
+        kind = tier_kind(medium)
+        module_name, _, function_name = kind.opener.partition(":")
+        opener = getattr(importlib.import_module(module_name), function_name)
+        storage_class = inspect.signature(opener, eval_str=True).return_annotation
+        assert issubclass(storage_class, BlockStorage), medium
+        assert storage_class.access is kind.access, medium
 
 
 async def test_open_storage_needs_the_kinds_config_class() -> None:

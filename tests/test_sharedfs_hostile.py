@@ -26,8 +26,8 @@ from test_sharedfs_tier import chain, fill
 from kvtier import Hierarchy
 from kvtier.errors import DiskTierError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.remote import sharedfs
-from kvtier.tiers.remote.sharedfs import SharedFSStorage, _CopyGate, _ReadOutcome
+from kvtier.tiers.sharedfs import storage as sharedfs
+from kvtier.tiers.sharedfs.storage import SharedFSStorage, _CopyGate, _ReadOutcome
 from kvtier.tiers.storage import ReadFailure
 
 OTHER_UID = 65534  # nobody

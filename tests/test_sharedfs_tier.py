@@ -23,8 +23,8 @@ from kvtier.keys import OffloadKey
 from kvtier.namespaces import namespace_fingerprint
 from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.remote.auth import ValueAuth
-from kvtier.tiers.remote.sharedfs import LOCK_FILE, STALE_TEMP_S, SharedFSStorage
+from kvtier.tiers.shared.auth import ValueAuth
+from kvtier.tiers.sharedfs.storage import LOCK_FILE, STALE_TEMP_S, SharedFSStorage
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -30,7 +30,7 @@ from kvtier.manager.jobs import JobKind
 from kvtier.manager.tiered import slot_ids
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyStorage, install, uninstall
 from kvtier.tiers.disk import DiskStore
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import BlockStorage
 
 

@@ -33,7 +33,7 @@ from kvtier.keys import OffloadKey
 from kvtier.namespaces import block_namespace
 from kvtier.testing.keyed import fixed_key, fixed_key_hex, forgeries, keyed_auth, v1_value
 from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError
-from kvtier.tiers.remote.auth import (
+from kvtier.tiers.shared.auth import (
     ValueAuth,
     ValueKey,
     derive_tenant_key,
@@ -42,8 +42,7 @@ from kvtier.tiers.remote.auth import (
     load_key_file,
     write_key_file,
 )
-from kvtier.tiers.remote.sharedfs import SharedFSStorage
-from kvtier.tiers.remote.value import (
+from kvtier.tiers.shared.value import (
     FLAG_ENCRYPTED,
     FLAG_MAC,
     HEADER_BYTES,
@@ -51,6 +50,7 @@ from kvtier.tiers.remote.value import (
     ValueCodec,
     ValueProblem,
 )
+from kvtier.tiers.sharedfs.storage import SharedFSStorage
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -374,7 +374,7 @@ async def test_a_shared_tier_without_a_key_is_refused_at_open(tmp_path: Path) ->
 async def test_authenticate_false_warns_and_writes_unkeyed_values(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.remote"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.shared"):
         async with Hierarchy.from_config(
             sharedfs_chain(tmp_path / "nfs", authenticate=False)
         ) as h:
@@ -429,7 +429,7 @@ async def test_forged_files_are_counted_and_logged_once(
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(wrong.encode(key(i), evil))
         out = [np.zeros(BLOCK, dtype=np.uint8) for _ in ids]
-        with caplog.at_level(logging.WARNING, logger="kvtier.tiers.remote"):
+        with caplog.at_level(logging.WARNING, logger="kvtier.tiers.shared"):
             results = await storage.read([key(i) for i in ids], [0] * len(ids), out)
         assert all(result is not None for result in results)
         assert storage.stats.problems == {"forged": len(ids)}
@@ -442,7 +442,7 @@ async def test_forged_files_are_counted_and_logged_once(
 def test_the_problem_log_is_rate_limited_with_counts(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     problems = ProblemLog(interval_s=60.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.remote"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.shared"):
         for _ in range(100):
             problems.note("tier 'x'", ValueProblem.FORGED, key(1))
         problems.note("tier 'x'", ValueProblem.DAMAGED, key(1))  # its own interval

@@ -287,19 +287,21 @@ def install(
     """Put `flaky` (by default a new `FlakyStorage` around the tier's storage) in place of
     tier `tier_index`'s storage in an open `hierarchy`, and return it.
 
-    For tests only: it replaces the storage in the hierarchy's and its engine's private
+    For tests only: it replaces the storage in the chain's and its transfer engine's
     lists and clears the engine's "tensor pool" flag of the tier, so every later copy goes
     through the wrapper (see the module docstring for what changes when a `TorchPool` is
     wrapped). `uninstall` puts the wrapped storage back."""
-    engine = hierarchy._engine
-    if engine is None or hierarchy.closed:
-        raise ManagerClosedError("install needs an open hierarchy")
-    current = hierarchy._storages[tier_index]
+    try:
+        chain = hierarchy.chain
+    except ManagerClosedError:
+        raise ManagerClosedError("install needs an open hierarchy") from None
+    engine = chain.engine
+    current = chain.storages[tier_index]
     if flaky is None:
         flaky = FlakyStorage(current)
     elif flaky.inner is not current:
         raise InvalidValueError(f"{flaky!r} does not wrap tier {tier_index}'s {current!r}")
-    hierarchy._storages[tier_index] = flaky
+    chain.storages[tier_index] = flaky
     engine.storages[tier_index] = flaky
     flaky.replaced_access = engine.tensor_tiers[tier_index]
     engine.tensor_tiers[tier_index] = False  # a wrapper is driven through read/write
@@ -308,12 +310,13 @@ def install(
 
 def uninstall(hierarchy: Hierarchy, tier_index: int) -> BlockStorage:
     """Undo `install`: clear the wrapper's rules and put the wrapped storage back."""
-    engine = hierarchy._engine
-    current = hierarchy._storages[tier_index]
-    if engine is None or not isinstance(current, FlakyStorage):
+    chain = hierarchy.chain
+    engine = chain.engine
+    current = chain.storages[tier_index]
+    if not isinstance(current, FlakyStorage):
         raise InvalidValueError(f"tier {tier_index} has no FlakyStorage installed")
     current.clear()
-    hierarchy._storages[tier_index] = current.inner
+    chain.storages[tier_index] = current.inner
     engine.storages[tier_index] = current.inner
     engine.tensor_tiers[tier_index] = current.replaced_access
     return current.inner

@@ -43,13 +43,13 @@ from kvtier.namespaces import block_namespace
 from kvtier.testing.storage import empty_buffers, make_blocks
 from kvtier.tiers.disk.codec import BlockCodec, Codec
 from kvtier.tiers.keyed import KeyedStorage
-from kvtier.tiers.remote.auth import (
+from kvtier.tiers.shared.auth import (
     NamespaceKey,
     ValueAuth,
     ValueKey,
     derive_tenant_key,
 )
-from kvtier.tiers.remote.value import HEADER_BYTES, ValueCodec
+from kvtier.tiers.shared.value import HEADER_BYTES, ValueCodec
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 AUTH_KEY_ENV = "KVTIER_TEST_AUTH_KEY"

@@ -114,7 +114,7 @@ class StorageTests:
         import torch
 
         from kvtier.engine.moves import MoveResult, move
-        from kvtier.tiers.pool import TorchPool
+        from kvtier.tiers.pool.storage import TorchPool
         from kvtier.tiers.tensor_copy import TensorCopier
 
         count = min(5, storage.num_blocks)

@@ -35,7 +35,8 @@ from kvtier.cli.console import out, progress
 from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:
-    from kvtier.config import DiskTierConfig, HierarchyConfig
+    from kvtier.config import HierarchyConfig
+    from kvtier.tiers.disk.kind import DiskTierConfig
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -81,7 +82,7 @@ class StoreShape:
 def store_shape(store_dir: Path) -> StoreShape | None:
     """The shape recorded in a store directory's `headers.bin`, or None when it has none
     (not a kvtier store, or one written by a kvtier older than layout version 2)."""
-    from kvtier.tiers.disk.header import (
+    from kvtier.tiers.disk.layout import (
         FILE_HEADER_BYTES,
         HEADERS_FILE,
         slots_in_headers_file,
@@ -107,7 +108,7 @@ def store_shape(store_dir: Path) -> StoreShape | None:
 
 def store_dirs_at(path: Path) -> list[Path]:
     """The stores at `path`: the store directory itself, or those directly inside it."""
-    from kvtier.tiers.disk.header import HEADERS_FILE
+    from kvtier.tiers.disk.layout import HEADERS_FILE
 
     if (path / HEADERS_FILE).exists():
         return [path]
@@ -230,7 +231,8 @@ def _print(title: str, result: TierCheck) -> None:
 
 
 def _config_tiers(config_path: Path, repair: bool) -> list[tuple[str, TierCheck]]:
-    from kvtier.config import DiskTierConfig, load_config
+    from kvtier.config import load_config
+    from kvtier.tiers.disk.kind import DiskTierConfig
     from kvtier.tiers.registry import TierAccess
 
     config = load_config(config_path)

@@ -7,7 +7,7 @@
 A key file is one line of hex, mode 0600; a command never overwrites a file, never follows a
 symlink and never prints a key (only its id, which values carry anyway). Name the file in the
 tier's `auth_key_file`. Give tenant T's nodes only T's derived key: they can then make no
-value another tenant's nodes accept (see `kvtier.tiers.remote.auth`).
+value another tenant's nodes accept (see `kvtier.tiers.shared.auth`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
 
 
 def _write(path: Path, material: bytes, what: str) -> None:
-    from kvtier.tiers.remote.auth import write_key_file
+    from kvtier.tiers.shared.auth import write_key_file
 
     try:
         key = write_key_file(path, material)
@@ -54,14 +54,17 @@ def keys() -> None:
 @click.argument("path", type=_PATH)
 def new(path: Path) -> None:
     """Write a fresh random key (32 bytes, hex) to PATH, a new file of mode 0600."""
-    from kvtier.tiers.remote.auth import new_key
+    from kvtier.tiers.shared.auth import new_key
 
     _write(path, new_key(), "a new key")
 
 
 @keys.command()
 @click.option(
-    "--from", "fleet_path", type=_PATH, required=True,
+    "--from",
+    "fleet_path",
+    type=_PATH,
+    required=True,
     help="The fleet key file the tenant's key is derived from.",
 )
 @click.option("--tenant", required=True, help="The tenant (as in the config's `tenant`).")
@@ -71,7 +74,7 @@ def derive(fleet_path: Path, tenant: str, path: Path) -> None:
 
     Nodes holding it share blocks with the tenant's other nodes only, and cannot make a
     value another tenant's nodes accept."""
-    from kvtier.tiers.remote.auth import derive_tenant_key, load_key_file
+    from kvtier.tiers.shared.auth import derive_tenant_key, load_key_file
 
     if not tenant:
         raise ConfigError(["--tenant must name a tenant"])
@@ -83,6 +86,6 @@ def derive(fleet_path: Path, tenant: str, path: Path) -> None:
 @click.argument("path", type=_PATH)
 def key_id(path: Path) -> None:
     """Print the key id of the key file PATH (what values made with it carry), not the key."""
-    from kvtier.tiers.remote.auth import load_key_file
+    from kvtier.tiers.shared.auth import load_key_file
 
     out.print(load_key_file(path).key_id.hex(), markup=False)

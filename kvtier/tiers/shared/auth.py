@@ -3,7 +3,7 @@
 Whoever can write a shared store (the Redis server, the shared directory) could write a
 valid-looking block for any key, and so put their bytes into other users' outputs. So every
 value carries a keyed MAC that only nodes holding the tier's key can make
-(`kvtier.tiers.remote.value`):
+(`kvtier.tiers.shared.value`):
 
 - A **key** is at least 32 random bytes kept in a file (hex; `kvtier keys new PATH` writes
   one) or in an environment variable (hex). The config names the file or the variable, never
@@ -36,7 +36,7 @@ from typing import Protocol
 
 from kvtier.errors import ConfigError
 
-log = logging.getLogger("kvtier.tiers.remote")
+log = logging.getLogger("kvtier.tiers.shared")
 
 KEY_BYTES = 32
 """The least key material accepted (and what `new_key` makes)."""
@@ -81,9 +81,7 @@ class ValueKey:
 
     def derive(self, purpose: bytes, namespace: str) -> bytes:
         """The 32-byte key of `purpose` for the values of `namespace`."""
-        return hkdf_sha256(
-            self._material, _SALT, purpose + b"\0" + namespace.encode(), KEY_BYTES
-        )
+        return hkdf_sha256(self._material, _SALT, purpose + b"\0" + namespace.encode(), KEY_BYTES)
 
     def material(self) -> bytes:
         """The key's bytes, for `derive_tenant_key` only (never log or show them)."""
@@ -102,8 +100,10 @@ def parse_key(text: bytes, source: str) -> ValueKey:
         material = bytes.fromhex(text.strip().decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         raise ConfigError(
-            [f"{source}: not a key (expected hex of at least {KEY_BYTES} bytes, as "
-             "`kvtier keys new PATH` writes)"]
+            [
+                f"{source}: not a key (expected hex of at least {KEY_BYTES} bytes, as "
+                "`kvtier keys new PATH` writes)"
+            ]
         ) from None
     return ValueKey(material, source)
 
@@ -131,8 +131,10 @@ def load_key_file(path: Path) -> ValueKey:
             raise ConfigError([f"{source} is not a regular file"])
         if info.st_mode & 0o077:
             raise ConfigError(
-                [f"{source} is readable or writable by others (mode "
-                 f"{stat.S_IMODE(info.st_mode):o}): chmod 600 {path}"]
+                [
+                    f"{source} is readable or writable by others (mode "
+                    f"{stat.S_IMODE(info.st_mode):o}): chmod 600 {path}"
+                ]
             )
         if info.st_size > MAX_KEY_FILE_BYTES:
             raise ConfigError([f"{source} is {info.st_size} bytes: not a key file"])
@@ -222,8 +224,9 @@ class ValueAuth:
         """The derived keys of `namespace` (which names model, block size and tenant)."""
         keys = [current, *previous]
         derived = [
-            NamespaceKey(key.key_id, key.derive(b"mac", namespace), key.derive(b"aes-256-gcm",
-                                                                                 namespace))
+            NamespaceKey(
+                key.key_id, key.derive(b"mac", namespace), key.derive(b"aes-256-gcm", namespace)
+            )
             for key in keys
         ]
         accepted: dict[bytes, NamespaceKey] = {}
@@ -266,7 +269,8 @@ def auth_from_config(config: _AuthConfig, namespace: str) -> ValueAuth | None:
     if not config.authenticate:
         log.warning(
             "%s: authenticate = false: its values carry only an unkeyed checksum, so whoever "
-            "can write the store can make this node serve forged KV blocks", tier,
+            "can write the store can make this node serve forged KV blocks",
+            tier,
         )
         return None
     try:
@@ -276,9 +280,11 @@ def auth_from_config(config: _AuthConfig, namespace: str) -> ValueAuth | None:
         raise ConfigError([f"{tier}: {problem}" for problem in error.problems]) from None
     if current is None:
         raise ConfigError(
-            [f"{tier}: a shared tier needs a key: set auth_key_file (make one with `kvtier "
-             "keys new PATH`) or auth_key_env (the NAME of a variable holding the key's hex), "
-             "or authenticate = false to accept forged values"]
+            [
+                f"{tier}: a shared tier needs a key: set auth_key_file (make one with `kvtier "
+                "keys new PATH`) or auth_key_env (the NAME of a variable holding the key's hex), "
+                "or authenticate = false to accept forged values"
+            ]
         )
     if config.encrypt:
         require_encryption()

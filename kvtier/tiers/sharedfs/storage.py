@@ -78,22 +78,22 @@ from typing import Any, NamedTuple, TypeVar
 
 import xxhash
 
-from kvtier.config import parse_size
+from kvtier.config_fields import parse_size
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.namespaces import namespace_fingerprint
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
-from kvtier.tiers.remote.auth import ValueAuth, auth_from_config
-from kvtier.tiers.remote.config import SharedFSTierConfig
-from kvtier.tiers.remote.value import (
+from kvtier.tiers.shared.auth import ValueAuth, auth_from_config
+from kvtier.tiers.shared.value import (
     HEADER_BYTES,
     ValueCodec,
     ValueProblem,
     check_block_buffers,
     record_problem,
 )
+from kvtier.tiers.sharedfs.kind import SharedFSTierConfig
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 log = logging.getLogger("kvtier.tiers.sharedfs")
@@ -671,8 +671,10 @@ class SharedFSStorage(KeyedStorage):
     ) -> list[OSError | None]:
         check_block_buffers(buffers, self.block_size)
         outcomes = await asyncio.gather(
-            *(self._run(self._write_one, key, buffer) for key, buffer in zip(keys, buffers,
-                                                                             strict=True))
+            *(
+                self._run(self._write_one, key, buffer)
+                for key, buffer in zip(keys, buffers, strict=True)
+            )
         )
         results: list[OSError | None] = []
         written = 0
@@ -751,8 +753,10 @@ class SharedFSStorage(KeyedStorage):
         self._gates.add(gate)
         try:
             outcomes = await asyncio.gather(
-                *(self._run(self._read_one, key, buffer, gate) for key, buffer in zip(
-                    keys, buffers, strict=True))
+                *(
+                    self._run(self._read_one, key, buffer, gate)
+                    for key, buffer in zip(keys, buffers, strict=True)
+                )
             )
         finally:
             self._gates.discard(gate)
@@ -843,8 +847,9 @@ class SharedFSStorage(KeyedStorage):
         NFS locks need a descriptor open for writing) when missing."""
         mode = FILE_MODE if self.group is None else GROUP_LOCK_MODE
         try:
-            lock = os.open(LOCK_FILE, _OPEN_LOCK | os.O_CREAT | os.O_EXCL, mode,
-                           dir_fd=self._root_fd)
+            lock = os.open(
+                LOCK_FILE, _OPEN_LOCK | os.O_CREAT | os.O_EXCL, mode, dir_fd=self._root_fd
+            )
         except FileExistsError:
             return os.open(LOCK_FILE, _OPEN_LOCK, dir_fd=self._root_fd)
         try:
@@ -923,7 +928,11 @@ class SharedFSStorage(KeyedStorage):
                     report.ignored += 1
                     continue
                 entry = _Entry(
-                    info.st_mtime_ns, info.st_blocks * 512, directory, name, info.st_dev,
+                    info.st_mtime_ns,
+                    info.st_blocks * 512,
+                    directory,
+                    name,
+                    info.st_dev,
                     info.st_ino,
                 )
                 if not block:
@@ -1008,7 +1017,10 @@ class SharedFSStorage(KeyedStorage):
         if stuck:
             log.warning(
                 "shared-fs %s: %d file operations still running %.1f s after close (a hung "
-                "mount?); left to their threads", self.root, len(stuck), self.close_timeout_s,
+                "mount?); left to their threads",
+                self.root,
+                len(stuck),
+                self.close_timeout_s,
             )
             return  # the directory descriptors stay open: those threads may still use them
         for fd in [self._root_fd, *self._retired_fds]:

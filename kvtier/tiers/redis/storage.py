@@ -36,16 +36,16 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-from kvtier.config import hide_userinfo
+from kvtier.config_fields import hide_userinfo
 from kvtier.errors import InvalidValueError, TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import namespace_fingerprint
 from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
+from kvtier.tiers.redis.kind import RedisTierConfig
 from kvtier.tiers.registry import TierContext
-from kvtier.tiers.remote.auth import ValueAuth, auth_from_config
-from kvtier.tiers.remote.config import RedisTierConfig
-from kvtier.tiers.remote.value import (
+from kvtier.tiers.shared.auth import ValueAuth, auth_from_config
+from kvtier.tiers.shared.value import (
     ValueCodec,
     ValueProblem,
     check_block_buffers,
@@ -216,7 +216,10 @@ class RedisStorage(KeyedStorage):
             self.stats.breaker_opened += 1
             log.warning(
                 "%s: %s %s; failing fast for %.1f s (every lookup a miss, every store failed)",
-                self.description, what, why, self.breaker.cooldown_s,
+                self.description,
+                what,
+                why,
+                self.breaker.cooldown_s,
             )
 
     def _take_buffer(self) -> bytearray:
@@ -481,13 +484,13 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
     client: Any
     if config.cluster_nodes is not None:
         nodes = [ClusterNode(*node.rsplit(":", 1)) for node in config.cluster_nodes]
-        client = RedisCluster(startup_nodes=nodes, max_connections=config.max_connections,
-                              **common)
+        client = RedisCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)
         where = f"redis cluster {','.join(config.cluster_nodes)}"
     else:
         assert config.url is not None  # the config model requires one of the two
-        client = aioredis.Redis.from_url(config.url, max_connections=config.max_connections,
-                                         **common)
+        client = aioredis.Redis.from_url(
+            config.url, max_connections=config.max_connections, **common
+        )
         where = f"redis {hide_userinfo(config.url)}"  # the config refuses credentials too
     namespace = context.namespace
     storage = RedisStorage(
@@ -530,6 +533,10 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
         # Down for now: the tier starts anyway; its round trips fail fast and are retried
         # after each cooldown, so the tier comes back with the server.
         storage.breaker.failure()
-        log.warning("tier %r: %s does not answer yet (%s): its lookups are misses until it "
-                    "does", config.name, where, storage._scrub(repr(error)))
+        log.warning(
+            "tier %r: %s does not answer yet (%s): its lookups are misses until it does",
+            config.name,
+            where,
+            storage._scrub(repr(error)),
+        )
     return storage

@@ -7,6 +7,9 @@ and CUDA copies from it are truly asynchronous.
 
 A GPU tier whose device is `cuda` on a machine without CUDA runs on the CPU instead, and says
 so (`fallback`, its repr and its stats), so tests and CI exercise the same code.
+
+`open_gpu_tier` and `open_cpu_tier` are the openers the kinds of `kvtier.tiers.pool.kind`
+name.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
+from kvtier.tiers.pool.kind import CPUTierConfig, GPUTierConfig
+from kvtier.tiers.registry import TierContext
 from kvtier.tiers.storage import HostBuffer, ReadFailure, TensorStorage
 from kvtier.tiers.tensor_copy import TensorCopier, cuda_available
 
@@ -159,3 +164,21 @@ class TorchPool(TensorStorage):
 
     def __repr__(self) -> str:
         return f"TorchPool({self.num_blocks} x {self.block_size} B on {self.describe()})"
+
+
+async def open_gpu_tier(config: GPUTierConfig, context: TierContext) -> TorchPool:
+    """The opener of a gpu tier: a pool on the tier's device (falling back as `TorchPool`
+    does)."""
+    return TorchPool(config.num_blocks, context.block_size, config.device, copier=context.copier)
+
+
+async def open_cpu_tier(config: CPUTierConfig, context: TierContext) -> TorchPool:
+    """The opener of a cpu tier: a host-memory pool, page-locked when asked for and CUDA is
+    present."""
+    return TorchPool(
+        config.num_blocks,
+        context.block_size,
+        "cpu",
+        pin_memory=config.pin_memory and cuda_available(),
+        copier=context.copier,
+    )

@@ -17,7 +17,7 @@ that made it, then the stored bytes.
         96  key, then the stored bytes
 
 - **Authenticated** (`flags = 1`, the default): the tag is keyed BLAKE3-256, with a key
-  derived from the tier's key and the namespace (`kvtier.tiers.remote.auth`), of the header's
+  derived from the tier's key and the namespace (`kvtier.tiers.shared.auth`), of the header's
   first 64 bytes, the namespace, the key and the stored bytes. Only a node holding the key
   can make a value that verifies: anyone else's, even built from public data, is a miss
   counted as FORGED, as is a value of an unknown key id. A changed byte cannot be told from
@@ -49,6 +49,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import blake3
 import xxhash
@@ -56,7 +57,7 @@ import xxhash
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.codec import BlockCodec, CodecError
-from kvtier.tiers.remote.auth import NamespaceKey, ValueAuth, require_encryption
+from kvtier.tiers.shared.auth import NamespaceKey, ValueAuth, require_encryption
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 MAGIC = b"KVTR"
@@ -96,7 +97,7 @@ class ValueProblem(enum.StrEnum):
     """Longer than any value of a block: not read past one block's frame, never served."""
 
 
-log = logging.getLogger("kvtier.tiers.remote")
+log = logging.getLogger("kvtier.tiers.shared")
 
 
 def check_block_buffers(buffers: Sequence[HostBuffer], block_size: int) -> None:
@@ -164,6 +165,26 @@ def record_problem(
 def namespace_digest(namespace: str) -> bytes:
     """The 16 bytes of a namespace that every value carries."""
     return xxhash.xxh3_128_digest(namespace.encode())
+
+
+Outcome = tuple[ReadFailure | None, ValueProblem | None]
+"""What a decode found: (None, None) for an intact, verified block, else the read failure to
+report and the problem to count."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The parts of a value whose framing is sound, not yet verified."""
+
+    codec: int
+    flags: int
+    key_id: bytes
+    nonce: bytes
+    tag: bytes
+    prefix: memoryview
+    """The header without its tag: what the tag covers."""
+    stored: memoryview
+    """The stored (possibly compressed, possibly encrypted) block."""
 
 
 class _Cipher:
@@ -281,16 +302,31 @@ class ValueCodec:
         auth = self.auth
         if auth is None:
             prefix = _PREFIX.pack(
-                MAGIC, VERSION, codec, 0, len(key), _ZERO_KEY_ID, self.namespace,
-                block_length, len(stored), _ZERO_NONCE,
+                MAGIC,
+                VERSION,
+                codec,
+                0,
+                len(key),
+                _ZERO_KEY_ID,
+                self.namespace,
+                block_length,
+                len(stored),
+                _ZERO_NONCE,
             )
             tag = self._checksum(prefix, key, stored)
         elif auth.encrypt:
             nonce = secrets.token_bytes(NONCE_BYTES)
             prefix = _PREFIX.pack(
-                MAGIC, VERSION, codec, FLAG_MAC | FLAG_ENCRYPTED, len(key),
-                auth.current.key_id, self.namespace, block_length,
-                len(stored) + GCM_TAG_BYTES, nonce,
+                MAGIC,
+                VERSION,
+                codec,
+                FLAG_MAC | FLAG_ENCRYPTED,
+                len(key),
+                auth.current.key_id,
+                self.namespace,
+                block_length,
+                len(stored) + GCM_TAG_BYTES,
+                nonce,
             )
             stored = self._cipher(auth.current).encrypt(
                 nonce, stored, b"".join((prefix, self._bound, key))
@@ -298,35 +334,60 @@ class ValueCodec:
             tag = _ZERO_TAG
         else:
             prefix = _PREFIX.pack(
-                MAGIC, VERSION, codec, FLAG_MAC, len(key), auth.current.key_id,
-                self.namespace, block_length, len(stored), _ZERO_NONCE,
+                MAGIC,
+                VERSION,
+                codec,
+                FLAG_MAC,
+                len(key),
+                auth.current.key_id,
+                self.namespace,
+                block_length,
+                len(stored),
+                _ZERO_NONCE,
             )
             tag = self._mac(auth.current.mac_key, prefix, key, stored)
         return b"".join((prefix, tag, key)), stored
 
     def decode_into(
         self, key: OffloadKey, value: bytes | memoryview | None, out: HostBuffer
-    ) -> tuple[ReadFailure | None, ValueProblem | None]:
+    ) -> Outcome:
         """Fill `out` with the block `value` holds for `key`; (None, None) when it is intact
         and verified, else the read failure to report and the problem to count. Never raises
         for any bytes in `value`, and allocates at most one block."""
+        frame, refused = self._frame(key, value, out)
+        if frame is None:
+            return refused
+        if self.auth is None:
+            if frame.flags != 0:
+                return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN  # a keyed node's value
+            if not hmac.compare_digest(self._checksum(frame.prefix, key, frame.stored), frame.tag):
+                return ReadFailure.CHECKSUM, ValueProblem.DAMAGED
+            return self._decode(frame.codec, frame.stored, out)
+        return self._verify_keyed(self.auth, key, frame, out)
+
+    def _frame(
+        self, key: OffloadKey, value: bytes | memoryview | None, out: HostBuffer
+    ) -> tuple[_Frame | None, Outcome]:
+        """The parts of `value` once its framing is sound for `key` (magic, version, namespace,
+        key, lengths), else None and why not; nothing is verified yet."""
         if value is None:
-            return ReadFailure.NOT_INDEXED, ValueProblem.MISSING
+            return None, (ReadFailure.NOT_INDEXED, ValueProblem.MISSING)
         view = memoryview(value).cast("B")
         if view[: len(MAGIC)] != MAGIC:
-            return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN  # not a kvtier value
+            return None, (ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN)  # not a kvtier value
         if view.nbytes > len(MAGIC) and view[len(MAGIC)] != VERSION:
-            return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN  # another format
+            return None, (ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN)  # another format
         if view.nbytes < HEADER_BYTES:
-            return ReadFailure.SHORT_READ, ValueProblem.DAMAGED
-        (_, _, codec, flags, key_length, key_id, namespace, length, stored_length, nonce,
-         tag) = _HEADER.unpack_from(view)
+            return None, (ReadFailure.SHORT_READ, ValueProblem.DAMAGED)
+        (_, _, codec, flags, key_length, key_id, namespace, length, stored_length, nonce, tag) = (
+            _HEADER.unpack_from(view)
+        )
         if namespace != self.namespace or key_length != len(key):
-            return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN
+            return None, (ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN)
         if view.nbytes < HEADER_BYTES + key_length:
-            return ReadFailure.SHORT_READ, ValueProblem.DAMAGED
+            return None, (ReadFailure.SHORT_READ, ValueProblem.DAMAGED)
         if view[HEADER_BYTES : HEADER_BYTES + key_length].tobytes() != key:
-            return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN
+            return None, (ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN)
         stored = view[HEADER_BYTES + key_length :]
         if (
             length != self.block_size
@@ -334,35 +395,37 @@ class ValueCodec:
             or stored.nbytes != stored_length
             or stored_length > self.block_size + GCM_TAG_BYTES
         ):
-            return ReadFailure.SHORT_READ, ValueProblem.DAMAGED
-        prefix = view[: _PREFIX.size]
-        if self.auth is None:
-            if flags != 0:
-                return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN  # a keyed node's value
-            if not hmac.compare_digest(self._checksum(prefix, key, stored), tag):
-                return ReadFailure.CHECKSUM, ValueProblem.DAMAGED
-            return self._decode(codec, stored, out)
-        known = self.auth.accepted.get(key_id)
-        if known is None or flags not in (FLAG_MAC, FLAG_MAC | FLAG_ENCRYPTED):
+            return None, (ReadFailure.SHORT_READ, ValueProblem.DAMAGED)
+        frame = _Frame(codec, flags, key_id, nonce, tag, view[: _PREFIX.size], stored)
+        return frame, (None, None)
+
+    def _verify_keyed(
+        self, auth: ValueAuth, key: OffloadKey, frame: _Frame, out: HostBuffer
+    ) -> Outcome:
+        """Verify (and, if encrypted, decrypt) a framed value with the key that made it, one
+        of those `auth` accepts, then decode it into `out`."""
+        known = auth.accepted.get(frame.key_id)
+        if known is None or frame.flags not in (FLAG_MAC, FLAG_MAC | FLAG_ENCRYPTED):
             return ReadFailure.CHECKSUM, ValueProblem.FORGED
-        if flags == FLAG_MAC:
-            if not hmac.compare_digest(self._mac(known.mac_key, prefix, key, stored), tag):
+        if frame.flags == FLAG_MAC:
+            mac = self._mac(known.mac_key, frame.prefix, key, frame.stored)
+            if not hmac.compare_digest(mac, frame.tag):
                 return ReadFailure.CHECKSUM, ValueProblem.FORGED
-            return self._decode(codec, stored, out)
-        if tag != _ZERO_TAG or stored_length < GCM_TAG_BYTES:
+            return self._decode(frame.codec, frame.stored, out)
+        if frame.tag != _ZERO_TAG or frame.stored.nbytes < GCM_TAG_BYTES:
             return ReadFailure.CHECKSUM, ValueProblem.FORGED
         try:
             cipher = self._cipher(known)
         except ConfigError:
             return ReadFailure.NOT_INDEXED, ValueProblem.FOREIGN  # no cryptography here
-        plain = cipher.decrypt(nonce, stored, b"".join((prefix, self._bound, key)))
+        plain = cipher.decrypt(
+            frame.nonce, frame.stored, b"".join((frame.prefix, self._bound, key))
+        )
         if plain is None:
             return ReadFailure.CHECKSUM, ValueProblem.FORGED
-        return self._decode(codec, plain, out)
+        return self._decode(frame.codec, plain, out)
 
-    def _decode(
-        self, codec: int, stored: bytes | memoryview, out: HostBuffer
-    ) -> tuple[ReadFailure | None, ValueProblem | None]:
+    def _decode(self, codec: int, stored: bytes | memoryview, out: HostBuffer) -> Outcome:
         try:
             self.codec.decode_into(codec, stored, out)
         except CodecError:
