@@ -1,8 +1,10 @@
 """kvtier: a tiered store for the KV-cache blocks of LLM serving engines.
 
 Blocks (fixed-size pages of K and V for N tokens, named by a prefix hash) live in a chain of
-tiers (GPU, pinned CPU, disk); each tier is a `Backend` (slots) plus a `CachePolicy`
-(eviction), kept by an `OffloadingManager` whose decisions travel as `LoadStoreSpec`s.
+tiers (GPU, pinned CPU, disk, shared stores). `Hierarchy` (`hierarchy.py`) is the facade over
+the running chain (`chain/`): the bookkeeping (`manager/`) decides, as `TransferJob`s whose
+slots travel as `LoadStoreSpec`s, and the transfer engine (`engine/`) moves the bytes between
+the tiers' storages (`tiers/`). What a serving engine embeds is in `embed/`.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -71,7 +73,7 @@ if TYPE_CHECKING:  # the data path imports torch: loaded on first use (see __get
     from kvtier.hierarchy import Hierarchy, HierarchyStats
     from kvtier.sync import SyncHierarchy
     from kvtier.tiers.disk import DiskStore
-    from kvtier.tiers.pool import TorchPool
+    from kvtier.tiers.pool.storage import TorchPool
 
 
 def __getattr__(name: str) -> object:
@@ -86,7 +88,7 @@ def __getattr__(name: str) -> object:
 
         return DiskStore
     if name == "TorchPool":
-        from kvtier.tiers.pool import TorchPool
+        from kvtier.tiers.pool.storage import TorchPool
 
         return TorchPool
     if name == "SyncHierarchy":

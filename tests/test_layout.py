@@ -1,10 +1,14 @@
 """The package's layout: the core never imports the tooling, and the subpackages form layers.
 
-The core is the store an engine embeds (specs, policies, tiers, manager, engine, config,
-errors, keys, blocks, hierarchy, sync). The tooling (`cli`, `workloads`, `bench`, `testing`)
-and the adapters (`integrations`) build on it; the paged-KV allocator is a subpackage of its
-own. These tests read the source (every import, at any depth) and import the package in a
-fresh interpreter, so a new import that breaks the layering fails here.
+The core is the store an engine embeds (specs, policies, tiers, manager, engine, chain,
+embed, metrics, config, errors, keys, blocks, checks, hierarchy, sync). Inside it, the rooms
+point one way: the transfer engine imports nothing that drives or embeds it, the metrics
+never import the hierarchy, the chain never imports what a serving engine embeds, no
+`_private` name crosses a package, and no kvtier module takes part in an import cycle.
+The tooling (`cli`, `workloads`, `bench`, `testing`) and the adapters (`integrations`)
+build on it; the paged-KV allocator is a subpackage of its own. These tests read the source
+(every import, at any depth) and import the package in a fresh interpreter, so a new import
+that breaks the layering fails here.
 """
 
 from __future__ import annotations
@@ -116,9 +120,7 @@ def test_import_kvtier_loads_only_the_core() -> None:
     loaded = done.stdout.split()
     assert "kvtier.hierarchy" in loaded  # the program did import the core
     tooling = [
-        name
-        for name in loaded
-        if name.startswith("kvtier.") and _unit(name) in OUTSIDE_CORE
+        name for name in loaded if name.startswith("kvtier.") and _unit(name) in OUTSIDE_CORE
     ]
     assert tooling == []
     assert not {"click", "rich", "matplotlib", "prometheus_client"} & set(loaded)
@@ -131,3 +133,145 @@ def test_the_allocator_is_not_exported_from_the_root() -> None:
     from kvtier.allocator import PrefixCachingBlockAllocator
 
     assert PrefixCachingBlockAllocator.__module__.startswith("kvtier.allocator")
+
+
+# -- the rooms of the core: who may import whom ----------------------------------------------
+
+CORE_ABOVE_THE_ENGINE = ("kvtier.hierarchy", "kvtier.sync", "kvtier.chain", "kvtier.embed")
+"""What drives the transfer engine or embeds it: the engine never imports any of it."""
+
+
+def _modules() -> dict[str, Path]:
+    """Every kvtier module, by dotted name (a package by its `__init__`)."""
+    return {_module_of(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _in(module: str, package: str) -> bool:
+    """Whether `module` is `package` or inside it."""
+    return module == package or module.startswith(package + ".")
+
+
+def _typing_only(tree: ast.AST) -> set[int]:
+    """Ids of the nodes under `if TYPE_CHECKING:` (never run)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for inner in ast.walk(node))
+    return skipped
+
+
+def _imported_names(path: Path) -> list[tuple[str, str | None]]:
+    """(module, name) of every kvtier import in `path`, at any depth, function-level
+    included and TYPE_CHECKING excluded: `from kvtier.a import b` gives ("kvtier.a", "b"),
+    `import kvtier.a` gives ("kvtier.a", None)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _typing_only(tree)
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.extend((node.module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, None) for alias in node.names)
+    return [(module, name) for module, name in found if _in(module, "kvtier")]
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the kvtier modules it imports (at any depth, TYPE_CHECKING excluded). An
+    import names the module it reads: `from kvtier.a import b` is kvtier.a.b when that is a
+    module, else kvtier.a (the package's `__init__`)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = {module: set() for module in modules}
+    for module, path in modules.items():
+        for imported, name in _imported_names(path):
+            target = f"{imported}.{name}" if f"{imported}.{name}" in modules else imported
+            if target in modules and target != module:
+                edges[module].add(target)
+    return edges
+
+
+def _offences(importers: str, forbidden: tuple[str, ...]) -> list[str]:
+    """`importer imports target` for each module of package `importers` importing one of
+    `forbidden` (packages or modules), at any depth."""
+    return [
+        f"{module} imports {target}"
+        for module, targets in _module_edges().items()
+        if _in(module, importers)
+        for target in sorted(targets)
+        if any(_in(target, room) for room in forbidden)
+    ]
+
+
+def test_the_transfer_engine_imports_nothing_that_drives_or_embeds_it() -> None:
+    assert _offences("kvtier.engine", CORE_ABOVE_THE_ENGINE) == []
+
+
+def test_the_metrics_never_import_the_hierarchy() -> None:
+    """The collector reads a `StatsSource` (`kvtier.metrics.catalog`), so the hierarchy
+    imports the metrics and never the reverse."""
+    assert _offences("kvtier.metrics", ("kvtier.hierarchy", "kvtier.sync")) == []
+
+
+def test_the_chain_never_imports_what_a_serving_engine_embeds() -> None:
+    assert _offences("kvtier.chain", ("kvtier.embed", "kvtier.hierarchy", "kvtier.sync")) == []
+
+
+def test_no_private_name_is_imported_across_packages() -> None:
+    """`_name` is private to its package: a module imports one only from inside the package
+    directory it lives in (make what is shared public, in its home module)."""
+    offences = []
+    for module, path in _modules().items():
+        home = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for imported, name in _imported_names(path):
+            private = name is not None and name.startswith("_") and not name.startswith("__")
+            if private and not _in(imported, home):
+                offences.append(f"{module} imports {name} from {imported}")
+    assert offences == []
+
+
+def test_kvtier_modules_import_each_other_without_cycles_at_any_depth() -> None:
+    """No import cycle between kvtier modules, function-level imports included (an import
+    inside a function is a cycle put off, not removed); TYPE_CHECKING imports excluded."""
+    edges = _module_edges()
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+TIER_DECLARATIONS = {"owns_index", "access", "volatile", "shared", "auto_enable", "opener"}
+"""What a `TierKind` declares about its tiers (`kvtier.tiers.registry`)."""
+
+RUNNING_CORE = ("kvtier.hierarchy", "kvtier.sync", "kvtier.chain", "kvtier.engine")
+RUNNING_CORE += ("kvtier.manager", "kvtier.embed", "kvtier.metrics")
+
+
+def test_only_the_chain_assembly_reads_the_tiers_declarations() -> None:
+    """Of the running core, `kvtier.chain.assembly` alone reads a tier's kind
+    (`tier.kind.owns_index`, `.access`, ...): the rest is told what it needs."""
+    offences = []
+    for module, path in _modules().items():
+        if module == "kvtier.chain.assembly" or not any(_in(module, p) for p in RUNNING_CORE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in TIER_DECLARATIONS
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "kind"
+            ):
+                offences.append(f"{module}:{node.lineno} reads .kind.{node.attr}")
+    assert offences == []

@@ -276,3 +276,18 @@ def test_serve_metrics_serves_a_registry_until_closed() -> None:
     assert scrape(port) is None
     with pytest.raises(InvalidValueError, match="metrics port"):
         serve_metrics(registry, 0)
+
+
+async def test_each_tier_exports_its_block_size_and_capacity_in_bytes(tmp_path: Path) -> None:
+    """Gauges a dashboard can use as they are: bytes of a block, and of each tier."""
+    registry = CollectorRegistry()
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=16, reserve=False)
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        assert h.lookup(keys_(1)) == 0  # a miss of every tier, the bottom one included
+        for tier in h.stats().tiers:
+            labels = {"tier": tier.name}
+            assert value(registry, "kvtier_tier_block_bytes", **labels) == h.block_size
+            capacity = tier.num_blocks * h.block_size
+            assert value(registry, "kvtier_tier_capacity_bytes", **labels) == capacity
+            assert value(registry, "kvtier_tier_misses_total", **labels) == 1
+            assert value(registry, "kvtier_tier_gone_blocks_total", **labels) == 0

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kvtier import Hierarchy
-from kvtier.engine.offloading_spec import OffloadingSpec
-from kvtier.engine.paged_kv import chunk_bytes
+from kvtier.embed.offloading_spec import OffloadingSpec
+from kvtier.embed.paged_kv import chunk_bytes
 from kvtier.errors import SpecError
 from kvtier.keys import key_from_int
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.engine.paged_kv import PagedKVHandler, chunk_bytes, host_layout, paged_kv_handlers
+from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes, host_layout, paged_kv_handlers
 from kvtier.errors import SpecError
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.specs.canonical import (

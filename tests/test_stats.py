@@ -205,3 +205,40 @@ def test_the_readme_lists_every_metric_with_its_type_and_labels() -> None:
         for info in METRICS
     }
     assert rows == documented
+
+
+async def test_a_lookup_miss_is_a_miss_of_every_tier_down_to_the_bottom(tmp_path: Path) -> None:
+    """A caller that asks with `lookup` and gets only the held prefix (the replay, the README
+    loop) has each key no tier holds counted once, at every tier: the bottom tier's misses
+    are the chain's misses."""
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=16, reserve=False)
+    async with Hierarchy.from_config(config) as h:
+        ks = keys_(*range(6))
+        await h.put(ks[:2], blocks_of(ks[:2]))
+        assert h.lookup(ks) == 2  # the third key ends the prefix: one miss
+        assert (await h.get(ks[:2])).shape[0] == 2
+        cpu, disk = h.stats().activity
+        assert (cpu.hits, cpu.misses, disk.hits, disk.misses) == (2, 1, 0, 1)
+        assert h.stats().chain.misses == 1
+        assert h.lookup(ks[:2]) == 2  # all held: no miss
+        assert [tier.misses for tier in h.stats().activity] == [1, 1]
+
+
+async def test_a_value_a_shared_store_evicted_is_gone_at_its_tier(tmp_path: Path) -> None:
+    """A block the shared store no longer holds (evicted by the store itself) is counted as
+    gone at that tier and its transfer, never as corrupt."""
+    from test_sharedfs_tier import chain, fill
+
+    async with Hierarchy.from_config(chain(tmp_path / "nfs")) as h:
+        ks = await fill(h, range(12))
+        lost = next(k for k in ks if h.where(k) == "shared")
+        storage = h.storages[1]
+        storage.path_of(lost).unlink()  # type: ignore[attr-defined]
+        assert (await h.get([lost], timeout_s=5)).shape[0] == 0
+        await h.drain()
+        stats = h.stats()
+        cpu, shared = stats.activity
+        assert (shared.gone, shared.corrupt, cpu.gone) == (1, 0, 0)
+        pair = next(t for t in stats.transfers if t.source == "shared" and t.gone)
+        assert pair.gone == 1 and pair.corrupt == 0 and pair.failed >= 1
+        assert stats.gone_blocks == 1 and stats.block_size == h.block_size

@@ -163,6 +163,9 @@ class PairCounters:
     """Blocks whose copy failed."""
     corrupt: int = 0
     """Blocks found corrupt at the source."""
+    gone: int = 0
+    """Blocks a shared store at the source no longer held (evicted by the store itself) or
+    could not be asked for: misses, counted in `failed` too, never in `corrupt`."""
     in_flight: int = 0
     busy_since: float = 0.0
 
@@ -351,6 +354,7 @@ class TransferEngine:
         corrupt = len(result.corrupt - result.gone)
         pair.failed += len(result.failed)
         pair.corrupt += corrupt
+        pair.gone += len(result.gone)
         self.counters.failed_blocks += len(result.failed)
         self.counters.corrupt_blocks += corrupt
         self.counters.gone_blocks += len(result.gone)
@@ -381,9 +385,7 @@ class TransferEngine:
             self._admitted.discard(job.id)
             self._cascades_in_flight -= 1
 
-    async def run(
-        self, job: TransferJob, staged: asyncio.Future[None] | None = None
-    ) -> MoveResult:
+    async def run(self, job: TransferJob, staged: asyncio.Future[None] | None = None) -> MoveResult:
         """Run a job's steps in order and settle its bookkeeping, whatever happens (success,
         any exception, cancellation). Call `admit` first for jobs that may be dropped
         (cascades). `staged` (if given) is resolved as soon as the job no longer reads its

@@ -1,4 +1,11 @@
-"""Bookkeeping, synchronous and I/O-free: per-tier managers and the chained manager."""
+"""Bookkeeping, synchronous and I/O-free: per-tier managers and the chained manager.
+
+- `tier.py`: `TierManager`, a slot pool (a `Backend` plus a `CachePolicy`);
+  `keyed.py`: `KeyedTierManager`, a tier that owns its index; both are `ChainTier`s
+  (`chain_tier.py`), what the chained manager drives.
+- `tiered.py`: `TieredManager`, the chain's decisions (stores, demotions, promotions,
+  cascades) as `TransferJob`s (`jobs.py`), and `slot_ids`, the slots a spec names.
+"""
 
 from kvtier.manager.base import (
     OffloadingEvent,
@@ -6,17 +13,19 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.manager.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
+from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
-from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput
+from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput, slot_ids
 
 __all__ = [
     "ChainCounters",
+    "ChainTier",
     "CopyStep",
     "JobKind",
+    "KeyedTierManager",
     "OffloadingEvent",
-    "OffloadingHandler",
     "OffloadingManager",
     "PrepareStoreOutput",
     "PromotionHold",
@@ -26,7 +35,6 @@ __all__ = [
     "TieredManager",
     "TieredStoreOutput",
     "TransferJob",
-    "TransferResult",
-    "TransferSpec",
     "make_tier_manager",
+    "slot_ids",
 ]

@@ -86,6 +86,8 @@ class ChainCounters:
     """Lookups answered from each tier: index 0 ready at the top, i > 0 found in tier i
     (a promotion started)."""
     misses: int = 0
+    """Keys asked of every tier and held by none (`lookup_many`, `held_prefix`): a miss of
+    each tier. Tier i's misses are these plus the hits of the tiers below it."""
     promotions: int = 0
     promotions_refused: int = 0
     partial_refused: int = 0
@@ -244,6 +246,19 @@ class TieredManager(OffloadingManager):
             if state is not False:
                 return index, state is True
         return None
+
+    def held_prefix(self, keys: Sequence[OffloadKey]) -> int:
+        """How many leading `keys` some tier holds (readable or being written); starts
+        nothing. The first key no tier holds was asked of every tier and found in none: it
+        is counted as a miss of the chain (so every tier counts it, see `ChainCounters`),
+        and a caller that then gets only the held prefix has each miss counted once."""
+        self._check_open()
+        for count, key in enumerate(keys):
+            if self.locate(key) is None:
+                self.counters.lookups += 1
+                self.counters.misses += 1
+                return count
+        return len(keys)
 
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
@@ -554,9 +569,7 @@ class TieredManager(OffloadingManager):
         # Write-through told the tier below of these blocks when they missed (the cascade);
         # their eviction from this tier is not another access. Write-back's demotion is the
         # first the tier below hears of them, so it stands for their accesses up here.
-        out = self._store_into(
-            index + 1, keys, deeper, moved=self.write_policy == "write-through"
-        )
+        out = self._store_into(index + 1, keys, deeper, moved=self.write_policy == "write-through")
         if out is None:
             self.counters.demotions_dropped += len(keys)
             return
@@ -686,7 +699,5 @@ class TieredManager(OffloadingManager):
             raise ManagerClosedError("the tiered manager is shut down")
 
     def __repr__(self) -> str:
-        chain = " -> ".join(
-            f"{t.name}({t.medium}, {t.num_blocks})" for t in self.tiers
-        )
+        chain = " -> ".join(f"{t.name}({t.medium}, {t.num_blocks})" for t in self.tiers)
         return f"TieredManager({chain}, {self.write_policy})"

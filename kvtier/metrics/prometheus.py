@@ -29,10 +29,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvtier.errors import InvalidValueError, KvtierError
-from kvtier.metrics import EXPORTED_BOUNDS_S, METRICS, LatencyHistogram
+from kvtier.metrics.catalog import METRICS, StatsSource
+from kvtier.metrics.latency import EXPORTED_BOUNDS_S, LatencyHistogram
 
 if TYPE_CHECKING:
-    from kvtier.hierarchy import Hierarchy, HierarchyStats
+    from kvtier.chain.stats import HierarchyStats
 
 _LOCK = threading.Lock()
 _COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, KvtierCollector] = (
@@ -85,6 +86,8 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
     for tier, activity in zip(stats.tiers, stats.activity, strict=True):
         labels = [name, tier.name]
         add("kvtier_tier_capacity_blocks", labels, tier.num_blocks)
+        add("kvtier_tier_capacity_bytes", labels, tier.num_blocks * stats.block_size)
+        add("kvtier_tier_block_bytes", labels, stats.block_size)
         add("kvtier_tier_used_blocks", labels, tier.used)
         for state in TIER_STATES:
             add("kvtier_tier_blocks", [*labels, state], getattr(tier, state))
@@ -96,6 +99,7 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         add("kvtier_tier_demoted_blocks_total", labels, activity.demoted)
         add("kvtier_tier_promoted_blocks_total", labels, activity.promoted)
         add("kvtier_tier_corrupt_blocks_total", labels, activity.corrupt)
+        add("kvtier_tier_gone_blocks_total", labels, activity.gone)
         add("kvtier_tier_events_dropped_total", labels, activity.events_dropped)
     for lane, depth in stats.queue_depths.items():
         add("kvtier_tier_queue_depth", [name, lane], depth)
@@ -135,10 +139,10 @@ class KvtierCollector(Collector):
     """Exports the hierarchies registered on one registry, read at scrape time."""
 
     def __init__(self) -> None:
-        self._hierarchies: dict[str, weakref.ref[Hierarchy]] = {}
+        self._hierarchies: dict[str, weakref.ref[StatsSource]] = {}
         self._lock = threading.Lock()
 
-    def add(self, hierarchy: Hierarchy, name: str) -> None:
+    def add(self, hierarchy: StatsSource, name: str) -> None:
         """Export `hierarchy` under `hierarchy=name`; InvalidValueError if another live
         hierarchy has that name here."""
         with self._lock:
@@ -151,7 +155,7 @@ class KvtierCollector(Collector):
                 )
             self._hierarchies[name] = weakref.ref(hierarchy)
 
-    def remove(self, hierarchy: Hierarchy) -> None:
+    def remove(self, hierarchy: StatsSource) -> None:
         with self._lock:
             for name, ref in list(self._hierarchies.items()):
                 if ref() is hierarchy or ref() is None:
@@ -185,7 +189,7 @@ def _check_registry(registry: object) -> CollectorRegistry:
     return registry
 
 
-def register(registry: object, hierarchy: Hierarchy, name: str) -> None:
+def register(registry: object, hierarchy: StatsSource, name: str) -> None:
     """Export `hierarchy` on `registry` under `hierarchy=name` (see the module docstring).
     InvalidValueError for a registry that is not one, a name taken by another live hierarchy
     of that registry, or a registry already holding metrics of kvtier's names."""
@@ -204,7 +208,7 @@ def register(registry: object, hierarchy: Hierarchy, name: str) -> None:
     collector.add(hierarchy, name)
 
 
-def unregister(registry: object, hierarchy: Hierarchy) -> None:
+def unregister(registry: object, hierarchy: StatsSource) -> None:
     """Stop exporting `hierarchy` on `registry` (its collector stays, maybe for others)."""
     if not isinstance(registry, CollectorRegistry):
         return

@@ -18,7 +18,7 @@ from vllm.v1.kv_offload.base import OffloadingWorker
 from vllm.v1.kv_offload.base import TransferResult as VllmTransferResult
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-from kvtier.engine.paged_kv import PagedKVHandler, chunk_bytes
+from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes
 from kvtier.errors import SpecError
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor

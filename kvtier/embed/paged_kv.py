@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvtier.embed.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvtier.errors import SpecError
-from kvtier.manager.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvtier.specs.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCaches
 

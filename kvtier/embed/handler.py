@@ -2,10 +2,10 @@
 the manager planned.
 
 The scheduler-side manager decides *what* moves (`LoadStoreSpec` pairs); a handler, in the
-worker that owns the engine's KV caches, moves it, asynchronously: `transfer_async` starts a
+worker that owns the serving engine's KV caches, moves it, asynchronously: `transfer_async` starts a
 job and returns at once, `get_finished` reports jobs that ended (each exactly once, in
 submission order), `wait` blocks until given jobs ended. The vocabulary is vLLM's
-`kv_offload` worker interface; the implementations are kvtier's (`engine/paged_kv.py`).
+`kv_offload` worker interface; the implementations are kvtier's (`embed/paged_kv.py`).
 """
 
 from __future__ import annotations

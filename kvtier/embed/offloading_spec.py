@@ -1,17 +1,18 @@
 """`OffloadingSpec`: kvtier as the offloading stack of a serving engine that owns paged KV
 caches, in the seed interface's terms (vLLM's `kv_offload` vocabulary, no vLLM import).
 
-- `get_manager()`: the chain's bookkeeping for the engine's scheduler: `lookup`,
+- `get_manager()`: the chain's bookkeeping for the serving engine's scheduler: `lookup`,
   `prepare_store` / `complete_store`, `prepare_load` / `complete_load`, `touch`. The store
   specs it returns are slots of the host tier (the hierarchy's top tier, a `cpu` tier); the
   tiers below are fed and drained in the background by the hierarchy, as for `put`.
 - `get_handlers(kv_caches)`: `(source spec type, destination spec type, handler)` for each
-  direction: `PagedKVHandler`s copying between the engine's canonical KV caches and that host
-  tier (CUDA stream and events on a GPU; a worker thread on the CPU).
+  direction: `PagedKVHandler`s copying between the serving engine's canonical KV caches and
+  that host tier (CUDA stream and events on a GPU; a worker thread on the CPU).
 
-The engine drives it from the hierarchy's event loop (the bookkeeping is not thread-safe):
-plan with the manager, move with a handler, then complete with the manager. A `lookup` that
-finds a block below the host tier answers None ("ask again") and starts its promotion.
+The serving engine drives it from the hierarchy's event loop (the bookkeeping is not
+thread-safe): plan with the manager, move with a handler, then complete with the manager. A
+`lookup` that finds a block below the host tier answers None ("ask again") and starts its
+promotion.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from kvtier.engine.paged_kv import PagedKVHandler, chunk_bytes, paged_kv_handlers
+from kvtier.embed.handler import OffloadingHandler
+from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes, paged_kv_handlers
 from kvtier.errors import SpecError
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import OffloadingEvent, PrepareStoreOutput
-from kvtier.manager.handler import OffloadingHandler
 from kvtier.specs.base import LoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCaches
 from kvtier.tiers.storage import TensorStorage
@@ -33,9 +34,10 @@ if TYPE_CHECKING:
 
 
 class SpecManager:
-    """The chain's bookkeeping as the engine's scheduler sees it: every call is the
+    """The chain's bookkeeping as the serving engine's scheduler sees it: every call is the
     `TieredManager`'s, and the transfer jobs a call plans (demotions to make room,
-    promotions of blocks found below) are started at once on the hierarchy's engine."""
+    promotions of blocks found below) are started at once on the hierarchy's transfer
+    engine."""
 
     def __init__(self, hierarchy: Hierarchy) -> None:
         self._hierarchy = hierarchy
@@ -73,7 +75,7 @@ class SpecManager:
 class OffloadingSpec:
     """kvtier's offloading spec over an open `Hierarchy` whose top tier is host memory
     (`medium = "cpu"`) and whose block size is one chunk of `blocks_per_chunk` GPU blocks
-    of the engine's caches (`chunk_bytes(kv_caches, blocks_per_chunk)`)."""
+    of the serving engine's caches (`chunk_bytes(kv_caches, blocks_per_chunk)`)."""
 
     def __init__(self, hierarchy: Hierarchy, blocks_per_chunk: int = 1) -> None:
         if isinstance(blocks_per_chunk, bool) or not isinstance(blocks_per_chunk, int):
