@@ -209,7 +209,7 @@ def hit_ratios(policy: Callable[[int], CachePolicy], workload: Workload) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policies", nargs="+", default=["lru", "arc", "lct"])
+    parser.add_argument("--policies", nargs="+", default=["lru", "arc", "lct", "auto"])
     parser.add_argument(
         "--trace",
         action="append",

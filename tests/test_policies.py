@@ -93,12 +93,12 @@ class TestARC(PolicyTests):
 
 
 def test_registry_names() -> None:
-    assert set(POLICIES) == {"lru", "arc", "lct"}
+    assert set(POLICIES) == {"lru", "arc", "lct", "auto"}
     assert get_policy_class("arc") is ARCCachePolicy
 
 
 def test_unknown_policy_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownPolicyError, match="valid policies: arc, lct, lru"):
+    with pytest.raises(UnknownPolicyError, match="valid policies: arc, auto, lct, lru"):
         get_policy_class("mru")
     with pytest.raises(UnknownPolicyError):
         simulate("fifo", 4, [1, 2, 3])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError, KvtierError
 from kvtier.keys import OffloadKey
+from kvtier.policies.registry import get_policy_class
 
 if TYPE_CHECKING:
     from kvtier.policies.base import CachePolicy
@@ -64,8 +65,6 @@ def simulate(
     trace hash ids, ...). Cold start. `name` may also be a callable that builds the policy
     from the capacity (a policy with other parameters, for tuning).
     """
-    from kvtier.policies import get_policy_class
-
     policy_class = get_policy_class(name) if isinstance(name, str) else name
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise InvalidValueError(f"simulate: capacity must be a positive int, got {capacity!r}")
