@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,18 @@ import pytest
 from kvtier.bench.bookkeeping import (
     OVERALL,
     PHASES,
-    VLLM_MISSING_NOTE,
+    VLLM_SKIPPED,
     Result,
+    VllmClasses,
     capacity_for,
     format_table,
+    import_vllm,
     load_requests,
     main,
     results_from_json,
     results_to_json,
     run_bookkeeping_benchmark,
+    vllm_skipped,
 )
 from kvtier.policies import simulate
 
@@ -143,9 +148,42 @@ def test_json_round_trips(kvtier_results: list[Result], tmp_path: Path) -> None:
 
 
 def test_table_without_vllm(kvtier_results: list[Result]) -> None:
-    table = format_table(kvtier_results)
-    assert VLLM_MISSING_NOTE in table
+    table = format_table(kvtier_results, vllm_skipped(include_vllm=False))
+    assert f"{VLLM_SKIPPED}: not asked for (--no-vllm)." in table
+    assert "Hit counts" not in table
     assert table.count("\nlru ") + table.count("\narc ") == len(kvtier_results)
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """vLLM's manager module cannot be imported (as where vLLM is not installed)."""
+    import_vllm.cache_clear()
+    monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.cpu.manager", None)
+    yield
+    import_vllm.cache_clear()
+
+
+@pytest.mark.usefixtures("no_vllm")
+def test_without_vllm_the_comparison_is_skipped_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = vllm_skipped()
+    assert reason is not None and "CPUOffloadingManager cannot be imported" in reason
+    assert "scripts/setup.sh --vllm" in reason
+    with pytest.raises(RuntimeError, match="cannot be imported"):
+        run_bookkeeping_benchmark(limit_requests=20, repeats=1, include_vllm=True)
+
+    out = tmp_path / "results.json"
+    argv = ["--limit-requests", "50", "--repeats", "1", "--fractions", "0.5"]
+    assert main([*argv, "--policies", "lru", "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert f"{VLLM_SKIPPED}: {reason}" in printed.err
+    assert f"{VLLM_SKIPPED}: {reason}." in printed.out
+    assert "vLLM Mops/s" in printed.out  # the columns stay, with "-" in them
+    document = json.loads(out.read_text())
+    assert document["vllm_skipped"] == reason
+    assert document["vllm_installed_version"] is None
+    assert all(row["vllm"] is None for row in document["results"])
 
 
 def test_command_line_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,7 +197,12 @@ def test_command_line_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_vllm_agrees_on_lru(requests: list[list[int]]) -> None:
-    pytest.importorskip("vllm.v1.kv_offload.cpu.policies.lru")
+    manager = pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    import vllm
+
+    classes = import_vllm()
+    assert isinstance(classes, VllmClasses)
+    assert classes.manager is manager.CPUOffloadingManager  # vLLM's own, not a copy
     results = run_bookkeeping_benchmark(
         fractions=FRACTIONS,
         policies=("lru", "arc"),
@@ -178,5 +221,6 @@ def test_vllm_agrees_on_lru(requests: list[list[int]]) -> None:
             assert row.vllm.failed_stores == row.kvtier.failed_stores
         if row.phase == OVERALL:
             assert row.vllm.accesses == accesses
+        assert row.vllm_version == vllm.__version__
     assert results_from_json(results_to_json(results)) == results
     assert "DISAGREE" not in format_table(results)

@@ -197,7 +197,7 @@ def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     assert code == 0, stdout + stderr
     lines = stdout.splitlines()
     for pair in PAIRS:
-        for size in ("4 KiB", "8 KiB"):
+        for size in ("4KiB", "8KiB"):
             assert any(pair in line and size in line for line in lines), (pair, size)
     for column in ("kvtier GB/s", "kvtier blocks/s", "baseline GB/s", "qd", "ratio", ">= 80%?"):
         assert column in stdout
@@ -270,7 +270,7 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
     assert all(book["mops"] > 0 and book["requests"] == 2000 for book in books)
     env = document["environment"]
     assert env["directory"].startswith(str(tmp_path)) and env["filesystem"]
-    assert set(env["disk_direct_io"]) == {"4 KiB", "8 KiB"}
+    assert set(env["disk_direct_io"]) == {"4KiB", "8KiB"}
     # the serving rows move about --disk-size, but at least one batch per lane: 16 lanes of
     # one 20-block write; reads of the first 16 lanes of one 16-block run
     serving = [row for row in rows if row["case"] in ("serial", "concurrent")]
@@ -351,7 +351,7 @@ def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
     for pair in ("cpu -> disk", "cpu -> disk (serial)", "cpu -> disk (concurrent)"):
         line = next(line for line in baselines if line.startswith(f"  {pair}: "))
         assert "buffered (O_DIRECT not available)" in line and "queue depth" in line
-    assert "The raw disk baselines ran buffered for 4 KiB blocks" in stdout
+    assert "The raw disk baselines ran buffered for 4KiB blocks" in stdout
 
 
 def test_group_commit_counters_are_read_where_the_store_has_them() -> None:
@@ -403,7 +403,7 @@ def test_batches_per_fsync_comes_from_the_store_counters(
     if per_fsync is None:
         assert "Batches per fsync: not reported" in text
     else:
-        assert f"cpu -> disk (concurrent), 4 KiB: {per_fsync:.2f} batches per fsync" in text
+        assert f"cpu -> disk (concurrent), 4KiB: {per_fsync:.2f} batches per fsync" in text
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from rich.console import Console
+from rich.table import Table
 
 from kvtier.cli import main
+from kvtier.cli.console import UNCUT_WIDTH, decimal_unit, format_bytes, make_console
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -98,3 +102,48 @@ def test_every_command_has_help_with_examples() -> None:
     for command in ("replay", "simulate", "bench", "check", "demo"):
         code, stdout, _ = run(command, "--help")
         assert code == 0 and "Examples" in stdout, command
+
+
+# -- output that is not a terminal ---------------------------------------------------------------
+
+
+def wide_table() -> tuple[Table, list[str]]:
+    """A table of 12 columns of long figures: some 250 columns wide."""
+    table = Table(title="a wide table")
+    cells = [f"{index:,}{'9' * 12}.{index:04d}" for index in range(12)]
+    for index in range(12):
+        table.add_column(f"figure number {index}", justify="right")
+    table.add_row(*cells)
+    return table, cells
+
+
+def test_tables_are_not_cut_when_output_is_not_a_terminal() -> None:
+    table, cells = wide_table()
+    piped = io.StringIO()
+    make_console(piped).print(table)
+    text = piped.getvalue()
+    assert "…" not in text
+    assert all(cell in text for cell in cells)
+    assert all(f"figure number {index}" in text for index in range(12))
+    assert max(len(line) for line in text.splitlines()) > 200  # one row, not wrapped
+    # what a plain rich console does with the same table when not on a terminal (80 columns)
+    squeezed = io.StringIO()
+    Console(file=squeezed).print(table)
+    assert "…" in squeezed.getvalue() or not all(c in squeezed.getvalue() for c in cells)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_keeps_its_own_width() -> None:
+    assert make_console(Terminal()).width < UNCUT_WIDTH
+    assert make_console(io.StringIO()).width == UNCUT_WIDTH
+
+
+def test_byte_totals_are_in_the_decimal_units_of_gb_per_s() -> None:
+    assert format_bytes(3_030_000_000) == "3.03 GB"
+    assert format_bytes(782_000_000) == "782.0 MB"
+    assert format_bytes(512) == "512 B"
+    assert decimal_unit(2.5e12) == (1e12, "TB") and decimal_unit(10) == (1.0, "B")

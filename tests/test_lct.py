@@ -263,7 +263,7 @@ def _lct_on_the_shipped_trace(fraction: float) -> float:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fraction", sorted(LCT_ON_THE_SHIPPED_TRACE))
 def test_lct_figures_on_the_shipped_trace_hold(fraction: float) -> None:
-    """The figures benchmarks/README.md reports, to 0.0001 (a change of lct that moves them
+    """The figures docs/BENCHMARKS.md reports, to 0.0001 (a change of lct that moves them
     must say so there)."""
     found = _lct_on_the_shipped_trace(fraction)
     assert abs(found - LCT_ON_THE_SHIPPED_TRACE[fraction]) < 1e-4, found

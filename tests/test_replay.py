@@ -22,7 +22,7 @@ import torch
 from click.testing import CliRunner
 
 from kvtier.cli import main
-from kvtier.config import load_default_config, parse_config
+from kvtier.config import format_size, load_default_config, parse_config
 from kvtier.errors import InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import key_from_int, make_offload_key
@@ -32,7 +32,6 @@ from kvtier.workloads.replay import (
     BlockContents,
     Replayer,
     ReplayResult,
-    format_size,
     load_replay_trace,
     prepare_disk_dirs,
     replay,
@@ -511,8 +510,8 @@ def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
 
 def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
     """The replay table shortens `Hierarchy.tiers[i].where`; both sides of that contract."""
+    from kvtier.chain.assembly import describe_storage as _describe
     from kvtier.cli.commands.replay import _where
-    from kvtier.hierarchy import _describe
     from kvtier.tiers.disk import DiskStore
 
     class Fake(DiskStore):
@@ -531,3 +530,52 @@ def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
     assert _where("disk", _describe(Fake(True, "none"))) == "files, O_DIRECT"
     assert _where("disk", _describe(Fake(False, "zstd"))) == "files, buffered, zstd"
     assert _where("cpu", "cpu (fallback: ...)") == "cpu (fallback: ...)"
+
+
+# -- blocks a shared store no longer holds ------------------------------------------------------
+
+
+async def test_blocks_a_shared_store_evicted_are_gone_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request's blocks spill from a 4-block CPU tier into a shared directory; then
+    the store drops every file (as its own sweeper, or another node's, does), and the second
+    request asks for them again: misses reported as "gone", none as "failed"."""
+    from rich.console import Console
+
+    from kvtier.cli.commands.replay import summary_table
+    from kvtier.testing.keyed import AUTH_KEY_ENV, fixed_key_hex
+
+    monkeypatch.setenv(AUTH_KEY_ENV, fixed_key_hex())
+    shared = tmp_path / "nfs"
+    config = parse_config(
+        {
+            "block_size": 4096,
+            "model_id": "test-model",
+            "tiers": [
+                {"name": "cpu", "medium": "cpu", "capacity": 4, "pin_memory": False},
+                {"name": "shared", "medium": "shared-fs", "capacity": 64, "path": str(shared),
+                 "sweep_interval_s": None, "auth_key_env": AUTH_KEY_ENV},
+            ],
+        }
+    )  # fmt: skip
+    request = {"timestamp": 0, "input_length": 12 * 512, "output_length": 1}
+    lines = [json.dumps({**request, "hash_ids": list(range(12))}) for _ in range(2)]
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    trace = load_replay_trace(tmp_path / "trace.jsonl", None)
+    assert [len(request) for request in trace.requests] == [12, 12]
+
+    def evict_every_file(_: int) -> None:
+        for path in shared.rglob("*.kv"):
+            path.unlink()
+
+    result = await replay(config, trace, progress=evict_every_file)
+    report = result.to_dict()
+    assert report["requests"] == 2 and report["verification"]["mismatches"] == 0
+    assert report["gone_blocks"] > 0
+    assert report["failed_blocks"] == 0 and report["corrupt_blocks"] == 0
+    # The hierarchy counts a gone block among its failed ones too: the report takes it out.
+    assert result.stats.failed_blocks == result.stats.gone_blocks
+    console = Console(width=200, record=True)
+    console.print(summary_table(report))
+    assert f"0 / 0 / {report['gone_blocks']:,}" in console.export_text()

@@ -1,5 +1,16 @@
-"""Benchmarks of kvtier (figures to print and compare, not timed tests).
+"""kvtier's benchmarks: figures to print and compare, never timed tests (docs/BENCHMARKS.md).
 
-`kvtier.bench.bookkeeping`: bookkeeping throughput of `TierManager` against vLLM's CPU
-offloading manager, replaying the shipped Mooncake trace.
+Tooling beside the core, which never imports it. The data-path and write-path benchmarks are
+the `kvtier bench` command (`python -m kvtier.cli bench`); the others run as
+`python -m kvtier.bench.<name>`:
+
+- `datapath`: kvtier's copies and disk I/O against this machine's own limits (`kvtier bench`).
+- `writepath`: what a serving engine waits for when it offloads: put and get latency, demotion
+  throughput (`kvtier bench --write-path`).
+- `bookkeeping`: `TierManager` block-operations per second against vLLM's own CPU offloading
+  manager, replaying the shipped Mooncake trace.
+- `disk_recovery`: how long a disk store takes to open after a clean close, a kill, a lost or
+  a truncated index.
+- `vllm_tiers`: kvtier's disk tier against vLLM's `fs` tier under vLLM's tiering manager.
+- `remote_tiers`: the Redis and shared-fs tiers against their plain clients.
 """

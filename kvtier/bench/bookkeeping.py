@@ -1,4 +1,4 @@
-"""Bookkeeping throughput: kvtier's `TierManager` against vLLM 0.33.0's CPU offloading manager.
+"""Bookkeeping throughput: kvtier's `TierManager` against vLLM's own CPU offloading manager.
 
 A benchmark that prints figures; it asserts nothing about speed.
 
@@ -34,22 +34,24 @@ Contenders
 ``kvtier``: `kvtier.manager.tier.make_tier_manager(capacity, ..., policy)`, the manager the
 product uses, over kvtier's `LRUCachePolicy` / `ARCCachePolicy`.
 
-``vllm``: `VllmReferenceManager` below, a copy of vLLM 0.33.0's `CPUOffloadingManager`
-(`vllm/v1/kv_offload/cpu/manager.py`) driving vLLM's own policy classes
-(`vllm.v1.kv_offload.cpu.policies.lru/arc`), imported lazily. vLLM's manager module itself
-cannot be imported without vLLM's full dependency tree, so its methods are reproduced here; see
-the class docstring for exactly what was kept and dropped (everything dropped makes the vLLM
-figures faster, not slower, than the real manager's). When vLLM is not installed the benchmark
-reports kvtier alone; ``benchmarks/install-vllm-reference.sh`` installs it.
+``vllm``: vLLM's own `CPUOffloadingManager(capacity, policy, enable_events=True)`
+(`vllm.v1.kv_offload.cpu.manager`, over vLLM's `LRUCachePolicy` / `ARCCachePolicy`), imported
+on first use, with a fresh vLLM `ReqContext` per request, so its per-request access tracking
+runs as in the serving engine. The scheduler's `on_new_request` / `on_request_finished` calls
+around a request are not made, for either contender (vLLM's LRU would repeat the `touch` of the
+hit prefix). The manager's module needs vLLM's dependencies (`scripts/setup.sh --vllm`
+installs them); where it cannot be imported, the vLLM rows are left out and the table and the
+progress lines say why (`vllm_skipped()`).
 
-LRU hit counts must be equal between the two (same protocol, same recency order); ARC
-implementations differ (kvtier follows the ARC paper, vLLM's does not), so their hit ratios are
-only reported side by side.
+LRU hit counts must be equal between the two (same protocol, same recency order), and so must
+the blocks each holds at the end (asked through `lookup`); ARC implementations differ (kvtier
+follows the ARC paper, vLLM's does not), so their hit ratios are only reported side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import hashlib
 import itertools
@@ -58,8 +60,8 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,10 @@ QUICK_LIMIT_REQUESTS = 2000
 """Trace prefix (requests) replayed by ``--quick``."""
 
 VLLM_REFERENCE_VERSION = "0.33.0"
-VLLM_MISSING_NOTE = (
-    f"vLLM {VLLM_REFERENCE_VERSION} is not installed: kvtier figures only "
-    "(to compare, run benchmarks/install-vllm-reference.sh, which runs "
-    f"`$VENV/bin/python -m pip install vllm=={VLLM_REFERENCE_VERSION} --no-deps "
-    "msgspec packaging`)."
-)
+"""The vLLM release the comparison was written against (the one `scripts/setup.sh --vllm`
+installs)."""
+VLLM_SKIPPED = "vLLM comparison skipped"
+"""How the table and the progress lines begin the reason the vLLM rows are left out."""
 
 _BLOCK_SIZE = 16  # tokens per block given to the kvtier tier; bookkeeping never reads it
 _JSON_FORMAT = "kvtier.bench.bookkeeping/1"
@@ -138,6 +138,8 @@ class Result:
     timer_overhead_ns: float
     kvtier: Measurement
     vllm: Measurement | None
+    vllm_version: str | None = None
+    """The vLLM version `vllm` was measured with (None without vLLM figures)."""
 
     @property
     def kvtier_mops(self) -> float:
@@ -205,17 +207,22 @@ class Result:
             timer_overhead_ns=data["timer_overhead_ns"],
             kvtier=kvtier,
             vllm=measurement(data["vllm"]),
+            vllm_version=data.get("vllm_version"),
         )
 
 
-def results_to_json(results: Sequence[Result]) -> str:
-    """A JSON document of `results` (with derived Mops/s and ratios), for machines."""
+def results_to_json(results: Sequence[Result], vllm_skipped: str | None = None) -> str:
+    """A JSON document of `results` (with derived Mops/s and ratios), for machines;
+    `vllm_skipped` says why there are no vLLM figures (see `vllm_skipped()`)."""
     document = {
         "format": _JSON_FORMAT,
         "unit": "block-operations per second (Mops/s = millions)",
         "vllm_reference_version": VLLM_REFERENCE_VERSION,
-        # the version this process compared with (None when it did not import vLLM)
-        "vllm_installed_version": _vllm_version,
+        # the version compared with (None when there are no vLLM figures)
+        "vllm_installed_version": next(
+            (result.vllm_version for result in results if result.vllm_version), None
+        ),
+        "vllm_skipped": vllm_skipped,
         "results": [result.to_dict() for result in results],
     }
     return json.dumps(document, indent=2)
@@ -229,316 +236,48 @@ def results_from_json(text: str) -> list[Result]:
     return [Result.from_dict(row) for row in document["results"]]
 
 
-# -- vLLM 0.33.0 reference -----------------------------------------------------------------
-
-# vLLM's classes, bound by `_import_vllm` as module globals so that the reference manager's
-# methods reach them as vLLM's own module does (a global lookup).
-ChunkStatus: Any = None
-CPULoadStoreSpec: Any = None
-LookupResult: Any = None
-OffloadingEvent: Any = None
-PrepareStoreOutput: Any = None
-VllmMedium: Any = None
-VllmReqContext: Any = None
-_VLLM_POLICIES: dict[str, Any] = {}
-_vllm_import_error: str | None = None
-_vllm_version: str | None = None
+# -- vLLM's own manager --------------------------------------------------------------------
 
 
-def _import_vllm() -> bool:
-    """Import vLLM's offloading policies (once); False when vLLM is not installed."""
-    global ChunkStatus, CPULoadStoreSpec, LookupResult, OffloadingEvent, PrepareStoreOutput
-    global VllmMedium, VllmReqContext, _vllm_import_error, _vllm_version
-    if _VLLM_POLICIES:
-        return True
-    if _vllm_import_error is not None:
-        return False
+@dataclass(frozen=True, slots=True)
+class VllmClasses:
+    """What the comparison drives of vLLM: its CPU offloading manager class, its request
+    context class, the `lookup` answer of a ready hit, and the installed version."""
+
+    manager: Any  # vllm.v1.kv_offload.cpu.manager.CPUOffloadingManager
+    req_context: Any  # vllm.v1.kv_offload.base.ReqContext
+    hit: Any  # vllm.v1.kv_offload.base.LookupResult.HIT
+    version: str
+
+
+@functools.cache
+def import_vllm() -> VllmClasses | str:
+    """vLLM's classes, or why they cannot be imported (one line, to print).
+
+    Imported once, on first use: the manager's module loads vLLM's configuration and with it
+    most of vLLM's dependencies (seconds). Any exception counts as "cannot be imported": a
+    vLLM installed without its dependencies fails with more than ImportError.
+    """
     try:
         import vllm
-        from vllm.v1.kv_offload import base as vbase
-        from vllm.v1.kv_offload.cpu import common as vcommon
-        from vllm.v1.kv_offload.cpu.policies import arc as varc
-        from vllm.v1.kv_offload.cpu.policies import base as vpolicy_base
-        from vllm.v1.kv_offload.cpu.policies import lru as vlru
-    except ImportError as error:
-        _vllm_import_error = f"{type(error).__name__}: {error}"
-        return False
-    ChunkStatus = vpolicy_base.ChunkStatus
-    CPULoadStoreSpec = vcommon.CPULoadStoreSpec
-    LookupResult = vbase.LookupResult
-    OffloadingEvent = vbase.OffloadingEvent
-    PrepareStoreOutput = vbase.PrepareStoreOutput
-    VllmMedium = vbase.Medium
-    VllmReqContext = vbase.ReqContext
-    _vllm_version = str(getattr(vllm, "__version__", "unknown"))
-    _VLLM_POLICIES.update(lru=vlru.LRUCachePolicy, arc=varc.ARCCachePolicy)
-    return True
-
-
-def vllm_available() -> bool:
-    """Whether vLLM's offloading policies can be imported."""
-    return _import_vllm()
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM version, or None when vLLM cannot be imported."""
-    return _vllm_version if _import_vllm() else None
-
-
-class VllmReferenceManager:
-    """vLLM 0.33.0's `CPUOffloadingManager`, reproduced for the calls this benchmark makes.
-
-    Source: `vllm/v1/kv_offload/cpu/manager.py` of vllm==0.33.0. The policies, `ChunkStatus`,
-    `CPULoadStoreSpec`, `LookupResult`, `OffloadingEvent`, `PrepareStoreOutput` and
-    `ReqContext` are vLLM's own classes; the method bodies below are vLLM's, statement for
-    statement, except what is listed as dropped.
-
-    Kept: the chunk pool (`_num_allocated_chunks`, `_free_list`, `_allocate_chunks`,
-    `_free_chunk`, `_get_load_store_spec` building a `CPULoadStoreSpec`);
-    `lookup` (`policy.get`, `LookupResult`); `prepare_load` through `_prepare_load` (ref-count
-    pin, `mark_non_evictable` on 0 -> 1, `_num_evictable_cache_chunks`); `touch`
-    (`policy.touch(keys, req_context)`); `complete_load` (unpin, `mark_evictable` on 1 -> 0);
-    `prepare_store` (partition into keys to store and ready existing keys, `on_store_miss`,
-    the `_num_evictable_cache_chunks` fast fail, `evict(n, protected=set(keys))`, freeing the
-    victims' chunks, the eviction event, allocation, `insert(key, chunk, req_context)`,
-    `_num_write_pending_chunks`); `complete_store` (success and failure paths,
-    `mark_evictable`, events); `take_events`. The `store_threshold` admission filter is off by
-    default in vLLM (`counts is None`); its `if self.counts is not None` checks are kept, its
-    body (`_record_accesses`) is not.
-
-    Dropped (request-access tracking, which lives in the heavy module, and metrics):
-    `_record_request_cache_access` and with it `policy.on_request_access`;
-    `on_request_finished` (vLLM's deferred recency commit); the per-request
-    `_RequestCacheAccess` state of `prepare_store`, i.e. the `store_miss_keys` de-duplication
-    of `on_store_miss` (a no-op here: each request calls `prepare_store` once, so every miss
-    is new) and the `inserted_keys` bookkeeping; `allocation_sizes_in_current_batch`,
-    `get_stats`, `config_info`, `reset_cache`, `on_new_request`, `get_load_source`. No
-    offload-key positions are recorded in the `ReqContext` (the scheduler would), so vLLM's LRU
-    ranks insertions in call order, as kvtier's LRU does. Every dropped piece is work the real
-    manager does on top, so these figures overstate vLLM's throughput, if anything.
-    """
-
-    def __init__(
-        self, num_chunks: int, cache_policy: str = "lru", enable_events: bool = False
-    ) -> None:
-        if not _import_vllm():
-            raise RuntimeError(VLLM_MISSING_NOTE)
-        self.medium: Any = VllmMedium.CPU
-        self._num_chunks: int = num_chunks
-        self._num_allocated_chunks: int = 0
-        self._free_list: list[int] = []
-        self.events: list[Any] | None = [] if enable_events else None
-        policy_cls = _VLLM_POLICIES[cache_policy]
-        self._policy: Any = policy_cls(cache_capacity=num_chunks)
-        # Track the number of chunks in the cache that are evictable. i.e. ref_cnt 0.
-        self._num_evictable_cache_chunks: int = 0
-        # Track chunks with an in-flight store (ref_cnt -1, not yet completed).
-        self._num_write_pending_chunks: int = 0
-        # store_threshold == 1 (vLLM's default): no admission tracker.
-        self.counts: dict[OffloadKey, int] | None = None
-
-    @property
-    def policy(self) -> Any:
-        return self._policy
-
-    def resident_keys(self) -> list[OffloadKey]:
-        """Keys resident now (for the agreement check; not timed)."""
-        policy = self._policy
-        if hasattr(policy, "chunks"):  # LRU
-            return list(policy.chunks)
-        return [*policy.t1, *policy.t2]  # ARC
-
-    # --- chunk pool ---
-
-    def _get_num_free_chunks(self) -> int:
-        return len(self._free_list) + self._num_chunks - self._num_allocated_chunks
-
-    def _allocate_chunks(self, keys: list[OffloadKey]) -> list[Any]:
-        num_fresh = min(len(keys), self._num_chunks - self._num_allocated_chunks)
-        num_reused = len(keys) - num_fresh
-        assert len(self._free_list) >= num_reused
-
-        # allocate fresh chunks
-        chunks: list[Any] = []
-        for _ in range(num_fresh):
-            chunks.append(ChunkStatus(self._num_allocated_chunks))
-            self._num_allocated_chunks += 1
-
-        # allocate reused chunks
-        for _ in range(num_reused):
-            chunks.append(ChunkStatus(self._free_list.pop()))
-        return chunks
-
-    def _free_chunk(self, chunk: Any) -> None:
-        self._free_list.append(chunk.chunk_id)
-
-    def _get_load_store_spec(self, keys: Iterable[OffloadKey], chunks: Iterable[Any]) -> Any:
-        return CPULoadStoreSpec([chunk.chunk_id for chunk in chunks])
-
-    # --- OffloadingManager interface ---
-
-    def lookup(self, key: OffloadKey, req_context: Any) -> Any:
-        chunk = self._policy.get(key)
-        if chunk is None:
-            return LookupResult.MISS
-        if not chunk.is_ready:
-            return LookupResult.HIT_PENDING
-        return LookupResult.HIT
-
-    def prepare_load(self, keys: Collection[OffloadKey], req_context: Any) -> Any:
-        return self._prepare_load(keys, req_context, record_access=True)
-
-    def _prepare_load(
-        self, keys: Collection[OffloadKey], req_context: Any, *, record_access: bool
-    ) -> Any:
-        chunks = []
-        for key in keys:
-            chunk = self._policy.get(key)
-            assert chunk is not None, f"Chunk {key!r} not found in cache"
-            assert chunk.is_ready, f"Chunk {key!r} is not ready for reading"
-            if chunk.ref_cnt == 0:
-                self._policy.mark_non_evictable(key)
-                self._num_evictable_cache_chunks -= 1  # ref_cnt 0 -> 1
-                assert self._num_evictable_cache_chunks >= 0
-            chunk.ref_cnt += 1
-            chunks.append(chunk)
-        # dropped: if record_access: self._record_request_cache_access(...)
-        return self._get_load_store_spec(keys, chunks)
-
-    def touch(self, keys: Collection[OffloadKey], req_context: Any) -> None:
-        self._policy.touch(keys, req_context)
-
-    def complete_load(self, keys: Collection[OffloadKey], req_context: Any) -> None:
-        for key in keys:
-            chunk = self._policy.get(key)
-            assert chunk is not None, f"Chunk {key!r} not found"
-            assert chunk.ref_cnt > 0, f"Chunk {key!r} ref_cnt is already 0"
-            chunk.ref_cnt -= 1
-            if chunk.ref_cnt == 0:
-                self._num_evictable_cache_chunks += 1  # ref_cnt 1 -> 0
-                self._policy.mark_evictable(key)
-
-    def prepare_store(self, keys: Collection[OffloadKey], req_context: Any) -> Any:
-        keys = list(keys)
-        if self.counts is not None:
-            raise NotImplementedError("store_threshold >= 2 is not reproduced")
-        keys_to_store: list[OffloadKey] = []
-        ready_existing_keys: list[OffloadKey] = []
-        for key in keys:
-            chunk = self._policy.get(key)
-            if chunk is None:
-                keys_to_store.append(key)
-            else:
-                if chunk.is_ready:
-                    ready_existing_keys.append(key)
-
-        if self.counts is not None:
-            raise NotImplementedError("store_threshold >= 2 is not reproduced")
-
-        # vLLM de-duplicates against the request's earlier store misses here (dropped: one
-        # prepare_store per request makes every miss new).
-        new_store_misses = keys_to_store
-        if new_store_misses:
-            # ARC learns from B1/B2 before insert() removes the ghost entry.
-            self._policy.on_store_miss(new_store_misses, req_context)
-        # dropped: self._record_request_cache_access(...) of the offered keys.
-
-        if not keys_to_store:
-            return PrepareStoreOutput(
-                keys_to_store=[],
-                store_spec=self._get_load_store_spec([], []),
-                evicted_keys=[],
-            )
-
-        # dropped (metrics): self.allocation_sizes_in_current_batch.append(len(keys_to_store))
-        num_chunks_to_evict = len(keys_to_store) - self._get_num_free_chunks()
-
-        to_evict: list[OffloadKey] = []
-        if num_chunks_to_evict > 0:
-            if num_chunks_to_evict > self._num_evictable_cache_chunks:
-                # Eviction will fail.
-                return None
-            # Chunks from the original input are excluded from eviction candidates.
-            protected = set(keys)
-            evicted = self._policy.evict(num_chunks_to_evict, protected)
-            if evicted is None:
-                return None
-
-            # cache-policy removes only idle chunks.
-            self._num_evictable_cache_chunks -= len(evicted)
-            assert self._num_evictable_cache_chunks >= 0
-
-            for key, chunk in evicted:
-                self._free_chunk(chunk)
-                to_evict.append(key)
-
-        if to_evict and self.events is not None:
-            self.events.append(OffloadingEvent(keys=to_evict, medium=self.medium, removed=True))
-
-        chunks = self._allocate_chunks(keys_to_store)
-        assert len(chunks) == len(keys_to_store), (
-            "Chunk pool did not allocate the expected number of chunks"
+        from vllm.v1.kv_offload.base import LookupResult, ReqContext
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    except Exception as error:
+        return (
+            f"vLLM's CPUOffloadingManager cannot be imported ({type(error).__name__}: "
+            f"{error}); `scripts/setup.sh --vllm` installs vLLM {VLLM_REFERENCE_VERSION}"
         )
+    version = str(getattr(vllm, "__version__", "unknown"))
+    return VllmClasses(CPUOffloadingManager, ReqContext, LookupResult.HIT, version)
 
-        for key, chunk in zip(keys_to_store, chunks):  # noqa: B905 (as in vLLM)
-            self._policy.insert(key, chunk, req_context)
-        self._num_write_pending_chunks += len(keys_to_store)
-        # dropped: state.inserted_keys.update(keys_to_store)
 
-        # build store specs for allocated chunks
-        store_spec = self._get_load_store_spec(keys_to_store, chunks)
-
-        return PrepareStoreOutput(
-            keys_to_store=keys_to_store,
-            store_spec=store_spec,
-            evicted_keys=to_evict,
-        )
-
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: Any, success: bool = True
-    ) -> None:
-        stored_keys: list[OffloadKey] = []
-        removed_keys: list[OffloadKey] = []
-
-        if success:
-            for key in keys:
-                chunk = self._policy.get(key)
-                if chunk is not None and not chunk.is_ready:
-                    chunk.ref_cnt = 0
-                    self._num_write_pending_chunks -= 1
-                    self._num_evictable_cache_chunks += 1
-                    self._policy.mark_evictable(key)
-                    stored_keys.append(key)
-        else:
-            for key in keys:
-                chunk = self._policy.get(key)
-                if chunk is not None and not chunk.is_ready:
-                    self._num_write_pending_chunks -= 1
-                    self._policy.remove(key)
-                    self._free_chunk(chunk)
-                    removed_keys.append(key)
-
-        if removed_keys and self.events is not None:
-            self.events.append(
-                OffloadingEvent(
-                    keys=removed_keys, medium=self.medium, removed=True, metadata_only=True
-                )
-            )
-
-        if stored_keys and self.events is not None:
-            self.events.append(OffloadingEvent(keys=stored_keys, medium=self.medium, removed=False))
-
-    def take_events(self) -> Iterator[Any]:
-        if self.events is None:
-            return
-        events, self.events = self.events, []
-        for event in events:
-            if event.metadata_only:
-                keys = [key for key in event.keys if self._policy.get(key) is None]
-                if not keys:
-                    continue
-                event = replace(event, keys=keys)
-            yield event
+def vllm_skipped(include_vllm: bool | None = None) -> str | None:
+    """Why the vLLM rows are left out, or None when they are measured. `include_vllm` as in
+    `run_bookkeeping_benchmark` (False: left out on request)."""
+    if include_vllm is False:
+        return "not asked for (--no-vllm)"
+    found = import_vllm()
+    return found if isinstance(found, str) else None
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -552,7 +291,6 @@ class _Contender:
     make_manager: Callable[[int, str], Any]
     make_context: Callable[[str], Any]
     hit: Any  # what `lookup` returns for a ready hit (compared with `is`)
-    resident_keys: Callable[[Any], list[OffloadKey]]
 
 
 @dataclass(slots=True)
@@ -577,21 +315,30 @@ def _kvtier_contender() -> _Contender:
         make_manager=make_manager,
         make_context=lambda req_id: ReqContext(req_id=req_id),
         hit=True,
-        resident_keys=lambda manager: [key for key, _ in manager.policy.items()],
     )
 
 
-def _vllm_contender() -> _Contender:
+def _vllm_contender(vllm: VllmClasses) -> _Contender:
+    """vLLM's own `CPUOffloadingManager` (events on, as kvtier's), a fresh `ReqContext` per
+    request."""
+
     def make_manager(capacity: int, policy: str) -> Any:
-        return VllmReferenceManager(capacity, policy, enable_events=True)
+        return vllm.manager(capacity, policy, enable_events=True)
 
     return _Contender(
         name="vllm",
         make_manager=make_manager,
-        make_context=lambda req_id: VllmReqContext(req_id=req_id),
-        hit=LookupResult.HIT,
-        resident_keys=lambda manager: manager.resident_keys(),
+        make_context=lambda req_id: vllm.req_context(req_id=req_id),
+        hit=vllm.hit,
     )
+
+
+def resident_digest(contender: _Contender, manager: Any, keys: Iterable[OffloadKey]) -> str:
+    """A digest of which of `keys` `manager` holds ready, asked through its public `lookup`
+    (after a replay, untimed): equal digests mean equal resident sets."""
+    context = contender.make_context("resident-check")
+    resident = sorted(key for key in keys if manager.lookup(key, context) is contender.hit)
+    return hashlib.sha256(b"".join(resident)).hexdigest()[:16]
 
 
 def replay(
@@ -666,6 +413,7 @@ def _run_once(
     policy: str,
     capacity: int,
     requests: Sequence[Sequence[OffloadKey]],
+    distinct: Sequence[OffloadKey],
 ) -> _Replay:
     manager = contender.make_manager(capacity, policy)
     contexts = [contender.make_context(f"req-{index}") for index in range(len(requests))]
@@ -677,7 +425,6 @@ def _run_once(
     finally:
         if gc_was_enabled:
             gc.enable()
-    digest = hashlib.sha256(b"".join(sorted(contender.resident_keys(manager)))).hexdigest()
     return _Replay(
         ns=ns,
         ops=ops,
@@ -685,7 +432,7 @@ def _run_once(
         hits=hits,
         accesses=sum(len(keys) for keys in requests),
         failed_stores=failed,
-        resident_digest=digest[:16],
+        resident_digest=resident_digest(contender, manager, distinct),
     )
 
 
@@ -793,6 +540,28 @@ def capacity_for(fraction: float, unique_blocks: int) -> int:
 # -- the benchmark -------------------------------------------------------------------------
 
 
+def _contenders(include_vllm: bool | None) -> list[_Contender]:
+    """kvtier, and vLLM's own manager unless `include_vllm` is False or (None) vLLM cannot
+    be imported; True and no vLLM raises RuntimeError saying why."""
+    contenders = [_kvtier_contender()]
+    if include_vllm is False:
+        return contenders
+    vllm = import_vllm()
+    if isinstance(vllm, VllmClasses):
+        contenders.append(_vllm_contender(vllm))
+    elif include_vllm:
+        raise RuntimeError(vllm)
+    return contenders
+
+
+def _vllm_version(contenders: Sequence[_Contender]) -> str | None:
+    """The vLLM version compared with, None when vLLM is not among `contenders`."""
+    vllm = import_vllm()
+    if not any(c.name == "vllm" for c in contenders) or not isinstance(vllm, VllmClasses):
+        return None
+    return vllm.version
+
+
 def run_bookkeeping_benchmark(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     policies: Sequence[str] = DEFAULT_POLICIES,
@@ -803,37 +572,34 @@ def run_bookkeeping_benchmark(
     trace_path: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Result]:
-    """Replay the trace through kvtier (and vLLM, when installed) for every policy and
-    capacity fraction; one `Result` per (policy, fraction, phase), phases then `OVERALL`.
+    """Replay the trace through kvtier (and vLLM's own manager, when it can be imported) for
+    every policy and capacity fraction; one `Result` per (policy, fraction, phase), phases
+    then `OVERALL`.
 
-    `include_vllm`: None compares with vLLM when it is installed; True requires it (raises
-    RuntimeError when missing); False measures kvtier alone. `progress` receives a line per
-    configuration.
+    `include_vllm`: None compares with vLLM when it can be imported (`vllm_skipped()` says
+    why not); True requires it (raises RuntimeError when missing); False measures kvtier
+    alone. `progress` receives a line per configuration.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    with_vllm = _import_vllm() if include_vllm is None else include_vllm
-    if with_vllm and not _import_vllm():
-        raise RuntimeError(VLLM_MISSING_NOTE)
-    hash_ids = load_requests(limit_requests, trace_path)
-    requests = keys_for(hash_ids)
-    unique_blocks = len({key for keys in requests for key in keys})
-    contenders = [_kvtier_contender()]
-    if with_vllm:
-        contenders.append(_vllm_contender())
+    contenders = _contenders(include_vllm)
+    requests = keys_for(load_requests(limit_requests, trace_path))
+    distinct = list(dict.fromkeys(key for keys in requests for key in keys))
     overhead_ns = clock_overhead_ns()
+    version = _vllm_version(contenders)
 
     results: list[Result] = []
     for policy in policies:
         for fraction in fractions:
-            capacity = capacity_for(fraction, unique_blocks)
+            capacity = capacity_for(fraction, len(distinct))
             replays: dict[str, list[_Replay]] = {contender.name: [] for contender in contenders}
             for repeat in range(repeats):
                 order = contenders if repeat % 2 == 0 else contenders[::-1]
                 for contender in order:
-                    replays[contender.name].append(_run_once(contender, policy, capacity, requests))
+                    replay_ = _run_once(contender, policy, capacity, requests, distinct)
+                    replays[contender.name].append(replay_)
             kvtier = _measurements(replays["kvtier"], overhead_ns)
-            vllm = _measurements(replays["vllm"], overhead_ns) if with_vllm else None
+            vllm = _measurements(replays["vllm"], overhead_ns) if "vllm" in replays else None
             for phase in (*PHASES, OVERALL):
                 results.append(
                     Result(
@@ -842,20 +608,25 @@ def run_bookkeeping_benchmark(
                         capacity=capacity,
                         phase=phase,
                         requests=len(requests),
-                        unique_blocks=unique_blocks,
+                        unique_blocks=len(distinct),
                         repeats=repeats,
                         timer_overhead_ns=overhead_ns,
                         kvtier=kvtier[phase],
                         vllm=None if vllm is None else vllm[phase],
+                        vllm_version=None if vllm is None else version,
                     )
                 )
             if progress is not None:
-                row = results[-1]
-                line = f"{policy} {fraction:.0%}: kvtier {row.kvtier_mops:.2f} Mops/s"
-                if row.vllm_mops is not None:
-                    line += f", vLLM {row.vllm_mops:.2f} Mops/s"
-                progress(line)
+                progress(_progress_line(results[-1]))
     return results
+
+
+def _progress_line(row: Result) -> str:
+    """One configuration's overall throughput, for the progress lines."""
+    line = f"{row.policy} {row.fraction:.0%}: kvtier {row.kvtier_mops:.2f} Mops/s"
+    if row.vllm_mops is not None:
+        line += f", vLLM {row.vllm_mops:.2f} Mops/s"
+    return line
 
 
 # -- output --------------------------------------------------------------------------------
@@ -866,57 +637,49 @@ def _percent(fraction: float) -> str:
     return f"{text}%"
 
 
-def format_table(results: Sequence[Result]) -> str:
-    """A plain-text table of `results`, a hit-count check, and notes."""
-    if not results:
-        return "no results"
-    first = results[0]
-    with_vllm = any(result.vllm is not None for result in results)
-    header = [
-        "policy",
-        "capacity",
-        "blocks",
-        "phase",
-        "ops",
-        "kvtier Mops/s",
-        "vLLM Mops/s",
-        "kvtier/vLLM",
-        "hit ratio kvtier",
-        "hit ratio vLLM",
-    ]
-    rows: list[list[str]] = []
-    for result in results:
-        rows.append(
-            [
-                result.policy,
-                _percent(result.fraction),
-                f"{result.capacity:,}",
-                result.phase,
-                f"{result.kvtier.ops:,}",
-                f"{result.kvtier_mops:.3f}",
-                "-" if result.vllm_mops is None else f"{result.vllm_mops:.3f}",
-                "-" if result.ratio is None else f"{result.ratio:.2f}x",
-                f"{result.hit_ratio:.4f}",
-                "-" if result.vllm_hit_ratio is None else f"{result.vllm_hit_ratio:.4f}",
-            ]
-        )
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    left = {0, 3}
+_HEADER = (
+    "policy",
+    "capacity",
+    "blocks",
+    "phase",
+    "ops",
+    "kvtier Mops/s",
+    "vLLM Mops/s",
+    "kvtier/vLLM",
+    "hit ratio kvtier",
+    "hit ratio vLLM",
+)
+_LEFT_COLUMNS = {0, 3}
 
-    def line(cells: list[str]) -> str:
+
+def _cells(result: Result) -> list[str]:
+    """One table row: `result`'s figures as text, "-" where vLLM has none."""
+    return [
+        result.policy,
+        _percent(result.fraction),
+        f"{result.capacity:,}",
+        result.phase,
+        f"{result.kvtier.ops:,}",
+        f"{result.kvtier_mops:.3f}",
+        "-" if result.vllm_mops is None else f"{result.vllm_mops:.3f}",
+        "-" if result.ratio is None else f"{result.ratio:.2f}x",
+        f"{result.hit_ratio:.4f}",
+        "-" if result.vllm_hit_ratio is None else f"{result.vllm_hit_ratio:.4f}",
+    ]
+
+
+def _table_lines(results: Sequence[Result]) -> list[str]:
+    """The header, a rule and a row per result, a blank line between configurations."""
+    rows = [_cells(result) for result in results]
+    widths = [max(len(row[i]) for row in [list(_HEADER), *rows]) for i in range(len(_HEADER))]
+
+    def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            cell.ljust(width) if i in left else cell.rjust(width)
+            cell.ljust(width) if i in _LEFT_COLUMNS else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
-    accesses = first.kvtier.accesses
-    out = [
-        f"Bookkeeping throughput: {first.requests:,} requests, {accesses:,} block accesses, "
-        f"{first.unique_blocks:,} unique blocks; median of {first.repeats} replay(s); "
-        "Mops/s = million block-operations per second",
-        line(header),
-        line(["-" * width for width in widths]),
-    ]
+    out = [line(_HEADER), line(["-" * width for width in widths])]
     previous: tuple[str, float] | None = None
     for result, row in zip(results, rows, strict=True):
         group = (result.policy, result.fraction)
@@ -924,50 +687,77 @@ def format_table(results: Sequence[Result]) -> str:
             out.append("")
         previous = group
         out.append(line(row))
+    return out
 
-    overall = [result for result in results if result.phase == OVERALL]
-    if with_vllm:
-        out.append("")
-        out.append("Hit counts (blocks served from the tier):")
-        for result in overall:
-            assert result.vllm is not None
-            agree = result.hits_agree
-            if agree is None:
-                verdict = "not compared (the ARC implementations differ)"
-            elif agree:
-                verdict = "agree (hit counts and final resident sets)"
-            else:
-                verdict = "!!! DISAGREE: the LRU replays diverged; the comparison is invalid !!!"
-            out.append(
-                f"  {result.policy} {_percent(result.fraction):>4}: kvtier "
-                f"{result.kvtier.hits:,}  vLLM {result.vllm.hits:,}  {verdict}"
-            )
-        ratios = [result.ratio for result in results if result.ratio is not None]
-        if ratios:
-            out.append(f"kvtier/vLLM throughput: min {min(ratios):.2f}x, max {max(ratios):.2f}x")
-    else:
-        out.append("")
-        out.append(VLLM_MISSING_NOTE)
+
+def _hit_count_lines(results: Sequence[Result]) -> list[str]:
+    """Per configuration, both hit counts and whether they must and do agree (LRU)."""
+    out = ["Hit counts (blocks served from the tier):"]
+    for result in results:
+        if result.phase != OVERALL or result.vllm is None:
+            continue
+        agree = result.hits_agree
+        if agree is None:
+            verdict = "not compared (the ARC implementations differ)"
+        elif agree:
+            verdict = "agree (hit counts and final resident sets)"
+        else:
+            verdict = "!!! DISAGREE: the LRU replays diverged; the comparison is invalid !!!"
+        out.append(
+            f"  {result.policy} {_percent(result.fraction):>4}: kvtier "
+            f"{result.kvtier.hits:,}  vLLM {result.vllm.hits:,}  {verdict}"
+        )
+    ratios = [result.ratio for result in results if result.ratio is not None]
+    if ratios:
+        out.append(f"kvtier/vLLM throughput: min {min(ratios):.2f}x, max {max(ratios):.2f}x")
+    return out
+
+
+def _note_lines(results: Sequence[Result]) -> list[str]:
+    """Stores that could not be placed, and the clock overhead subtracted."""
+    out = []
     failed = {
         (result.policy, result.fraction): result.kvtier.failed_stores
-        for result in overall
-        if result.kvtier.failed_stores
+        for result in results
+        if result.phase == OVERALL and result.kvtier.failed_stores
     }
     if failed:
         shown = ", ".join(f"{p} {_percent(f)}: {n}" for (p, f), n in failed.items())
         out.append(f"Requests whose store could not be placed (larger than the tier): {shown}")
+    overhead_ns = results[0].timer_overhead_ns
     share = max(
         (
-            result.kvtier.intervals * first.timer_overhead_ns / result.kvtier.raw_ns
+            result.kvtier.intervals * overhead_ns / result.kvtier.raw_ns
             for result in results
             if result.kvtier.raw_ns
         ),
         default=0.0,
     )
     out.append(
-        f"Clock overhead {first.timer_overhead_ns:.0f} ns per timed interval, subtracted "
+        f"Clock overhead {overhead_ns:.0f} ns per timed interval, subtracted "
         f"(at most {share:.0%} of a kvtier phase's raw time)."
     )
+    return out
+
+
+def format_table(results: Sequence[Result], vllm_skipped: str | None = None) -> str:
+    """A plain-text table of `results`, a hit-count check, and notes; `vllm_skipped` is why
+    there are no vLLM figures, if there are none."""
+    if not results:
+        return "no results"
+    first = results[0]
+    out = [
+        f"Bookkeeping throughput: {first.requests:,} requests, {first.kvtier.accesses:,} block "
+        f"accesses, {first.unique_blocks:,} unique blocks; median of {first.repeats} "
+        "replay(s); Mops/s = million block-operations per second",
+        *_table_lines(results),
+        "",
+    ]
+    if any(result.vllm is not None for result in results):
+        out += _hit_count_lines(results)
+    else:
+        out.append(f"{VLLM_SKIPPED}: {vllm_skipped or 'no vLLM figures in these results'}.")
+    out += _note_lines(results)
     return "\n".join(out)
 
 
@@ -980,11 +770,11 @@ def lru_disagreements(results: Sequence[Result]) -> list[Result]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python benchmarks/bookkeeping.py [--quick] [--json [PATH]] ...`"""
+    """`python -m kvtier.bench.bookkeeping [--quick] [--json [PATH]] ...`"""
     parser = argparse.ArgumentParser(
-        prog="benchmarks/bookkeeping.py",
+        prog="python -m kvtier.bench.bookkeeping",
         description="Bookkeeping throughput (block-operations/s) of kvtier's TierManager "
-        "against vLLM 0.33.0's CPU offloading manager, replaying the shipped Mooncake trace.",
+        "against vLLM's own CPU offloading manager, replaying the shipped Mooncake trace.",
     )
     parser.add_argument(
         "--quick",
@@ -1021,31 +811,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit = args.limit_requests
     if limit is None and args.quick:
         limit = QUICK_LIMIT_REQUESTS
-    include_vllm = False if args.no_vllm else None
     json_to_stdout = args.json == "-"
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    if include_vllm is None and not vllm_available():
-        progress(VLLM_MISSING_NOTE)
+    skipped = vllm_skipped(False if args.no_vllm else None)
+    if skipped is not None:
+        progress(f"{VLLM_SKIPPED}: {skipped}")
     results = run_bookkeeping_benchmark(
         fractions=tuple(args.fractions),
         policies=tuple(args.policies),
         repeats=repeats,
         limit_requests=limit,
-        include_vllm=include_vllm,
+        include_vllm=skipped is None,
         trace_path=args.trace,
         progress=progress,
     )
     if args.json is not None:
-        document = results_to_json(results)
+        document = results_to_json(results, skipped)
         if json_to_stdout:
             print(document)
         else:
             Path(args.json).write_text(document + "\n", encoding="utf-8")
     if not json_to_stdout:
-        print(format_table(results))
+        print(format_table(results, skipped))
     bad = lru_disagreements(results)
     if bad:
         print(

@@ -45,7 +45,7 @@ between a pinned host pool and a pool on the GPU, scattered and contiguous, both
 baseline: one `copy_(..., non_blocking=True)` of the whole pool between the same pinned and
 device tensors followed by `torch.cuda.synchronize()`. Both sides are wall-clock times that
 start after a `torch.cuda.synchronize()`; kvtier's ends when its awaited copy returns (it
-polls a CUDA event without blocking the event loop, as the engine does).
+polls a CUDA event without blocking the event loop, as the transfer engine does).
 
 ``bookkeeping``: block-operations per second of `TierManager` replaying the first
 `QUICK_LIMIT_REQUESTS` requests of the shipped trace (`kvtier.bench.bookkeeping` in its quick
@@ -91,9 +91,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvtier.config import format_size
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
-from kvtier.tiers.pool import TorchPool
+from kvtier.tiers.disk.io import PLAIN_IO, preadv_all, pwritev_all
+from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
 
@@ -357,14 +359,6 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / GB if seconds > 0 else math.inf
 
 
-def format_size(size: int) -> str:
-    """`size` bytes in binary units: "64 KiB", "2 MiB", "1.5 GiB", "100 B"."""
-    for unit, multiplier in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if size >= multiplier:
-            return f"{size / multiplier:.4g} {unit}"
-    return f"{size} B"
-
-
 def default_parent_dir() -> Path:
     """The disk tier's default directory (`~/.cache/kvtier`), or its nearest existing
     ancestor: the bench's files then land on the filesystem a default disk tier uses,
@@ -518,55 +512,6 @@ async def measure_cpu_copies(
 # -- disk ----------------------------------------------------------------------------------
 
 
-def _pwrite_all(fd: int, buffer: memoryview, offset: int) -> None:
-    """Write all of `buffer` at `offset` with `os.pwrite`, resuming a short write (also used
-    by `kvtier.bench.writepath`)."""
-    while buffer.nbytes:
-        written = os.pwrite(fd, buffer, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, "pwrite wrote nothing")
-        buffer = buffer[written:]
-        offset += written
-
-
-def _pwritev_all(fd: int, buffers: Sequence[npt.NDArray[np.uint8]], offset: int) -> None:
-    """Write the 1-D `buffers` back to back at `offset` with `os.pwritev`, resuming a short
-    write."""
-    pending = [buffer.data for buffer in buffers]
-    while pending:
-        written = os.pwritev(fd, pending, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, f"pwritev wrote nothing at offset {offset}")
-        offset += written
-        pending = _advance(pending, written)
-
-
-def _preadv_all(fd: int, buffers: Sequence[npt.NDArray[np.uint8]], offset: int) -> None:
-    """Fill the 1-D `buffers` back to back from `offset` with `os.preadv`, resuming a short
-    read."""
-    pending = [buffer.data for buffer in buffers]
-    while pending:
-        got = os.preadv(fd, pending, offset)
-        if got <= 0:
-            raise OSError(errno.EIO, f"preadv read nothing at offset {offset}")
-        offset += got
-        pending = _advance(pending, got)
-
-
-def _advance(buffers: list[memoryview], done: int) -> list[memoryview]:
-    """What is left of `buffers` once their first `done` bytes have been moved."""
-    while buffers and done >= buffers[0].nbytes:
-        done -= buffers[0].nbytes
-        buffers = buffers[1:]
-    if done:
-        buffers = [buffers[0][done:], *buffers[1:]]
-    return buffers
-
-
-_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
-"""What the disk store calls to make a batch durable (fsync where there is no fdatasync)."""
-
-
 @contextlib.contextmanager
 def _page_aligned(nbytes: int) -> Iterator[npt.NDArray[np.uint8]]:
     """`nbytes` of anonymous, page-aligned memory (what O_DIRECT needs), every page touched."""
@@ -596,15 +541,6 @@ def _open_raw_write(path: Path, block_size: int) -> tuple[bool, int]:
 
 def _raw_mode(direct: bool) -> str:
     return "O_DIRECT" if direct else "buffered (O_DIRECT not available)"
-
-
-def _preallocate(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as error:
-        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)
 
 
 async def measure_disk(
@@ -652,7 +588,7 @@ async def measure_disk(
         raw_path = directory / f"raw-{block_size}.bin"
         raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
         try:
-            _preallocate(raw_fd, total)
+            PLAIN_IO.allocate(raw_fd, total)
             with _page_aligned(total) as raw_source:
                 # the bytes the store writes, in slot order, in memory O_DIRECT can use
                 raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
@@ -668,8 +604,8 @@ async def measure_disk(
 
                 def baseline_write() -> float:
                     start = time.perf_counter()
-                    _pwritev_all(raw_fd, [raw_source], 0)
-                    _fdatasync(raw_fd)
+                    pwritev_all(raw_fd, [raw_source.data], 0)
+                    PLAIN_IO.fsync(raw_fd)
                     return time.perf_counter() - start
 
                 write_s = await _paired(kvtier_write, baseline_write, repeats)
@@ -693,7 +629,7 @@ async def measure_disk(
 
                 def baseline_read() -> float:
                     start = time.perf_counter()
-                    _preadv_all(read_fd, [landing], offset)
+                    preadv_all(read_fd, [landing.data], offset)
                     return time.perf_counter() - start
 
                 read_s = await _paired(kvtier_read, baseline_read, repeats)
@@ -772,6 +708,68 @@ def _group_commit_counters(store: Any) -> dict[str, int]:
     return counters
 
 
+@dataclass(slots=True)
+class _ServingStore:
+    """What the serving-sized disk rows share: the store, its slots, the host rows written
+    from (`sources`, pool rows in slot order) and read into (`targets`), the calls of each
+    lane, and the keys the latest writes stored.
+
+    Call c of the writes covers slots [c * wb, (c + 1) * wb), of the reads [c * rb, ...).
+    Writes cover every slot, in the same number of calls per lane. Timed reads cover the first
+    `timed_reads` runs, a whole number per lane, so that `depth` reads really are in flight
+    until the end (and the serial row reads the same); the check reads them all.
+    """
+
+    store: Any  # kvtier.tiers.disk.DiskStore
+    block_size: int
+    count: int
+    sources: list[Any]
+    targets: list[Any]
+    write_lanes: dict[int, list[list[int]]]
+    read_lanes: dict[int, list[list[int]]]
+    check_lanes: dict[int, list[list[int]]]
+    keys: list[OffloadKey] = field(default_factory=list)
+    generation: int = 0
+
+    @property
+    def slots(self) -> list[int]:
+        return list(range(self.count))
+
+    def fresh_keys(self) -> list[OffloadKey]:
+        """New keys for every slot, apart from `measure_disk`'s and earlier writes'."""
+        self.generation += 1
+        first = (1 << 40) + self.generation * self.count
+        return [key_from_int(first + i) for i in range(self.count)]
+
+    async def writes(self, lanes: list[list[int]]) -> None:
+        """Fresh keys into every slot, `len(lanes)` batches in flight."""
+        self.keys = keys = self.fresh_keys()
+        slots, wb = self.slots, SERVING_WRITE_BLOCKS
+
+        async def lane(calls: list[int]) -> None:
+            for c in calls:
+                part = slice(c * wb, (c + 1) * wb)
+                failures = await self.store.write(keys[part], slots[part], self.sources[part])
+                _raise_failures("write", failures)
+
+        await asyncio.gather(*(lane(calls) for calls in lanes))
+
+    async def reads(self, lanes: list[list[int]]) -> list[ReadFailure | None]:
+        """The runs of `lanes` read into their target rows, `len(lanes)` runs in flight."""
+        failures: list[ReadFailure | None] = []
+        slots, rb = self.slots, SERVING_READ_BLOCKS
+
+        async def lane(calls: list[int]) -> None:
+            for c in calls:
+                part = slice(c * rb, (c + 1) * rb)
+                failures.extend(
+                    await self.store.read(self.keys[part], slots[part], self.targets[part])
+                )
+
+        await asyncio.gather(*(lane(calls) for calls in lanes))
+        return failures
+
+
 async def measure_disk_serving(
     block_size: int,
     nbytes: int,
@@ -788,182 +786,50 @@ async def measure_disk_serving(
     from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
 
     count = serving_blocks(nbytes, block_size)
-    total = count * block_size
-    wb, rb, depth = SERVING_WRITE_BLOCKS, SERVING_READ_BLOCKS, SERVING_QUEUE_DEPTH
+    depth = SERVING_QUEUE_DEPTH
     pool, pool_rows = _host_pool(count, block_size)
     target, target_rows = _host_pool(count, block_size)
     _fill(pool_rows, 1, rng)
     target_rows.fill(0)
     write_ids = rng.permutation(count)  # slot j gets pool row write_ids[j]
     read_ids = rng.permutation(count)  # slot j is read into target row read_ids[j]
-    slots = list(range(count))
-    sources = pool.rows(write_ids)
-    targets = target.rows(read_ids)
-    # Call c of the writes covers slots [c * wb, (c + 1) * wb), of the reads [c * rb, ...).
-    # Writes cover every slot, in the same number of calls per lane. Timed reads cover the
-    # first `timed_reads` runs, a whole number per lane, so that `depth` reads really are in
-    # flight until the end (and the serial row reads the same); the check reads them all.
-    write_calls = count // wb
-    read_calls = count // rb
+    write_calls = count // SERVING_WRITE_BLOCKS
+    read_calls = count // SERVING_READ_BLOCKS
     timed_reads = read_calls // depth * depth
-    read_blocks = timed_reads * rb
-    write_lanes = {1: _lanes(write_calls, 1), depth: _lanes(write_calls, depth)}
-    read_lanes = {1: _lanes(timed_reads, 1), depth: _lanes(timed_reads, depth)}
-    check_lanes = {1: _lanes(read_calls, 1), depth: _lanes(read_calls, depth)}
     store = await DiskStore.open_async(
         directory / f"serving-{block_size}",
         block_size=block_size,
         num_blocks=count,
         fsync=True,
         direct_io="auto",
-        slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, total),  # one file, for the raw read
+        slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, count * block_size),  # one file
+    )
+    serving = _ServingStore(
+        store,
+        block_size,
+        count,
+        pool.rows(write_ids),
+        target.rows(read_ids),
+        write_lanes={qd: _lanes(write_calls, qd) for qd in (1, depth)},
+        read_lanes={qd: _lanes(timed_reads, qd) for qd in (1, depth)},
+        check_lanes={qd: _lanes(read_calls, qd) for qd in (1, depth)},
     )
     info: dict[str, Any] = {"direct_io": store.direct_io_active}
-    generation = [0]
-    keys: list[OffloadKey] = []
-
-    def fresh_keys() -> list[OffloadKey]:
-        generation[0] += 1
-        first = (1 << 40) + generation[0] * count  # apart from measure_disk's keys
-        return [key_from_int(first + i) for i in range(count)]
-
-    async def kvtier_writes(lanes: list[list[int]]) -> None:
-        """Fresh keys into every slot, `len(lanes)` batches in flight."""
-        nonlocal keys
-        keys = fresh_keys()
-
-        async def lane(calls: list[int]) -> None:
-            for c in calls:
-                part = slice(c * wb, (c + 1) * wb)
-                failures = await store.write(keys[part], slots[part], sources[part])
-                _raise_failures("write", failures)
-
-        await asyncio.gather(*(lane(calls) for calls in lanes))
-
-    async def kvtier_reads(lanes: list[list[int]]) -> list[ReadFailure | None]:
-        """The runs of `lanes` read into their target rows, `len(lanes)` runs in flight."""
-        failures: list[ReadFailure | None] = []
-
-        async def lane(calls: list[int]) -> None:
-            for c in calls:
-                part = slice(c * rb, (c + 1) * rb)
-                failures.extend(await store.read(keys[part], slots[part], targets[part]))
-
-        await asyncio.gather(*(lane(calls) for calls in lanes))
-        return failures
-
-    rows: list[Row] = []
     executor = ThreadPoolExecutor(depth, thread_name_prefix="kvtier-bench-raw")
     try:
-        raw_path = directory / f"raw-serving-{block_size}.bin"
-        raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
-        try:
-            _preallocate(raw_fd, total)
-            with _page_aligned(total) as raw_source:
-                blocks_out = list(raw_source.reshape(count, block_size))
-                raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
-
-                def raw_write_lane(calls: list[int]) -> None:
-                    for c in calls:
-                        part = blocks_out[c * wb : (c + 1) * wb]
-                        _pwritev_all(raw_fd, part, c * wb * block_size)
-                        _fdatasync(raw_fd)
-
-                for qd in (1, depth):
-                    # DiskStore's group-commit counters over this row's runs (warm-up too),
-                    # and the write calls made in them
-                    counters: dict[str, int] = {"write_calls": 0}
-
-                    async def kvtier_write(
-                        qd: int = qd, counters: dict[str, int] = counters
-                    ) -> float:
-                        before = _group_commit_counters(store)
-                        start = time.perf_counter()
-                        await kvtier_writes(write_lanes[qd])
-                        elapsed = time.perf_counter() - start
-                        for name, value in _group_commit_counters(store).items():
-                            counters[name] = counters.get(name, 0) + value - before.get(name, 0)
-                        counters["write_calls"] += write_calls
-                        return elapsed
-
-                    def baseline_write(qd: int = qd) -> float:
-                        return _timed_lanes(executor, raw_write_lane, write_lanes[qd])
-
-                    write_s = await _paired(kvtier_write, baseline_write, repeats)
-                    rows.append(
-                        Row(
-                            "cpu -> disk",
-                            _case(qd),
-                            block_size,
-                            count,
-                            total,
-                            *write_s,
-                            f"os.pwritev, {_raw_mode(raw_write_direct)}, + os.fdatasync of "
-                            f"{wb}-block batches of the same bytes, {_threads(qd)}, to a "
-                            f"preallocated file in the same directory (queue depth {qd})",
-                            False,  # set below, once the bytes are checked
-                            batch_blocks=wb,
-                            queue_depth=qd,
-                            store_counters=counters,
-                        )
-                    )
-        finally:
-            os.close(raw_fd)
-        raw_path.unlink()
-
-        slab, first = store.slot_location(0)
-        if store.slot_location(count - 1) != (slab, first + (count - 1) * block_size):
-            raise InvalidValueError(f"{store!r} does not keep its slots in one run of one file")
-        raw_read_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
-        try:
-            with _page_aligned(total) as landing:
-                blocks_in = list(landing.reshape(count, block_size))
-
-                def raw_read_lane(calls: list[int]) -> None:
-                    for c in calls:
-                        offset = first + c * rb * block_size
-                        _preadv_all(read_fd, blocks_in[c * rb : (c + 1) * rb], offset)
-
-                for qd in (1, depth):
-
-                    async def kvtier_read(qd: int = qd) -> float:
-                        start = time.perf_counter()
-                        failures = await kvtier_reads(read_lanes[qd])
-                        elapsed = time.perf_counter() - start
-                        _raise_failures("read", failures)
-                        return elapsed
-
-                    def baseline_read(qd: int = qd) -> float:
-                        return _timed_lanes(executor, raw_read_lane, read_lanes[qd])
-
-                    read_s = await _paired(kvtier_read, baseline_read, repeats)
-                    rows.append(
-                        Row(
-                            "disk -> cpu",
-                            _case(qd),
-                            block_size,
-                            read_blocks,
-                            read_blocks * block_size,
-                            *read_s,
-                            f"os.preadv, {_raw_mode(raw_read_direct)}, of {rb}-block runs of "
-                            f"the same bytes from the store's slab file, {_threads(qd)} "
-                            f"(queue depth {qd})",
-                            False,
-                            batch_blocks=rb,
-                            queue_depth=qd,
-                        )
-                    )
-        finally:
-            os.close(read_fd)
-
+        rows, raw_write_direct = await _serving_writes(
+            serving, pool_rows, write_ids, directory, repeats, executor
+        )
+        read_rows, raw_read_direct = await _serving_reads(serving, repeats, executor)
+        rows += read_rows
         # Fresh bytes, written one way and read back the other: concurrent writes and serial
         # reads, then serial writes and concurrent reads; each row's own calls are checked.
         checked: dict[tuple[str, int], bool] = {}
         for write_qd, read_qd, gen in ((depth, 1, 98), (1, depth, 99)):
             _fill(pool_rows, gen, rng)
             target_rows.fill(0)
-            await kvtier_writes(write_lanes[write_qd])
-            failures = await kvtier_reads(check_lanes[read_qd])
+            await serving.writes(serving.write_lanes[write_qd])
+            failures = await serving.reads(serving.check_lanes[read_qd])
             good = all(failure is None for failure in failures) and _rows_match(
                 pool_rows, write_ids, target_rows, read_ids, rng
             )
@@ -976,6 +842,137 @@ async def measure_disk_serving(
         await store.aclose()
         shutil.rmtree(store.directory, ignore_errors=True)
     return rows, info
+
+
+async def _serving_writes(
+    serving: _ServingStore,
+    pool_rows: npt.NDArray[np.uint8],
+    write_ids: npt.NDArray[np.int64],
+    directory: Path,
+    repeats: int,
+    executor: ThreadPoolExecutor,
+) -> tuple[list[Row], bool]:
+    """The serving-sized write rows (serial, concurrent), and whether the raw baseline used
+    O_DIRECT: `DiskStore.write` of `SERVING_WRITE_BLOCKS`-block batches against `pwritev` +
+    fdatasync of the same bytes (`pool_rows[write_ids]`, in slot order) into a preallocated
+    file."""
+    store, count, wb = serving.store, serving.count, SERVING_WRITE_BLOCKS
+    block_size = serving.block_size
+    total = count * block_size
+    write_calls = count // wb
+    rows: list[Row] = []
+    raw_path = directory / f"raw-serving-{block_size}.bin"
+    raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
+    try:
+        PLAIN_IO.allocate(raw_fd, total)
+        with _page_aligned(total) as raw_source:
+            blocks_out = list(raw_source.reshape(count, block_size))
+            raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
+
+            def raw_write_lane(calls: list[int]) -> None:
+                for c in calls:
+                    part = blocks_out[c * wb : (c + 1) * wb]
+                    pwritev_all(raw_fd, [block.data for block in part], c * wb * block_size)
+                    PLAIN_IO.fsync(raw_fd)
+
+            for qd in serving.write_lanes:
+                # DiskStore's group-commit counters over this row's runs (warm-up too), and
+                # the write calls made in them
+                counters: dict[str, int] = {"write_calls": 0}
+
+                async def kvtier_write(qd: int = qd, counters: dict[str, int] = counters) -> float:
+                    before = _group_commit_counters(store)
+                    start = time.perf_counter()
+                    await serving.writes(serving.write_lanes[qd])
+                    elapsed = time.perf_counter() - start
+                    for name, value in _group_commit_counters(store).items():
+                        counters[name] = counters.get(name, 0) + value - before.get(name, 0)
+                    counters["write_calls"] += write_calls
+                    return elapsed
+
+                def baseline_write(qd: int = qd) -> float:
+                    return _timed_lanes(executor, raw_write_lane, serving.write_lanes[qd])
+
+                write_s = await _paired(kvtier_write, baseline_write, repeats)
+                rows.append(
+                    Row(
+                        "cpu -> disk",
+                        _case(qd),
+                        block_size,
+                        count,
+                        total,
+                        *write_s,
+                        f"os.pwritev, {_raw_mode(raw_write_direct)}, + os.fdatasync of "
+                        f"{wb}-block batches of the same bytes, {_threads(qd)}, to a "
+                        f"preallocated file in the same directory (queue depth {qd})",
+                        False,  # set by the caller, once the bytes are checked
+                        batch_blocks=wb,
+                        queue_depth=qd,
+                        store_counters=counters,
+                    )
+                )
+    finally:
+        os.close(raw_fd)
+    raw_path.unlink()
+    return rows, raw_write_direct
+
+
+async def _serving_reads(
+    serving: _ServingStore, repeats: int, executor: ThreadPoolExecutor
+) -> tuple[list[Row], bool]:
+    """The serving-sized read rows (serial, concurrent), and whether the raw baseline used
+    O_DIRECT: `DiskStore.read` of `SERVING_READ_BLOCKS`-block runs against `preadv` of the
+    same runs from the store's own slab file."""
+    store, count, rb = serving.store, serving.count, SERVING_READ_BLOCKS
+    block_size = serving.block_size
+    read_blocks = sum(len(lane) for lane in serving.read_lanes[1]) * rb
+    slab, first = store.slot_location(0)
+    if store.slot_location(count - 1) != (slab, first + (count - 1) * block_size):
+        raise InvalidValueError(f"{store!r} does not keep its slots in one run of one file")
+    rows: list[Row] = []
+    raw_read_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
+    try:
+        with _page_aligned(count * block_size) as landing:
+            blocks_in = list(landing.reshape(count, block_size))
+
+            def raw_read_lane(calls: list[int]) -> None:
+                for c in calls:
+                    offset = first + c * rb * block_size
+                    run = blocks_in[c * rb : (c + 1) * rb]
+                    preadv_all(read_fd, [block.data for block in run], offset)
+
+            for qd in serving.read_lanes:
+
+                async def kvtier_read(qd: int = qd) -> float:
+                    start = time.perf_counter()
+                    failures = await serving.reads(serving.read_lanes[qd])
+                    elapsed = time.perf_counter() - start
+                    _raise_failures("read", failures)
+                    return elapsed
+
+                def baseline_read(qd: int = qd) -> float:
+                    return _timed_lanes(executor, raw_read_lane, serving.read_lanes[qd])
+
+                read_s = await _paired(kvtier_read, baseline_read, repeats)
+                rows.append(
+                    Row(
+                        "disk -> cpu",
+                        _case(qd),
+                        block_size,
+                        read_blocks,
+                        read_blocks * block_size,
+                        *read_s,
+                        f"os.preadv, {_raw_mode(raw_read_direct)}, of {rb}-block runs of "
+                        f"the same bytes from the store's slab file, {_threads(qd)} "
+                        f"(queue depth {qd})",
+                        False,
+                        batch_blocks=rb,
+                        queue_depth=qd,
+                    )
+                )
+    finally:
+        os.close(read_fd)
+    return rows, raw_read_direct
 
 
 def _case(queue_depth: int) -> str:

@@ -75,19 +75,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.bench.datapath import (
-    GB,
-    KIB,
-    MIB,
-    TARGET,
-    _preallocate,
-    _pwrite_all,
-    filesystem_of,
-    format_size,
-)
+from kvtier.bench.datapath import GB, KIB, MIB, TARGET, filesystem_of
+from kvtier.config import format_size
 from kvtier.errors import InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.tiers.disk.io import PLAIN_IO, pwritev_all
 
 DEFAULT_BLOCK_SIZE = 256 * KIB
 BATCH_BLOCKS = 16
@@ -106,7 +99,7 @@ RATE_FRACTION = 0.25
 """Without a given put rate, puts arrive at this fraction of the raw disk write bandwidth
 measured at the start (so that the disk could keep up with them)..."""
 MAX_AUTO_RATE = 200.0
-"""... but no more than this many puts per second (one every 5 ms: about an engine step;
+"""... but no more than this many puts per second (one every 5 ms: about a serving engine's step;
 small blocks on a fast disk would otherwise ask for more puts than two cores can issue)."""
 
 PUT_P50_TARGET = 1.5
@@ -523,7 +516,7 @@ class RawWriter:
         if _O_DIRECT and batch_bytes % 4096 == 0:
             try:
                 self._fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_DIRECT | _O_CLOEXEC, 0o600)
-                _preallocate(self._fd, batch_bytes * self.batches)
+                PLAIN_IO.allocate(self._fd, batch_bytes * self.batches)
                 self._write_one(0)  # some filesystems accept the flag and refuse the write
                 self.direct = True
             except OSError as error:
@@ -535,16 +528,16 @@ class RawWriter:
                 self._fd = -1
         if self._fd < 0:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-            _preallocate(self._fd, batch_bytes * self.batches)
+            PLAIN_IO.allocate(self._fd, batch_bytes * self.batches)
 
     @property
     def mode(self) -> str:
         return "O_DIRECT" if self.direct else "buffered (O_DIRECT not available)"
 
     def _write_one(self, index: int) -> None:
-        _pwrite_all(self._fd, self._view, (index % self.batches) * self.batch_bytes)
-        fdatasync = getattr(os, "fdatasync", os.fsync)
-        fdatasync(self._fd)
+        offset = (index % self.batches) * self.batch_bytes
+        pwritev_all(self._fd, [self._view], offset, nbytes=self.batch_bytes)
+        PLAIN_IO.fsync(self._fd)
 
     def write(self, batches: int) -> float:
         """Seconds to write `batches` batches, each followed by fdatasync."""
@@ -1125,111 +1118,137 @@ def _verdict(*checks: tuple[float, float]) -> str:
 
 def render(report: WriteReport) -> list[Any]:
     """Rich renderables (tables and lines) showing `report`."""
+    shown: list[Any] = []
+    if report.puts and report.pace is not None:
+        shown.append(_put_table(report, report.pace))
+    if report.gets:
+        shown += _get_renderables(report)
+    if report.demotion:
+        shown.append(_demotion_table(report))
+    return shown + _footer(report)
+
+
+def _put_table(report: WriteReport, pace: Pace) -> Any:
+    """The put latencies of each chain, and their ratios to the CPU-only chain."""
+    from rich.table import Table
+
+    settings = report.settings
+    size = format_size(settings.block_size)
+    puts = len(report.puts[0].latencies_s)
+    cpu = format_size(settings.cpu_blocks * settings.block_size)
+    table = Table(
+        title=(
+            f"Put latency into a full CPU tier ({cpu}): "
+            f"{puts} puts of {settings.batch_blocks} x {size} per chain, one every "
+            f"{pace.interval_s * 1e3:.1f} ms ({pace.mb_per_s:,.0f} MB/s), "
+            f"{settings.rounds} interleaved rounds; ratio to the CPU-only chain "
+            f"(targets p50 <= {PUT_P50_TARGET:g}x, p99 <= {PUT_P99_TARGET:g}x)"
+        ),
+        title_justify="left",
+    )
+    for column in ("chain", "puts", "late", "p50 ms", "p99 ms", "p50 ratio", "p99 ratio"):
+        table.add_column(column, justify="left" if column == "chain" else "right")
+    table.add_column("targets met?", justify="left")
+    for row in report.puts:
+        p50, p99 = report.put_ratios(row)
+        reference = row.write_policy is None
+        table.add_row(
+            row.chain,
+            f"{len(row.latencies_s):,}",
+            f"{row.late_starts:,}",
+            f"{row.p50_ms:.2f}",
+            f"{row.p99_ms:.2f}",
+            "ref" if reference else _times(p50),
+            "" if reference else _times(p99),
+            "" if reference else _verdict((p50, PUT_P50_TARGET), (p99, PUT_P99_TARGET)),
+        )
+    return table
+
+
+def _get_verdict(get: GetRow) -> str:
+    """What the check of a phase's gets found: blocks read, wrong, or short."""
+    if get.mismatched_blocks:
+        return f"{get.mismatched_blocks:,} WRONG"
+    if get.short_gets:
+        return f"{get.blocks_read:,} ok, {get.short_gets} short"
+    return f"{get.blocks_read:,} ok"
+
+
+def _get_renderables(report: WriteReport) -> list[Any]:
+    """The get latencies, disk idle and under the put stream, and whether they met the
+    target."""
     from rich.table import Table
     from rich.text import Text
 
+    p50, p99 = report.get_ratios()
+    table = Table(
+        title=(
+            f"Get latency of {report.settings.batch_blocks}-block prefixes on the disk tier "
+            f"only (write-back chain; {report.resident_on_disk:,} of "
+            f"{report.resident_blocks:,} blocks checked on disk before the gets), disk idle vs "
+            f"under a paced put stream (target <= {GET_TARGET:g}x)"
+        ),
+        title_justify="left",
+    )
+    columns = ("disk", "gets", "stream puts", "MB written", "p50 ms", "p99 ms", "p50 ratio")
+    for column in (*columns, "p99 ratio"):
+        table.add_column(column, justify="left" if column == "disk" else "right")
+    table.add_column("verified", justify="left")
+    for get in report.gets:
+        idle = get.phase == IDLE
+        table.add_row(
+            get.phase,
+            f"{len(get.latencies_s):,}",
+            "" if idle else f"{get.stream_puts:,}",
+            f"{get.written_bytes / 1e6:,.0f}",
+            f"{get.p50_ms:.2f}",
+            f"{get.p99_ms:.2f}",
+            "ref" if idle else _times(p50),
+            "" if idle else _times(p99),
+            _get_verdict(get),
+        )
+    verdict = _verdict((p50, GET_TARGET), (p99, GET_TARGET))
+    met = Text(f"Targets met (stream / idle <= {GET_TARGET:g}x, p50 and p99): {verdict}")
+    return [table, met]
+
+
+def _demotion_table(report: WriteReport) -> Any:
+    """Each disk chain's demotion throughput next to the raw writer's."""
+    from rich.table import Table
+
+    first = report.demotion[0]
+    table = Table(
+        title=(
+            "Demotion throughput cpu -> disk during the puts (stats().pairs: bytes / busy "
+            f"seconds) next to raw {first.raw_mode} pwrite + fdatasync of the same bytes "
+            f"in {format_size(first.raw_batch_bytes)} batches, same filesystem "
+            "(GB/s = 10^9 B/s)"
+        ),
+        title_justify="left",
+    )
+    for column in ("chain", "GB moved", "kvtier GB/s", "raw GB/s", "ratio"):
+        table.add_column(column, justify="left" if column == "chain" else "right")
+    table.add_column(f">= {DEMOTION_TARGET:.0%}?", justify="left")
+    for demotion in report.demotion:
+        ratio = demotion.ratio
+        table.add_row(
+            demotion.chain,
+            f"{demotion.nbytes / GB:.2f}",
+            f"{demotion.gbps:.2f}",
+            f"{demotion.raw_gbps:.2f}",
+            f"{ratio:.0%}" if math.isfinite(ratio) else "-",
+            "yes" if ratio >= DEMOTION_TARGET else "no",
+        )
+    return table
+
+
+def _footer(report: WriteReport) -> list[Any]:
+    """The lines under the tables: put rate, files, disk modes, machine, notes, errors."""
+    from rich.text import Text
+
     shown: list[Any] = []
-    settings = report.settings
-    pace = report.pace
-    size = format_size(settings.block_size)
-    batch = settings.batch_blocks
-    if report.puts and pace is not None:
-        puts = len(report.puts[0].latencies_s)
-        cpu = format_size(settings.cpu_blocks * settings.block_size)
-        table = Table(
-            title=(
-                f"Put latency into a full CPU tier ({cpu}): "
-                f"{puts} puts of {batch} x {size} per chain, one every "
-                f"{pace.interval_s * 1e3:.1f} ms ({pace.mb_per_s:,.0f} MB/s), "
-                f"{settings.rounds} interleaved rounds; ratio to the CPU-only chain "
-                f"(targets p50 <= {PUT_P50_TARGET:g}x, p99 <= {PUT_P99_TARGET:g}x)"
-            ),
-            title_justify="left",
-        )
-        for column in ("chain", "puts", "late", "p50 ms", "p99 ms", "p50 ratio", "p99 ratio"):
-            table.add_column(column, justify="left" if column == "chain" else "right")
-        table.add_column("targets met?", justify="left")
-        for row in report.puts:
-            p50, p99 = report.put_ratios(row)
-            reference = row.write_policy is None
-            table.add_row(
-                row.chain,
-                f"{len(row.latencies_s):,}",
-                f"{row.late_starts:,}",
-                f"{row.p50_ms:.2f}",
-                f"{row.p99_ms:.2f}",
-                "ref" if reference else _times(p50),
-                "" if reference else _times(p99),
-                "" if reference else _verdict((p50, PUT_P50_TARGET), (p99, PUT_P99_TARGET)),
-            )
-        shown.append(table)
-    if report.gets:
-        p50, p99 = report.get_ratios()
-        table = Table(
-            title=(
-                f"Get latency of {batch}-block prefixes on the disk tier only (write-back "
-                f"chain; {report.resident_on_disk:,} of {report.resident_blocks:,} blocks "
-                "checked on disk before the gets), disk idle vs under a paced put stream "
-                f"(target <= {GET_TARGET:g}x)"
-            ),
-            title_justify="left",
-        )
-        columns = ("disk", "gets", "stream puts", "MB written", "p50 ms", "p99 ms", "p50 ratio")
-        for column in (*columns, "p99 ratio"):
-            table.add_column(column, justify="left" if column == "disk" else "right")
-        table.add_column("verified", justify="left")
-        for get in report.gets:
-            idle = get.phase == IDLE
-            if get.mismatched_blocks:
-                verdict = f"{get.mismatched_blocks:,} WRONG"
-            elif get.short_gets:
-                verdict = f"{get.blocks_read:,} ok, {get.short_gets} short"
-            else:
-                verdict = f"{get.blocks_read:,} ok"
-            table.add_row(
-                get.phase,
-                f"{len(get.latencies_s):,}",
-                "" if idle else f"{get.stream_puts:,}",
-                f"{get.written_bytes / 1e6:,.0f}",
-                f"{get.p50_ms:.2f}",
-                f"{get.p99_ms:.2f}",
-                "ref" if idle else _times(p50),
-                "" if idle else _times(p99),
-                verdict,
-            )
-        shown.append(table)
-        shown.append(
-            Text(
-                f"Targets met (stream / idle <= {GET_TARGET:g}x, p50 and p99): "
-                f"{_verdict((p50, GET_TARGET), (p99, GET_TARGET))}"
-            )
-        )
-    if report.demotion:
-        first = report.demotion[0]
-        table = Table(
-            title=(
-                "Demotion throughput cpu -> disk during the puts (stats().pairs: bytes / busy "
-                f"seconds) next to raw {first.raw_mode} pwrite + fdatasync of the same bytes "
-                f"in {format_size(first.raw_batch_bytes)} batches, same filesystem "
-                "(GB/s = 10^9 B/s)"
-            ),
-            title_justify="left",
-        )
-        for column in ("chain", "GB moved", "kvtier GB/s", "raw GB/s", "ratio"):
-            table.add_column(column, justify="left" if column == "chain" else "right")
-        table.add_column(f">= {DEMOTION_TARGET:.0%}?", justify="left")
-        for demotion in report.demotion:
-            ratio = demotion.ratio
-            table.add_row(
-                demotion.chain,
-                f"{demotion.nbytes / GB:.2f}",
-                f"{demotion.gbps:.2f}",
-                f"{demotion.raw_gbps:.2f}",
-                f"{ratio:.0%}" if math.isfinite(ratio) else "-",
-                "yes" if ratio >= DEMOTION_TARGET else "no",
-            )
-        shown.append(table)
     env = report.environment
+    pace = report.pace
     if pace is not None:
         probe = f" ({pace.probe_gbps:.2f} GB/s)" if pace.probe_gbps else ""
         shown.append(Text(f"Put rate: {pace.rate:,.1f} puts/s, {pace.source}{probe}."))
@@ -1249,8 +1268,7 @@ def render(report: WriteReport) -> list[Any]:
             f"({env.get('torch_threads')} threads)."
         )
     )
-    for note in report.notes:
-        shown.append(Text(note))
+    shown += [Text(note) for note in report.notes]
     if report.mismatches:
         shown.append(
             Text(

@@ -287,8 +287,7 @@ def simulate(
         from kvtier.workloads.traces import read_mooncake
 
         lengths = [
-            r.input_length
-            for r in itertools.islice(read_mooncake(trace_path), len(trace.requests))
+            r.input_length for r in itertools.islice(read_mooncake(trace_path), len(trace.requests))
         ]
         partial = partial_block_flags(trace.requests, lengths, 512)
     if not as_json:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,18 +67,6 @@ def title_lines(*lines: str, width: int = 90) -> str:
     return "\n".join(
         "\n".join(textwrap.wrap(line, width, break_on_hyphens=False)) for line in lines if line
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Curve:
-    """One line of a chart: y values at x values, under a legend label."""
-
-    label: str
-    x: Sequence[float]
-    y: Sequence[float]
-    color: str | None = None
-    style: str = "-"
-    marker: str = "o"
 
 
 def require_matplotlib() -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli.charts import TIER_COLORS, draw_running_hits, new_figure, title_lines
-from kvtier.workloads.replay import format_size
+from kvtier.cli.console import decimal_unit
+from kvtier.config import format_size
 
 __all__ = ["plot_replay", "replay_figure"]
 
@@ -43,14 +44,6 @@ def _windows(
     starts.append(requests[-1])
     ratios.append(ratios[-1])
     return starts, ratios
-
-
-def _unit(largest: float) -> tuple[float, str]:
-    """A byte unit fitting `largest` bytes: (divisor, name)."""
-    for divisor, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if largest >= divisor:
-            return divisor, name
-    return 1.0, "B"
 
 
 def _title(report: Mapping[str, Any]) -> str:
@@ -175,7 +168,7 @@ def replay_figure(report: Mapping[str, Any]) -> Any:
     pair_rows = {f"{p['source']}->{p['destination']}": p for p in report["pairs"]}
     pair_series: dict[str, list[int]] = series["pair_bytes"]
     largest = max((values[-1] for values in pair_series.values() if values), default=0)
-    divisor, unit = _unit(largest)
+    divisor, unit = decimal_unit(largest)
     for name, values in pair_series.items():
         row = pair_rows.get(name)
         rate = row["gb_per_s"] if row else None

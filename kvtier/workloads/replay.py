@@ -66,7 +66,6 @@ __all__ = [
     "ReplayTrace",
     "Replayer",
     "describe_block_bytes",
-    "format_size",
     "load_replay_trace",
     "prepare_disk_dirs",
     "replay",
@@ -351,7 +350,6 @@ class ReplayCounters:
     hits: int = 0
     """Blocks `get` served (and the replay verified)."""
     tier_hits: dict[str, int] = field(default_factory=dict)
-    stored_blocks: int = 0
     verified: int = 0
     mismatches: int = 0
     mismatch_examples: list[Mismatch] = field(default_factory=list)
@@ -438,11 +436,10 @@ class Replayer:
             if got:
                 bad = await self._off_loop(self.contents.bad_rows, keys[:got], loaded)
             del loaded
-        stored = 0
         await h.drain()
         for start in range(got, len(keys), self.put_batch):
             part = keys[start : start + self.put_batch]
-            stored += await h.put(part, await self._off_loop(self.contents.make, part))
+            await h.put(part, await self._off_loop(self.contents.make, part))
             await h.drain()
         events = h.take_events()
 
@@ -454,7 +451,6 @@ class Replayer:
         c.hits += got
         for tier in tiers[:got]:
             c.tier_hits[tier] = c.tier_hits.get(tier, 0) + 1
-        c.stored_blocks += stored
         c.verified += got
         c.mismatches += len(bad)
         for position in bad:
@@ -520,12 +516,21 @@ class ReplayResult:
         return (c.accesses - len(c.unique)) / c.accesses if c.accesses else 0.0
 
     @property
+    def failed_blocks(self) -> int:
+        """Blocks whose copy failed for a real reason: an I/O error, bytes the tier's check
+        rejected. The hierarchy's `failed_blocks` also counts its `gone_blocks` (blocks a
+        shared store no longer held: it evicted them itself, or could not be asked), which
+        are misses, not failures; the report shows those apart, as "gone"."""
+        return self.stats.failed_blocks - self.stats.gone_blocks
+
+    @property
     def scaled(self) -> bool:
         """Whether the replay's blocks are smaller (or larger) than the config's."""
         return self.block_bytes != self.config.block_size
 
     def pairs(self) -> list[dict[str, Any]]:
-        """Traffic per tier pair, in the order the engine first moved bytes between them."""
+        """Traffic per tier pair, in the order the transfer engine first moved bytes between
+        them."""
         rows = []
         for (src, dst), (blocks, nbytes, seconds) in self.stats.pairs.items():
             rows.append(
@@ -652,7 +657,7 @@ class ReplayResult:
                 "removed_blocks": c.events_removed,
             },
             "corrupt_blocks": self.stats.corrupt_blocks,
-            "failed_blocks": self.stats.failed_blocks,
+            "failed_blocks": self.failed_blocks,
             "gone_blocks": self.stats.gone_blocks,
             "occupancy": [
                 {"name": tier.name, "used": tier.used, "blocks": tier.num_blocks}

@@ -51,6 +51,7 @@ REFERENCE_HIT_RATIOS: dict[float, tuple[float, float]] = {
 REFERENCE_INFINITE_HIT_RATIO = 0.366412
 """The shipped trace's hit ratio with an infinite cache (every block's first access misses)."""
 
+
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
     """One request of a Mooncake trace: arrival time, token counts and its prefix blocks."""

@@ -14,16 +14,12 @@ from typing import Any
 
 import click
 from click.core import ParameterSource
-from rich.console import Console
 
 from kvtier.cli.commands.options import json_option
 from kvtier.cli.console import out, progress
 from kvtier.errors import InvalidValueError
 
 EXIT_WRONG_BYTES = 1
-TABLE_WIDTH = 110
-DATAPATH_TABLE_WIDTH = 132
-"""The data-path table's width when output is piped (it has more columns)."""
 
 DATAPATH_ONLY = ("block_sizes", "repeats", "copy_size", "disk_size", "gpu_size", "pairs")
 """Options (parameter names) of the data-path measurement, refused with --write-path."""
@@ -250,7 +246,7 @@ def bench(
 
     with progress("measuring the data path", step_count(settings)) as advance:
         report = run_datapath_benchmark(settings, progress=lambda _: advance(1))
-    _show(report.to_json() if as_json else render(report), width=DATAPATH_TABLE_WIDTH)
+    _show(report.to_json() if as_json else render(report))
     if report.wrong_bytes:
         sys.exit(EXIT_WRONG_BYTES)
 
@@ -302,14 +298,11 @@ def _bench_write_path(
         sys.exit(EXIT_WRONG_BYTES)
 
 
-def _show(shown: str | list[Any], width: int = TABLE_WIDTH) -> None:
-    """Print a JSON document as is, or rich renderables (`width` columns when piped)."""
+def _show(shown: str | list[Any]) -> None:
+    """Print a JSON document as is, or rich renderables (at their natural width when piped:
+    see `kvtier.cli.console`)."""
     if isinstance(shown, str):
         click.echo(shown)
         return
-    # Piped or redirected output is not squeezed into 80 columns: the table stays readable.
-    console = out
-    if not out.is_terminal:
-        console = Console(width=width, highlight=False, soft_wrap=True)
     for renderable in shown:
-        console.print(renderable)
+        out.print(renderable)

@@ -26,7 +26,7 @@ from kvtier.cli.commands.options import (
     out_option,
     trace_option,
 )
-from kvtier.cli.console import err, out, progress
+from kvtier.cli.console import err, format_bytes, out, progress
 from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:
@@ -65,14 +65,6 @@ def _count(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _bytes(value: float) -> str:
-    """Bytes in decimal units, like the GB/s next to them: "3.03 GB", "721.7 MB"."""
-    for divisor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if value >= divisor:
-            return f"{value / divisor:,.{2 if value / divisor < 100 else 1}f} {unit}"
-    return f"{value:,.0f} B"
-
-
 def _where(medium: str, where: str) -> str:
     """Where a tier lives, short: a pool's device, or a disk tier's I/O mode."""
     if medium != "disk":
@@ -107,14 +99,17 @@ def summary_table(report: dict[str, object]) -> Table:
         ("hits, all tiers (hit ratio)", f"{r['hits']:,} ({r['hit_ratio']:.2%})"),
         ("infinite-cache bound", f"{r['infinite_cache_hit_ratio']:.2%}"),
         ("prefix tokens reused (prefill saved)", tokens),
-        ("bytes moved, all tier pairs", _bytes(int(str(r["bytes_moved"])))),
+        ("bytes moved, all tier pairs", format_bytes(int(str(r["bytes_moved"])))),
         ("load latency (get) p50 / p99", f"{_ms(latency['p50_s'])} / {_ms(latency['p99_s'])}"),
         ("blocks verified", f"{verification['verified']:,}"),
         (
             "mismatches (must be 0)",
             f"[bold red]{mismatches:,}[/bold red]" if mismatches else "0",
         ),
-        ("corrupt / failed blocks", f"{r['corrupt_blocks']:,} / {r['failed_blocks']:,}"),
+        (
+            "corrupt / failed / gone blocks",
+            f"{r['corrupt_blocks']:,} / {r['failed_blocks']:,} / {r['gone_blocks']:,}",
+        ),
         (
             "tier events: stored / removed blocks",
             f"{events['stored_blocks']:,} / {events['removed_blocks']:,}",
@@ -145,12 +140,18 @@ def tier_table(report: dict[str, object]) -> Table:
             f"{tier['blocks']:,}",
             f"{tier['hits']:,}",
             f"{tier['hit_ratio']:.4f}",
-            _bytes(tier["bytes_written"]),
+            format_bytes(tier["bytes_written"]),
             end_section=index == len(tiers) - 1,
         )
     written = sum(tier["bytes_written"] for tier in tiers)
     table.add_row(
-        "chain", "", "", "", f"{report['hits']:,}", f"{report['hit_ratio']:.4f}", _bytes(written)
+        "chain",
+        "",
+        "",
+        "",
+        f"{report['hits']:,}",
+        f"{report['hit_ratio']:.4f}",
+        format_bytes(written),
     )
     return table
 
@@ -167,7 +168,7 @@ def pair_table(report: dict[str, object]) -> Table:
         table.add_row(
             f"{pair['source']} → {pair['destination']}",
             f"{pair['blocks']:,}",
-            _bytes(pair["bytes"]),
+            format_bytes(pair["bytes"]),
             f"{pair['seconds']:.2f} s",
             "-" if rate is None else f"{rate:.2f}",
         )
@@ -270,12 +271,11 @@ def replay(
     from kvtier.cli.charts import draw_or_remove, require_matplotlib
     from kvtier.cli.commands.options import check_out_dir
     from kvtier.cli.replay_chart import plot_replay
-    from kvtier.config import load_config, load_default_config
+    from kvtier.config import format_size, load_config, load_default_config
     from kvtier.workloads.replay import (
         clean_disk_dirs,
         describe_block_bytes,
         disk_usage_line,
-        format_size,
         load_replay_trace,
         prepare_disk_dirs,
         replay_block_bytes,

@@ -235,9 +235,7 @@ def chain_tiers(
         else:
             medium = "cpu"
         capacity = Capacity(spec.text, spec.resolve(unique_blocks))
-        tiers.append(
-            ChainTier(f"t{index + 1}", medium, policy, capacity, admission=admission)
-        )
+        tiers.append(ChainTier(f"t{index + 1}", medium, policy, capacity, admission=admission))
     return tuple(tiers)
 
 

@@ -88,8 +88,14 @@ def chain_table(result: ChainResult, infinite_hit_ratio: float) -> Table:
         )
     total = None if result.block_bytes is None else sum(result.tier_written) * result.block_bytes
     table.add_row(
-        "chain", "", "", "", f"{result.hits:,}", f"{result.hit_ratio:.6f}",
-        f"{sum(result.tier_written):,}", *_bytes_cell(total, result),
+        "chain",
+        "",
+        "",
+        "",
+        f"{result.hits:,}",
+        f"{result.hit_ratio:.6f}",
+        f"{sum(result.tier_written):,}",
+        *_bytes_cell(total, result),
     )
     table.add_row(
         "infinite", "", "", "∞", "", f"{infinite_hit_ratio:.6f}", "", *_bytes_cell(None, result)

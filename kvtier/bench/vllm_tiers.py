@@ -14,8 +14,8 @@ needs root); both write without fsync (vLLM's `fs` tier never syncs; kvtier's `f
 and a `kvtier+fsync` row shows kvtier's crash-safe setting. Medians of --repeats runs.
 
     scripts/setup.sh --vllm
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python benchmarks/vllm_tiers.py
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python benchmarks/vllm_tiers.py --sizes 256KiB --total 64MiB
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.vllm_tiers
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.vllm_tiers --sizes 256KiB --total 64MiB
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -48,10 +48,15 @@ from kvtier.integrations.vllm.testing import offloading_config
 
 
 def tier_config(kind: str, directory: Path, chunks: int) -> dict[str, Any]:
+    """The `secondary_tiers` entry of `kind`: vLLM's `fs` tier, or kvtier's disk tier (with
+    fsync for "kvtier+fsync")."""
     if kind == "fs":
         return {"type": "fs", "root_dir": str(directory)}
     disk = {
-        "name": "disk", "medium": "disk", "capacity": chunks, "path": str(directory),
+        "name": "disk",
+        "medium": "disk",
+        "capacity": chunks,
+        "path": str(directory),
         "fsync": kind == "kvtier+fsync",
     }
     return {
@@ -64,8 +69,15 @@ def tier_config(kind: str, directory: Path, chunks: int) -> dict[str, Any]:
 def time_calls(tier: Any) -> dict[str, float]:
     """Wrap the tier's methods vLLM calls, keeping the longest call of each."""
     longest: dict[str, float] = {}
-    for name in ("lookup", "submit_store", "submit_load", "get_finished_jobs", "touch",
-                 "on_schedule_end", "take_events"):
+    for name in (
+        "lookup",
+        "submit_store",
+        "submit_load",
+        "get_finished_jobs",
+        "touch",
+        "on_schedule_end",
+        "take_events",
+    ):
         method: Callable[..., Any] = getattr(tier, name)
 
         @functools.wraps(method)
@@ -85,11 +97,23 @@ def time_calls(tier: Any) -> dict[str, float]:
 
 
 def step(manager: Any) -> None:
+    """End a scheduler step of vLLM's manager (where a tier hands finished jobs back)."""
     with manager.lock:
         manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
 
 
-def run_once(kind: str, chunk_bytes: int, chunks: int, per_request: int) -> dict[str, float]:
+class Run(NamedTuple):
+    """One run of a tier: store and load GB/s, and vLLM's longest call into the tier."""
+
+    store_gbps: float
+    load_gbps: float
+    longest_call_ms: float
+    longest_call: str
+
+
+def run_once(kind: str, chunk_bytes: int, chunks: int, per_request: int) -> Run:
+    """Store `chunks` chunks of `chunk_bytes` through vLLM's manager into tier `kind`, load
+    them back after a cache reset, and compare every chunk."""
     directory = Path(tempfile.mkdtemp(prefix=f"kvtier-bench-{kind}-"))
     extra = {
         "cpu_bytes_to_use": chunks * chunk_bytes,
@@ -163,39 +187,44 @@ def run_once(kind: str, chunk_bytes: int, chunks: int, per_request: int) -> dict
                 raise AssertionError(f"{kind}: chunk {index} came back with other bytes")
         del rows
         total = chunks * chunk_bytes
-        return {
-            "store_gbps": total / store_s / 1e9,
-            "load_gbps": total / load_s / 1e9,
-            "longest_call_ms": max(longest.values()) * 1e3,
-            "longest_call": max(longest, key=longest.__getitem__),
-        }
+        return Run(
+            store_gbps=total / store_s / 1e9,
+            load_gbps=total / load_s / 1e9,
+            longest_call_ms=max(longest.values()) * 1e3,
+            longest_call=max(longest, key=longest.__getitem__),
+        )
     finally:
         manager.shutdown()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m kvtier.bench.vllm_tiers [--sizes ...] [--total ...] [--tiers ...]`"""
+    parser = argparse.ArgumentParser(
+        prog="python -m kvtier.bench.vllm_tiers", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--sizes", nargs="+", default=["64KiB", "256KiB", "2MiB"])
     parser.add_argument("--total", default="256MiB", help="bytes stored per run")
     parser.add_argument("--per-request", type=int, default=16, help="chunks per request")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiers", nargs="+", default=["fs", "kvtier", "kvtier+fsync"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     total = parse_size(args.total)
-    print(f"{'tier':<14}{'chunk':>8}{'chunks':>8}{'store GB/s':>12}{'load GB/s':>11}"
-          f"{'longest call':>14}  (median of {args.repeats})")
+    print(
+        f"{'tier':<14}{'chunk':>8}{'chunks':>8}{'store GB/s':>12}{'load GB/s':>11}"
+        f"{'longest call':>14}  (median of {args.repeats})"
+    )
     for size_text in args.sizes:
         size = parse_size(size_text)
         chunks = max(1, total // size)
         for kind in args.tiers:
             runs = [run_once(kind, size, chunks, args.per_request) for _ in range(args.repeats)]
-            store = statistics.median(run["store_gbps"] for run in runs)
-            load = statistics.median(run["load_gbps"] for run in runs)
-            worst = max(runs, key=lambda run: run["longest_call_ms"])
+            store = statistics.median(run.store_gbps for run in runs)
+            load = statistics.median(run.load_gbps for run in runs)
+            worst = max(runs, key=lambda run: run.longest_call_ms)
             print(
                 f"{kind:<14}{size_text:>8}{chunks:>8}{store:>12.2f}{load:>11.2f}"
-                f"{worst['longest_call_ms']:>10.2f} ms  {worst['longest_call']}"
+                f"{worst.longest_call_ms:>10.2f} ms  {worst.longest_call}"
             )
 
 

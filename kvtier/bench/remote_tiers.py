@@ -14,9 +14,9 @@ Prints GB/s (medians of --repeats), kvtier's share of the plain figure and each 
 of the unauthenticated one. Needs a Redis: `scripts/redis.sh start && eval "$(scripts/redis.sh
 env)"`.
 
-    .venv/bin/python benchmarks/remote_tiers.py
-    .venv/bin/python benchmarks/remote_tiers.py --sizes 256KiB --total 64MiB --tiers redis
-    .venv/bin/python benchmarks/remote_tiers.py --modes off mac   # without encryption
+    .venv/bin/python -m kvtier.bench.remote_tiers
+    .venv/bin/python -m kvtier.bench.remote_tiers --sizes 256KiB --total 64MiB --tiers redis
+    .venv/bin/python -m kvtier.bench.remote_tiers --modes off mac   # without encryption
 """
 
 from __future__ import annotations
@@ -28,19 +28,20 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import redis.asyncio as aioredis
 
 from kvtier.config import parse_size
 from kvtier.keys import key_from_int
-from kvtier.tiers.remote.auth import ValueAuth, ValueKey, new_key
-from kvtier.tiers.remote.redis import INLINE_CPU_BYTES, RedisStorage
-from kvtier.tiers.remote.sharedfs import SharedFSStorage
+from kvtier.tiers.redis.storage import INLINE_CPU_BYTES, RedisStorage
+from kvtier.tiers.shared.auth import ValueAuth, ValueKey, new_key
+from kvtier.tiers.sharedfs.storage import SharedFSStorage
 
 BATCH = 32
 IN_FLIGHT = 8
@@ -51,6 +52,7 @@ BENCH_KEY = ValueKey(new_key(), "the benchmark's key")
 
 
 def auth_of(mode: str, namespace: str) -> ValueAuth | None:
+    """The values' authentication of `mode` for `namespace` (None: unkeyed checksums)."""
     if mode == "off":
         return None
     return ValueAuth.for_namespace(namespace, BENCH_KEY, encrypt=mode == "encrypt")
@@ -65,14 +67,13 @@ class Timing(NamedTuple):
 
 
 async def timed(work: Callable[[], Awaitable[object]]) -> Timing:
+    """How long awaiting `work()` took."""
     wall, cpu = time.perf_counter(), time.process_time()
     await work()
     return Timing(time.perf_counter() - wall, time.process_time() - cpu)
 
 
-async def in_batches(
-    count: int, size: int, run: Callable[[range], Awaitable[object]]
-) -> None:
+async def in_batches(count: int, size: int, run: Callable[[range], Awaitable[object]]) -> None:
     """Plain batches sized as the tier sizes its own (at most BATCH keys and about
     INLINE_CPU_BYTES), IN_FLIGHT at a time: the same round trips for both sides."""
     slots = asyncio.Semaphore(IN_FLIGHT)
@@ -85,7 +86,8 @@ async def in_batches(
     await asyncio.gather(*(one(range(i, min(count, i + step))) for i in range(0, count, step)))
 
 
-def bench_blocks(size: int, count: int) -> list[np.ndarray]:
+def bench_blocks(size: int, count: int) -> list[npt.NDArray[np.uint8]]:
+    """`count` blocks of `size` random bytes (eight distinct ones, repeated)."""
     blocks = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(8)]
     return [blocks[i % 8] for i in range(count)]
 
@@ -99,8 +101,13 @@ async def redis_kvtier(
     client = aioredis.Redis.from_url(url, password=password, max_connections=64)
     storage = RedisStorage(
         aioredis.Redis.from_url(url, password=password, max_connections=64),
-        block_size=size, num_blocks=count, namespace=namespace, prefix=b"bench:k:",
-        timeout_s=30.0, max_in_flight=IN_FLIGHT, batch_keys=BATCH,
+        block_size=size,
+        num_blocks=count,
+        namespace=namespace,
+        prefix=b"bench:k:",
+        timeout_s=30.0,
+        max_in_flight=IN_FLIGHT,
+        batch_keys=BATCH,
         auth=auth_of(mode, namespace),
     )
     try:
@@ -140,6 +147,7 @@ async def redis_plain(
         async def plain_get(batch: range) -> None:
             values = await client.mget([b"bench:p:" + keys[i] for i in batch])
             for i, value in zip(batch, values, strict=True):
+                assert isinstance(value, bytes), f"plain GET of block {i} returned {value!r}"
                 out[i][:] = np.frombuffer(value, dtype=np.uint8)
 
         plain_put = await timed(lambda: in_batches(count, size, plain_set))
@@ -157,8 +165,13 @@ async def fs_kvtier(size: int, count: int, root: Path, mode: str) -> tuple[Timin
     out = [np.empty(size, dtype=np.uint8) for _ in range(count)]
     namespace = f"bench/{size}"
     storage = SharedFSStorage(
-        root / "kvtier", block_size=size, num_blocks=count, namespace=namespace,
-        max_size=1 << 40, max_workers=WORKERS, sweep_interval_s=None,
+        root / "kvtier",
+        block_size=size,
+        num_blocks=count,
+        namespace=namespace,
+        max_size=1 << 40,
+        max_workers=WORKERS,
+        sweep_interval_s=None,
         auth=auth_of(mode, namespace),
     )
     try:
@@ -237,31 +250,45 @@ def share(gbps: dict[str, list[float]], mode: str, of: str, i: int) -> str:
     return f"{gbps[mode][i] / gbps[of][i]:.0%}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m kvtier.bench.remote_tiers [--sizes ...] [--tiers ...] [--modes ...]`"""
+    parser = argparse.ArgumentParser(
+        prog="python -m kvtier.bench.remote_tiers", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--sizes", nargs="+", default=["64KiB", "256KiB", "2MiB"])
     parser.add_argument("--total", default="128MiB")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiers", nargs="+", default=["redis", "shared-fs"])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="kvtier's value modes: off (unkeyed checksum), mac, encrypt")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=MODES,
+        help="kvtier's value modes: off (unkeyed checksum), mac, encrypt",
+    )
+    args = parser.parse_args(argv)
     total = parse_size(args.total)
-    print(f"{'tier':<10}{'block':>8}  {'values':<9}{'put':>7}{'of plain':>9}{'of off':>8}"
-          f"{'cpu us':>8}{'get':>8}{'of plain':>9}{'of off':>8}{'cpu us':>8}")
+    print(
+        f"{'tier':<10}{'block':>8}  {'values':<9}{'put':>7}{'of plain':>9}{'of off':>8}"
+        f"{'cpu us':>8}{'get':>8}{'of plain':>9}{'of off':>8}{'cpu us':>8}"
+    )
     for text in args.sizes:
         size = parse_size(text)
         count = max(1, total // size)
         for tier in args.tiers:
             runs = [one_repeat(tier, size, count, args.modes) for _ in range(args.repeats)]
             gbps = {
-                mode: [total / statistics.median(run[mode][i].wall_s for run in runs) / 1e9
-                       for i in range(2)]
+                mode: [
+                    total / statistics.median(run[mode][i].wall_s for run in runs) / 1e9
+                    for i in range(2)
+                ]
                 for mode in runs[0]
             }
             cpu_us = {
-                mode: [statistics.median(run[mode][i].cpu_s for run in runs) / count * 1e6
-                       for i in range(2)]
+                mode: [
+                    statistics.median(run[mode][i].cpu_s for run in runs) / count * 1e6
+                    for i in range(2)
+                ]
                 for mode in runs[0]
             }
             for mode, (put, get) in gbps.items():
@@ -271,8 +298,10 @@ def main() -> None:
                     f"{cpu_us[mode][0]:>8.0f}{get:>8.2f}{share(gbps, mode, 'plain', 1):>9}"
                     f"{share(gbps, mode, 'off', 1):>8}{cpu_us[mode][1]:>8.0f}"
                 )
-    print(f"GB/s: medians of {args.repeats}; cpu us: this process's CPU time per block (all "
-          "threads; Redis's own excluded), median")
+    print(
+        f"GB/s: medians of {args.repeats}; cpu us: this process's CPU time per block (all "
+        "threads; Redis's own excluded), median"
+    )
 
 
 if __name__ == "__main__":
