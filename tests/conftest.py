@@ -29,6 +29,9 @@ if VLLM_MISSING and os.environ.get("CI") == "true":
         "it with `scripts/setup.sh --vllm`"
     )
 collect_ignore_glob = ["test_vllm_*.py"] if VLLM_MISSING else []
+# The engine lane (tests/engine/: vLLM's CPU build serving a model) runs in an environment of
+# its own, with its own pytest.ini (scripts/test runs it after this suite); never here.
+collect_ignore = ["engine"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

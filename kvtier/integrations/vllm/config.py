@@ -57,8 +57,10 @@ def vllm_namespace(offloading_config: Any) -> str:
     alone, so without this two models with the same chunk size would read each other's KV."""
     model = offloading_config.model
     parallel = offloading_config.parallel
-    layout = "canonical" if offloading_config.canonical_layout else (
-        offloading_config.kv_cache_layout or "default"
+    layout = (
+        "canonical"
+        if offloading_config.canonical_layout
+        else (offloading_config.kv_cache_layout or "default")
     )
     copies = 1 if offloading_config.replicated_layout else parallel.world_size
     return (

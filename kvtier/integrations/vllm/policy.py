@@ -52,7 +52,11 @@ class KvtierCachePolicy(VllmCachePolicy):
     def get(self, key: VllmKey) -> ChunkStatus | None:
         return self._chunks.get(key)
 
-    def insert(self, key: VllmKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+    def insert(
+        self, key: VllmKey, chunk: ChunkStatus, req_context: ReqContext | None = None
+    ) -> None:
+        """A chunk vLLM allocated. `req_context` (the storing request) is passed by vLLM 0.33
+        and not by 0.32 (see `_compat`); kvtier's policies do not need it."""
         self.policy.insert(OffloadKey(key), BlockStatus.from_buffer(chunk))
         self._chunks[key] = chunk
 

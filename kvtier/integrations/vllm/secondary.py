@@ -64,7 +64,6 @@ MAX_VERDICTS = 1 << 20
 falls out is asked again (one RETRY)."""
 
 
-
 class _Verdicts(NamedTuple):
     """Keys present (True), absent (False), or to be asked again (None)."""
 

@@ -34,8 +34,12 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.integrations.vllm.config import ConfigSource, read_config_data
 
-SET_BY_KVTIER = ("cpu_bytes_to_use", "eviction_policy", "cache_policy_module_path",
-                 "secondary_tiers")
+SET_BY_KVTIER = (
+    "cpu_bytes_to_use",
+    "eviction_policy",
+    "cache_policy_module_path",
+    "secondary_tiers",
+)
 """vLLM settings that `KvtierOffloadingSpec` derives from the kvtier config."""
 
 POLICY_CLASSES = {"lru": "KvtierLRUCachePolicy", "arc": "KvtierARCCachePolicy"}
