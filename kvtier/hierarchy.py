@@ -17,7 +17,9 @@ for an embedder that is not async.
 A `put` returns once its blocks are in the top tier: a tier with a tier below keeps a
 reserve of free slots (its `low_watermark` / `high_watermark`), refilled by background
 demotion, and a demotion to a slow tier gives its slots back after a memory copy into a
-staging arena. A put waits only when the reserve is exhausted (counted as backpressure).
+staging arena. A put waits when the reserve is exhausted (backpressure, bounded by
+`store_timeout_s`) and for its victims' demotion (`put_demotion_waits`): only a snapshot
+when they go from memory to a slow tier, the whole copy otherwise.
 
 Reads degrade, they never fail: a block that disappeared, failed its checksum or did not
 arrive by the deadline (`load_timeout_s`, 5 s by default) ends the prefix `get` returns

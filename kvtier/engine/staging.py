@@ -3,8 +3,10 @@
 A demotion or a write-through cascade from a memory tier to a disk (or remote) tier first
 copies its blocks into arena rows (a memcpy, or a device-to-host copy), then gives the
 source slots back at once and writes the arena rows to the slow tier in the background. So
-a top-tier slot is held for the time of a memory copy, never for a `pwrite` + `fdatasync`:
-a store waits for a lower tier only when the arena itself is full (backpressure, counted).
+a top-tier slot is held for the time of a memory copy, never for a `pwrite` + `fdatasync`.
+A staged step waits for the slow tier only when the arena is full (backpressure, counted);
+a step that is not staged (memory to memory, slow to slow, a batch larger than the arena)
+is waited for whole.
 
 The arena is one preallocated, page-aligned host tensor (page-locked when CUDA is present),
 so the disk tier can write its rows with O_DIRECT and GPU copies into it are asynchronous.
