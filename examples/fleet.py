@@ -53,8 +53,9 @@ def bytes_of(keys: list[OffloadKey]) -> torch.Tensor:
         )
         for key in keys
     ]
-    return torch.from_numpy(np.stack(rows)) if rows else torch.empty(0, BLOCK_SIZE,
-                                                                     dtype=torch.uint8)
+    return (
+        torch.from_numpy(np.stack(rows)) if rows else torch.empty(0, BLOCK_SIZE, dtype=torch.uint8)
+    )
 
 
 def key_file(directory: str) -> str:
@@ -72,7 +73,9 @@ def key_file(directory: str) -> str:
 def chain(shared: str, directory: str, auth_key_file: str) -> dict[str, Any]:
     if shared == "redis":
         tier: dict[str, Any] = {
-            "name": "fleet", "medium": "redis", "capacity": 65536,
+            "name": "fleet",
+            "medium": "redis",
+            "capacity": 65536,
             "url": os.environ.get("KVTIER_REDIS_URL", "redis://127.0.0.1:6390/0"),
             "password_env": "KVTIER_REDIS_PASSWORD",
         }
@@ -91,8 +94,7 @@ async def serve(config: dict[str, Any], requests: list[list[int]]) -> dict[str, 
     """Serve the requests as an engine would: load the longest prefix some tier holds (a
     shared tier is asked, and answers, within `get`), verify it, compute and store the rest.
     A block served that this node never computed came from the other node."""
-    counts = {"requests": 0, "blocks": 0, "loaded": 0, "from_other": 0, "stored": 0,
-              "wrong": 0}
+    counts = {"requests": 0, "blocks": 0, "loaded": 0, "from_other": 0, "stored": 0, "wrong": 0}
     mine: set[OffloadKey] = set()
     async with Hierarchy.from_config(config) as h:
         for blocks in requests:
@@ -125,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="requests of the trace")
     args = parser.parse_args(argv)
     directory = args.dir or tempfile.mkdtemp(prefix="kvtier-fleet-")
-    requests = [list(r.hash_ids) for r, _ in zip(read_mooncake(), range(args.requests),
-                                                 strict=False)]
+    requests = [
+        list(r.hash_ids) for r, _ in zip(read_mooncake(), range(args.requests), strict=False)
+    ]
     half = len(requests) // 2
     config = chain(args.shared, directory, key_file(directory))
     context = multiprocessing.get_context("spawn")
@@ -142,11 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         counts[got_name] = got
     print(f"shared tier: {args.shared}" + ("" if args.shared == "redis" else f" at {directory}"))
-    print(f"{'node':<6}{'requests':>9}{'blocks':>8}{'loaded':>8}{'computed by the other':>23}"
-          f"{'stored':>8}{'wrong':>7}")
+    print(
+        f"{'node':<6}{'requests':>9}{'blocks':>8}{'loaded':>8}{'computed by the other':>23}"
+        f"{'stored':>8}{'wrong':>7}"
+    )
     for name, c in counts.items():
-        print(f"{name:<6}{c['requests']:>9}{c['blocks']:>8}{c['loaded']:>8}"
-              f"{c['from_other']:>23}{c['stored']:>8}{c['wrong']:>7}")
+        print(
+            f"{name:<6}{c['requests']:>9}{c['blocks']:>8}{c['loaded']:>8}"
+            f"{c['from_other']:>23}{c['stored']:>8}{c['wrong']:>7}"
+        )
     wrong = sum(c["wrong"] for c in counts.values())
     shared_hits = counts["B"]["from_other"]
     print(f"node B loaded {shared_hits} blocks that node A computed; {wrong} wrong blocks")

@@ -31,8 +31,7 @@ class PaperARC:
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
 
     def lists(self) -> dict[str, list[Hashable]]:
-        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
-                "b2": list(self.b2)}
+        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1), "b2": list(self.b2)}
 
     @staticmethod
     def _oldest(entries: OrderedDict[Hashable, None], protected: set[Hashable]) -> Hashable:

@@ -109,36 +109,9 @@ async def call_one(h: Hierarchy, data: st.DataObject, stored: dict[bytes, bytes]
         label="call",
     )
     if call == "put":
-        # Half the puts are well formed (or have one bad part), so the model fills up.
-        mode = data.draw(
-            st.sampled_from(["good", "good", "bad keys", "bad blocks", "garbage"]), label="mode"
-        )
-        good_keys = st.lists(st.sampled_from(GOOD_KEYS), min_size=1, max_size=6, unique=True)
-        keys = data.draw(good_keys if mode in ("good", "bad blocks") else KEY_LISTS, label="keys")
-        rows = len(keys) if isinstance(keys, list | tuple) else 1
-        if mode in ("good", "bad keys"):
-            fills = data.draw(st.lists(st.integers(0, 255), min_size=rows, max_size=rows))
-            blocks = torch.tensor(fills, dtype=torch.uint8)[:, None].repeat(1, BLOCK)
-        else:
-            blocks = data.draw(tensors(rows), label="blocks")
-        try:
-            await h.put(keys, blocks)
-        except KvtierError as error:
-            event(f"put raised {type(error).__name__}")
-            return
-        event("put returned")
-        # It returned, so the input was well formed: what it stored is now in the model.
-        for k, row in zip(keys, rows_of(blocks), strict=True):
-            stored.setdefault(k, row)
+        await put_one(h, data, stored)
     elif call == "get":
-        keys = data.draw(KEY_LISTS, label="keys")
-        try:
-            got = await h.get(keys, timeout_s=data.draw(TIMEOUTS, label="timeout_s"))
-        except KvtierError:
-            return
-        assert got.dtype == torch.uint8 and got.shape[1:] == (BLOCK,)
-        for k, row in zip(keys, rows_of(got), strict=False):
-            assert row == stored[k], "get served bytes that no put stored under this key"
+        await get_one(h, data, stored)
     elif call == "lookup":
         keys = data.draw(KEY_LISTS, label="keys")
         try:
@@ -164,6 +137,43 @@ async def call_one(h: Hierarchy, data: st.DataObject, stored: dict[bytes, bytes]
         assert h.stats().calls.put_blocks >= len(stored)
     else:
         h.take_events()
+
+
+async def put_one(h: Hierarchy, data: st.DataObject, stored: dict[bytes, bytes]) -> None:
+    """A put of drawn keys and blocks; when it returns, what it stored joins `stored`."""
+    # Half the puts are well formed (or have one bad part), so the model fills up.
+    mode = data.draw(
+        st.sampled_from(["good", "good", "bad keys", "bad blocks", "garbage"]), label="mode"
+    )
+    good_keys = st.lists(st.sampled_from(GOOD_KEYS), min_size=1, max_size=6, unique=True)
+    keys = data.draw(good_keys if mode in ("good", "bad blocks") else KEY_LISTS, label="keys")
+    rows = len(keys) if isinstance(keys, list | tuple) else 1
+    if mode in ("good", "bad keys"):
+        fills = data.draw(st.lists(st.integers(0, 255), min_size=rows, max_size=rows))
+        blocks = torch.tensor(fills, dtype=torch.uint8)[:, None].repeat(1, BLOCK)
+    else:
+        blocks = data.draw(tensors(rows), label="blocks")
+    try:
+        await h.put(keys, blocks)
+    except KvtierError as error:
+        event(f"put raised {type(error).__name__}")
+        return
+    event("put returned")
+    # It returned, so the input was well formed: what it stored is now in the model.
+    for k, row in zip(keys, rows_of(blocks), strict=True):
+        stored.setdefault(k, row)
+
+
+async def get_one(h: Hierarchy, data: st.DataObject, stored: dict[bytes, bytes]) -> None:
+    """A get of drawn keys with a drawn timeout: what it serves is what `stored` holds."""
+    keys = data.draw(KEY_LISTS, label="keys")
+    try:
+        got = await h.get(keys, timeout_s=data.draw(TIMEOUTS, label="timeout_s"))
+    except KvtierError:
+        return
+    assert got.dtype == torch.uint8 and got.shape[1:] == (BLOCK,)
+    for k, row in zip(keys, rows_of(got), strict=False):
+        assert row == stored[k], "get served bytes that no put stored under this key"
 
 
 @FUZZ

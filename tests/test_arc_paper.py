@@ -26,55 +26,96 @@ def run_program(seed: int, capacity: int, universe: int, steps: int) -> str | No
     for step in range(steps):
         action = rng.random()
         if action < 0.08 and len(policy):  # a reader pins a block, or lets one go
-            key = rng.choice([k for k, _ in policy.items()])
-            block = policy.get(key)
-            assert block is not None
-            if key in pinned:
-                block.ref_cnt = 0
-                pinned.discard(key)
-            else:
-                block.ref_cnt = 1
-                pinned.add(key)
+            toggle_pin(policy, rng, pinned)
+            problem = differences(policy, paper)
         elif action < 0.12 and len(policy):  # a store failed: the block is forgotten
-            key = rng.choice([k for k, _ in policy.items()])
-            policy.remove(key)
-            paper.remove(key)
-            pinned.discard(key)
+            forget_one(policy, paper, rng, pinned)
+            problem = differences(policy, paper)
         elif action < 0.75:  # a request's misses, stored as one batch
-            size = rng.randint(1, min(6, capacity))  # a tier stores at most its capacity
-            batch = [k for k in dict.fromkeys(rng.choices(keys, k=size))
-                     if policy.get(k) is None]
-            if not batch:
-                continue
-            policy.on_store_miss(batch)
-            n = len(policy) + len(batch) - capacity
-            victims = []
-            if n > 0:
-                evicted = policy.evict(n, set(batch))
-                if evicted is None:  # every candidate pinned: the tier refuses the store
-                    continue
-                victims = [k for k, _ in evicted]
-            if set(victims) & pinned:
-                return f"step {step}: a pinned block was evicted"
-            blocks = [BlockStatus(i) for i in range(len(batch))]
-            for block in blocks:
-                block.ref_cnt = 0
-            policy.insert_many(batch, blocks)
-            expected = [v for k in batch for v in paper.request(k, set(batch) | pinned)]
-            if victims != expected:
-                return f"step {step}: victims {victims} != paper's {expected}"
+            problem = store_misses(policy, paper, rng, keys, pinned, capacity)
         else:  # hits of a request, applied tail first (so its head ends up most recent)
-            resident = [k for k, _ in policy.items()]
-            if not resident:
-                continue
-            hits = rng.sample(resident, rng.randint(1, min(4, len(resident))))
-            policy.touch(hits)
-            for k in reversed(hits):
-                assert paper.request(k) == []
-        if policy.lists() != paper.lists():
-            return f"step {step}: lists {policy.lists()} != paper's {paper.lists()}"
-        if policy.target_t1_size != paper.p:
-            return f"step {step}: p {policy.target_t1_size} != paper's {paper.p}"
+            problem = touch_hits(policy, paper, rng)
+        if problem is not None:
+            return f"step {step}: {problem}"
+    return None
+
+
+def toggle_pin(policy: ARCCachePolicy, rng: random.Random, pinned: set[bytes]) -> None:
+    """A reader pins a resident block, or lets a pinned one go."""
+    key = rng.choice([k for k, _ in policy.items()])
+    block = policy.get(key)
+    assert block is not None
+    if key in pinned:
+        block.ref_cnt = 0
+        pinned.discard(key)
+    else:
+        block.ref_cnt = 1
+        pinned.add(key)
+
+
+def forget_one(
+    policy: ARCCachePolicy, paper: PaperARC, rng: random.Random, pinned: set[bytes]
+) -> None:
+    """A store failed: both forget the block."""
+    key = rng.choice([k for k, _ in policy.items()])
+    policy.remove(key)
+    paper.remove(key)
+    pinned.discard(key)
+
+
+def store_misses(
+    policy: ARCCachePolicy,
+    paper: PaperARC,
+    rng: random.Random,
+    keys: list[bytes],
+    pinned: set[bytes],
+    capacity: int,
+) -> str | None:
+    """A request's misses stored as one batch, as a tier stores them: what differed from the
+    paper, or None (also when nothing was stored: no misses, or every candidate pinned)."""
+    size = rng.randint(1, min(6, capacity))  # a tier stores at most its capacity
+    batch = [k for k in dict.fromkeys(rng.choices(keys, k=size)) if policy.get(k) is None]
+    if not batch:
+        return None
+    policy.on_store_miss(batch)
+    n = len(policy) + len(batch) - capacity
+    victims = []
+    if n > 0:
+        evicted = policy.evict(n, set(batch))
+        if evicted is None:  # every candidate pinned: the tier refuses the store
+            return None
+        victims = [k for k, _ in evicted]
+    if set(victims) & pinned:
+        return "a pinned block was evicted"
+    blocks = [BlockStatus(i) for i in range(len(batch))]
+    for block in blocks:
+        block.ref_cnt = 0
+    policy.insert_many(batch, blocks)
+    expected = [v for k in batch for v in paper.request(k, set(batch) | pinned)]
+    if victims != expected:
+        return f"victims {victims} != paper's {expected}"
+    return differences(policy, paper)
+
+
+def touch_hits(policy: ARCCachePolicy, paper: PaperARC, rng: random.Random) -> str | None:
+    """A request's hits, applied tail first (so its head ends up most recent): what differed
+    from the paper, or None (also when nothing is resident)."""
+    resident = [k for k, _ in policy.items()]
+    if not resident:
+        return None
+    hits = rng.sample(resident, rng.randint(1, min(4, len(resident))))
+    policy.touch(hits)
+    for k in reversed(hits):
+        assert paper.request(k) == []
+    return differences(policy, paper)
+
+
+def differences(policy: ARCCachePolicy, paper: PaperARC) -> str | None:
+    """How the policy's lists or target p differ from the paper's, or None."""
+    if policy.lists() != paper.lists():
+        return f"lists {policy.lists()} != paper's {paper.lists()}"
+    if policy.target_t1_size != paper.p:
+        return f"p {policy.target_t1_size} != paper's {paper.p}"
     return None
 
 

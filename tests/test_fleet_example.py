@@ -88,8 +88,21 @@ def test_replay_runs_the_fleet_config(server: Server, tmp_path: Path) -> None:
         "KVTIER_AUTH_KEY_FILE": str(auth_key_file(server)),
     }
     done = run(
-        ["-m", "kvtier.cli", "replay", "--config", str(path), "--block-bytes", "16KiB",
-         "--limit", "300", "--no-plot", "--json", "--out", str(tmp_path / "out")],
+        [
+            "-m",
+            "kvtier.cli",
+            "replay",
+            "--config",
+            str(path),
+            "--block-bytes",
+            "16KiB",
+            "--limit",
+            "300",
+            "--no-plot",
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ],
         env,
     )
     assert done.returncode == 0, done.stdout + done.stderr

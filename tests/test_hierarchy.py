@@ -572,8 +572,13 @@ async def test_a_corrupt_block_of_a_disk_only_chain_is_dropped_after_one_failed_
     config = {
         "block_size": BLOCK,
         "tiers": [
-            {"name": "disk", "medium": "disk", "capacity": 16, "path": str(tmp_path / "d"),
-             "fsync": False}
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": 16,
+                "path": str(tmp_path / "d"),
+                "fsync": False,
+            }
         ],
     }
     async with Hierarchy.from_config(config) as h:
@@ -639,8 +644,13 @@ async def test_get_into_never_returns_while_a_copy_into_the_buffer_runs(tmp_path
     config = {
         "block_size": BLOCK,
         "tiers": [
-            {"name": "disk", "medium": "disk", "capacity": 8, "path": str(tmp_path / "d"),
-             "fsync": False}
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": 8,
+                "path": str(tmp_path / "d"),
+                "fsync": False,
+            }
         ],
     }
     async with Hierarchy.from_config(config, tier_options={"disk": {"io": io}}) as h:

@@ -88,8 +88,8 @@ def test_workloads_and_benchmarks_do_not_reach_up_into_the_command_line() -> Non
 
 
 def test_the_subpackages_import_each_other_without_cycles() -> None:
-    """Module-level imports between subpackages form a DAG (a plugin registry's lookup inside
-    a function, config -> tiers.registry, is the one lazy edge back)."""
+    """Module-level imports between subpackages form a DAG (the tier registry reaches tier
+    packages only by name, through importlib)."""
     edges = _edges(module_level_only=True)
     state: dict[str, int] = {}
 

@@ -43,8 +43,13 @@ def config(tmp_path: Path, block_size: int, top: str = "cpu") -> dict[str, Any]:
         "block_size": block_size,
         "tiers": [
             {"name": "host", "medium": top, "capacity": 8},
-            {"name": "disk", "medium": "disk", "capacity": 64, "path": str(tmp_path / "d"),
-             "fsync": False},
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": 64,
+                "path": str(tmp_path / "d"),
+                "fsync": False,
+            },
         ],
     }
 
@@ -84,8 +89,9 @@ async def test_chunks_go_to_disk_and_come_back_to_the_gpu_bit_for_bit(tmp_path: 
             assert answer is True, index
             host = manager.prepare_load([key])
             assert isinstance(host, CPULoadStoreSpec)
-            await run(load, job, host, GPULoadStoreSpec([2 * index, 2 * index + 1], [2],
-                                                        [2 * index]))
+            await run(
+                load, job, host, GPULoadStoreSpec([2 * index, 2 * index + 1], [2], [2 * index])
+            )
             manager.complete_load([key])
             job += 1
         for t, before in zip(kv.tensors, original, strict=True):

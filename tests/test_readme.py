@@ -152,51 +152,66 @@ def readme_problems(readme: str) -> list[str]:
     names that does not exist, one line each (empty: all exist)."""
     from kvtier.cli.app import main as cli
 
-    problems: list[str] = []
     every_option = set(_command_options(cli))
     for command in cli.commands.values():
         every_option |= _command_options(command)
-
-    def check_invocation(words: list[str], where: str) -> None:
-        command: click.Command = cli
-        path = ["kvtier"]
-        for word in words:
-            if isinstance(command, click.Group) and not word.startswith("-"):
-                sub = command.commands.get(word)
-                if sub is None:
-                    problems.append(f"{where}: unknown command {' '.join(path)} {word}")
-                    return
-                command = sub
-                path.append(word)
-            elif re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", word):
-                option = word.split("=", 1)[0]
-                if option not in _command_options(command):
-                    problems.append(f"{where}: unknown option {option} of {' '.join(path)}")
-
+    problems: list[str] = []
     lines, spans = _code(readme)
     for line, _ in lines:
         for words in _invocations(line):
-            check_invocation(words, f"`{line.strip()}`")
+            problems += _invocation_problems(cli, words, f"`{line.strip()}`")
     for span, section in spans:
-        words = span.split()
-        if re.match(r"(?:\S*/)?kvtier(?:\s|$)", span):
-            for invocation in _invocations(" " + span):
-                check_invocation(invocation, f"`{span}`")
-        elif re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", words[0]):
-            option = words[0].split("=", 1)[0]
-            if section is not None:
-                if option not in _command_options(cli.commands[section]):
-                    problems.append(f"`{span}`: unknown option {option} of kvtier {section}")
-            elif option not in every_option and option not in FOREIGN_OPTIONS:
-                problems.append(f"`{span}`: no kvtier command has {option}")
-        if words[0].startswith(REPO_DIRS) and not any(ROOT.glob(words[0].rstrip("/"))):
-            problems.append(f"`{span}`: no such path {words[0]} in the repository")
-        dotted = re.match(r"kvtier(?:\.[A-Za-z_]\w*)+", span)
-        if dotted and not _resolves(dotted.group(0).rstrip(".")):
-            problems.append(f"`{span}`: no such module or name {dotted.group(0)}")
+        problems += _span_problems(cli, span, section, every_option)
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme):
         if "://" not in target and not (ROOT / target).exists():
             problems.append(f"link ({target}): no such path in the repository")
+    return problems
+
+
+def _invocation_problems(cli: click.Group, words: list[str], where: str) -> list[str]:
+    """The unknown subcommand, or the unknown options, of one `kvtier` invocation (its words
+    after `kvtier`)."""
+    problems: list[str] = []
+    command: click.Command = cli
+    path = ["kvtier"]
+    for word in words:
+        if isinstance(command, click.Group) and not word.startswith("-"):
+            sub = command.commands.get(word)
+            if sub is None:
+                problems.append(f"{where}: unknown command {' '.join(path)} {word}")
+                return problems
+            command = sub
+            path.append(word)
+        elif re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", word):
+            option = word.split("=", 1)[0]
+            if option not in _command_options(command):
+                problems.append(f"{where}: unknown option {option} of {' '.join(path)}")
+    return problems
+
+
+def _span_problems(
+    cli: click.Group, span: str, section: str | None, every_option: set[str]
+) -> list[str]:
+    """What one inline code span names that does not exist: a kvtier invocation's command or
+    options, an option of its section's command (of any kvtier command outside one), a
+    repository path, a `kvtier.` dotted name."""
+    problems: list[str] = []
+    words = span.split()
+    if re.match(r"(?:\S*/)?kvtier(?:\s|$)", span):
+        for invocation in _invocations(" " + span):
+            problems += _invocation_problems(cli, invocation, f"`{span}`")
+    elif re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", words[0]):
+        option = words[0].split("=", 1)[0]
+        if section is not None:
+            if option not in _command_options(cli.commands[section]):
+                problems.append(f"`{span}`: unknown option {option} of kvtier {section}")
+        elif option not in every_option and option not in FOREIGN_OPTIONS:
+            problems.append(f"`{span}`: no kvtier command has {option}")
+    if words[0].startswith(REPO_DIRS) and not any(ROOT.glob(words[0].rstrip("/"))):
+        problems.append(f"`{span}`: no such path {words[0]} in the repository")
+    dotted = re.match(r"kvtier(?:\.[A-Za-z_]\w*)+", span)
+    if dotted and not _resolves(dotted.group(0).rstrip(".")):
+        problems.append(f"`{span}`: no such module or name {dotted.group(0)}")
     return problems
 
 

@@ -54,7 +54,11 @@ SECRET = "s3cret-Pa55word"
 
 
 def storage_on(
-    client: Any, tmp_path: Path, *, block_size: int = BLOCK, compression: Compression = "none",
+    client: Any,
+    tmp_path: Path,
+    *,
+    block_size: int = BLOCK,
+    compression: Compression = "none",
     cluster: bool = False,
 ) -> RedisStorage:
     """A Redis tier's storage as its opener builds it (authenticated values), on `client`."""
@@ -168,10 +172,13 @@ async def test_bounded_reads_on_a_cluster(server: Server, tmp_path: Path) -> Non
             )
             out = zeros(24)
             results = await storage.read(keys, list(range(24)), out)
-            sent = sum(
-                int(stats["total_net_output_bytes"])
-                for stats in big.info("stats", target_nodes=big.ALL_NODES).values()
-            ) - sent_before
+            sent = (
+                sum(
+                    int(stats["total_net_output_bytes"])
+                    for stats in big.info("stats", target_nodes=big.ALL_NODES).values()
+                )
+                - sent_before
+            )
             assert big.strlen(storage.prefix + keys[5]) == 16 << 20
         finally:
             big.close()
@@ -446,8 +453,12 @@ async def test_the_password_never_shows(
         finally:
             server.start()
         shown = [
-            repr(storage), storage.describe(), repr(h.tiers), repr(h.stats()),
-            parse_config(config).describe(), log_everything.text,
+            repr(storage),
+            storage.describe(),
+            repr(h.tiers),
+            repr(h.stats()),
+            parse_config(config).describe(),
+            log_everything.text,
         ]
     monkeypatch.setenv(PASSWORD_ENV, f"wrong-{SECRET}")  # refused: the error names no password
     with pytest.raises(TierConnectionError, match="refused the login") as refused:

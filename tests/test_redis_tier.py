@@ -321,8 +321,11 @@ async def test_redis_cluster_round_trip(server: Server) -> None:
         "auth_key_env": AUTH_KEY_ENV,
         "timeout_ms": 1000,
     }
-    config = {"block_size": BLOCK, "model_id": "test-model",
-              "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    config = {
+        "block_size": BLOCK,
+        "model_id": "test-model",
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier],
+    }
     async with Hierarchy.from_config(config) as h:
         keys = await fill(h, range(20))
         assert sum(h.where(k) == "fleet" for k in keys) >= 16
@@ -372,12 +375,21 @@ async def test_tls_to_redis(server: Server) -> None:
     directory = Path(server.env["KVTIER_REDIS_DIR"])
     port = server.env["KVTIER_REDIS_TLS_PORT"]
     tier = {
-        "name": "fleet", "medium": "redis", "capacity": 256,
-        "url": f"rediss://127.0.0.1:{port}/0", "tls_ca_file": str(directory / "tls" / "ca.crt"),
-        "password_env": PASSWORD_ENV, "auth_key_env": AUTH_KEY_ENV, "timeout_ms": 2000,
+        "name": "fleet",
+        "medium": "redis",
+        "capacity": 256,
+        "url": f"rediss://127.0.0.1:{port}/0",
+        "tls_ca_file": str(directory / "tls" / "ca.crt"),
+        "password_env": PASSWORD_ENV,
+        "auth_key_env": AUTH_KEY_ENV,
+        "timeout_ms": 2000,
     }
-    config = {"block_size": BLOCK, "strict": True, "model_id": "test-model",
-              "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    config = {
+        "block_size": BLOCK,
+        "strict": True,
+        "model_id": "test-model",
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier],
+    }
     async with Hierarchy.from_config(config) as h:
         keys = await fill(h, range(12))
         assert sum(h.where(k) == "fleet" for k in keys) >= 8

@@ -37,8 +37,12 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another uid's f
 
 def make(root: Path, **options: Any) -> SharedFSStorage:
     settings: dict[str, Any] = {
-        "block_size": BLOCK, "num_blocks": 64, "namespace": "hostile", "max_size": GiB,
-        "sweep_interval_s": None, **options,
+        "block_size": BLOCK,
+        "num_blocks": 64,
+        "namespace": "hostile",
+        "max_size": GiB,
+        "sweep_interval_s": None,
+        **options,
     }
     return SharedFSStorage(root, **settings)
 
@@ -247,6 +251,7 @@ async def test_two_writers_keep_the_directory_within_1_2x_of_max_size(tmp_path: 
             await write(b, [10_000 + i])
             peak = max(peak, allocated(root))
         assert peak <= 1.2 * bound, f"peak {peak / bound:.2f}x max_size"
+
         # At once, two blocks a write, some written a second time (writes racing sweeps).
         async def writer(storage: SharedFSStorage, first: int) -> None:
             for i in range(first, first + 300):

@@ -33,7 +33,11 @@ os.environ[AUTH_KEY_ENV] = fixed_key_hex()  # the key every test chain names (au
 
 def storage_at(root: Path, *, max_size: int = 1 << 30, namespace: str = "ns") -> SharedFSStorage:
     return SharedFSStorage(
-        root, block_size=BLOCK, num_blocks=64, namespace=namespace, max_size=max_size,
+        root,
+        block_size=BLOCK,
+        num_blocks=64,
+        namespace=namespace,
+        max_size=max_size,
         sweep_interval_s=None,
     )
 
@@ -48,8 +52,13 @@ class TestSharedFSStorage(KeyedStorageTests):
     def open_shared(self, tmp_path: Path, namespace: str, auth: ValueAuth | None) -> KeyedStorage:
         root = tmp_path / "shared" / f"kvtier-{namespace_fingerprint(namespace)}"
         return SharedFSStorage(
-            root, block_size=self.block_size, num_blocks=self.num_blocks,
-            namespace=namespace, max_size=1 << 30, sweep_interval_s=None, auth=auth,
+            root,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            namespace=namespace,
+            max_size=1 << 30,
+            sweep_interval_s=None,
+            auth=auth,
         )
 
     def backdoor_get_raw(self, storage: KeyedStorage, key: OffloadKey) -> bytes | None:
@@ -81,8 +90,15 @@ class TestSharedFSStorage(KeyedStorageTests):
 
 
 def chain(path: Path, **options: Any) -> dict[str, Any]:
-    tier = {"name": "shared", "medium": "shared-fs", "capacity": 256, "path": str(path),
-            "sweep_interval_s": None, "auth_key_env": AUTH_KEY_ENV, **options}
+    tier = {
+        "name": "shared",
+        "medium": "shared-fs",
+        "capacity": 256,
+        "path": str(path),
+        "sweep_interval_s": None,
+        "auth_key_env": AUTH_KEY_ENV,
+        **options,
+    }
     return {
         "block_size": BLOCK,
         "model_id": "test-model",
@@ -153,6 +169,7 @@ async def test_the_sweeper_keeps_the_bound_under_concurrent_writers(tmp_path: Pa
     a = storage_at(tmp_path, max_size=bound)
     b = storage_at(tmp_path, max_size=bound)
     try:
+
         async def writer(storage: SharedFSStorage, first: int) -> None:
             for start in range(first, first + 120, 10):
                 ids = range(start, start + 10)

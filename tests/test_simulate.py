@@ -206,9 +206,7 @@ def test_sweep_on_a_key_file_matches_hand_counts(tmp_path: Path) -> None:
         ("lru", 4, 3),
         ("opt", 4, 3),
     }
-    assert chart_sweep(report, tmp_path / "out" / "simulate.png").read_bytes().startswith(
-        PNG_MAGIC
-    )
+    assert chart_sweep(report, tmp_path / "out" / "simulate.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_capacities_that_resolve_alike_are_reported_once(tmp_path: Path) -> None:
@@ -378,14 +376,33 @@ def test_help_has_examples() -> None:
 
 def test_skip_partial_blocks_stores_no_partial_block(tmp_path: Path) -> None:
     code, stdout, stderr = run(
-        "simulate", "--policy", "lru", "--capacity", "2%", "--limit", "400",
-        "--skip-partial-blocks", "--json", "--no-plot", "--out", str(tmp_path / "a"),
+        "simulate",
+        "--policy",
+        "lru",
+        "--capacity",
+        "2%",
+        "--limit",
+        "400",
+        "--skip-partial-blocks",
+        "--json",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "a"),
     )
     assert code == 0, stderr
     skipping = json.loads(stdout)
     code, stdout, stderr = run(
-        "simulate", "--policy", "lru", "--capacity", "2%", "--limit", "400",
-        "--json", "--no-plot", "--out", str(tmp_path / "b"),
+        "simulate",
+        "--policy",
+        "lru",
+        "--capacity",
+        "2%",
+        "--limit",
+        "400",
+        "--json",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "b"),
     )
     plain = json.loads(stdout)
     assert code == 0, stderr

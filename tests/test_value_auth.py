@@ -103,8 +103,8 @@ def test_the_header_is_96_bytes_and_bounds_the_value() -> None:
     values = codec(keyed_auth(NS, encrypt=True))
     value = values.encode(key(1), block())
     assert HEADER_BYTES == 96
-    assert len(value) == HEADER_BYTES + len(key(1)) + BLOCK + 16 == values.max_value_bytes(
-        len(key(1))
+    assert (
+        len(value) == HEADER_BYTES + len(key(1)) + BLOCK + 16 == values.max_value_bytes(len(key(1)))
     )
 
 
@@ -156,8 +156,7 @@ def test_every_changed_byte_of_header_and_key_is_a_miss() -> None:
     mode=st.sampled_from(["unkeyed", "mac", "encrypted"]),
     cut=st.integers(0, HEADER_BYTES + 40),
     tail=st.binary(max_size=200),
-    flips=st.lists(st.tuples(st.integers(0, 2 * HEADER_BYTES), st.integers(1, 255)),
-                   max_size=4),
+    flips=st.lists(st.tuples(st.integers(0, 2 * HEADER_BYTES), st.integers(1, 255)), max_size=4),
 )
 def test_no_bytes_make_decode_raise_or_serve(
     mode: str, cut: int, tail: bytes, flips: list[tuple[int, int]]
@@ -321,10 +320,19 @@ def test_key_from_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def sharedfs_chain(path: Path, **options: Any) -> dict[str, Any]:
-    tier = {"name": "shared", "medium": "shared-fs", "capacity": 64, "path": str(path),
-            "sweep_interval_s": None, **options}
-    return {"block_size": BLOCK, "model_id": "auth-model",
-            "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    tier = {
+        "name": "shared",
+        "medium": "shared-fs",
+        "capacity": 64,
+        "path": str(path),
+        "sweep_interval_s": None,
+        **options,
+    }
+    return {
+        "block_size": BLOCK,
+        "model_id": "auth-model",
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier],
+    }
 
 
 @pytest.mark.parametrize(
@@ -346,11 +354,22 @@ def test_config_auth_fields_are_validated(
 
 
 def test_the_redis_config_has_the_same_auth_fields() -> None:
-    config = {"block_size": BLOCK, "model_id": "m", "tiers": [
-        {"name": "cpu", "medium": "cpu", "capacity": 4},
-        {"name": "fleet", "medium": "redis", "capacity": 8, "url": "redis://127.0.0.1:1/0",
-         "auth_key_file": "~/fleet.key", "auth_previous_key_env": "OLD", "encrypt": True},
-    ]}
+    config = {
+        "block_size": BLOCK,
+        "model_id": "m",
+        "tiers": [
+            {"name": "cpu", "medium": "cpu", "capacity": 4},
+            {
+                "name": "fleet",
+                "medium": "redis",
+                "capacity": 8,
+                "url": "redis://127.0.0.1:1/0",
+                "auth_key_file": "~/fleet.key",
+                "auth_previous_key_env": "OLD",
+                "encrypt": True,
+            },
+        ],
+    }
     tier = parse_config(config).tiers[1]
     assert tier.auth_key_file == Path.home() / "fleet.key"  # type: ignore[attr-defined]
     assert tier.auth_previous_key_env == "OLD"  # type: ignore[attr-defined]
@@ -375,17 +394,16 @@ async def test_authenticate_false_warns_and_writes_unkeyed_values(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="kvtier.tiers.shared"):
-        async with Hierarchy.from_config(
-            sharedfs_chain(tmp_path / "nfs", authenticate=False)
-        ) as h:
+        async with Hierarchy.from_config(sharedfs_chain(tmp_path / "nfs", authenticate=False)) as h:
             keys = await fill(h, range(12))
             assert torch.equal(await h.get(keys), blocks_of(keys))
             storage = h.storages[-1]
             assert isinstance(storage, SharedFSStorage)
             on_disk = [storage.path_of(k) for k in keys if storage.path_of(k).exists()]
     assert on_disk and all(p.read_bytes()[6:8] == b"\0\0" for p in on_disk)
-    assert any("authenticate = false" in r.message and "forged" in r.message
-               for r in caplog.records)
+    assert any(
+        "authenticate = false" in r.message and "forged" in r.message for r in caplog.records
+    )
 
 
 async def test_an_encrypted_shared_fs_chain(tmp_path: Path) -> None:
@@ -417,8 +435,13 @@ async def test_forged_files_are_counted_and_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     storage = SharedFSStorage(
-        tmp_path / "nfs", block_size=BLOCK, num_blocks=64, namespace=NS, max_size=1 << 30,
-        sweep_interval_s=None, auth=keyed_auth(NS),
+        tmp_path / "nfs",
+        block_size=BLOCK,
+        num_blocks=64,
+        namespace=NS,
+        max_size=1 << 30,
+        sweep_interval_s=None,
+        auth=keyed_auth(NS),
     )
     try:
         evil = block(12)
@@ -462,11 +485,22 @@ def test_the_problem_log_is_rate_limited_with_counts(caplog: pytest.LogCaptureFi
 async def test_an_encrypted_redis_chain(server: Server) -> None:
     server.start()
     os.environ[KEY_ENV] = fixed_key_hex(0)
-    tier = {"name": "fleet", "medium": "redis", "capacity": 256, "url": server.url,
-            "password_env": PASSWORD_ENV, "auth_key_env": KEY_ENV, "encrypt": True,
-            "key_prefix": "enc:"}
-    config = {"block_size": BLOCK, "model_id": "auth-model", "strict": True,
-              "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier]}
+    tier = {
+        "name": "fleet",
+        "medium": "redis",
+        "capacity": 256,
+        "url": server.url,
+        "password_env": PASSWORD_ENV,
+        "auth_key_env": KEY_ENV,
+        "encrypt": True,
+        "key_prefix": "enc:",
+    }
+    config = {
+        "block_size": BLOCK,
+        "model_id": "auth-model",
+        "strict": True,
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}, tier],
+    }
     async with Hierarchy.from_config(config) as h:
         keys = await fill(h, range(16))
         with server.client() as client:
@@ -518,9 +552,7 @@ def test_zstd_frames_of_the_wrong_size_are_refused_and_good_ones_decode() -> Non
     blocks.decode_into(codec_id, frame, out)
     assert np.array_equal(out, good)
     short = zstandard.ZstdCompressor(write_content_size=True).compress(good.tobytes()[:-1])
-    undeclared = zstandard.ZstdCompressor(write_content_size=False).compress(
-        good.tobytes() + b"x"
-    )
+    undeclared = zstandard.ZstdCompressor(write_content_size=False).compress(good.tobytes() + b"x")
     for bad in (short, undeclared, b"\x28\xb5\x2f\xfd garbage", b""):
         with pytest.raises(CodecError):
             blocks.decode_into(Codec.ZSTD, bad, out)
@@ -533,7 +565,10 @@ def test_zstd_frames_of_the_wrong_size_are_refused_and_good_ones_decode() -> Non
 
 def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvtier.cli", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "kvtier.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
 

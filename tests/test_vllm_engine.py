@@ -192,8 +192,9 @@ class Engine:
     def serve(self, request_id: str, timeout_s: float = 60.0) -> None:
         """Serve one request of PROMPT and step until vLLM holds nothing more for it."""
         self.scheduler.add_request(
-            Request(request_id, PROMPT, SamplingParams(max_tokens=1), None,
-                    block_hasher=self.hasher)
+            Request(
+                request_id, PROMPT, SamplingParams(max_tokens=1), None, block_hasher=self.hasher
+            )
         )
         deadline = time.monotonic() + timeout_s
         while self.scheduler.has_requests() or self.tier.has_pending_work():
@@ -229,8 +230,13 @@ def chain(tmp_path: Path) -> dict[str, Any]:
     return {
         "tiers": [
             {"name": "host", "medium": "cpu", "capacity": 16, "policy": "arc"},
-            {"name": "disk", "medium": "disk", "capacity": 64, "path": str(tmp_path / "kv"),
-             "fsync": False},
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": 64,
+                "path": str(tmp_path / "kv"),
+                "fsync": False,
+            },
         ]
     }
 

@@ -86,7 +86,7 @@ def fill(driver: Driver, count: int) -> list[bytes]:
 def assert_reported_once(driver: Driver, tier: KvtierSecondaryTier) -> None:
     counts = collections.Counter(driver.job_ids_reported())
     assert counts and max(counts.values()) == 1, counts
-    assert set(counts) == driver.submitted, (driver.submitted ^ set(counts))
+    assert set(counts) == driver.submitted, driver.submitted ^ set(counts)
     assert not tier.has_pending_work()
 
 
@@ -121,6 +121,7 @@ def test_a_key_kvtier_never_stored_is_a_miss_after_one_retry(tiering: Make) -> N
 def test_a_damaged_block_is_a_partial_load_and_never_wrong_bytes(tiering: Make) -> None:
     manager, driver, tier = tiering()
     keys = fill(driver, 2 * PRIMARY)
+
     # Damage chunk 2 on disk; promote chunks 0..3 in one job (one request, one step).
     def damage(hierarchy: Any) -> None:
         disk = hierarchy.storages[0]

@@ -42,8 +42,13 @@ def kvtier_config(tmp_path: Path, host: Any = 4, disk: Any = 64) -> dict[str, An
     return {
         "tiers": [
             {"name": "host", "medium": "cpu", "capacity": host, "policy": "arc"},
-            {"name": "disk", "medium": "disk", "capacity": disk, "path": str(tmp_path / "d"),
-             "fsync": False},
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": disk,
+                "path": str(tmp_path / "d"),
+                "fsync": False,
+            },
         ]
     }
 
@@ -62,8 +67,9 @@ def paged_caches(seed: int) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
     """vLLM canonical KV caches over CPU tensors standing in for the GPU."""
     generator = torch.Generator().manual_seed(seed)
     tensors = [
-        torch.randint(0, 256, (GPU_BLOCKS, page), dtype=torch.uint8, generator=generator)
-        .view(torch.int8)
+        torch.randint(0, 256, (GPU_BLOCKS, page), dtype=torch.uint8, generator=generator).view(
+            torch.int8
+        )
         for page in PAGES
     ]
     caches = CanonicalKVCaches(
@@ -74,9 +80,12 @@ def paged_caches(seed: int) -> tuple[CanonicalKVCaches, list[torch.Tensor]]:
 
 
 def test_vllm_loads_the_spec_by_name_and_the_config_sets_the_stack(tmp_path: Path) -> None:
-    assert OffloadingSpecFactory.get_spec_cls(
-        {"spec_name": "KvtierOffloadingSpec", "spec_module_path": MODULE}
-    ) is KvtierOffloadingSpec
+    assert (
+        OffloadingSpecFactory.get_spec_cls(
+            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": MODULE}
+        )
+        is KvtierOffloadingSpec
+    )
     spec = make_spec(kvtier_config(tmp_path, host=4))
     assert spec.num_chunks == 4
     assert spec.eviction_policy == "KvtierARCCachePolicy"

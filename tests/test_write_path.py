@@ -226,9 +226,7 @@ async def test_a_flush_over_its_budget_reports_what_is_left(tmp_path: Path) -> N
     io = GatedIO()
     config = chain_config(tmp_path, gpu=None, cpu=64, disk=256)
     ks = keys_(*range(8))
-    async with Hierarchy.from_config(
-        config, disk_options={"io": io}, flush_on_close=False
-    ) as h:
+    async with Hierarchy.from_config(config, disk_options={"io": io}, flush_on_close=False) as h:
         await h.put(ks, blocks_of(ks))
         io.gate.clear()
         copied = await h.flush(timeout_s=0.2)

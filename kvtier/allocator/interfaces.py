@@ -34,7 +34,6 @@ class BlockAllocator(ABC):
     """One pool of fixed-size KV blocks: allocation, reference counting, copy-on-write and
     (in the prefix-caching implementation) sharing of equal prefixes."""
 
-
     @property
     @abstractmethod
     def block_size(self) -> int:

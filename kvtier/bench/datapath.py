@@ -1310,97 +1310,15 @@ def _group_commit_lines(rows: Sequence[Row]) -> list[Any]:
 
 def render(report: Report) -> list[Any]:
     """Rich renderables (tables and lines) showing `report`."""
-    from rich.table import Table
     from rich.text import Text
 
     shown: list[Any] = []
-    settings = report.settings
     if report.rows:
-        table = Table(
-            title=(
-                "Data path: kvtier against this machine's limit, same bytes, same run "
-                f"(median of {settings.repeats} repeat{'s' if settings.repeats > 1 else ''}; "
-                "GB/s = 10^9 B/s)"
-            ),
-            title_justify="left",
-        )
-        columns = (
-            "pair",
-            "block size",
-            "blocks/batch",
-            "qd",
-            "kvtier GB/s",
-            "kvtier blocks/s",
-            "baseline GB/s",
-        )
-        for column in columns:
-            table.add_column(column, justify="left" if column == "pair" else "right")
-        table.add_column("ratio", justify="right")
-        table.add_column(f">= {TARGET:.0%}?", justify="left")
-        # Rows of one pair together (its one-batch row first), each case by block size.
-        pairs: dict[str, int] = {}
-        labels: dict[str, int] = {}
-        for row in report.rows:
-            pairs.setdefault(row.pair, len(pairs))
-            labels.setdefault(row.label, len(labels))
-        rows = sorted(report.rows, key=lambda r: (pairs[r.pair], labels[r.label], r.block_size))
-        previous = None
-        for row in rows:
-            if previous is not None and row.label != previous:
-                table.add_section()
-            previous = row.label
-            verdict = "WRONG BYTES" if not row.verified else ("yes" if row.target_met else "no")
-            table.add_row(
-                row.label,
-                format_size(row.block_size),
-                f"{row.blocks_per_batch:,}",
-                f"{row.queue_depth}",
-                f"{row.kvtier_gbps:.2f}",
-                f"{row.kvtier_blocks_per_s:,.0f}",
-                f"{row.baseline_gbps:.2f}",
-                f"{row.ratio:.0%}",
-                verdict,
-            )
-        shown.append(table)
-        baselines: dict[str, str] = {}
-        for row in rows:
-            baselines.setdefault(row.label, row.baseline)
-        shown.append(Text("Baselines:"))
-        for label, baseline in baselines.items():
-            shown.append(Text(f"  {label}: {baseline}"))
-        shown.append(
-            Text(
-                "ratio = median over repeats of kvtier GB/s / baseline GB/s measured back to "
-                "back in the same repeat (so it need not equal the ratio of the two medians). "
-                "qd = calls in flight at once, the same on both sides: kvtier's concurrent "
-                "calls, the baseline's threads. serial / concurrent: "
-                f"{SERVING_WRITE_BLOCKS}-block writes (fsync on) and {SERVING_READ_BLOCKS}-block "
-                f"reads, one at a time / {SERVING_QUEUE_DEPTH} at once."
-            )
-        )
-        shown += _group_commit_lines(rows)
+        shown += _data_path_lines(report)
     for part, reason in report.skipped.items():
         shown.append(Text(f"{part} rows skipped: {reason}"))
     if report.bookkeeping:
-        first = report.bookkeeping[0]
-        table = Table(
-            title=(
-                f"Bookkeeping: kvtier TierManager, first {first.requests:,} requests of the "
-                "shipped trace, one replay (Mops/s = 10^6 block-operations/s)"
-            ),
-            title_justify="left",
-        )
-        for column in ("policy", "capacity", "blocks", "block-ops", "Mops/s"):
-            table.add_column(column, justify="left" if column == "policy" else "right")
-        for book in report.bookkeeping:
-            table.add_row(
-                book.policy,
-                f"{book.fraction:.0%}",
-                f"{book.capacity:,}",
-                f"{book.ops:,}",
-                f"{book.mops:.3f}",
-            )
-        shown.append(table)
+        shown.append(_bookkeeping_table(report))
     env = report.environment
     if "directory" in env:
         direct = env.get("disk_direct_io", {})
@@ -1433,3 +1351,102 @@ def render(report: Report) -> list[Any]:
             )
         )
     return shown
+
+
+def _data_path_lines(report: Report) -> list[Any]:
+    """The data path rows: the table of kvtier against its baselines, then what each baseline
+    is and how to read the ratio."""
+    from rich.table import Table
+    from rich.text import Text
+
+    shown: list[Any] = []
+    settings = report.settings
+    table = Table(
+        title=(
+            "Data path: kvtier against this machine's limit, same bytes, same run "
+            f"(median of {settings.repeats} repeat{'s' if settings.repeats > 1 else ''}; "
+            "GB/s = 10^9 B/s)"
+        ),
+        title_justify="left",
+    )
+    columns = (
+        "pair",
+        "block size",
+        "blocks/batch",
+        "qd",
+        "kvtier GB/s",
+        "kvtier blocks/s",
+        "baseline GB/s",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "pair" else "right")
+    table.add_column("ratio", justify="right")
+    table.add_column(f">= {TARGET:.0%}?", justify="left")
+    # Rows of one pair together (its one-batch row first), each case by block size.
+    pairs: dict[str, int] = {}
+    labels: dict[str, int] = {}
+    for row in report.rows:
+        pairs.setdefault(row.pair, len(pairs))
+        labels.setdefault(row.label, len(labels))
+    rows = sorted(report.rows, key=lambda r: (pairs[r.pair], labels[r.label], r.block_size))
+    previous = None
+    for row in rows:
+        if previous is not None and row.label != previous:
+            table.add_section()
+        previous = row.label
+        verdict = "WRONG BYTES" if not row.verified else ("yes" if row.target_met else "no")
+        table.add_row(
+            row.label,
+            format_size(row.block_size),
+            f"{row.blocks_per_batch:,}",
+            f"{row.queue_depth}",
+            f"{row.kvtier_gbps:.2f}",
+            f"{row.kvtier_blocks_per_s:,.0f}",
+            f"{row.baseline_gbps:.2f}",
+            f"{row.ratio:.0%}",
+            verdict,
+        )
+    shown.append(table)
+    baselines: dict[str, str] = {}
+    for row in rows:
+        baselines.setdefault(row.label, row.baseline)
+    shown.append(Text("Baselines:"))
+    for label, baseline in baselines.items():
+        shown.append(Text(f"  {label}: {baseline}"))
+    shown.append(
+        Text(
+            "ratio = median over repeats of kvtier GB/s / baseline GB/s measured back to "
+            "back in the same repeat (so it need not equal the ratio of the two medians). "
+            "qd = calls in flight at once, the same on both sides: kvtier's concurrent "
+            "calls, the baseline's threads. serial / concurrent: "
+            f"{SERVING_WRITE_BLOCKS}-block writes (fsync on) and {SERVING_READ_BLOCKS}-block "
+            f"reads, one at a time / {SERVING_QUEUE_DEPTH} at once."
+        )
+    )
+    shown += _group_commit_lines(rows)
+    return shown
+
+
+def _bookkeeping_table(report: Report) -> Any:
+    """The bookkeeping rows: Mops/s of each policy's TierManager on the shipped trace."""
+    from rich.table import Table
+
+    first = report.bookkeeping[0]
+    table = Table(
+        title=(
+            f"Bookkeeping: kvtier TierManager, first {first.requests:,} requests of the "
+            "shipped trace, one replay (Mops/s = 10^6 block-operations/s)"
+        ),
+        title_justify="left",
+    )
+    for column in ("policy", "capacity", "blocks", "block-ops", "Mops/s"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for book in report.bookkeeping:
+        table.add_row(
+            book.policy,
+            f"{book.fraction:.0%}",
+            f"{book.capacity:,}",
+            f"{book.ops:,}",
+            f"{book.mops:.3f}",
+        )
+    return table

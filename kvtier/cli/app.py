@@ -7,8 +7,9 @@ a traceback. Progress bars appear only when stderr is a terminal.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -24,6 +25,11 @@ from kvtier.cli.commands.options import (
 from kvtier.cli.console import err, out
 from kvtier.cli.console import progress as _progress
 from kvtier.errors import KvtierError
+
+if TYPE_CHECKING:
+    from kvtier.config import HierarchyConfig
+    from kvtier.manager.tiered import WritePolicy
+    from kvtier.workloads.simulation import CapacitySpec, ChainTier, SimTrace
 
 EXIT_USAGE = 2
 
@@ -49,7 +55,8 @@ class _KvtierGroup(click.Group):
 @click.group(cls=_KvtierGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvtier")
 def main() -> None:
-    """kvtier: keep the KV cache of LLM serving engines in GPU, pinned-CPU and disk tiers."""
+    """kvtier: keep the KV cache of LLM serving engines in a chain of tiers (GPU, pinned CPU,
+    disk, and stores a fleet shares: Redis, a shared filesystem)."""
 
 
 @main.command()
@@ -227,25 +234,53 @@ def simulate(
       kvtier simulate --tiers 1%,5%,20% --policy lru,arc,lru
       kvtier simulate --config configs/default.toml
     """
-    import json
+    from kvtier.cli.charts import require_matplotlib
+    from kvtier.workloads.simulation import load_trace, parse_capacities, parse_policies
+    from kvtier.workloads.simulation.sweep import DEFAULT_CAPACITIES, DEFAULT_POLICIES
 
-    from kvtier.cli.charts import chart_chain, chart_sweep, draw_or_remove, require_matplotlib
+    _check_simulate_options(
+        policy_list, capacity_list, tier_list, config_path, write_policy, admission_list
+    )
+    chain = None
+    if tier_list is not None or config_path is not None:
+        chain = _SimulatedChain.parse(
+            tier_list, config_path, policy_list, write_policy, admission_list
+        )
+    else:
+        policies = parse_policies(policy_list or DEFAULT_POLICIES)
+        capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
+    if not no_plot:
+        require_matplotlib()
+    check_out_dir(out_dir)  # before the run: a run whose results cannot be written is wasted
+    trace = load_trace(trace_path, limit)
+    partial = _partial_block_flags(trace, trace_path) if skip_partial_blocks else None
+    if not as_json:
+        kind = "Mooncake JSONL" if trace.format == "mooncake" else "key file"
+        out.print(
+            f"[bold]Trace[/bold] {trace.name} ({kind}): {len(trace.requests):,} requests, "
+            f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
+        )
+    if chain is not None:
+        paths = _simulate_chain(chain, trace, partial, out_dir, as_json=as_json, no_plot=no_plot)
+    else:
+        paths = _simulate_sweep(
+            policies, capacities, trace, partial, out_dir, as_json=as_json, no_plot=no_plot
+        )
+    for path in paths:
+        (err if as_json else out).print(f"wrote {path}", markup=False)
+
+
+def _check_simulate_options(
+    policy_list: str | None,
+    capacity_list: str | None,
+    tier_list: str | None,
+    config_path: Path | None,
+    write_policy: str | None,
+    admission_list: str | None,
+) -> None:
+    """Refuse the option combinations of `kvtier simulate` that mix its two forms (the policy
+    sweep and the chain) or name a chain twice."""
     from kvtier.errors import InvalidValueError
-    from kvtier.workloads.simulation import chain as chained
-    from kvtier.workloads.simulation import (
-        load_trace,
-        parse_capacities,
-        parse_policies,
-        render,
-        run_sweep,
-    )
-    from kvtier.workloads.simulation.bounds import infinite_cache_hits
-    from kvtier.workloads.simulation.sweep import (
-        DEFAULT_CAPACITIES,
-        DEFAULT_POLICIES,
-        sweep_runs,
-        write_sweep_outputs,
-    )
 
     is_chain = tier_list is not None or config_path is not None
     if tier_list is not None and config_path is not None:
@@ -260,91 +295,149 @@ def simulate(
         )
     if config_path is not None and (policy_list is not None or write_policy is not None):
         raise InvalidValueError("with --config, the policies and write policy come from the file")
-    config = None
-    tier_specs = chain_policies = chain_admissions = None
-    if config_path is not None:
-        from kvtier.config import load_config
 
-        config = load_config(config_path)
-    elif tier_list is not None:
-        tier_specs = parse_capacities(tier_list, option="--tiers")
-        chain_policies = chained.parse_chain_policies(policy_list or "lru", len(tier_specs))
-        chain_admissions = chained.parse_chain_admissions(admission_list or "all", len(tier_specs))
+
+@dataclass(frozen=True)
+class _SimulatedChain:
+    """The chain of a chained `kvtier simulate`, read from its options before the trace is:
+    a config file's active tiers, or the --tiers capacities with a policy and an admission
+    per tier."""
+
+    source: str
+    """The options that named it, for the chart: `--config PATH` or `--tiers LIST`."""
+    config: HierarchyConfig | None = None
+    capacities: tuple[CapacitySpec, ...] = ()
+    policies: tuple[str, ...] = ()
+    admissions: tuple[str, ...] = ()
+    write_policy: WritePolicy = "write-back"
+
+    @classmethod
+    def parse(
+        cls,
+        tier_list: str | None,
+        config_path: Path | None,
+        policy_list: str | None,
+        write_policy: str | None,
+        admission_list: str | None,
+    ) -> _SimulatedChain:
+        """The chain --config or --tiers names (the other options already checked)."""
+        from kvtier.workloads.simulation import chain as chained
+        from kvtier.workloads.simulation import parse_capacities
+
+        if config_path is not None:
+            from kvtier.config import load_config
+
+            config = load_config(config_path)
+            return cls(f"--config {config_path}", config, write_policy=config.write_policy)
+        assert tier_list is not None
+        capacities = parse_capacities(tier_list, option="--tiers")
+        return cls(
+            f"--tiers {tier_list}",
+            capacities=capacities,
+            policies=chained.parse_chain_policies(policy_list or "lru", len(capacities)),
+            admissions=chained.parse_chain_admissions(admission_list or "all", len(capacities)),
+            write_policy="write-through" if write_policy == "write-through" else "write-back",
+        )
+
+    def tiers(self, unique_blocks: int) -> tuple[ChainTier, ...]:
+        """The tiers, top first, sized for a trace of `unique_blocks` blocks."""
+        from kvtier.workloads.simulation import chain as chained
+
+        if self.config is not None:
+            return chained.chain_tiers_from_config(self.config)
+        return chained.chain_tiers(
+            self.capacities, self.policies, unique_blocks, admissions=self.admissions
+        )
+
+
+def _partial_block_flags(trace: SimTrace, trace_path: Path | None) -> list[bool]:
+    """--skip-partial-blocks: for each access of a Mooncake trace, whether it is a prompt's
+    last block holding fewer than 512 tokens."""
+    import itertools
+
+    from kvtier.errors import InvalidValueError
+    from kvtier.policies import partial_block_flags
+    from kvtier.workloads.traces import read_mooncake
+
+    if trace.format != "mooncake":
+        raise InvalidValueError("--skip-partial-blocks needs a Mooncake trace (input lengths)")
+    lengths = [
+        r.input_length for r in itertools.islice(read_mooncake(trace_path), len(trace.requests))
+    ]
+    return partial_block_flags(trace.requests, lengths, 512)
+
+
+def _simulate_chain(
+    chain: _SimulatedChain,
+    trace: SimTrace,
+    partial: list[bool] | None,
+    out_dir: Path,
+    *,
+    as_json: bool,
+    no_plot: bool,
+) -> list[Path]:
+    """Serve the trace through the chain, write simulate.json (and the chart), print the
+    per-tier table or the JSON; return the paths written."""
+    from dataclasses import replace
+
+    from kvtier.cli.charts import chart_chain, draw_or_remove
+    from kvtier.workloads.simulation import chain as chained
+    from kvtier.workloads.simulation import render
+    from kvtier.workloads.simulation.bounds import infinite_cache_hits
+
+    tiers = chain.tiers(trace.unique_blocks)
+    with _progress("serving requests through the chain", len(trace.requests)) as advance:
+        result = chained.simulate_chain(
+            trace, tiers, chain.write_policy, progress=advance, partial=partial
+        )
+    if chain.config is not None:
+        result = replace(result, block_bytes=chain.config.block_size)
+    paths = [chained.write_chain_outputs(result, trace, out_dir)]
+    paths += draw_or_remove(
+        out_dir / "simulate.png",
+        None if no_plot else lambda path: chart_chain(result, trace, path, source=chain.source),
+    )
+    if as_json:
+        click.echo(paths[0].read_text(), nl=False)
     else:
-        policies = parse_policies(policy_list or DEFAULT_POLICIES)
-        capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
-    if not no_plot:
-        require_matplotlib()
-    check_out_dir(out_dir)  # before the run: a run whose results cannot be written is wasted
-    trace = load_trace(trace_path, limit)
-    partial = None
-    if skip_partial_blocks:
-        if trace.format != "mooncake":
-            raise InvalidValueError("--skip-partial-blocks needs a Mooncake trace (input lengths)")
-        import itertools
+        out.print(render.chain_table(result, infinite_cache_hits(trace.accesses).hit_ratio))
+        out.print(render.chain_footer(result), markup=False)
+    return paths
 
-        from kvtier.policies import partial_block_flags
-        from kvtier.workloads.traces import read_mooncake
 
-        lengths = [
-            r.input_length for r in itertools.islice(read_mooncake(trace_path), len(trace.requests))
-        ]
-        partial = partial_block_flags(trace.requests, lengths, 512)
-    if not as_json:
-        kind = "Mooncake JSONL" if trace.format == "mooncake" else "key file"
-        out.print(
-            f"[bold]Trace[/bold] {trace.name} ({kind}): {len(trace.requests):,} requests, "
-            f"{len(trace.accesses):,} block accesses, {trace.unique_blocks:,} unique blocks"
-        )
+def _simulate_sweep(
+    policies: tuple[str, ...],
+    capacities: tuple[CapacitySpec, ...],
+    trace: SimTrace,
+    partial: list[bool] | None,
+    out_dir: Path,
+    *,
+    as_json: bool,
+    no_plot: bool,
+) -> list[Path]:
+    """Run each policy at each capacity, write simulate.json (and the chart), print the
+    table or the JSON; return the paths written."""
+    import json
 
-    if is_chain:
-        if config is not None:
-            tiers = chained.chain_tiers_from_config(config)
-            chain_write_policy = config.write_policy
-        else:
-            assert tier_specs is not None and chain_policies is not None
-            tiers = chained.chain_tiers(
-                tier_specs, chain_policies, trace.unique_blocks, admissions=chain_admissions
-            )
-            chain_write_policy = (
-                "write-through" if write_policy == "write-through" else "write-back"
-            )
-        with _progress("serving requests through the chain", len(trace.requests)) as advance:
-            result = chained.simulate_chain(
-                trace, tiers, chain_write_policy, progress=advance, partial=partial
-            )
-        if config is not None:
-            from dataclasses import replace
+    from kvtier.cli.charts import chart_sweep, draw_or_remove
+    from kvtier.workloads.simulation import render, run_sweep
+    from kvtier.workloads.simulation.sweep import sweep_runs, write_sweep_outputs
 
-            result = replace(result, block_bytes=config.block_size)
-        source = f"--config {config_path}" if config_path is not None else f"--tiers {tier_list}"
-        paths = [chained.write_chain_outputs(result, trace, out_dir)]
-        paths += draw_or_remove(
-            out_dir / "simulate.png",
-            None if no_plot else lambda path: chart_chain(result, trace, path, source=source),
-        )
-        if as_json:
-            click.echo(paths[0].read_text(), nl=False)
-        else:
-            out.print(render.chain_table(result, infinite_cache_hits(trace.accesses).hit_ratio))
-            out.print(render.chain_footer(result), markup=False)
+    runs = sweep_runs(policies, capacities, trace.unique_blocks)
+    with _progress("simulating", runs) as advance:
+        report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
+    paths = [write_sweep_outputs(report, out_dir)]
+    paths += draw_or_remove(
+        out_dir / "simulate.png", None if no_plot else lambda path: chart_sweep(report, path)
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        runs = sweep_runs(policies, capacities, trace.unique_blocks)
-        with _progress("simulating", runs) as advance:
-            report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
-        paths = [write_sweep_outputs(report, out_dir)]
-        paths += draw_or_remove(
-            out_dir / "simulate.png", None if no_plot else lambda path: chart_sweep(report, path)
-        )
-        if as_json:
-            click.echo(json.dumps(report.to_dict(), indent=2))
-        else:
-            out.print(render.sweep_table(report))
-            footer = render.sweep_footer(report)
-            if footer:
-                out.print(footer, markup=False)
-    for path in paths:
-        (err if as_json else out).print(f"wrote {path}", markup=False)
+        out.print(render.sweep_table(report))
+        footer = render.sweep_footer(report)
+        if footer:
+            out.print(footer, markup=False)
+    return paths
 
 
 from kvtier.cli.commands.replay import replay as replay_command  # noqa: E402

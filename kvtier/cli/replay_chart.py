@@ -114,16 +114,23 @@ def replay_figure(report: Mapping[str, Any]) -> Any:
     bytes moved per tier pair (cumulative), with each pair's total and achieved GB/s. A tier
     has one colour in every panel.
     """
+    figure = new_figure(10.0, 11.0)
+    top, gap, bottom = figure.subplots(3, 1, height_ratios=[3, 1, 2])
+    top.sharex(gap)
+    _draw_hit_ratios(top, gap, report)
+    _draw_bytes_moved(bottom, report)
+    return figure
+
+
+def _draw_hit_ratios(top: Any, gap: Any, report: Mapping[str, Any]) -> None:
+    """The top panel (each tier's running hit ratio stacked, the chain's per window, the
+    infinite-cache bound) and the gap panel under it (the bound minus the chain)."""
+    from matplotlib.ticker import PercentFormatter, StrMethodFormatter
+
     series = report["series"]
     requests: list[int] = series["requests"]
     accesses: list[int] = series["block_accesses"]
     tiers = report["tiers"]
-    figure = new_figure(10.0, 11.0)
-    top, gap, bottom = figure.subplots(3, 1, height_ratios=[3, 1, 2])
-    top.sharex(gap)
-
-    from matplotlib.ticker import FuncFormatter, PercentFormatter, StrMethodFormatter
-
     running = [_ratios(series["tier_hits"][tier["name"]], accesses) for tier in tiers]
     labels = [
         f"{tier['name']} ({tier['medium']}, {tier['policy']}, {tier['blocks']:,} blocks): "
@@ -164,7 +171,15 @@ def replay_figure(report: Mapping[str, Any]) -> Any:
     )
     top.set_title(_title(report))
 
-    tier_index = {tier["name"]: index for index, tier in enumerate(tiers)}
+
+def _draw_bytes_moved(bottom: Any, report: Mapping[str, Any]) -> None:
+    """The bottom panel: bytes moved per tier pair so far, each pair's line labelled with its
+    total and achieved GB/s."""
+    from matplotlib.ticker import FuncFormatter, StrMethodFormatter
+
+    series = report["series"]
+    requests: list[int] = series["requests"]
+    tier_index = {tier["name"]: index for index, tier in enumerate(report["tiers"])}
     pair_rows = {f"{p['source']}->{p['destination']}": p for p in report["pairs"]}
     pair_series: dict[str, list[int]] = series["pair_bytes"]
     largest = max((values[-1] for values in pair_series.values() if values), default=0)
@@ -205,4 +220,3 @@ def replay_figure(report: Mapping[str, Any]) -> Any:
             fontsize="small",
             title_fontsize="small",
         )
-    return figure

@@ -74,9 +74,7 @@ class SecondSightingAdmission(CachePolicy):
         sightings, judged = self._sightings, self._judged
         inner = self.policy.admit(keys) if not self.policy.admits_all else None
         answers = [
-            sightings.get(key, 0) >= 2
-            and key not in judged
-            and (inner is None or inner[index])
+            sightings.get(key, 0) >= 2 and key not in judged and (inner is None or inner[index])
             for index, key in enumerate(keys)
         ]
         judged.clear()

@@ -303,7 +303,7 @@ class ARCCachePolicy(CachePolicy):
 
     # -- the algorithm ---------------------------------------------------------------------
 
-    def _plan_new_keys(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:
+    def _plan_new_keys(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:  # noqa: C901 - one pass on purpose: the batched hot path (issue 23); see tests/test_arc_paper.py
         """`_plan_evictions` for a tier's usual batch, faster; None when it does not apply.
 
         It applies when the n keys to make room for are exactly the announced ones and none
@@ -380,7 +380,7 @@ class ARCCachePolicy(CachePolicy):
             victims = [next1() if op == _EVICT_T1 else next2() for op in ops]
         return victims, ops, list(islice(b1, pop1)), list(islice(b2, pop2)), p
 
-    def _plan_evictions(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:
+    def _plan_evictions(self, n: int, protected: Collection[OffloadKey]) -> _Plan | None:  # noqa: C901 - one loop on purpose: the hot path, the paper step by step; see tests/test_arc_paper.py
         """Decide n evictions without changing anything: the victims in order, what happens
         to each (`_EVICT_T1`, `_EVICT_T2` or `_DROP_T1`), the ghosts of B1 and of B2 to
         delete, and the new p; or None when n blocks cannot be evicted.

@@ -85,8 +85,14 @@ def v1_value(namespace: str, key: bytes, block: bytes) -> bytes:
     """A raw block in the value format before authentication (version 1: an xxh3 checksum
     seeded by public data), which anyone who can write the store can make for any key."""
     prefix = struct.pack(
-        "<4sBBH16sQQ", b"KVTR", 1, 0, len(key), xxhash.xxh3_128_digest(namespace.encode()),
-        len(block), len(block),
+        "<4sBBH16sQQ",
+        b"KVTR",
+        1,
+        0,
+        len(key),
+        xxhash.xxh3_128_digest(namespace.encode()),
+        len(block),
+        len(block),
     )
     checksum = xxhash.xxh3_64_intdigest(block, seed=xxhash.xxh3_64_intdigest(prefix + key))
     return prefix + struct.pack("<Q", checksum) + key + block
@@ -118,7 +124,9 @@ def forgeries(values: ValueCodec, key: OffloadKey, block: HostBuffer) -> dict[st
         ).encode(key, block)
         with contextlib.suppress(ConfigError):  # no cryptography: nothing to forge with
             made["wrong key under the real key id, encrypted"] = ValueCodec(
-                namespace, size, BlockCodec(),
+                namespace,
+                size,
+                BlockCodec(),
                 ValueAuth(impostor, {real_id: impostor}, encrypt=True),
             ).encode(key, block)
     return made
@@ -129,9 +137,18 @@ def tampered(value: bytes, key_length: int) -> dict[str, bytes]:
     value passed off as unkeyed), key length, key id, namespace, lengths, nonce, tag, key and
     stored bytes. Each must fail its tag (or a check before it)."""
     offsets = {
-        "version": 4, "codec": 5, "flags": 6, "key length": 8, "key id": 12, "namespace": 20,
-        "block length": 36, "stored length": 44, "nonce": 52, "tag": 64,
-        "key": HEADER_BYTES + key_length - 1, "stored bytes": len(value) - 1,
+        "version": 4,
+        "codec": 5,
+        "flags": 6,
+        "key length": 8,
+        "key id": 12,
+        "namespace": 20,
+        "block length": 36,
+        "stored length": 44,
+        "nonce": 52,
+        "tag": 64,
+        "key": HEADER_BYTES + key_length - 1,
+        "stored bytes": len(value) - 1,
         "first stored byte": HEADER_BYTES + key_length,
     }
     out = {}
@@ -319,13 +336,14 @@ class KeyedStorageTests:
     async def test_rows_of_one_array_as_buffers(self, storage: KeyedStorage) -> None:
         pool = np.zeros((4, self.block_size), dtype=np.uint8)
         pool[:] = np.arange(4, dtype=np.uint8)[:, None]
-        assert await storage.write([k(i) for i in range(50, 54)], [0, 1, 2, 3], list(pool)) == [
-            None
-        ] * 4
+        assert (
+            await storage.write([k(i) for i in range(50, 54)], [0, 1, 2, 3], list(pool))
+            == [None] * 4
+        )
         out = np.zeros_like(pool)
-        assert await storage.read([k(i) for i in range(50, 54)], [3, 2, 1, 0], list(out)) == [
-            None
-        ] * 4
+        assert (
+            await storage.read([k(i) for i in range(50, 54)], [3, 2, 1, 0], list(out)) == [None] * 4
+        )
         assert np.array_equal(out, pool)
 
     async def test_aclose_is_idempotent(self, storage: KeyedStorage) -> None:
@@ -343,7 +361,11 @@ class KeyedStorageTests:
         return values
 
     async def _is_a_miss(
-        self, storage: KeyedStorage, key: OffloadKey, value: bytes, what: str,
+        self,
+        storage: KeyedStorage,
+        key: OffloadKey,
+        value: bytes,
+        what: str,
         never: HostBuffer | None = None,
     ) -> None:
         """`value` planted as `key`'s: its read is a miss, the buffer holds no block of
@@ -361,9 +383,7 @@ class KeyedStorageTests:
             assert buffers[0].tobytes() != never.tobytes(), f"{what}: its bytes were served"
         assert peak < self.allocation_bound, f"{what}: the read allocated {peak} bytes"
 
-    async def test_values_forged_without_the_key_are_misses(
-        self, storage: KeyedStorage
-    ) -> None:
+    async def test_values_forged_without_the_key_are_misses(self, storage: KeyedStorage) -> None:
         values = self._values(storage)
         assert values.auth is not None, "a shared store's conformance storage needs keys"
         evil = make_blocks(1, self.block_size, seed=66)[0]
@@ -438,7 +458,9 @@ class KeyedStorageTests:
             # b's nodes hold b's key only: what they make for a's namespace is forged there.
             evil = make_blocks(1, self.block_size, seed=71)[0]
             forged = ValueCodec(
-                auths["a"][0], self.block_size, BlockCodec(),
+                auths["a"][0],
+                self.block_size,
+                BlockCodec(),
                 ValueAuth.for_namespace(auths["a"][0], auths["b"][1]),
             ).encode(k(781), evil)
             await self._is_a_miss(a, k(781), forged, "made by tenant b for a", evil)

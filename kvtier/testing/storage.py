@@ -137,7 +137,12 @@ class StorageTests:
         wide = torch.zeros((count, 2 * self.block_size), dtype=torch.uint8)
         strided = wide[:, ::2]
         loaded = await move(
-            copier, keys[::-1], storage, slots[::-1].copy(), strided, np.arange(count),
+            copier,
+            keys[::-1],
+            storage,
+            slots[::-1].copy(),
+            strided,
+            np.arange(count),
             self.block_size,
         )
         assert loaded == MoveResult()
@@ -160,7 +165,12 @@ class StorageTests:
         await self.write_ok(storage, [1], [0], blocks[:1])
         target = torch.full((2, self.block_size), 0x77, dtype=torch.uint8)
         result = await move(
-            TensorCopier(), [k(1), k(2)], storage, np.array([0, 1]), target, np.arange(2),
+            TensorCopier(),
+            [k(1), k(2)],
+            storage,
+            np.array([0, 1]),
+            target,
+            np.arange(2),
             self.block_size,
         )
         assert result.failed == {k(2)} and result.corrupt == {k(2)}

@@ -30,7 +30,9 @@ from kvtier.cli.console import err, format_bytes, out, progress
 from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:
+    from kvtier.config import HierarchyConfig
     from kvtier.metrics import MetricsServer
+    from kvtier.workloads.replay import ReplayResult, ReplayTrace
 
 EXIT_MISMATCH = 1
 EXIT_INTERRUPTED = 130
@@ -271,16 +273,14 @@ def replay(
     from kvtier.cli.charts import draw_or_remove, require_matplotlib
     from kvtier.cli.commands.options import check_out_dir
     from kvtier.cli.replay_chart import plot_replay
-    from kvtier.config import format_size, load_config, load_default_config
+    from kvtier.config import load_config, load_default_config
     from kvtier.workloads.replay import (
         clean_disk_dirs,
         describe_block_bytes,
-        disk_usage_line,
         load_replay_trace,
         prepare_disk_dirs,
         replay_block_bytes,
         replay_config,
-        size_argument,
         write_report,
     )
     from kvtier.workloads.replay import replay as replay_trace
@@ -308,35 +308,7 @@ def replay(
     disk_dirs = prepare_disk_dirs(config)
 
     if not as_json:
-        sim = trace.trace
-        kind = "Mooncake JSONL" if sim.format == "mooncake" else "key file"
-        out.print(f"[bold]Tier chain[/bold] ({source})")
-        out.print(given.describe(), markup=False)
-        dropped = [tier.name for tier in config.tiers if tier not in active]
-        if dropped:
-            out.print(f"inactive here (no CUDA or disabled): {', '.join(dropped)}", markup=False)
-        out.print(
-            f"[bold]Trace[/bold] {sim.name} ({kind}): {len(sim.requests):,} requests, "
-            f"{len(sim.accesses):,} block accesses, {sim.unique_blocks:,} unique blocks"
-        )
-        size = sum(t.num_blocks for t in active) * block_bytes
-        out.print(
-            f"[bold]Replay[/bold] with {format_size(block_bytes)} blocks "
-            f"({format_size(size)} across the active tiers)",
-        )
-        if block_bytes != given.block_size:
-            out.print(
-                f"  block size scaled: config {format_size(given.block_size)} per block, "
-                f"replayed {format_size(block_bytes)}; each tier keeps its block count, so hit "
-                "ratios are the config's (use --block-bytes "
-                f"{size_argument(given.block_size)} for the real size)",
-                markup=False,
-            )
-        for path in disk_dirs:
-            out.print(f"  disk tier in {path} (emptied: the replay starts cold)", markup=False)
-        usage = disk_usage_line(config, out_dir)
-        if usage is not None:
-            out.print(usage, markup=False)
+        _print_plan(source, given, config, trace, block_bytes, disk_dirs, out_dir)
 
     registry, server = _metrics_server(metrics_port, err if as_json else out)
     try:
@@ -373,6 +345,58 @@ def replay(
         out.print(describe_block_bytes(result), markup=False)
     for path in paths:
         (err if as_json else out).print(f"wrote {path}", markup=False)
+    _exit_on_bad_outcome(result, report_path=paths[0])
+
+
+def _print_plan(
+    source: str,
+    given: HierarchyConfig,
+    config: HierarchyConfig,
+    trace: ReplayTrace,
+    block_bytes: int,
+    disk_dirs: list[Path],
+    out_dir: Path,
+) -> None:
+    """What the replay is about to do: the chain as given and its inactive tiers, the trace,
+    the replayed block size (and how it differs from the config's), the disk tiers' places."""
+    from kvtier.config import format_size
+    from kvtier.workloads.replay import disk_usage_line, size_argument
+
+    active = config.active_tiers()
+    sim = trace.trace
+    kind = "Mooncake JSONL" if sim.format == "mooncake" else "key file"
+    out.print(f"[bold]Tier chain[/bold] ({source})")
+    out.print(given.describe(), markup=False)
+    dropped = [tier.name for tier in config.tiers if tier not in active]
+    if dropped:
+        out.print(f"inactive here (no CUDA or disabled): {', '.join(dropped)}", markup=False)
+    out.print(
+        f"[bold]Trace[/bold] {sim.name} ({kind}): {len(sim.requests):,} requests, "
+        f"{len(sim.accesses):,} block accesses, {sim.unique_blocks:,} unique blocks"
+    )
+    size = sum(t.num_blocks for t in active) * block_bytes
+    out.print(
+        f"[bold]Replay[/bold] with {format_size(block_bytes)} blocks "
+        f"({format_size(size)} across the active tiers)",
+    )
+    if block_bytes != given.block_size:
+        out.print(
+            f"  block size scaled: config {format_size(given.block_size)} per block, "
+            f"replayed {format_size(block_bytes)}; each tier keeps its block count, so hit "
+            "ratios are the config's (use --block-bytes "
+            f"{size_argument(given.block_size)} for the real size)",
+            markup=False,
+        )
+    for path in disk_dirs:
+        out.print(f"  disk tier in {path} (emptied: the replay starts cold)", markup=False)
+    usage = disk_usage_line(config, out_dir)
+    if usage is not None:
+        out.print(usage, markup=False)
+
+
+def _exit_on_bad_outcome(result: ReplayResult, report_path: Path) -> None:
+    """Exit 130 after an interrupted replay, 1 when a loaded block did not match its
+    content (after one line on stderr); return when the replay completed clean."""
     c = result.counters
     if result.interrupted:
         err.print(
@@ -385,7 +409,7 @@ def replay(
         err.print(
             f"kvtier: error: {c.mismatches:,} of {c.verified:,} loaded blocks did not match "
             f"the bytes stored for their keys (first: {c.mismatch_examples[0].tier} tier, "
-            f"request {c.mismatch_examples[0].request}); see {paths[0]}",
+            f"request {c.mismatch_examples[0].request}); see {report_path}",
             markup=False,
         )
         sys.exit(EXIT_MISMATCH)

@@ -70,9 +70,7 @@ class KvtierCachePolicy(VllmCachePolicy):
     def on_store_miss(self, keys: Iterable[VllmKey], req_context: ReqContext) -> None:
         self.policy.on_store_miss([OffloadKey(key) for key in keys])
 
-    def evict(
-        self, n: int, protected: set[VllmKey]
-    ) -> list[tuple[VllmKey, ChunkStatus]] | None:
+    def evict(self, n: int, protected: set[VllmKey]) -> list[tuple[VllmKey, ChunkStatus]] | None:
         victims = self.policy.evict(n, protected)
         if victims is None:
             return None

@@ -43,9 +43,9 @@ from kvtier.tiers.disk.index_check import (
 )
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.layout import (
+    EMPTY_ENTRY,
     HEADERS_FILE,
     INDEX_DIR,
-    EMPTY_ENTRY,
     BlockHeader,
     IndexRecord,
     StoreLayout,
