@@ -213,6 +213,7 @@ async def test_a_hierarchy_whose_disk_admits_on_second_sighting_serves_exact_byt
         h.check()
 
 
+@pytest.mark.slow
 def test_write_through_below_lru_writes_4x_fewer_blocks_and_hits_more() -> None:
     """Issue 12's two-tier target (1 % + 4 %, write-through, the shipped trace): the lower
     tier admitting on second sighting writes >= 4x fewer blocks than a plain LRU chain of the

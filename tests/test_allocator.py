@@ -622,6 +622,7 @@ def test_refcounter_and_cow_tracker() -> None:
 # -- the state machine ---------------------------------------------------------------------------
 
 TestPrefixCachingMachine = PrefixCachingAllocatorMachine.TestCase
+TestPrefixCachingMachine.pytestmark = [pytest.mark.slow]
 TestPrefixCachingMachine.settings = settings(
     max_examples=100,
     stateful_step_count=30,

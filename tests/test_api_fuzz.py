@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 from hypothesis import HealthCheck, event, given, settings
@@ -178,6 +179,7 @@ async def get_one(h: Hierarchy, data: st.DataObject, stored: dict[bytes, bytes])
 
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow
 async def test_garbage_calls_raise_kvtier_errors_and_lose_nothing(
     tmp_path: Path, data: st.DataObject
 ) -> None:

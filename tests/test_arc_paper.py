@@ -120,6 +120,7 @@ def differences(policy: ARCCachePolicy, paper: PaperARC) -> str | None:
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 3, 5, 8])
+@pytest.mark.slow
 def test_batched_arc_is_the_papers_arc_on_random_programs(capacity: int) -> None:
     failures = []
     for seed in range(1500):

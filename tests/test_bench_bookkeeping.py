@@ -87,6 +87,7 @@ def reference_lru(requests: list[list[int]], capacity: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("fraction", FRACTIONS)
+@pytest.mark.slow
 def test_lru_counts_match_an_independent_model(
     kvtier_results: list[Result], requests: list[list[int]], fraction: float
 ) -> None:
@@ -196,6 +197,7 @@ def test_command_line_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "kvtier Mops/s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_vllm_agrees_on_lru(requests: list[list[int]]) -> None:
     manager = pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
     import vllm

@@ -192,6 +192,7 @@ def bench(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY, "--pairs", "cpu,disk,gpu", "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
@@ -220,6 +221,7 @@ def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     assert "WRONG BYTES" not in stdout and "Traceback" not in stdout + stderr
 
 
+@pytest.mark.slow
 def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY, "--json", "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
@@ -287,6 +289,7 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("pairs", ["cpu", "disk"])
+@pytest.mark.slow
 def test_bench_exits_1_when_a_pair_moves_wrong_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pairs: str
 ) -> None:
@@ -301,6 +304,7 @@ def test_bench_exits_1_when_a_pair_moves_wrong_bytes(
             assert any(pair in line and "WRONG BYTES" in line for line in stdout.splitlines())
 
 
+@pytest.mark.slow
 async def test_each_serving_row_is_verified_by_its_own_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -330,6 +334,7 @@ async def test_each_serving_row_is_verified_by_its_own_calls(
     assert list(tmp_path.iterdir()) == []  # the store's directory and raw file are gone
 
 
+@pytest.mark.slow
 def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,6 +46,7 @@ def bench(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_the_report_has_every_row_and_its_invariants_hold(tmp_path: Path) -> None:
     settings = dataclasses.replace(TINY, directory=tmp_path)
     steps: list[str] = []
@@ -121,6 +122,7 @@ def test_settings_fit_their_rounds_to_a_small_run() -> None:
         writepath.Settings(puts=3, gets=5).validate()
 
 
+@pytest.mark.slow
 def test_cli_json_is_json_only(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY_OPTIONS, "--json", "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
@@ -138,6 +140,7 @@ def test_cli_json_is_json_only(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_prints_the_three_tables(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY_OPTIONS, "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
@@ -151,6 +154,7 @@ def test_cli_prints_the_three_tables(tmp_path: Path) -> None:
     assert "WRONG" not in stdout and "Traceback" not in stdout + stderr
 
 
+@pytest.mark.slow
 def test_cli_exits_1_when_a_get_returns_wrong_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,6 +98,7 @@ def test_every_policy_has_its_own_colour_lct_included() -> None:
     assert INFINITE_COLOR not in TIER_COLORS
 
 
+@pytest.mark.slow
 def test_the_lct_curve_has_its_own_colour_and_label(tmp_path: Path) -> None:
     code, output = run(
         "simulate", "--policy", "lru,arc,lct", "--capacity", "1%", "--limit", "300",
@@ -156,6 +157,7 @@ def test_the_chain_total_is_a_line_of_its_own_beneath_the_dashed_bound(
     assert top.get_lines().index(bound) > top.get_lines().index(chain)
 
 
+@pytest.mark.slow
 def test_a_partial_replays_title_says_so_and_stays_inside_the_figure(
     report: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -176,6 +178,7 @@ def test_title_lines_wraps_long_lines() -> None:
     assert all(len(line) <= 90 for line in title.splitlines())
 
 
+@pytest.mark.slow
 def test_a_config_chain_is_titled_by_its_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +20,7 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_demo_on_the_default_config_prints_chain_replay_and_policies() -> None:
     code, stdout, stderr = run("demo", "--limit", "300")
     assert code == 0, stderr

@@ -150,6 +150,7 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=400, deadline=None)
 @given(configs())
+@pytest.mark.slow
 def test_a_malformed_config_is_a_config_error_and_nothing_else(config: dict[str, Any]) -> None:
     try:
         parsed = parse_config(config)

@@ -218,6 +218,7 @@ def damage(data: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["half", "8KiB", "zero-meta", "flip16", "flip300", "flip3000"])
+@pytest.mark.slow
 async def test_a_damaged_index_never_crashes_and_never_bricks_the_store(
     tmp_path: Path, how: str
 ) -> None:

@@ -202,6 +202,7 @@ async def test_cascades_over_the_backlog_are_dropped_not_stalling(tmp_path: Path
         verify_all(h)
 
 
+@pytest.mark.slow
 async def test_concurrent_puts_and_gets_on_overlapping_keys(tmp_path: Path) -> None:
     async with Hierarchy.from_config(chain_config(tmp_path, gpu=8, cpu=16, disk=64)) as h:
         baseline = [s.free for s in h.stats().tiers]
@@ -440,6 +441,7 @@ def run_child(tmp_path: Path, count: int, *, drain: bool, kill_self: bool) -> su
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 async def test_blocks_stored_by_one_process_are_read_by_the_next(tmp_path: Path) -> None:
     child = run_child(tmp_path, 12, drain=True, kill_self=True)
     child.communicate(timeout=120)
@@ -454,6 +456,7 @@ async def test_blocks_stored_by_one_process_are_read_by_the_next(tmp_path: Path)
         verify_all(h)
 
 
+@pytest.mark.slow
 async def test_a_process_killed_mid_burst_leaves_no_readable_corrupt_block(
     tmp_path: Path,
 ) -> None:

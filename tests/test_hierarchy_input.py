@@ -157,6 +157,7 @@ def tensors(count: int) -> st.SearchStrategy[Any]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.data())
+@pytest.mark.slow
 async def test_fuzzed_api_input_is_a_kvtier_error_and_harmless(
     tmp_path: Path, data: st.DataObject
 ) -> None:

@@ -14,6 +14,7 @@ that breaks the layering fails here.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections import defaultdict
@@ -39,9 +40,16 @@ def _module_of(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of `path`, parsed once for all the rules (they read every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def _imports(path: Path, *, module_level_only: bool) -> list[str]:
     """The kvtier modules `path` imports (under TYPE_CHECKING excluded: never run)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     skipped: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -164,7 +172,7 @@ def _imported_names(path: Path) -> list[tuple[str, str | None]]:
     """(module, name) of every kvtier import in `path`, at any depth, function-level
     included and TYPE_CHECKING excluded: `from kvtier.a import b` gives ("kvtier.a", "b"),
     `import kvtier.a` gives ("kvtier.a", None)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     skipped = _typing_only(tree)
     found: list[tuple[str, str | None]] = []
     for node in ast.walk(tree):
@@ -266,7 +274,7 @@ def test_only_the_chain_assembly_reads_the_tiers_declarations() -> None:
     for module, path in _modules().items():
         if module == "kvtier.chain.assembly" or not any(_in(module, p) for p in RUNNING_CORE):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr in TIER_DECLARATIONS

@@ -114,6 +114,7 @@ def _never_below_lru(sequence: list[int], fractions: tuple[float, ...]) -> None:
         pytest.param(lambda: regime_changes(60_000, seed=9), id="regime-changes"),
     ],
 )
+@pytest.mark.slow
 def test_never_below_lru_on_generated_regimes(make: Callable[[], list[int]]) -> None:
     """At 1, 5 and 10 % of the distinct keys (the long trace is hundreds of capacities long
     at 1 %, where a count since the start made lct an LRU). The regimes last 5.5 to 55
@@ -311,6 +312,7 @@ def _final_horizon(keys: list[int], capacity: int, start: int) -> LCTCachePolicy
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_on_a_long_drifting_trace_the_horizon_moves_short() -> None:
     """Hundreds of capacities long, every key coming back now and then: counted from long
     ago every key looks frequent, so the horizon leaves the longest candidate (64 x
@@ -324,6 +326,7 @@ def test_on_a_long_drifting_trace_the_horizon_moves_short() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_on_a_hot_set_read_far_apart_the_horizon_moves_long() -> None:
     """Hot keys come back about 6 capacities apart among one-off scans: only a horizon
     longer than that tells them from the scans, so the horizon leaves the shortest

@@ -194,6 +194,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | 
     }
 
 
+@pytest.mark.slow
 def test_a_running_replay_serves_its_metrics(tmp_path: Path) -> None:
     """Scraped while the replay runs (it is stopped with Ctrl-C once the hits show)."""
     port = free_port()
@@ -246,6 +247,7 @@ def test_a_running_replay_serves_its_metrics(tmp_path: Path) -> None:
     assert scrape(port) is None  # the server is gone with the replay
 
 
+@pytest.mark.slow
 def test_replay_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

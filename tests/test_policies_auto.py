@@ -155,6 +155,7 @@ def _phase_hits(policy: CachePolicy, keys: list[int], phase: int) -> list[int]:
     return hits
 
 
+@pytest.mark.slow
 def test_auto_follows_the_candidate_that_wins_each_regime() -> None:
     keys, phase, capacity = _regimes(), 40_000, 2_000
     found = {name: _phase_hits(POLICIES[name](capacity), keys, phase) for name in CANDIDATES}
@@ -184,6 +185,7 @@ def _zipf(count: int = 100_000) -> list[int]:
     return rng.choices(range(30_000), cum_weights=weights, k=count)
 
 
+@pytest.mark.slow
 def test_a_stationary_workload_does_not_flap() -> None:
     keys = _zipf()
     made: list[AutoCachePolicy] = []
@@ -207,6 +209,7 @@ def test_a_stationary_workload_does_not_flap() -> None:
     "ahead early, and the switch to ARC and back costs the real lct its learned state "
     "(0.427 against ARC's 0.437 and lct's 0.445)",
 )
+@pytest.mark.slow
 def test_a_stationary_workload_is_within_0_005_of_the_best() -> None:
     keys = _zipf()
     best = max(simulate(name, 1_500, keys).hit_ratio for name in ("arc", "lct"))

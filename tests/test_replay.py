@@ -96,6 +96,7 @@ fsync = false
 # -- the command's happy path -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_default_config_replay_writes_table_report_and_chart(tmp_path: Path) -> None:
     code, stdout, stderr = run(
         "replay", "--limit", LIMIT, "--block-bytes", "4KiB", "--out", str(tmp_path)
@@ -168,6 +169,7 @@ def test_json_output_is_the_report(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "replay.png").exists()
 
 
+@pytest.mark.slow
 def test_a_second_replay_starts_cold_and_gives_the_same_hits(tmp_path: Path) -> None:
     config = write_config(
         tmp_path / "c.toml", SMALL_CHAIN.format(write_policy="write-back", policy="arc")
@@ -212,6 +214,7 @@ def tier_hits_of_replay(config: Path, limit: str, tmp_path: Path, *trace: str) -
     ],
     ids=["write-back-arc", "write-through-lru", "three-tiers"],
 )
+@pytest.mark.slow
 def test_per_tier_hits_equal_simulate_config(tmp_path: Path, config_text: str, limit: str) -> None:
     config = write_config(tmp_path / "chain.toml", config_text)
     simulated = tier_hits_of_simulate(config, limit, tmp_path)
@@ -220,6 +223,7 @@ def test_per_tier_hits_equal_simulate_config(tmp_path: Path, config_text: str, l
     assert all(hits > 0 for hits in replayed.values()), replayed  # every tier takes part
 
 
+@pytest.mark.slow
 def test_per_tier_hits_equal_simulate_config_on_a_key_file(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     keys = rng.zipf(1.3, size=3000) % 500
@@ -291,6 +295,7 @@ async def test_replayer_counts_mismatches_when_a_pool_is_corrupted_behind_its_ba
     assert counters.mismatch_examples[0].request > 100
 
 
+@pytest.mark.slow
 def test_command_exits_1_when_loaded_bytes_are_wrong(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -474,6 +479,7 @@ async def test_cancelling_the_replay_closes_the_hierarchy_and_returns_a_partial_
         assert h.stats().tiers[1].used > 0
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "out"
     process = subprocess.Popen(

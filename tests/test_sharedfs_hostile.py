@@ -236,6 +236,7 @@ async def test_oversized_files_go_first(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_two_writers_keep_the_directory_within_1_2x_of_max_size(tmp_path: Path) -> None:
     root = tmp_path / "ns"
     one = 8192  # a 4 KiB block's file takes two 4 KiB blocks

@@ -123,6 +123,7 @@ async def test_blocks_spill_to_the_shared_directory_and_come_back(tmp_path: Path
         h.check()
 
 
+@pytest.mark.slow
 async def test_a_second_node_loads_what_the_first_stored(tmp_path: Path) -> None:
     async with Hierarchy.from_config(chain(tmp_path / "nfs")) as a:
         keys = await fill(a, range(12))

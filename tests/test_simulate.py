@@ -293,6 +293,7 @@ def test_default_run_reproduces_the_reference_figures(tmp_path: Path) -> None:
     assert (tmp_path / "simulate.png").read_bytes().startswith(PNG_MAGIC)
 
 
+@pytest.mark.slow
 def test_the_table_shows_reference_figures_on_the_shipped_trace(tmp_path: Path) -> None:
     # One cheap capacity of the whole trace: LRU at 1 % is exact, so its diff prints +0.0000.
     code, stdout, stderr = run(

@@ -144,6 +144,7 @@ def test_one_tier_chain_matches_the_demo_replay_of_a_tier_manager(
     sizes=st.lists(st.integers(1, 8), min_size=2, max_size=3),
     write_through=st.booleans(),
 )
+@pytest.mark.slow
 def test_chains_never_beat_the_infinite_cache_and_stay_consistent(
     requests: list[list[int]], sizes: list[int], write_through: bool
 ) -> None:
@@ -287,6 +288,7 @@ def test_chain_bad_input_is_one_line(args: list[str], needle: str, tmp_path: Pat
     one_line_error(["simulate", *args, "--out", str(tmp_path)], needle)
 
 
+@pytest.mark.slow
 def test_blocks_written_per_tier_and_an_admitting_lower_tier_writes_fewer() -> None:
     """Each tier reports the blocks stored into it; with `lct` below LRU (write-back), the
     lower tier refuses demotions of blocks that never pay: fewer disk writes, no fewer hits."""

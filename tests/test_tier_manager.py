@@ -49,6 +49,8 @@ def test_policy_and_backend_sizes_must_agree() -> None:
 
 _machine_settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 TestStateMachineLRU = make_tier_manager_machine("lru").TestCase
+TestStateMachineLRU.pytestmark = [pytest.mark.slow]
 TestStateMachineLRU.settings = _machine_settings
 TestStateMachineARC = make_tier_manager_machine("arc").TestCase
+TestStateMachineARC.pytestmark = [pytest.mark.slow]
 TestStateMachineARC.settings = _machine_settings

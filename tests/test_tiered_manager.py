@@ -343,8 +343,11 @@ class _ThroughMachine(ChainMachine):
 
 
 TestChainLRU = ChainMachine.TestCase
+TestChainLRU.pytestmark = [pytest.mark.slow]
 TestChainLRU.settings = _settings
 TestChainARC = _ArcMachine.TestCase
+TestChainARC.pytestmark = [pytest.mark.slow]
 TestChainARC.settings = _settings
 TestChainWriteThrough = _ThroughMachine.TestCase
+TestChainWriteThrough.pytestmark = [pytest.mark.slow]
 TestChainWriteThrough.settings = _settings

@@ -573,6 +573,7 @@ def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_kvtier_keys_new_derive_and_id(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.key"
     done = kvtier("keys", "new", str(fleet))

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import torch
 from hierarchy_helpers import blocks_of, chain_config, content, key
 
@@ -98,6 +99,7 @@ def test_the_manager_refills_a_reserve_in_the_background() -> None:
     manager.check()
 
 
+@pytest.mark.slow
 async def test_write_through_stores_every_block_of_a_sequential_loop(tmp_path: Path) -> None:
     """A CPU tier of 16 blocks over a disk: 2,000 single-block puts, all stored (cascades
     never pin the top tier past a memory copy)."""
@@ -118,6 +120,7 @@ async def test_write_through_stores_every_block_of_a_sequential_loop(tmp_path: P
         settled(h)
 
 
+@pytest.mark.slow
 async def test_write_through_with_128_concurrent_writers_refuses_nothing(tmp_path: Path) -> None:
     """128 writers into a 16-block top tier: every put waits for room as long as it takes
     (`store_timeout_s=None`), so every block is stored however loaded the machine is (with a
