@@ -4,6 +4,7 @@ multi-file slabs, O_DIRECT selection and its fallback, and the index kept around
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import mmap
 import os
@@ -196,6 +197,23 @@ async def test_reopened_store_restores_every_block_oldest_first(
         assert [block.key for block in disk.restore()] == [k(14), k(15)]
     finally:
         await disk.aclose()
+
+
+async def test_aclose_closes_cleanly_when_no_thread_can_be_started(tmp_path: Path) -> None:
+    """An embedder's interpreter exiting without closing its serving engine closes the store
+    after the loop's executor is shut down: the store still closes, and the next open finds
+    every block."""
+    disk = open_store(tmp_path)
+    await write_ok(disk, [1, 2], [0, 1])
+    await asyncio.get_running_loop().shutdown_default_executor()
+    await disk.aclose()
+    assert disk.closed
+    disk = open_store(tmp_path)
+    try:
+        assert [block.key for block in disk.restore()] == [k(1), k(2)]
+        await assert_intact(disk, [1, 2], [0, 1])
+    finally:
+        disk.close()
 
 
 async def test_a_store_opened_with_other_compression_reads_the_old_blocks(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -71,6 +72,8 @@ READ_SPLIT_BYTES = 8 << 20
 """A read of at least twice this many bytes is split over the read threads (`_read_parts`)."""
 
 _T = TypeVar("_T")
+
+_LOG = logging.getLogger(__name__)
 
 
 class DiskStore(BlockStorage):
@@ -238,9 +241,19 @@ class DiskStore(BlockStorage):
             self._files.close(clean=clean, catalog=self._catalog)
 
     async def aclose(self) -> None:
-        """`close()` in a thread. Idempotent."""
-        if not self._closed:
+        """`close()` in a thread. Idempotent. When no thread can be started any more (the
+        loop's executor is shut down: an embedder's interpreter is exiting without closing
+        its serving engine), the store closes on the calling thread instead, so its files are
+        still closed cleanly and the next open finds a clean shutdown."""
+        if self._closed:
+            return
+        try:
             await asyncio.to_thread(self.close)
+        except RuntimeError:
+            if self._closed:
+                return
+            _LOG.info("disk tier %s: no thread to close in; closing on the loop", self.path)
+            self.close()
 
     @property
     def closed(self) -> bool:
