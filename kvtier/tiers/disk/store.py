@@ -250,8 +250,6 @@ class DiskStore(BlockStorage):
         try:
             await asyncio.to_thread(self.close)
         except RuntimeError:
-            if self._closed:
-                return
             _LOG.info("disk tier %s: no thread to close in; closing on the loop", self.path)
             self.close()
 
