@@ -129,7 +129,7 @@ if [ "$project_ok" = 0 ]; then
             torch_req=$cpu_torch
         fi
         echo "setup: installing $torch_req" >&2
-        "${pip[@]}" install "$torch_req" >&2
+        "${pip[@]}" install "$torch_req" 2>&1 | quiet_pins
     fi
     echo "setup: installing kvtier (editable) with its test and plot tools" >&2
     "${pip[@]}" install -e "$root[test,torch,plot]" 2>&1 | quiet_pins
