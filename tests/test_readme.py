@@ -43,7 +43,6 @@ FOREIGN_OPTIONS = {"--no-deps": "pip", "--kv-transfer-config": "vllm serve"}
 section)."""
 
 REPO_DIRS = (
-    "benchmarks/",
     "configs/",
     "docs/",
     "examples/",

@@ -13,4 +13,11 @@ the `kvtier bench` command (`python -m kvtier.cli bench`); the others run as
   a truncated index.
 - `vllm_tiers`: kvtier's disk tier against vLLM's `fs` tier under vLLM's tiering manager.
 - `remote_tiers`: the Redis and shared-fs tiers against their plain clients.
+- `policy_speed`: the policies' bookkeeping speed against vLLM's own `LRUCachePolicy` and
+  `ARCCachePolicy`.
+- `lct_tuning`: `lct`'s parameters chosen on the first half of the shipped trace, reported on
+  the second half and the whole.
+- `policy_traces`: the policies' hit ratios across traces and generated workloads.
+- `engine_ttft`: time to first token of vLLM's CPU engine with and without kvtier underneath
+  (run with `.venv-engine/bin/python`, where vLLM's CPU build is).
 """

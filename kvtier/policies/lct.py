@@ -62,7 +62,7 @@ keys tail to head, so its head is the newest access and a prefix outlives its ta
 Cost: O(1) amortized per access (a state from three ages, one histogram cell, four queues),
 a solve every `period` accesses over (35 states x ~70 bins, four candidates) and, when the
 horizon moves, a requeue of the resident blocks (O(n log n)). On the shipped trace, driven a
-request at a time, that is 1.6 to 1.9 times ARC's time per access (benchmarks/README.md).
+request at a time, that is 1.6 to 1.9 times ARC's time per access (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ BINS_PER_OCTAVE = 4
 MAX_BINS = BINS_PER_OCTAVE * 48
 """Reuse distances up to 2**48 accesses: beyond any memory, so no bin is ever capped."""
 # The tunables were chosen together on the first half (by time) of the shipped trace, one set
-# for every capacity (benchmarks/lct_tuning.py), and are reported on other traces too
-# (benchmarks/policy_traces.py).
+# for every capacity (kvtier.bench.lct_tuning), and are reported on other traces too
+# (kvtier.bench.policy_traces).
 HORIZONS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
 """Candidate horizons, in accesses, as multiples of the capacity (ascending)."""
 START = 2
@@ -236,7 +236,7 @@ class LCTCachePolicy(CachePolicy):
         """`decay`, `solve_every` (a multiple of the capacity, in accesses), `horizons` and
         `memory` (multiples of the capacity, in accesses), `start` (an index in `horizons`)
         and `order` default to the module's constants, the one set chosen for every capacity
-        (see `benchmarks/lct_tuning.py`); they are parameters for that tuning only."""
+        (see `kvtier.bench.lct_tuning`); they are parameters for that tuning only."""
         super().__init__(cache_capacity)
         if not 0.0 < decay <= 1.0:
             raise InvalidValueError(f"lct: decay must be in (0, 1], got {decay!r}")

@@ -1,7 +1,7 @@
 """Cache-policy bookkeeping speed: kvtier's LRU / ARC / lct / auto against vLLM 0.33.0's own
 `LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per second.
 
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python benchmarks/policy_speed.py [--repeats 5] [--limit N]
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.policy_speed [--repeats 5] [--limit N]
 
 Workload: the shipped Mooncake trace (`kvtier.workloads.traces.read_mooncake()`); each
 request's `hash_ids` (a prompt prefix of block keys, duplicates within a request dropped) is
@@ -48,15 +48,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from pathlib import Path
 from typing import ClassVar
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-try:
-    import kvtier  # noqa: F401
-except ModuleNotFoundError:  # run from a checkout without kvtier installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey, key_from_int
@@ -328,7 +322,7 @@ def timed(
     return [(statistics.median(t), h) for t, h in zip(times, hits, strict=True)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", type=int, default=None, help="first N requests (default all)")

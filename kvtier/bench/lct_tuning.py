@@ -1,8 +1,8 @@
 """Tune `lct` honestly: choose its parameters on the first half of the shipped trace (by
 request time), then report the second half and the whole trace with the chosen set.
 
-    .venv/bin/python benchmarks/lct_tuning.py            # the grid, then the table
-    .venv/bin/python benchmarks/lct_tuning.py --table    # the table for lct's defaults only
+    .venv/bin/python -m kvtier.bench.lct_tuning            # the grid, then the table
+    .venv/bin/python -m kvtier.bench.lct_tuning --table    # the table for lct's defaults only
 
 Every run is `kvtier.policies.simulate` over block accesses with the prompts' partial last
 blocks never stored (`--skip-partial-blocks`), at 1, 5 and 10 % of the distinct blocks of the
@@ -100,10 +100,10 @@ def score(values: Sequence[float], arc: Sequence[float]) -> float:
     return product ** (1 / len(values))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", action="store_true", help="only the table of the defaults")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     first, second, whole = parts()
     chosen: dict[str, Any] = {
         "decay": lct_module.DECAY,
@@ -136,7 +136,8 @@ def main() -> None:
     whole_lct = ratios(factory, whole)
     met = all(v >= TARGETS[f] for v, f in zip(whole_lct, FRACTIONS, strict=True))
     print("targets on the whole trace (0.110, 0.220, 0.295):", "met" if met else "not met")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

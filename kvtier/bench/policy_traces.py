@@ -2,13 +2,13 @@
 time and the whole), any other Mooncake trace given on the command line, and generated key
 sequences of different regimes, at 1, 5 and 10 % of each workload's distinct blocks.
 
-    .venv/bin/python benchmarks/policy_traces.py                     # every workload
-    .venv/bin/python benchmarks/policy_traces.py --trace synthetic.jsonl --workloads synthetic
-    .venv/bin/python benchmarks/policy_traces.py --policies lru arc lct path/old_lct.py:Old
+    .venv/bin/python -m kvtier.bench.policy_traces                   # every workload
+    .venv/bin/python -m kvtier.bench.policy_traces --trace synthetic.jsonl --workloads synthetic
+    .venv/bin/python -m kvtier.bench.policy_traces --policies lru arc lct path/old_lct.py:Old
 
 Every run is `kvtier.policies.simulate` over block accesses (one access per key, cold
 start). Mooncake workloads skip the prompts' partial last blocks (as `kvtier simulate
---skip-partial-blocks` and `benchmarks/lct_tuning.py` do); generated ones have none. A
+--skip-partial-blocks` and `kvtier.bench.lct_tuning` do); generated ones have none. A
 policy is a registered name or `FILE.py:Class` / `module:Class` (a `CachePolicy` class
 built from the capacity alone), so an old version of a policy can be compared with the
 new one. The last column of the table is the policy's hit ratio minus ARC's.
@@ -34,16 +34,10 @@ import itertools
 import json
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-try:
-    import kvtier  # noqa: F401
-except ModuleNotFoundError:  # run from a checkout without kvtier installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvtier.policies import CachePolicy, get_policy_class, partial_block_flags, simulate
 from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, read_mooncake
@@ -207,7 +201,7 @@ def hit_ratios(policy: Callable[[int], CachePolicy], workload: Workload) -> list
     ]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", default=["lru", "arc", "lct", "auto"])
     parser.add_argument(
@@ -222,7 +216,7 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, help="only the first N accesses of each workload")
     parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     wanted = set(args.workloads) if args.workloads else None
 
     def selected(name: str) -> bool:
@@ -269,7 +263,8 @@ def main() -> None:
             )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
