@@ -66,8 +66,11 @@ class ChangeSignal:
             remaining = min(remaining, deadline - time.perf_counter())
             if remaining <= 0:
                 return False
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # arrives as the event is set (the caller's Ctrl-C then never reaches it).
         try:
-            await asyncio.wait_for(event.wait(), remaining)
+            async with asyncio.timeout(remaining):
+                await event.wait()
         except TimeoutError:
             return deadline is None or time.perf_counter() < deadline
         return True

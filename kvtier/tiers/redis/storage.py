@@ -192,8 +192,9 @@ class RedisStorage(KeyedStorage):
             raise TierConnectionError(errno.ECONNREFUSED, f"{self.description}: breaker open")
         async with self._slots:
             self.stats.round_trips += 1
-            try:
-                result = await asyncio.wait_for(call(), self.timeout_s)
+            try:  # asyncio.timeout: 3.11's wait_for can swallow the caller's cancellation
+                async with asyncio.timeout(self.timeout_s):
+                    result = await call()
             except TimeoutError:
                 self.stats.timeouts += 1
                 self._failed(what, "timed out")
@@ -513,7 +514,8 @@ async def open_redis_tier(config: RedisTierConfig, context: TierContext) -> Redi
         secrets=() if password is None else (password,),
     )
     try:
-        await asyncio.wait_for(client.ping(), max(timeout_s, 5.0))
+        async with asyncio.timeout(max(timeout_s, 5.0)):
+            await client.ping()
     except (AuthenticationError, ResponseError) as error:
         # A wrong password or user is the config's problem, not the network's: say so.
         await storage.aclose()
