@@ -38,6 +38,7 @@ from kvtier.config import (
 )
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.hierarchy import Hierarchy
+from kvtier.integrations.engine_config import refuse_gpu_tiers
 from kvtier.keys import OffloadKey, make_offload_key
 from kvtier.namespaces import combined_model_id
 from kvtier.sync import SyncHierarchy
@@ -170,22 +171,7 @@ def chain_config_for_sglang(
             block_size,
         )
     data["block_size"] = block_size
-    tiers = data.get("tiers")
-    if isinstance(tiers, list):
-        gpu = [
-            str(tier.get("name", index))
-            for index, tier in enumerate(tiers)
-            if isinstance(tier, Mapping) and tier.get("medium") == "gpu"
-        ]
-        if gpu:
-            raise ConfigError(
-                [
-                    f"tier {name!r}: medium 'gpu' cannot be used under SGLang (its GPU and "
-                    "host memory are above kvtier's tiers); remove it"
-                    for name in gpu
-                ],
-                source=source,
-            )
+    refuse_gpu_tiers(data, source, "SGLang", "its GPU and host memory are")
     return parse_config(data, source=source)
 
 

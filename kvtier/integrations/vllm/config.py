@@ -24,6 +24,7 @@ from kvtier.config import (
     read_config_file,
 )
 from kvtier.errors import ConfigError, InvalidValueError
+from kvtier.integrations.engine_config import refuse_gpu_tiers
 from kvtier.namespaces import combined_model_id
 
 log = logging.getLogger("kvtier.integrations.vllm")
@@ -102,20 +103,5 @@ def chain_config_for_vllm(
                 chunk_bytes,
             )
     data["block_size"] = chunk_bytes
-    tiers = data.get("tiers")
-    if isinstance(tiers, list):
-        gpu = [
-            str(tier.get("name", index))
-            for index, tier in enumerate(tiers)
-            if isinstance(tier, Mapping) and tier.get("medium") == "gpu"
-        ]
-        if gpu:
-            raise ConfigError(
-                [
-                    f"tier {name!r}: medium 'gpu' cannot be used under vLLM (vLLM's own GPU "
-                    "and CPU memory are above kvtier's tiers); remove it"
-                    for name in gpu
-                ],
-                source=source,
-            )
+    refuse_gpu_tiers(data, source, "vLLM", "vLLM's own GPU and CPU memory are")
     return parse_config(data, source=source)
