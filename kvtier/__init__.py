@@ -31,6 +31,7 @@ from kvtier.errors import (
     TraceFormatError,
     UnknownPolicyError,
 )
+from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import (
     OffloadKey,
     get_offload_block_hash,
@@ -138,6 +139,8 @@ __all__ = [
     "OffloadingManager",
     "PrepareStoreOutput",
     "ReqContext",
+    "Reuse",
+    "ReuseHint",
     "SimulationResult",
     "SlotPoolBackend",
     "SpecError",

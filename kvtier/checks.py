@@ -21,6 +21,7 @@ import torch
 
 from kvtier.config import MAX_TIER_BYTES, physical_memory
 from kvtier.errors import InvalidValueError, KeyFormatError
+from kvtier.hints import ReuseHint, check_reuse, check_ttl
 from kvtier.keys import OffloadKey, check_key, describe_key
 
 Rows = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -225,3 +226,22 @@ __all__ = [
     "config_path",
     "shown",
 ]
+
+
+def check_hint(hint: object, what: str) -> ReuseHint | None:
+    """`hint` as a `ReuseHint` (a bare `"likely"` / `"unlikely"` / `"never"` is one with no
+    TTL), or None; raises InvalidValueError naming the argument otherwise."""
+    if hint is None or isinstance(hint, ReuseHint):
+        return hint
+    try:
+        return ReuseHint(check_reuse(hint))
+    except InvalidValueError as error:
+        raise InvalidValueError(f"{what}: hint: {error}") from None
+
+
+def check_reuse_hint(reuse: object, ttl_s: object, what: str) -> ReuseHint:
+    """The hint of `reuse` and `ttl_s`; raises InvalidValueError naming the bad one."""
+    try:
+        return ReuseHint(check_reuse(reuse), check_ttl(ttl_s))
+    except InvalidValueError as error:
+        raise InvalidValueError(f"{what}: {error}") from None

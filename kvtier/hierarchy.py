@@ -64,6 +64,7 @@ from kvtier.chain.stats import (
 from kvtier.config import HierarchyConfig, load_config, parse_config
 from kvtier.engine import DEFAULT_STAGING_BYTES, TransferEngine
 from kvtier.errors import InvalidValueError, ManagerClosedError
+from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import OffloadKey, check_key
 from kvtier.manager import OffloadingEvent, TieredManager, TieredStoreOutput
 from kvtier.metrics import register_metrics, unregister_metrics
@@ -271,6 +272,7 @@ class Hierarchy:
         *,
         rows: checks.Rows | None = None,
         partial_last: bool = False,
+        hint: ReuseHint | Reuse | None = None,
     ) -> int:
         """Store blocks (row i is block `keys[i]`; with `rows`, row `rows[i]`, so blocks can
         be taken straight from an engine's buffer) in the top tier, demoting what it evicts.
@@ -280,15 +282,24 @@ class Hierarchy:
 
         `partial_last`: the last key is a prompt's partial block (fewer tokens than a block
         holds). No later prompt repeats its tokens exactly, so it is never stored (counted
-        in `stats().calls.put_partial`); the engine knows, kvtier cannot."""
+        in `stats().calls.put_partial`); the engine knows, kvtier cannot. `hint`: a reuse
+        hint for every key, as `hint()` gives it once the put is done."""
         chain = self._open()
         keys = checks.check_keys(keys, "put")
         row_ids = checks.check_rows(rows, blocks, self.block_size, len(keys), "put")
         if not isinstance(partial_last, bool):
             raise InvalidValueError(f"put: partial_last must be a bool, got {partial_last!r}")
-        return await store.put(
-            chain, keys, blocks, row_ids, partial_last=partial_last, timeout_s=self.store_timeout_s
-        )
+        checked = checks.check_hint(hint, "put")
+        timeout_s = self.store_timeout_s
+        return await store.put(chain, keys, blocks, row_ids, partial_last, timeout_s, checked)
+
+    def hint(self, keys: Sequence[OffloadKey], reuse: Reuse, ttl_s: float | None = None) -> None:
+        """Say whether blocks will be read again (`kvtier.hints`): each tier holding one
+        gives its policy the hint ("never": evicted first and not demoted; "unlikely":
+        before unhinted blocks; "likely": kept while others can go) for `ttl_s` seconds
+        (None: while the block stays). Keys no tier holds are ignored."""
+        checked = checks.check_reuse_hint(reuse, ttl_s, "hint")
+        store.give_hint(self._open(), checks.check_keys(keys, "hint", distinct=False), checked)
 
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing; the first

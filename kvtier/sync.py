@@ -21,6 +21,7 @@ import torch
 from kvtier.config import HierarchyConfig
 from kvtier.errors import ManagerClosedError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
+from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import OffloadKey
 from kvtier.manager import OffloadingEvent
 
@@ -102,9 +103,19 @@ class SyncHierarchy:
 
         return self._call(call())
 
-    def put(self, keys: Sequence[OffloadKey], blocks: torch.Tensor) -> int:
+    def put(
+        self,
+        keys: Sequence[OffloadKey],
+        blocks: torch.Tensor,
+        *,
+        hint: ReuseHint | Reuse | None = None,
+    ) -> int:
         """`Hierarchy.put`, waited for."""
-        return self._call(self._hierarchy.put(keys, blocks))
+        return self._call(self._hierarchy.put(keys, blocks, hint=hint))
+
+    def hint(self, keys: Sequence[OffloadKey], reuse: Reuse, ttl_s: float | None = None) -> None:
+        """`Hierarchy.hint`."""
+        self._sync(self._hierarchy.hint, keys, reuse, ttl_s)
 
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """`Hierarchy.lookup`."""

@@ -27,6 +27,7 @@ import torch
 
 from kvtier.chain.runtime import Chain
 from kvtier.chain.stats import FlushReport
+from kvtier.hints import HeldHint, ReuseHint
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredStoreOutput, TransferJob, slot_ids
 
@@ -38,13 +39,14 @@ async def put(
     keys: list[OffloadKey],
     blocks: torch.Tensor,
     rows: npt.NDArray[np.int64],
-    *,
     partial_last: bool,
     timeout_s: float | None,
+    hint: ReuseHint | None = None,
 ) -> int:
     """Store block `keys[i]` from row `rows[i]` of `blocks` in the top tier; how many were
     newly stored. `partial_last`: the last key is a prompt's partial block, never stored.
-    `timeout_s`: the longest backpressure wait of each part (None: as long as it takes)."""
+    `timeout_s`: the longest backpressure wait of each part (None: as long as it takes).
+    `hint`: given to every key once stored (`give_hint`), those held already included."""
     started = time.perf_counter()
     chain.calls.put_blocks += len(keys)
     partial = keys[-1] if partial_last and keys else None
@@ -57,8 +59,18 @@ async def put(
         stored += await _put_part(
             chain, part, blocks, rows[start : start + len(part)], last, timeout_s
         )
+    if hint is not None:
+        give_hint(chain, keys, hint)
     chain.calls.put_latency.observe(time.perf_counter() - started)
     return stored
+
+
+def give_hint(chain: Chain, keys: list[OffloadKey], hint: ReuseHint) -> None:
+    """Give every tier holding some of `keys` the application's reuse hint, its TTL turned
+    into a deadline on the monotonic clock (the one the bookkeeping's tiers read)."""
+    chain.check_open()
+    expires_at = None if hint.ttl_s is None else time.monotonic() + hint.ttl_s
+    chain.manager.hint(keys, HeldHint(hint.reuse, expires_at))
 
 
 async def _put_part(

@@ -16,6 +16,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from kvtier.blocks import BlockStatus
+from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import OffloadingEvent, PrepareStoreOutput, ReqContext
 from kvtier.manager.tier import TierStats
@@ -115,6 +116,14 @@ class ChainTier(Protocol):
     def evict_to_drain(self, count: int) -> tuple[list[OffloadKey], list[BlockStatus]]: ...
 
     def release_drained(self, blocks: Collection[BlockStatus]) -> None: ...
+
+    def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
+        """An application's reuse hint on the keys the tier holds (None: withdraw it)."""
+        ...
+
+    def take_evicted_hints(self) -> dict[OffloadKey, HeldHint]:
+        """The hints of the blocks its last eviction took, once (what a demotion carries)."""
+        ...
 
     def take_events(self) -> list[OffloadingEvent]: ...
 

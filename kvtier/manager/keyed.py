@@ -25,6 +25,7 @@ from typing import Protocol
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
+from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import EventLog, OffloadingEvent, PrepareStoreOutput, ReqContext
 from kvtier.manager.tier import TierStats
@@ -244,6 +245,14 @@ class KeyedTierManager:
     def release_drained(self, blocks: Collection[BlockStatus]) -> None:
         if blocks:
             raise BlockStateError(f"tier {self.name!r} never drains blocks")
+
+    def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
+        """Ignored: the store evicts by its own rules, which kvtier does not steer."""
+        self._check_open()
+
+    def take_evicted_hints(self) -> dict[OffloadKey, HeldHint]:
+        """Nothing: kvtier never evicts from this tier."""
+        return {}
 
     # -- housekeeping ----------------------------------------------------------------------
 

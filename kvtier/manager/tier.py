@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
+import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import NoReturn, cast
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, ManagerClosedError
+from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import (
     EventLog,
@@ -62,7 +65,9 @@ class TierManager(OffloadingManager):
         *,
         name: str = "",
         enable_events: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: what a hint's deadline is read against (`HeldHint.expires_at`)."""
         if policy.cache_capacity != backend.num_blocks:
             raise BlockStateError(
                 f"policy capacity {policy.cache_capacity} != backend slots {backend.num_blocks}"
@@ -85,6 +90,14 @@ class TierManager(OffloadingManager):
         self._num_evictable = 0
         self._num_draining = 0
         self._closed = False
+        self.clock = clock
+        # Reuse hints of resident blocks (kvtier.hints), as the policy was given them, with
+        # their deadlines: a hint leaves with its block (to travel with its demotion) and is
+        # withdrawn from the policy when its deadline passes. Empty: no cost anywhere.
+        self._hints: dict[OffloadKey, HeldHint] = {}
+        self._deadlines: list[tuple[float, int, OffloadKey, HeldHint]] = []
+        self._deadline_seq = 0
+        self._evicted_hints: dict[OffloadKey, HeldHint] = {}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -121,6 +134,8 @@ class TierManager(OffloadingManager):
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
         # isinstance with a tuple of types: about half the cost of a `list | tuple` union
         self.policy.touch(keys if isinstance(keys, (list, tuple)) else list(keys))
+        if self._hints:
+            self._hints_touched(keys)
 
     def complete_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext | None = None
@@ -188,6 +203,8 @@ class TierManager(OffloadingManager):
             if num_to_evict > self._num_evictable:
                 self.blocks_refused += len(keys_to_store)
                 return None
+            if self._deadlines:
+                self.expire_hints()
             evicted = policy.evict(num_to_evict, offered.keys())
             if evicted is None:
                 self.blocks_refused += len(keys_to_store)
@@ -197,6 +214,8 @@ class TierManager(OffloadingManager):
             evicted_keys = list(map(_key_of, evicted))
             evicted_spec = backend.evict_blocks(evicted_keys, list(map(_block_of, evicted)))
             self._events.record(evicted_keys, removed=True)
+            if self._hints or self._evicted_hints:
+                self._hints_leave(evicted_keys, evicted=True)
         blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
         self._num_pending += len(blocks)
@@ -228,6 +247,8 @@ class TierManager(OffloadingManager):
             for key, block in pending.items():
                 remove(key)
                 free(block)
+            if self._hints:
+                self._hints_leave(pending, evicted=False)
             return
         stored: list[OffloadKey]
         if max(map(_ref_cnt, blocks), default=0) < 0:
@@ -258,10 +279,14 @@ class TierManager(OffloadingManager):
         count = min(count, self._num_evictable)
         if count <= 0:
             return [], []
+        if self._deadlines:
+            self.expire_hints()
         evicted = self.policy.evict(count, ())
         if not evicted:
             return [], []
         keys = [key for key, _ in evicted]
+        if self._hints or self._evicted_hints:
+            self._hints_leave(keys, evicted=True)
         blocks = [block for _, block in evicted]
         self._num_evictable -= len(blocks)
         self._num_draining += len(blocks)
@@ -334,6 +359,8 @@ class TierManager(OffloadingManager):
             self._num_evictable -= 1
             dropped.append(key)
         self._events.record(dropped, removed=True)
+        if self._hints:
+            self._hints_leave(dropped, evicted=False)
         return dropped
 
     def restore(self, blocks: Collection[tuple[OffloadKey, int]]) -> None:
@@ -355,6 +382,63 @@ class TierManager(OffloadingManager):
             block.ref_cnt = 0
             insert(key, block)
         self._num_evictable += len(statuses)
+
+    # -- reuse hints -----------------------------------------------------------------------
+
+    def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
+        """Give the policy an application's reuse hint on each resident key of `keys` (None:
+        withdraw it); absent keys are ignored. The hint is withdrawn when `hint.expires_at`
+        passes on `clock` (checked before each eviction), and leaves with its block."""
+        self._check_open()
+        policy, get = self.policy, self._get
+        reuse = None if hint is None else hint.reuse
+        for key in keys:
+            if get(key) is None:
+                continue
+            policy.hint(key, reuse)
+            if hint is None:
+                self._hints.pop(key, None)
+                continue
+            self._hints[key] = hint
+            if hint.expires_at is not None:
+                self._deadline_seq += 1
+                heapq.heappush(self._deadlines, (hint.expires_at, self._deadline_seq, key, hint))
+
+    def hint_of(self, key: OffloadKey) -> HeldHint | None:
+        """The hint resident `key` holds now, or None."""
+        return self._hints.get(key)
+
+    def expire_hints(self) -> None:
+        """Withdraw every hint whose deadline passed (a later hint on the key stays)."""
+        deadlines, now = self._deadlines, self.clock()
+        while deadlines and deadlines[0][0] <= now:
+            _, _, key, hint = heapq.heappop(deadlines)
+            if self._hints.get(key) is hint:
+                del self._hints[key]
+                self.policy.hint(key, None)
+
+    def take_evicted_hints(self) -> dict[OffloadKey, HeldHint]:
+        """The hints of the blocks the last eviction took (by `prepare_store` or
+        `evict_to_drain`), once: what the chain carries down with their demotion."""
+        hints, self._evicted_hints = self._evicted_hints, {}
+        return hints
+
+    def _hints_leave(self, keys: Collection[OffloadKey], *, evicted: bool) -> None:
+        """Blocks left the tier: their hints too (kept for `take_evicted_hints` when they
+        were evicted, so a demotion carries them)."""
+        taken = {key: hint for key in keys if (hint := self._hints.pop(key, None)) is not None}
+        if evicted:
+            self._evicted_hints = taken
+        if not self._hints:
+            self._deadlines.clear()
+
+    def _hints_touched(self, keys: Collection[OffloadKey]) -> None:
+        """A hit withdraws a `"never"` or `"unlikely"` hint, as the policy did."""
+        hints = self._hints
+        for key in keys:
+            hint = hints.get(key)
+            if hint is not None and hint.reuse != "likely":
+                del hints[key]
 
     # -- housekeeping ----------------------------------------------------------------------
 

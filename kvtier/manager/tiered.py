@@ -13,6 +13,10 @@ It is itself an `OffloadingManager`, so an engine that drives one tier can drive
   copies it up through every tier above (each of which may demote its own victims on the way)
   and answers None ("ask again"); once the job completes, `lookup` answers True. Promotion
   that cannot get space is a miss (False), not an error.
+- **Reuse hints** (`kvtier.hints`, `hint`): each tier holding a block gives its policy the
+  hint. A demoted block carries its hint to the tier below, except a `"never"` block, which
+  is dropped instead of demoted (the application said it will not be read again: copying it
+  down would cost a slow tier a write for nothing; counted `hint_dropped`).
 
 Nothing here does I/O or waits: decisions go out as `TransferJob`s (`take_jobs`), the engine
 moves the bytes, and `complete_job` settles the bookkeeping, including failures (a block that
@@ -31,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
+from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import (
     OffloadingEvent,
@@ -97,6 +102,8 @@ class ChainCounters:
     demotions_refused: int = 0
     """Victims the tier below did not admit (its admission filter or policy): dropped."""
     dropped_at_bottom: int = 0
+    hint_dropped: int = 0
+    """Victims hinted "never": dropped instead of demoted to the tier below."""
     cascaded: int = 0
     cascades_dropped: int = 0
     copy_failures: int = 0
@@ -338,6 +345,13 @@ class TieredManager(OffloadingManager):
         if success and newly_ready and self.write_policy == "write-through":
             self._plan_cascade(newly_ready)
 
+    def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
+        """Give every tier holding some of `keys` an application's reuse hint on them (None:
+        withdraw it); keys no tier holds are ignored."""
+        self._check_open()
+        for tier in self.tiers:
+            tier.hint(keys, hint)
+
     # -- jobs ------------------------------------------------------------------------------
 
     def take_jobs(self) -> list[TransferJob]:
@@ -548,7 +562,11 @@ class TieredManager(OffloadingManager):
     def _demote(
         self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
     ) -> None:
-        """Copy victims of tier `index` that the tier below lacks down to it."""
+        """Copy victims of tier `index` that the tier below lacks down to it, with their
+        reuse hints; a victim hinted "never" is dropped instead."""
+        hints = self.tiers[index].take_evicted_hints()
+        if hints:
+            victims, slots = self._drop_never(victims, slots, hints)
         if index + 1 == len(self.tiers):
             self.counters.dropped_at_bottom += len(victims)
             return
@@ -557,6 +575,8 @@ class TieredManager(OffloadingManager):
         held = [key for key, state in zip(victims, states, strict=True) if state is True]
         if held:
             below.touch(held)
+        if hints:
+            self._carry_hints(below, held, hints)
         missing = [
             (key, slot)
             for key, slot, state in zip(victims, slots, states, strict=True)
@@ -583,7 +603,34 @@ class TieredManager(OffloadingManager):
             job.steps.append(
                 _copy_step(stored, dict(missing), index, index + 1, slot_ids(out.store_spec))
             )
+            if hints:
+                self._carry_hints(below, stored, hints)
         self.counters.demoted += len(stored)
+
+    def _drop_never(
+        self, victims: Sequence[OffloadKey], slots: np.ndarray, hints: dict[OffloadKey, HeldHint]
+    ) -> tuple[list[OffloadKey], np.ndarray]:
+        """The victims (and their slots) not hinted "never"; the others are dropped."""
+        kept = [
+            i
+            for i, key in enumerate(victims)
+            if (h := hints.get(key)) is None or h.reuse != "never"
+        ]
+        self.counters.hint_dropped += len(victims) - len(kept)
+        return [victims[i] for i in kept], slots[kept]
+
+    @staticmethod
+    def _carry_hints(
+        below: ChainTier, keys: Sequence[OffloadKey], hints: dict[OffloadKey, HeldHint]
+    ) -> None:
+        """Give the tier below the hints its new (or already held) blocks had above."""
+        by_hint: dict[HeldHint, list[OffloadKey]] = {}
+        for key in keys:
+            hint = hints.get(key)
+            if hint is not None:
+                by_hint.setdefault(hint, []).append(key)
+        for hint, hinted in by_hint.items():
+            below.hint(hinted, hint)
 
     def _start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
         """Plan one PROMOTE job for `keys` (pinned in tier `source` by the caller; the job

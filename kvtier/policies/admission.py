@@ -22,6 +22,7 @@ from typing import ClassVar, Literal, get_args
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy
 
@@ -100,6 +101,9 @@ class SecondSightingAdmission(CachePolicy):
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         self.policy.touch(keys)
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        self.policy.hint(key, reuse)
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()

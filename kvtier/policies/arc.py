@@ -28,8 +28,10 @@ from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
+from kvtier.policies.hinted import HintBook
 
 # Where a requested key comes from: a new key, or a hit in ghost list B1 or B2. Plain ints,
 # compared in the eviction planner's loop, where enum members cost an attribute lookup each.
@@ -92,6 +94,8 @@ class ARCCachePolicy(CachePolicy):
         # (every other change shrinks them, which keeps the figure safe): evict and
         # insert_many reset it to 0, meaning "test".
         self._insert_room = 0
+        # Reuse hints on resident blocks, consulted only while some block is hinted.
+        self._hints = HintBook()
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -213,8 +217,15 @@ class ARCCachePolicy(CachePolicy):
         if self._t1.pop(key, None) is None:
             del self._t2[key]
         self._incoming.pop(key, None)
+        if self._hints.reuse:
+            self._hints.discard(key)
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        self._hints.mark(key, reuse, key in self._resident)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
+        if self._hints.reuse:
+            self._hints.touched(keys)
         t1, t2 = self._t1, self._t2
         t1_get, t2_move_to_end = t1.get, t2.move_to_end
         for key in reversed(keys):
@@ -248,6 +259,10 @@ class ARCCachePolicy(CachePolicy):
             check_evict_count(n)
             if n == 0:
                 return []
+        if self._hints.active:
+            return self._hints.evict_hinted(
+                n, protected, self.evict, self._resident.get, self.remove, self.items
+            )
         plan = self._plan_new_keys(n, protected)
         if plan is None:
             plan = self._plan_evictions(n, protected)
@@ -294,6 +309,7 @@ class ARCCachePolicy(CachePolicy):
         self._incoming_adapted = False
         self._insert_room = 0
         self._p = 0.0
+        self._hints.clear()
 
     def __len__(self) -> int:
         return len(self._resident)

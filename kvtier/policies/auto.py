@@ -48,9 +48,11 @@ from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy, check_evict_count
+from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 
@@ -208,6 +210,9 @@ class AutoCachePolicy(CachePolicy):
         self.z = z
         self._resident: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         """Every resident block, least recently used first (what a new policy adopts)."""
+        self._hints = HintBook()
+        """Reuse hints on resident blocks: auto's own, so they survive a switch; the serving
+        policy's eviction is asked for the rest (`HintBook.evict_hinted`)."""
         # `get` is that dict's own bound method, as LRU's is; the dict is never replaced, so
         # a getter stays valid across switches. A subclass that overrides `get` keeps its own.
         if type(self).get is AutoCachePolicy.get:
@@ -394,8 +399,15 @@ class AutoCachePolicy(CachePolicy):
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"auto: key {key!r} is not resident")
         self._serving.remove(key)
+        if self._hints.reuse:
+            self._hints.discard(key)
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        self._hints.mark(key, reuse, key in self._resident)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
+        if self._hints.reuse:
+            self._hints.touched(keys)
         resident = self._resident
         hits = [key for key in keys if key in resident]
         self._observe(hits)
@@ -409,6 +421,10 @@ class AutoCachePolicy(CachePolicy):
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
         """The serving policy's victims."""
         check_evict_count(n)
+        if self._hints.active and n:
+            return self._hints.evict_hinted(
+                n, protected, self.evict, self._resident.get, self.remove, self.items
+            )
         victims = self._serving.evict(n, protected)
         if victims:
             resident = self._resident
@@ -419,6 +435,7 @@ class AutoCachePolicy(CachePolicy):
     def clear(self) -> None:
         """Forget every block and all learned state: a fresh policy of the same settings."""
         self._resident.clear()
+        self._hints.clear()
         self._start_afresh()
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 
 
@@ -23,7 +24,8 @@ class CachePolicy(ABC):
       - a hit: `touch(keys)`;
       - a miss: `on_store_miss(keys)`, then `evict(n, protected)` if space is short, then
         `insert(key, block)` for each key;
-      - a failed store: `remove(key)`.
+      - a failed store: `remove(key)`;
+      - an application's reuse hint on a resident block: `hint(key, reuse)`.
     """
 
     name: ClassVar[str]
@@ -129,6 +131,16 @@ class CachePolicy(ABC):
         """Evict exactly `n` ready, unpinned blocks (`ref_cnt == 0`) whose keys are not in
         `protected`, and return them; or return None and change nothing when fewer than `n`
         such blocks exist. Costs O(n + blocks skipped)."""
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        """Take the application's reuse hint on resident `key` (None: withdraw it); a key
+        that is not resident is ignored. See `kvtier.hints`: a `"never"` block is evicted
+        before any other, an `"unlikely"` one before any unhinted one, a `"likely"` one only
+        when every evictable block is `"likely"`. A policy keeps no clock: its driver (the
+        tier's bookkeeping, `simulate`) withdraws a hint whose TTL passed. The default
+        ignores hints, so a policy written before them keeps working; the built-in ones
+        honour them with a `HintBook` (`kvtier.policies.hinted`)."""
+        return
 
     @abstractmethod
     def clear(self) -> None:

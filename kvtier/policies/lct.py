@@ -76,8 +76,10 @@ from typing import ClassVar, Literal
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
+from kvtier.policies.hinted import HintBook
 
 EvictionOrder = Literal["ratio", "over"]
 
@@ -285,6 +287,8 @@ class LCTCachePolicy(CachePolicy):
             OrderedDict() for _ in range(CLASSES)
         ]
         self._resident: dict[OffloadKey, BlockStatus] = {}
+        self._hints = HintBook()
+        """Reuse hints on resident blocks, consulted only while some block is hinted."""
         self._history: dict[OffloadKey, History] = {}
         """What the policy remembers of each resident key."""
         self._ghosts: OrderedDict[OffloadKey, History] = OrderedDict()
@@ -572,8 +576,15 @@ class LCTCachePolicy(CachePolicy):
         history = self._history.pop(key)
         del self._queues[self._class_of[history[0]]][key]
         self._remember(key, history)
+        if self._hints.reuse:
+            self._hints.discard(key)
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        self._hints.mark(key, reuse, key in self._resident)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
+        if self._hints.reuse:
+            self._hints.touched(keys)
         for key in reversed(keys):  # tail first, so the request's head is the newest
             block = self._resident.get(key)
             if block is None:
@@ -596,6 +607,10 @@ class LCTCachePolicy(CachePolicy):
         check_evict_count(n)
         if n == 0:
             return []
+        if self._hints.active:
+            return self._hints.evict_hinted(
+                n, protected, self.evict, self._resident.get, self.remove, self.items
+            )
         queues = self._queues
         iterators: list[Iterator[tuple[OffloadKey, BlockStatus]] | None] = [None] * CLASSES
         heads: list[tuple[OffloadKey, BlockStatus] | None] = [None] * CLASSES
@@ -660,6 +675,7 @@ class LCTCachePolicy(CachePolicy):
         self._resident.clear()
         self._history.clear()
         self._ghosts.clear()
+        self._hints.clear()
         self._learn_afresh()
 
     def __len__(self) -> int:

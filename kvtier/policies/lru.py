@@ -10,8 +10,10 @@ from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.base import CachePolicy, check_evict_count
+from kvtier.policies.hinted import HintBook
 
 # C-level field readers for map() over a batch of (key, block) entries.
 _key_of = itemgetter(0)
@@ -31,6 +33,7 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        self._hints = HintBook()
         # `get` is that dict's own bound method (shadowing the method below, which documents
         # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
         # is never replaced (`clear` empties it), so the binding stays valid. A subclass
@@ -59,8 +62,15 @@ class LRUCachePolicy(CachePolicy):
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
             raise BlockStateError(f"lru: key {key!r} is not resident")
+        if self._hints.reuse:
+            self._hints.discard(key)
+
+    def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
+        self._hints.mark(key, reuse, key in self._blocks)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
+        if self._hints.reuse:
+            self._hints.touched(keys)
         blocks = self._blocks
         move_to_end = blocks.move_to_end
         for key in reversed(keys):
@@ -75,6 +85,10 @@ class LRUCachePolicy(CachePolicy):
             return []
         if n > len(self._blocks):
             return None
+        if self._hints.active:
+            return self._hints.evict_hinted(
+                n, protected, self.evict, self._blocks.get, self.remove, self.items
+            )
         blocks = self._blocks
         # The usual case: the n least recent blocks are all ready, unpinned and unprotected,
         # checked with C-level calls instead of a Python step per block.
@@ -99,6 +113,7 @@ class LRUCachePolicy(CachePolicy):
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._hints.clear()
 
     def __len__(self) -> int:
         return len(self._blocks)

@@ -234,3 +234,187 @@ class PolicyTests:
                     assert len({victim for victim, _ in evicted}) == n
             assert len(policy) == len(model) <= capacity
             assert dict(policy.items()) == model
+
+    # -- reuse hints (kvtier.hints): the same rules for every policy -------------------------
+
+    def victims(
+        self, policy: CachePolicy, n: int, protected: set[OffloadKey] | None = None
+    ) -> set[OffloadKey]:
+        evicted = policy.evict(n, protected or set())
+        assert evicted is not None
+        return {key for key, _ in evicted}
+
+    def test_hint_never_is_the_first_victim(self) -> None:
+        policy = self.make(8)
+        self.fill(policy, range(8))
+        policy.touch([k(i) for i in range(8)])
+        policy.hint(k(6), "never")
+        policy.hint(k(2), "never")
+        assert self.victims(policy, 1) == {k(6)}  # hinted first, first out
+        assert self.victims(policy, 1) == {k(2)}
+        assert len(policy) == 6
+
+    def test_hint_never_skips_pinned_and_protected(self) -> None:
+        policy = self.make(6)
+        self.fill(policy, range(6))
+        policy.hint(k(4), "never")
+        policy.hint(k(5), "never")
+        block = policy.get(k(4))
+        assert block is not None
+        block.ref_cnt = 1
+        assert self.victims(policy, 1, {k(5)}) not in ({k(4)}, {k(5)})
+        block.ref_cnt = 0
+        assert self.victims(policy, 2) == {k(4), k(5)}
+
+    def test_hint_unlikely_goes_after_never_and_before_the_rest(self) -> None:
+        policy = self.make(8)
+        self.fill(policy, range(8))
+        policy.hint(k(7), "unlikely")
+        policy.hint(k(5), "never")
+        evicted = policy.evict(2)
+        assert evicted is not None and [key for key, _ in evicted] == [k(5), k(7)]
+
+    def test_hint_likely_is_protected_while_others_are_evictable(self) -> None:
+        policy = self.make(6)
+        self.fill(policy, range(6))
+        for i in range(3):
+            policy.hint(k(i), "likely")
+        assert self.victims(policy, 3) == {k(3), k(4), k(5)}
+        assert all(policy.get(k(i)) is not None for i in range(3))
+
+    def test_hint_likely_never_makes_eviction_impossible(self) -> None:
+        policy = self.make(6)
+        self.fill(policy, range(6))
+        for i in range(5):
+            policy.hint(k(i), "likely")
+        victims = self.victims(policy, 3)
+        assert k(5) in victims and len(victims) == 3  # the unhinted block goes first
+        assert self.victims(policy, 3) == {k(i) for i in range(5)} - victims
+        assert len(policy) == 0
+        self.fill(policy, range(2), ref_cnt=1)
+        policy.hint(k(0), "likely")
+        assert policy.evict(1) is None  # still None when nothing may be evicted
+
+    def test_hint_is_withdrawn_by_none_by_a_hit_and_by_leaving(self) -> None:
+        hinted, plain = self.make(6), self.make(6)
+        for policy in (hinted, plain):
+            self.fill(policy, range(6))
+        hinted.hint(k(3), "never")
+        hinted.hint(k(3), None)  # withdrawn
+        hinted.hint(k(2), "unlikely")
+        hinted.hint(k(4), "never")
+        hinted.remove(k(4))  # left the tier: its hint with it
+        plain.remove(k(4))
+        for policy in (hinted, plain):
+            policy.touch([k(2)])  # a hit disproves "unlikely"
+            policy.on_store_miss([k(4)])
+            policy.insert(k(4), ready_block(4))
+        # nothing is hinted any more: the policy decides as if it never had been
+        assert self.victims(hinted, 3) == self.victims(plain, 3)
+
+    def test_hint_on_an_absent_key_is_ignored(self) -> None:
+        policy = self.make(3)
+        self.fill(policy, range(3))
+        policy.hint(k(99), "never")
+        policy.on_store_miss([k(99)])
+        policy.insert(k(99), ready_block(99))  # over capacity is fine for the policy alone
+        policy.hint(k(0), "never")
+        assert self.victims(policy, 1) == {k(0)}
+
+    @pytest.mark.parametrize("reuse", ["sometimes", "", 3, "NEVER"])
+    def test_hint_rejects_a_bad_reuse(self, reuse: object) -> None:
+        policy = self.make(3)
+        self.fill(policy, range(3))
+        with pytest.raises(InvalidValueError, match="reuse must be one of"):
+            policy.hint(k(0), reuse)  # type: ignore[arg-type]
+
+    def test_clear_forgets_hints(self) -> None:
+        policy = self.make(3)
+        self.fill(policy, range(3))
+        policy.hint(k(2), "likely")
+        policy.clear()
+        self.fill(policy, range(3))
+        assert len(self.victims(policy, 3)) == 3
+
+    @settings(
+        max_examples=100, deadline=None, suppress_health_check=[HealthCheck.differing_executors]
+    )
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["insert", "remove", "touch", "evict", "pin", "unpin", "hint"]),
+                st.integers(0, 11),
+                st.integers(0, 3),
+            ),
+            max_size=80,
+        )
+    )
+    def test_random_operations_with_hints_keep_the_contract(
+        self, operations: list[tuple[str, int, int]]
+    ) -> None:
+        capacity = 6
+        policy = self.make(capacity)
+        model: dict[OffloadKey, BlockStatus] = {}
+        hinted: dict[OffloadKey, str] = {}
+        reuses = (None, "never", "unlikely", "likely")
+        for op, i, n in operations:
+            key = k(i)
+            if op == "insert" and key not in model and len(model) < capacity:
+                policy.on_store_miss([key])
+                block = ready_block(i, ref_cnt=-1 if n == 0 else 0)
+                policy.insert(key, block)
+                model[key] = block
+            elif op == "remove" and key in model:
+                policy.remove(key)
+                del model[key]
+                hinted.pop(key, None)
+            elif op == "hint":
+                policy.hint(key, reuses[n])  # type: ignore[arg-type]
+                hinted.pop(key, None)
+                if key in model and reuses[n] is not None:
+                    hinted[key] = reuses[n]  # type: ignore[assignment]
+            elif op == "touch":
+                policy.touch([key])
+                if hinted.get(key) in ("never", "unlikely"):
+                    del hinted[key]
+            elif op == "pin" and key in model and model[key].ref_cnt >= 0:
+                model[key].ref_cnt += 1
+            elif op == "unpin" and key in model and model[key].ref_cnt > 0:
+                model[key].ref_cnt -= 1
+            elif op == "evict":
+                self._check_hinted_evict(policy, model, hinted, n, {k(i)})
+            assert len(policy) == len(model) <= capacity
+            assert dict(policy.items()) == model
+
+    def _check_hinted_evict(
+        self,
+        policy: CachePolicy,
+        model: dict[OffloadKey, BlockStatus],
+        hinted: dict[OffloadKey, str],
+        n: int,
+        protected: set[OffloadKey],
+    ) -> None:
+        candidates = [
+            key for key, block in model.items() if block.ref_cnt == 0 and key not in protected
+        ]
+        evicted = policy.evict(n, protected)
+        if n > len(candidates):
+            assert evicted is None
+            return
+        assert evicted is not None and len(evicted) == n
+        keys = [key for key, _ in evicted]
+        assert len(set(keys)) == n and set(keys) <= set(candidates)
+        rank = {"never": 0, "unlikely": 1}
+        # every evictable "never" / "unlikely" block goes before any other block
+        first = sorted(
+            (key for key in candidates if hinted.get(key) in rank),
+            key=lambda key: rank[hinted[key]],
+        )
+        assert set(keys[: len(first)]) == set(first[:n]) or set(keys) >= set(first[:n])
+        # a "likely" block goes only when every unhinted evictable block went
+        plain = [key for key in candidates if key not in hinted]
+        if any(hinted.get(key) == "likely" for key in keys):
+            assert set(plain) <= set(keys)
+        for key in keys:
+            del model[key]
+            hinted.pop(key, None)

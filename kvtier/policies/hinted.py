@@ -1,0 +1,155 @@
+"""`HintBook`: the reuse hints a policy holds on its resident blocks, and the eviction that
+honours them (see `kvtier.hints` for what each hint means).
+
+A side structure on purpose: a policy with no hinted block pays one attribute test per
+`evict` (`active`) and one per `touch` and `remove`, and its own eviction (ARC's planners,
+lct's class queues) runs unchanged. With hinted blocks, `evict` takes the `"never"` blocks
+first, then the `"unlikely"` ones (each in the order they were hinted), then asks the
+policy's own eviction for the rest with the `"likely"` blocks protected; if that finds too
+few, the unhinted blocks go first and the policy's own next victims among the `"likely"`
+ones make up the rest. Hinted victims leave by the policy's `remove` (an ARC ghost list does
+not remember them: the application said they will not be reused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+
+from kvtier.blocks import BlockStatus
+from kvtier.hints import Reuse, check_reuse
+from kvtier.keys import OffloadKey
+
+_Entry = tuple[OffloadKey, BlockStatus]
+Evict = Callable[[int, Collection[OffloadKey]], list[_Entry] | None]
+
+
+class HintBook:
+    """The hinted resident keys of one policy, by hint, each in the order it was hinted."""
+
+    def __init__(self) -> None:
+        self.reuse: dict[OffloadKey, Reuse] = {}
+        """Every hinted key and its hint (empty: the policy behaves as if hints did not exist)."""
+        self._by_reuse: dict[Reuse, dict[OffloadKey, None]] = {
+            "never": {},
+            "unlikely": {},
+            "likely": {},
+        }
+        self.active = False
+        """Whether `evict` must go through `evict_hinted`: some key is hinted, and no hinted
+        eviction is under way (which calls the policy's own eviction)."""
+
+    def mark(self, key: OffloadKey, reuse: Reuse | None, resident: bool) -> None:
+        """Hint `key` (`reuse` None: withdraw its hint). A key that is not resident is
+        ignored: a hint is about a block the tier holds."""
+        if reuse is not None:
+            check_reuse(reuse)
+        self.discard(key)
+        if reuse is None or not resident:
+            return
+        self.reuse[key] = reuse
+        self._by_reuse[reuse][key] = None
+        self.active = True
+
+    def discard(self, key: OffloadKey) -> None:
+        """Forget `key`'s hint, if any (it left the tier)."""
+        reuse = self.reuse.pop(key, None)
+        if reuse is not None:
+            del self._by_reuse[reuse][key]
+            self.active = bool(self.reuse)
+
+    def touched(self, keys: Sequence[OffloadKey]) -> None:
+        """A hit on a `"never"` or `"unlikely"` block disproves its hint: withdraw it."""
+        reuse = self.reuse
+        for key in keys:
+            if reuse.get(key) in ("never", "unlikely"):
+                self.discard(key)
+
+    def clear(self) -> None:
+        self.reuse.clear()
+        for keys in self._by_reuse.values():
+            keys.clear()
+        self.active = False
+
+    def evict_hinted(
+        self,
+        n: int,
+        protected: Collection[OffloadKey],
+        evict: Evict,
+        get: Callable[[OffloadKey], BlockStatus | None],
+        remove: Callable[[OffloadKey], None],
+        items: Callable[[], Iterator[_Entry]],
+    ) -> list[_Entry] | None:
+        """`CachePolicy.evict(n, protected)` honouring the hints (see the module doc);
+        `evict`, `get`, `remove` and `items` are the policy's own. None, changing nothing,
+        when fewer than `n` blocks may be evicted."""
+        chosen = self._hinted_victims(n, protected, get)
+        rest = n - len(chosen)
+        self.active = False  # `evict` below is the policy's own eviction
+        try:
+            plain: list[_Entry] = []
+            if rest:
+                shield = {*protected, *(key for key, _ in chosen)}
+                found = evict(rest, shield | self._by_reuse["likely"].keys())
+                if found is None:
+                    found = self._evict_likely_too(rest, shield, evict, get, items)
+                if found is None:
+                    return None
+                plain = found
+            for key, _ in chosen:
+                remove(key)
+            for key, _ in plain:
+                self.discard(key)
+            for key, _ in chosen:
+                self.discard(key)
+        finally:
+            self.active = bool(self.reuse)
+        return chosen + plain
+
+    def _hinted_victims(
+        self,
+        n: int,
+        protected: Collection[OffloadKey],
+        get: Callable[[OffloadKey], BlockStatus | None],
+    ) -> list[_Entry]:
+        """Up to `n` evictable `"never"` blocks, then `"unlikely"` ones, in hint order."""
+        chosen: list[_Entry] = []
+        for reuse in ("never", "unlikely"):
+            for key in self._by_reuse[reuse]:
+                if len(chosen) == n:
+                    return chosen
+                block = get(key)
+                if block is not None and block.ref_cnt == 0 and key not in protected:
+                    chosen.append((key, block))
+        return chosen
+
+    def _evict_likely_too(
+        self,
+        n: int,
+        shield: set[OffloadKey],
+        evict: Evict,
+        get: Callable[[OffloadKey], BlockStatus | None],
+        items: Callable[[], Iterator[_Entry]],
+    ) -> list[_Entry] | None:
+        """Too few blocks besides the `"likely"` ones: every other evictable block, then the
+        policy's own next victims among the `"likely"` ones. Walks every resident block:
+        only when hints protect nearly the whole tier."""
+        likely = self._by_reuse["likely"]
+        others = sum(
+            1
+            for key, block in items()
+            if block.ref_cnt == 0 and key not in shield and key not in likely
+        )
+        hinted = 0
+        for key in likely:
+            block = get(key)
+            if block is not None and block.ref_cnt == 0 and key not in shield:
+                hinted += 1
+        if others + hinted < n:
+            return None
+        first = evict(others, shield | likely.keys()) if others else []
+        if first is None:
+            return None
+        second = evict(n - others, shield)  # only "likely" blocks are left to take
+        if second is None:
+            return None  # not reached: counted above
+        return first + second
