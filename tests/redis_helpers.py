@@ -14,9 +14,11 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "redis.sh"
-PORT = 6391
-CLUSTER_PORT = 7491
-TLS_PORT = 6492
+# Ports of their own, so a user's server is left alone; two test runs on one machine (two
+# clones, say) each set their own with these variables.
+PORT = int(os.environ.get("KVTIER_TEST_REDIS_PORT", "6391"))
+CLUSTER_PORT = int(os.environ.get("KVTIER_TEST_REDIS_CLUSTER_PORT", "7491"))  # and the 2 after
+TLS_PORT = int(os.environ.get("KVTIER_TEST_REDIS_TLS_PORT", "6492"))
 PASSWORD_ENV = "KVTIER_TEST_REDIS_PASSWORD"
 
 
