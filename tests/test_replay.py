@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -585,3 +586,31 @@ async def test_blocks_a_shared_store_evicted_are_gone_not_failed(
     console = Console(width=200, record=True)
     console.print(summary_table(report))
     assert f"0 / 0 / {report['gone_blocks']:,}" in console.export_text()
+
+
+async def test_a_ctrl_c_stops_the_replay_at_the_next_request_with_a_partial_result() -> None:
+    """The first SIGINT is a flag the replay reads between requests (not a cancellation that
+    an await along the data path could swallow): the replay stops within a request or two,
+    closes its hierarchy and says it was interrupted; asyncio.run's handler comes back."""
+    config = parse_config(
+        {
+            "block_size": 4096,
+            "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
+        }
+    )
+    trace = load_replay_trace(None, 400)
+    before = signal.getsignal(signal.SIGINT)
+    served = 0
+
+    def interrupt_after_five(count: int) -> None:
+        nonlocal served
+        served += count
+        if served == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    result = await replay(config, trace, progress=interrupt_after_five)
+    assert result.interrupted
+    assert 5 <= result.counters.requests < 400
+    assert result.to_dict()["partial"] is True
+    assert result.counters.mismatches == 0
+    assert signal.getsignal(signal.SIGINT) is before

@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -694,6 +695,34 @@ def _point(replayer: Replayer, started: float) -> SeriesPoint:
     )
 
 
+class _StopOnInterrupt:
+    """While installed, the first SIGINT sets `requested` (the replay stops at the next
+    request) and a second one cancels the running task, as asyncio.run's own handler would.
+    Installed only where the loop can take signals (its thread is the main thread)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._previous = signal.getsignal(signal.SIGINT)  # asyncio.run's, given back after
+        try:
+            self._loop.add_signal_handler(signal.SIGINT, self._interrupt)
+            self._installed = True
+        except (NotImplementedError, RuntimeError, ValueError):
+            self._installed = False  # not the main thread, or no signals here
+
+    def _interrupt(self) -> None:
+        if self.requested and self._task is not None:
+            self._task.cancel()
+        self.requested = True
+
+    def remove(self) -> None:
+        if self._installed:
+            self._loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+
 async def replay(
     config: HierarchyConfig,
     trace: ReplayTrace,
@@ -711,8 +740,11 @@ async def replay(
     prometheus_client registry to export the hierarchy's metrics on while it runs
     (`hierarchy="replay"`).
 
-    Cancellation (Ctrl-C under `asyncio.run`) stops the replay after closing the hierarchy
-    cleanly and returns a partial result (`interrupted`), rather than propagating.
+    Ctrl-C (SIGINT, where the loop runs in the main thread) stops the replay at the next
+    request, and a cancellation (a second Ctrl-C under `asyncio.run`) at once; either way the
+    hierarchy is closed cleanly and a partial result (`interrupted`) is returned, rather than
+    propagating. The first Ctrl-C is a flag read between requests, not a cancellation, so no
+    await along the data path can swallow it.
     """
     contents = contents or BlockContents(config.block_size)
     started = time.perf_counter()
@@ -730,8 +762,12 @@ async def replay(
         timings["open_s"] = opened - started
         replayer = Replayer(h, contents)
         lengths = trace.input_lengths
+        stop = _StopOnInterrupt()
         try:
             for index, request in enumerate(requests):
+                if stop.requested:
+                    interrupted = True
+                    break
                 keys = [offload_key_of(key) for key in request]
                 await replayer.serve(keys, None if lengths is None else lengths[index])
                 number = index + 1
@@ -744,8 +780,10 @@ async def replay(
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            if not series or series[-1].requests != replayer.counters.requests:
-                series.append(_point(replayer, opened))
+        finally:
+            stop.remove()
+        if interrupted and (not series or series[-1].requests != replayer.counters.requests):
+            series.append(_point(replayer, opened))
         served = time.perf_counter()
         timings["replay_s"] = served - opened
         h.check()
