@@ -21,24 +21,20 @@ import concurrent.futures
 import hashlib
 import logging
 import math
-import os
 import re
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
 
 from kvtier.config import (
     HierarchyConfig,
-    default_config_path,
     parse_config,
-    read_config_file,
 )
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.hierarchy import Hierarchy
-from kvtier.integrations.engine_config import refuse_gpu_tiers
+from kvtier.integrations.engine_config import ConfigSource, read_engine_config, refuse_gpu_tiers
 from kvtier.keys import OffloadKey, make_offload_key
 from kvtier.namespaces import combined_model_id
 from kvtier.sync import SyncHierarchy
@@ -46,9 +42,6 @@ from kvtier.sync import SyncHierarchy
 log = logging.getLogger("kvtier.integrations.sglang")
 
 T = TypeVar("T")
-
-ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | None
-"""A kvtier TOML file path, a dict of the same schema, or None for the embedded default."""
 
 DEFAULT_TIMEOUT_S = 5.0
 """How long one call of SGLang's waits for kvtier before it counts as a miss / failed store."""
@@ -133,22 +126,8 @@ def page_key(key: str) -> OffloadKey:
 
 
 def read_chain_data(config: ConfigSource) -> tuple[dict[str, Any], str]:
-    """The raw chain config and where it came from (for messages): a TOML path, a dict, or
-    None for the embedded default without its GPU tier."""
-    if config is None:
-        path = default_config_path()
-        data = read_config_file(path)
-        tiers = [tier for tier in data.get("tiers", []) if tier.get("medium") != "gpu"]
-        return {**data, "tiers": tiers}, f"{path} (without its gpu tier)"
-    if isinstance(config, Mapping):
-        return dict(config), "the kvtier config given to SGLang"
-    if isinstance(config, str | os.PathLike):
-        path = Path(os.path.expandvars(os.path.expanduser(os.fspath(config))))
-        return read_config_file(path), str(path)
-    raise InvalidValueError(
-        "kvtier_config must be a TOML file path or a dict of the same schema, got "
-        f"{type(config).__name__}"
-    )
+    """The raw chain config and where it came from (see `read_engine_config`)."""
+    return read_engine_config(config, "SGLang", "kvtier_config")
 
 
 def chain_config_for_sglang(

@@ -11,45 +11,23 @@ refused.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kvtier.config import (
     HierarchyConfig,
-    default_config_path,
     parse_config,
     parse_size,
-    read_config_file,
 )
 from kvtier.errors import ConfigError, InvalidValueError
-from kvtier.integrations.engine_config import refuse_gpu_tiers
+from kvtier.integrations.engine_config import ConfigSource, read_engine_config, refuse_gpu_tiers
 from kvtier.namespaces import combined_model_id
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
-ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | None
-"""A kvtier TOML file path, a dict of the same schema, or None for the embedded default."""
-
 
 def read_config_data(config: ConfigSource) -> tuple[dict[str, Any], str]:
-    """The raw config data and where it came from (for messages). None is the embedded
-    default config without its GPU tier (vLLM's GPU memory is above kvtier's tiers)."""
-    if config is None:
-        path = default_config_path()
-        data = read_config_file(path)
-        tiers = [tier for tier in data.get("tiers", []) if tier.get("medium") != "gpu"]
-        return {**data, "tiers": tiers}, f"{path} (without its gpu tier)"
-    if isinstance(config, Mapping):
-        return dict(config), "the kvtier config given to vLLM"
-    if isinstance(config, str | os.PathLike):
-        path = Path(os.path.expandvars(os.path.expanduser(os.fspath(config))))
-        return read_config_file(path), str(path)
-    raise InvalidValueError(
-        "the kvtier config must be a TOML file path or a dict of the same schema, got "
-        f"{type(config).__name__}"
-    )
+    """The raw config data and where it came from (see `read_engine_config`)."""
+    return read_engine_config(config, "vLLM", "the kvtier config")
 
 
 def vllm_namespace(offloading_config: Any) -> str:

@@ -50,7 +50,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvtier.errors import ManagerClosedError
 from kvtier.hierarchy import Hierarchy
-from kvtier.integrations.vllm.config import ConfigSource, chain_config_for_vllm, vllm_namespace
+from kvtier.integrations.engine_config import ConfigSource
+from kvtier.integrations.vllm.config import chain_config_for_vllm, vllm_namespace
 from kvtier.keys import OffloadKey
 from kvtier.sync import SyncHierarchy
 

@@ -32,7 +32,8 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvtier.config import parse_size
 from kvtier.errors import ConfigError, InvalidValueError
-from kvtier.integrations.vllm.config import ConfigSource, read_config_data
+from kvtier.integrations.engine_config import ConfigSource
+from kvtier.integrations.vllm.config import read_config_data
 
 SET_BY_KVTIER = (
     "cpu_bytes_to_use",
