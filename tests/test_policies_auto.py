@@ -3,7 +3,9 @@ a workload that changes regime, where `auto` must follow the candidate that wins
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import random
 
 import pytest
@@ -11,10 +13,18 @@ import pytest
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.policies import POLICIES, AutoCachePolicy, CachePolicy, simulate
+from kvtier.policies import (
+    POLICIES,
+    AutoCachePolicy,
+    CachePolicy,
+    partial_block_flags,
+    simulate,
+)
 from kvtier.policies.auto import CANDIDATES, sample_point
+from kvtier.policies.lct import LCTCachePolicy
 from kvtier.testing import PolicyTests
 from kvtier.testing.policy import k, ready_block
+from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 
 class TestAuto(PolicyTests):
@@ -109,10 +119,16 @@ def test_serve_with_an_unknown_candidate_raises() -> None:
 def test_the_sample_is_a_fixed_function_of_the_key() -> None:
     # never Python's salted hash(): these values are the same in every process
     assert sample_point(k(1)) == sample_point(k(1)) == 219_430_959
-    assert sample_point(12345) == 2_704_073_259
+    assert sample_point(12345) == 571_572_824
     assert sample_point(12345, seed=1) != sample_point(12345)
-    points = [sample_point(k(i)) for i in range(20_000)]
-    assert 0.009 < sum(p < (1 << 32) // 100 for p in points) / len(points) < 0.011
+    for points in (
+        [sample_point(k(i)) for i in range(20_000)],
+        [sample_point(i) for i in range(20_000)],
+    ):
+        assert 0.009 < sum(p < (1 << 32) // 100 for p in points) / len(points) < 0.011
+    # small ints (a trace's block ids) are mixed: key 0, often the hottest block, is in a
+    # 1 % sample only for about 1 seed in 100, not in every one
+    assert sum(sample_point(0, seed) < (1 << 32) // 100 for seed in range(1_000)) < 30
 
 
 def _regimes(seed: int = 5, phase_length: int = 40_000) -> list[int]:
@@ -198,19 +214,15 @@ def test_a_stationary_workload_does_not_flap() -> None:
     second = simulate(build, 1_500, keys)
     assert first == second and made[0].switches == made[1].switches
     assert len(made[0].switches) <= 2
-    # never below LRU (one early misjudged switch costs it ARC's and lct's level: the
-    # strict xfail below)
+    # never below LRU
     assert first.hit_ratio >= simulate("lru", 1_500, keys).hit_ratio
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 target not met: on this short Zipf mix the 128-block shadows judge ARC "
-    "ahead early, and the switch to ARC and back costs the real lct its learned state "
-    "(0.427 against ARC's 0.437 and lct's 0.445)",
-)
 @pytest.mark.slow
 def test_a_stationary_workload_is_within_0_005_of_the_best() -> None:
+    """The shadows judge ARC ahead during lct's first capacities here (auto switches to ARC
+    and back); the lct parked meanwhile keeps learning, so the switch back costs nothing
+    (a fresh lct instead: 0.4323, against ARC's 0.4371 and lct's 0.4447)."""
     keys = _zipf()
     best = max(simulate(name, 1_500, keys).hit_ratio for name in ("arc", "lct"))
     assert simulate("auto", 1_500, keys).hit_ratio >= best - 0.005
@@ -225,3 +237,88 @@ def test_clear_starts_afresh() -> None:
     policy.clear()
     assert policy.serving == "lct" and policy.switches == [] and len(policy) == 0
     assert all(len(policy.shadow(name)) == 0 for name in policy.candidates)
+
+
+@functools.cache
+def _shipped_accesses() -> tuple[list[int], list[bool]]:
+    """The shipped trace's block accesses and their partial-block flags."""
+    raw = list(read_mooncake())
+    requests = [list(r.hash_ids) for r in raw]
+    flags = partial_block_flags(requests, [r.input_length for r in raw], MOONCAKE_BLOCK_TOKENS)
+    return [block for request in requests for block in request], flags
+
+
+SHIPPED_DISTINCT_BLOCKS = 182_790
+AUTO_ON_THE_SHIPPED_TRACE = {0.01: 0.1065, 0.05: 0.2241, 0.10: 0.2960}
+"""auto's hit ratios on the whole shipped trace, partial blocks skipped: lct's, as auto serves
+with lct throughout (docs/BENCHMARKS.md, "Policies across traces")."""
+ISSUE_22_TARGETS = {0.01: 0.111, 0.05: 0.219, 0.10: 0.295}
+
+
+def _auto_on_the_shipped_trace(fraction: float) -> tuple[float, AutoCachePolicy]:
+    accesses, flags = _shipped_accesses()
+    made: list[AutoCachePolicy] = []
+
+    def build(capacity: int) -> AutoCachePolicy:
+        made.append(AutoCachePolicy(capacity))
+        return made[-1]
+
+    capacity = math.floor(fraction * SHIPPED_DISTINCT_BLOCKS)
+    return simulate(build, capacity, accesses, partial=flags).hit_ratio, made[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fraction", sorted(AUTO_ON_THE_SHIPPED_TRACE))
+@pytest.mark.slow
+def test_auto_figures_on_the_shipped_trace_hold(fraction: float) -> None:
+    """The figures docs/BENCHMARKS.md reports, to 0.0001, and no switch: lct wins the shipped
+    trace at every capacity, and a sample that let its hottest block dominate once made auto
+    leave it (sample_point's doc)."""
+    found, policy = _auto_on_the_shipped_trace(fraction)
+    assert policy.switches == []
+    assert abs(found - AUTO_ON_THE_SHIPPED_TRACE[fraction]) < 1e-4, found
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22's target at 1 % (0.111) is not met: auto serves with lct, 0.1065 "
+    "(ARC 0.0674); those at 5 and 10 % are (0.2241, 0.2960)",
+)
+@pytest.mark.slow
+def test_auto_meets_the_issue_targets_on_the_shipped_trace() -> None:
+    for fraction, target in ISSUE_22_TARGETS.items():
+        assert _auto_on_the_shipped_trace(fraction)[0] >= target, fraction
+
+
+def _drive(policy: CachePolicy, keys: list[int]) -> None:
+    """One access per key, as `simulate` drives a policy."""
+    for raw in keys:
+        key = k(raw)
+        if policy.get(key) is not None:
+            policy.touch((key,))
+            continue
+        policy.on_store_miss((key,))
+        if not policy.admits_all and not policy.admit((key,))[0]:
+            continue
+        if len(policy) >= policy.cache_capacity:
+            assert policy.evict(1) is not None
+        policy.insert(key, ready_block())
+
+
+def test_an_lct_that_stops_serving_keeps_learning_and_serves_again() -> None:
+    policy = AutoCachePolicy(16)
+    _drive(policy, list(range(40)))
+    lct = policy.policy
+    assert isinstance(lct, LCTCachePolicy)
+    policy.serve_with("arc")
+    assert len(lct) == 0  # parked: it holds no block
+    _drive(policy, [100, 101, 100, 102, 100, *range(200, 240)])
+    # it heard every access while parked, hits (100 twice) and misses alike
+    assert lct.count(k(100)) == 3
+    resident = _resident(policy)
+    policy.serve_with("lct")
+    assert policy.policy is lct and _resident(lct) == resident
+    assert policy.lru_order() == list(resident)
+    _drive(policy, list(range(300, 340)))
+    assert _resident(policy) == _resident(lct) and len(policy) <= 16

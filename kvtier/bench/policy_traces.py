@@ -1,9 +1,13 @@
 """Hit ratios of cache policies across traces: the shipped conversation trace (its halves by
-time and the whole), any other Mooncake trace given on the command line, and generated key
-sequences of different regimes, at 1, 5 and 10 % of each workload's distinct blocks.
+time and the whole), any other Mooncake trace given on the command line, public traces of
+other kinds (block I/O, web, key-value; `kvtier.workloads.public_traces`), and generated key
+sequences of different regimes, at 1, 5 and 10 % of each workload's distinct blocks, with
+Belady's offline optimum as the bound and each policy's cost per access against ARC's.
 
     .venv/bin/python -m kvtier.bench.policy_traces                   # every workload
     .venv/bin/python -m kvtier.bench.policy_traces --trace synthetic.jsonl --workloads synthetic
+    .venv/bin/python -m kvtier.bench.policy_traces --trace-dir /tmp/traces --workloads web12
+    .venv/bin/python -m kvtier.bench.policy_traces --key-trace lines:/tmp/my_keys.txt.gz
     .venv/bin/python -m kvtier.bench.policy_traces --policies lru arc lct path/old_lct.py:Old
 
 Every run is `kvtier.policies.simulate` over block accesses (one access per key, cold
@@ -11,7 +15,15 @@ start). Mooncake workloads skip the prompts' partial last blocks (as `kvtier sim
 --skip-partial-blocks` and `kvtier.bench.lct_tuning` do); generated ones have none. A
 policy is a registered name or `FILE.py:Class` / `module:Class` (a `CachePolicy` class
 built from the capacity alone), so an old version of a policy can be compared with the
-new one. The last column of the table is the policy's hit ratio minus ARC's.
+new one. Columns: the hit ratios, the policy's minus ARC's, and its cost per access in µs
+(the median over the three capacities of a replay's time over its accesses, the median of
+`--repeats` replays; wall clock, so shared cores make it noisy) with its ratio to ARC's.
+`belady` (always shown) is the offline optimum: `belady_hits`, which sees the trace's future.
+`--markdown FILE` writes the table as docs/BENCHMARKS.md shows it.
+
+Public traces: `--trace-dir DIR` reads the files of `public_traces.KNOWN` found in DIR (named
+`cloudphysics`, `w106`, `web12`, `scarab`, `orm-busy`), `--key-trace FORMAT:PATH` any other
+key trace (named by its file's stem); docs/BENCHMARKS.md says where to fetch them.
 
 Generated workloads (deterministic, seeded; `generate(name)`):
   - `zipf`: 400,000 keys drawn from 100,000 with Zipf(0.8) popularity (a stationary mix
@@ -28,18 +40,22 @@ Generated workloads (deterministic, seeded; `generate(name)`):
 from __future__ import annotations
 
 import argparse
+import heapq
 import importlib
 import importlib.util
 import itertools
 import json
 import math
 import random
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier.errors import InvalidValueError
 from kvtier.policies import CachePolicy, get_policy_class, partial_block_flags, simulate
+from kvtier.workloads.public_traces import known_traces, read_trace
 from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, read_mooncake
 
 FRACTIONS = (0.01, 0.05, 0.10)
@@ -51,7 +67,7 @@ class Workload:
     """A key sequence and, per access, whether it is a partial block (never stored)."""
 
     name: str
-    accesses: list[int]
+    accesses: Sequence[Hashable]
     partial: list[bool] | None
 
     @property
@@ -190,15 +206,165 @@ def load_policy(spec: str) -> Callable[[int], CachePolicy]:
     return policy
 
 
+def belady_hits(
+    accesses: Sequence[Hashable], capacity: int, partial: Sequence[bool] | None = None
+) -> int:
+    """Hits of Belady's offline optimum (MIN with bypass) over `accesses` at `capacity` blocks,
+    driven as `simulate` drives a policy: a hit is any access of a resident key; a miss may
+    store its key (never a partial block, see `partial_block_flags`), and the optimum stores
+    it only if its next use comes before that of some resident key, which it then evicts
+    (the one used furthest in the future). With unit-size blocks and free bypass that is the
+    most hits any policy can have (Belady 1966; Mattson et al. 1970), so it bounds the table.
+    Unlike `kvtier.workloads.simulation.belady_opt`, which admits every miss (the bound of a
+    policy that stores every block), it may refuse one, as lct's admission does, and it
+    honours the partial-block flags: the bound of every policy here.
+    O(n log n): the next use of every access from one backward pass, a heap of resident keys
+    by next use (entries made stale by a later access are skipped when they surface)."""
+    if capacity < 1:
+        raise InvalidValueError(f"belady_hits: capacity must be positive, got {capacity!r}")
+    never = len(accesses)
+    following: list[int] = [never] * len(accesses)
+    seen: dict[Hashable, int] = {}
+    for index in range(len(accesses) - 1, -1, -1):
+        key = accesses[index]
+        following[index] = seen.get(key, never)
+        seen[key] = index
+    resident: dict[Hashable, int] = {}  # key -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, index of the access that set it)
+    hits = 0
+    for index, key in enumerate(accesses):
+        upcoming = following[index]
+        if key in resident:
+            hits += 1
+            resident[key] = upcoming
+            heapq.heappush(heap, (-upcoming, index))
+            continue
+        if upcoming == never or (partial is not None and partial[index]):
+            continue  # never used again, or never stored: bypass
+        if len(resident) >= capacity:
+            while True:  # the live entry of the resident key used furthest in the future
+                furthest, at = heap[0]
+                victim = accesses[at]
+                if resident.get(victim, -1) == -furthest and following[at] == -furthest:
+                    break
+                heapq.heappop(heap)
+            if -furthest <= upcoming:
+                continue  # every resident key is used before this one: bypass
+            heapq.heappop(heap)
+            del resident[victim]
+        resident[key] = upcoming
+        heapq.heappush(heap, (-upcoming, index))
+    return hits
+
+
+@dataclass(frozen=True)
+class Row:
+    """One policy on one workload: hit ratios at each fraction, µs per access."""
+
+    hit_ratios: list[float]
+    micros: float
+
+
+def capacities(workload: Workload) -> list[int]:
+    """The capacities of the table: each fraction of the workload's distinct blocks."""
+    return [max(1, math.floor(f * workload.unique)) for f in FRACTIONS]
+
+
+def measure(policy: Callable[[int], CachePolicy], workload: Workload, repeats: int) -> Row:
+    """Hit ratios at each fraction, and µs per access: per capacity the median of `repeats`
+    replays, then the median over the capacities."""
+    ratios: list[float] = []
+    per_capacity: list[float] = []
+    for capacity in capacities(workload):
+        times: list[float] = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            result = simulate(policy, capacity, workload.accesses, workload.partial)
+            times.append(time.perf_counter() - started)
+        ratios.append(result.hit_ratio)
+        per_capacity.append(statistics.median(times) / max(1, len(workload.accesses)) * 1e6)
+    return Row(ratios, statistics.median(per_capacity))
+
+
+def belady_row(workload: Workload) -> Row:
+    """Belady's hit ratios (its time is not a policy's cost: reported as 0)."""
+    total = max(1, len(workload.accesses))
+    return Row(
+        [belady_hits(workload.accesses, c, workload.partial) / total for c in capacities(workload)],
+        0.0,
+    )
+
+
 def hit_ratios(policy: Callable[[int], CachePolicy], workload: Workload) -> list[float]:
     """Hit ratios at each fraction of the workload's distinct blocks."""
-    unique = workload.unique
-    return [
-        simulate(
-            policy, max(1, math.floor(f * unique)), workload.accesses, workload.partial
-        ).hit_ratio
-        for f in FRACTIONS
+    return measure(policy, workload, 1).hit_ratios
+
+
+def public_workloads(trace_dir: str | None, key_traces: Sequence[str]) -> list[Workload]:
+    """The public traces of `trace_dir` (`public_traces.KNOWN`) and of `FORMAT:PATH` specs."""
+    found: list[Workload] = []
+    if trace_dir is not None:
+        for trace, path in known_traces(trace_dir):
+            found.append(Workload(trace.name, read_trace(path, trace.format), None))
+    for spec in key_traces:
+        fmt, _, where = spec.rpartition(":")
+        if not fmt:
+            raise SystemExit(f"--key-trace wants FORMAT:PATH, got {spec!r}")
+        found.append(Workload(Path(where).name.split(".")[0], read_trace(where, fmt), None))
+    return found
+
+
+def markdown(workloads: Sequence[Workload], table: dict[str, dict[str, Row]]) -> str:
+    """The table as docs/BENCHMARKS.md shows it: a row per workload and policy, the hit
+    ratios at each fraction (bold: a cell where `auto` misses its target, see
+    `auto_verdicts`), `auto`'s distance to the better of ARC and lct, and the cost."""
+    lines = [
+        "| workload (accesses, distinct) | policy | 1 % | 5 % | 10 % "
+        "| auto - best of ARC, lct | µs / access (x ARC) |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for workload in workloads:
+        rows = table[workload.name]
+        arc = rows["arc"]
+        judged = {"auto", "arc", "lct", "lru"} <= rows.keys()
+        lct = rows.get("lct", arc).hit_ratios
+        best = [max(a, b) for a, b in zip(arc.hit_ratios, lct, strict=True)]
+        title = f"{workload.name} ({len(workload.accesses):,}, {workload.unique:,})"
+        for label, row in rows.items():
+            cells = [f"{v:.4f}" for v in row.hit_ratios]
+            distance = ""
+            if label == "auto" and judged:
+                lru = rows["lru"].hit_ratios
+                cells = [
+                    f"**{c}**" if v < b - 0.005 or v < low else c
+                    for c, v, b, low in zip(cells, row.hit_ratios, best, lru, strict=True)
+                ]
+                distance = " / ".join(
+                    f"{v - b:+.4f}" for v, b in zip(row.hit_ratios, best, strict=True)
+                )
+            cost = "-" if label == "belady" else f"{row.micros:.1f} ({row.micros / arc.micros:.2f})"
+            lines.append(f"| {title} | {label} | {' | '.join(cells)} | {distance} | {cost} |")
+            title = ""
+    return "\n".join(lines) + "\n"
+
+
+def auto_verdicts(table: dict[str, dict[str, Row]]) -> list[str]:
+    """Per cell where `auto` misses issue 22's target (within 0.005 of the best of ARC and
+    lct, never below LRU), a line saying by how much."""
+    misses: list[str] = []
+    for name, rows in table.items():
+        if not {"auto", "arc", "lct", "lru"} <= rows.keys():
+            continue
+        for i, fraction in enumerate(FRACTIONS):
+            auto = rows["auto"].hit_ratios[i]
+            best = max(rows["arc"].hit_ratios[i], rows["lct"].hit_ratios[i])
+            lru = rows["lru"].hit_ratios[i]
+            if auto < best - 0.005 or auto < lru:
+                misses.append(
+                    f"{name} {fraction:.0%}: auto {auto:.4f}, best of ARC/lct {best:.4f} "
+                    f"({auto - best:+.4f}), LRU {lru:.4f} ({auto - lru:+.4f})"
+                )
+    return misses
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -212,10 +378,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "after its last '_' (mooncake_fast25_synthetic_trace.jsonl: 'synthetic')",
     )
     parser.add_argument(
+        "--trace-dir", help="a folder holding public traces (kvtier.workloads.public_traces)"
+    )
+    parser.add_argument(
+        "--key-trace",
+        action="append",
+        default=[],
+        help="FORMAT:PATH, a key trace in one of public_traces.FORMATS",
+    )
+    parser.add_argument(
         "--workloads", nargs="+", help="only these (conv-first, conv-second, conv-whole, ...)"
     )
     parser.add_argument("--limit", type=int, help="only the first N accesses of each workload")
+    parser.add_argument("--repeats", type=int, default=1, help="timed replays per cell")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--markdown", help="also write the table in Markdown to this file")
     args = parser.parse_args(argv)
     wanted = set(args.workloads) if args.workloads else None
 
@@ -230,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = stem.rsplit("_", 1)[-1]
         if selected(name):
             workloads.append(mooncake_workload(name, list(read_mooncake(path))))
+    workloads += [w for w in public_workloads(args.trace_dir, args.key_trace) if selected(w.name)]
     workloads += [generate(name) for name in GENERATED if selected(name)]
     if args.limit is not None:
         workloads = [
@@ -244,25 +422,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = {  # a policy from a file is named by the file: old_lct.py:LCTCachePolicy, old_lct
         spec: Path(spec.rpartition(":")[0]).stem if ":" in spec else spec for spec in policies
     }
-    figures: dict[str, dict[str, list[float]]] = {}
+    table: dict[str, dict[str, Row]] = {}
     print(f"{'workload':<12} {'accesses':>9} {'distinct':>8} {'policy':<10}", end="")
-    print("".join(f"{f:>9.0%}" for f in FRACTIONS), "  vs ARC", flush=True)
+    print("".join(f"{f:>9.0%}" for f in FRACTIONS), "  vs ARC", " " * 17, "µs/access", flush=True)
     for workload in workloads:
-        figures[workload.name] = {}
-        arc = hit_ratios(get_policy_class("arc"), workload)
-        for spec, policy in policies.items():
-            started = time.perf_counter()
-            found = arc if spec == "arc" else hit_ratios(policy, workload)
-            figures[workload.name][labels[spec]] = found
-            delta = " ".join(f"{v - a:+.4f}" for v, a in zip(found, arc, strict=True))
+        arc = measure(get_policy_class("arc"), workload, args.repeats)
+        rows = table[workload.name] = {}
+        measured = (  # in the order of --policies (ARC first if not there), then Belady
+            (
+                labels.get(spec, spec),
+                arc if spec == "arc" else measure(policies[spec], workload, args.repeats),
+            )
+            for spec in (list(policies) if "arc" in policies else ["arc", *policies])
+        )
+        for label, row in itertools.chain(measured, [("belady", belady_row(workload))]):
+            rows[label] = row
+            delta = " ".join(
+                f"{v - a:+.4f}" for v, a in zip(row.hit_ratios, arc.hit_ratios, strict=True)
+            )
+            cost = (
+                "" if label == "belady" else f"{row.micros:6.2f} ({row.micros / arc.micros:.2f}x)"
+            )
             print(
                 f"{workload.name:<12} {len(workload.accesses):>9} {workload.unique:>8} "
-                f"{labels[spec][:10]:<10}" + "".join(f"{v:>9.4f}" for v in found),
-                f"  {delta}  ({time.perf_counter() - started:.0f} s)",
+                f"{label[:10]:<10}" + "".join(f"{v:>9.4f}" for v in row.hit_ratios),
+                f"  {delta}  {cost}",
                 flush=True,
             )
+    for line in auto_verdicts(table):
+        print("auto misses its target:", line)
     if args.json:
+        figures = {
+            name: {
+                label: {"hit_ratios": r.hit_ratios, "us_per_access": r.micros}
+                for label, r in rows.items()
+            }
+            for name, rows in table.items()
+        }
         Path(args.json).write_text(json.dumps(figures, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(workloads, table))
     return 0
 
 
