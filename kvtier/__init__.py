@@ -10,6 +10,8 @@ the tiers' storages (`tiers/`). What a serving engine embeds is in `embed/`.
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+# First: picks the compiled bookkeeping core or its .py source before any of it is imported.
+from kvtier import compiled as _compiled  # noqa: F401
 from kvtier.blocks import BlockStatus
 from kvtier.config import HierarchyConfig, load_config, load_default_config, parse_config
 from kvtier.errors import (

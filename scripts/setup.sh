@@ -8,6 +8,11 @@
 # KVTIER_TORCH (a pip requirement) is installed when set; else, with no NVIDIA GPU visible,
 # the pinned CPU build (torch==2.13.0); with a GPU, the registry's default (CUDA) build.
 #
+# The compiled bookkeeping core: after installing kvtier, `python -m kvtier.build_core
+# --if-needed` compiles the policies' and tier manager's hot modules with Cython (about a
+# minute, once); without a C compiler it says so in one line and kvtier runs as pure Python.
+# KVTIER_PURE_PYTHON=1 skips it. scripts/build-core rebuilds after an edit of those modules.
+#
 # --vllm (or KVTIER_VLLM=1): also vLLM 0.33.0 for kvtier.integrations.vllm and its tests. With
 # a GPU, `pip install kvtier[vllm]` (vLLM with its own requirements); without one, vLLM with
 # --no-deps plus what its offloading code imports (the `vllm-cpu` extra), so torch stays the
@@ -133,6 +138,11 @@ if [ "$project_ok" = 0 ]; then
     fi
     echo "setup: installing kvtier (editable) with its test and plot tools" >&2
     "${pip[@]}" install -e "$root[test,torch,plot]" 2>&1 | quiet_pins
+    # The compiled bookkeeping core (Cython, kvtier/compiled.py): skipped with
+    # KVTIER_PURE_PYTHON=1; a failure (no C compiler) leaves the pure-Python one, said in a line.
+    if [ -z "${KVTIER_PURE_PYTHON:-}" ] || [ "${KVTIER_PURE_PYTHON}" = 0 ]; then
+        "$py" -m kvtier.build_core --if-needed >&2 || true
+    fi
     echo "$want" >"$stamp"
 fi
 if [ "$vllm_ok" = 0 ]; then

@@ -31,6 +31,10 @@ manager's `lookup` per key, slot allocation, specs), shared by both sides in the
 implementation of the policy, compiled or not, can beat it, so it says how much a faster
 core could still win and whether 2x vLLM is reachable at all.
 
+kvtier's side runs the compiled bookkeeping core when `scripts/build-core` built it (the
+first line says which; `KVTIER_PURE_PYTHON=1` times the pure-Python one); the drivers are
+plain Python for both sides.
+
 Figures: accesses (block keys of the requests) per second, median over `--repeats` timed
 replays after one untimed warm-up, kvtier's and vLLM's replays taking turns (the order
 rotating every repeat), each replay on a fresh policy or manager,
@@ -53,6 +57,7 @@ from typing import ClassVar
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from kvtier.blocks import BlockStatus
+from kvtier.compiled import core_status
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import TierManager
 from kvtier.policies import CachePolicy, get_policy_class
@@ -67,7 +72,7 @@ class FloorPolicy(CachePolicy):
 
     name: ClassVar[str] = "floor"
 
-    def __init__(self, cache_capacity: int, victims: list[list[OffloadKey]]) -> None:
+    def __init__(self, cache_capacity: int, victims: list[list[OffloadKey] | None]) -> None:
         super().__init__(cache_capacity)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
         self._victims = iter(victims)
@@ -96,6 +101,8 @@ class FloorPolicy(CachePolicy):
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
         keys = next(self._victims)
+        if keys is None:  # the real policy found too few evictable blocks here
+            return None
         return list(zip(keys, map(self._blocks.pop, keys), strict=True))
 
     def clear(self) -> None:
@@ -111,11 +118,11 @@ class FloorPolicy(CachePolicy):
 def make_policy(
     name: str,
     capacity: int,
-    victims: list[list[OffloadKey]] | None = None,
-    record: list[list[OffloadKey]] | None = None,
+    victims: list[list[OffloadKey] | None] | None = None,
+    record: list[list[OffloadKey] | None] | None = None,
 ) -> CachePolicy:
     """The named policy; with `victims`, a FloorPolicy replaying them instead; with `record`,
-    the policy appends the keys of each successful eviction to it."""
+    the policy appends the keys of each eviction to it (None for one that found too few)."""
     if victims is not None:
         return FloorPolicy(capacity, victims)
     policy = get_policy_class(name)(capacity)
@@ -126,8 +133,7 @@ def make_policy(
             n: int, protected: Collection[OffloadKey] = ()
         ) -> list[tuple[OffloadKey, BlockStatus]] | None:
             evicted = evict(n, protected)
-            if evicted is not None:
-                record.append([key for key, _ in evicted])
+            record.append(None if evicted is None else [key for key, _ in evicted])
             return evicted
 
         policy.evict = recording_evict  # type: ignore[method-assign]
@@ -151,8 +157,8 @@ def loop_kvtier(
     name: str,
     capacity: int,
     requests: Requests,
-    victims: list[list[OffloadKey]] | None = None,
-    record: list[list[OffloadKey]] | None = None,
+    victims: list[list[OffloadKey] | None] | None = None,
+    record: list[list[OffloadKey] | None] | None = None,
 ) -> int:
     policy = make_policy(name, capacity, victims, record)
     get, touch, announce = policy.get, policy.touch, policy.on_store_miss
@@ -241,8 +247,8 @@ def manager_kvtier(
     name: str,
     capacity: int,
     requests: Requests,
-    victims: list[list[OffloadKey]] | None = None,
-    record: list[list[OffloadKey]] | None = None,
+    victims: list[list[OffloadKey] | None] | None = None,
+    record: list[list[OffloadKey] | None] | None = None,
 ) -> int:
     # make_tier_manager(capacity, 16, "cpu", name) with admission "all", built here so that
     # the policy can be a FloorPolicy or a recording one
@@ -341,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     accesses = sum(map(len, requests))
     print(
         f"{len(requests)} requests, {accesses} block accesses, {distinct} distinct blocks; "
-        f"median of {args.repeats} after 1 warm-up"
+        f"median of {args.repeats} after 1 warm-up; kvtier's bookkeeping: {core_status()}"
     )
     drivers = {"loop": (loop_kvtier, loop_vllm), "manager": (manager_kvtier, manager_vllm)}
     header = (
@@ -371,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 if args.floor and name in ("lru", "arc"):
-                    recorded: list[list[OffloadKey]] = []
+                    recorded: list[list[OffloadKey] | None] = []
                     kv_fn(name, capacity, requests, record=recorded)
                     floor_fn = functools.partial(kv_fn, victims=recorded)
                     floor_fn.__name__ = f"{kv_fn.__name__} floor"  # type: ignore[attr-defined]

@@ -1,0 +1,148 @@
+"""The compiled bookkeeping core: the policies' and tier manager's hot modules built with
+Cython, and the choice, at import, between them and the pure-Python source.
+
+`scripts/build-core` (`python -m kvtier.build_core`) compiles `CORE_MODULES` into
+`kvtier/_compiled/` (git-ignored) and writes a manifest there with the SHA-256 of each
+module's source. Cython compiles the `.py` files as they are, with `annotation_typing` off:
+annotations are not C types, so a compiled module keeps Python's semantics to the letter
+(any hashable key, the same exceptions, interpreted subclasses, patched instances); the same
+`.py` files are the fallback and there is no second implementation to keep identical.
+(mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
+keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
+
+`select_core()`, run when `kvtier/__init__.py` imports this module (before any core module),
+puts a finder in front of the import system that loads the compiled extension of each core
+module whose source is unchanged since the build; a module edited since is its `.py` (the
+status says which) until `scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1`
+selects the `.py` of every module. `core_status()` says what was chosen (`kvtier --version`
+prints it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+CORE_MODULES: tuple[str, ...] = (
+    "kvtier.policies.base",
+    "kvtier.policies.lru",
+    "kvtier.policies.arc",
+    "kvtier.manager.tier",
+)
+"""The modules compiled: the hot paths of LRU, ARC and `TierManager`, and their base class."""
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+COMPILED_DIR = PACKAGE_DIR / "_compiled"
+MANIFEST = COMPILED_DIR / "manifest.json"
+PURE_ENV = "KVTIER_PURE_PYTHON"
+
+_status = "pure Python (core not selected yet)"
+
+
+def source_path(module: str) -> Path:
+    """The `.py` file of a core module, inside this package."""
+    return PACKAGE_DIR.parent.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def source_digest(module: str) -> str:
+    """SHA-256 of a core module's source, as the manifest records it."""
+    return hashlib.sha256(source_path(module).read_bytes()).hexdigest()
+
+
+def extension_suffix() -> str:
+    """This interpreter's suffix of a compiled module (e.g. `.cpython-311-x86_64-linux-gnu.so`)."""
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def extension_path(module: str, suffix: str, root: Path | None = None) -> Path:
+    """Where the build puts the extension of `module` (under `root`, default `COMPILED_DIR`)."""
+    parts = module.split(".")
+    return (root or COMPILED_DIR).joinpath(*parts[:-1], parts[-1] + suffix)
+
+
+class _CoreFinder(importlib.abc.MetaPathFinder):
+    """Finds the compiled extension of each selected core module."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        so = self.paths.get(fullname)
+        if so is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(so))
+        return importlib.machinery.ModuleSpec(fullname, loader, origin=str(so))
+
+
+def _compiled_paths() -> tuple[dict[str, Path], str]:
+    """The extension of each core module to load (none: pure Python), and why."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return {}, f"pure Python ({PURE_ENV}=1)"
+    if not MANIFEST.is_file():
+        return {}, "pure Python (no compiled core: run scripts/build-core)"
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+        sources: dict[str, str] = manifest["sources"]
+        suffix: str = manifest["suffix"]
+        compiler: str = manifest["compiler"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, "pure Python (unreadable compiled-core manifest: run scripts/build-core)"
+    if suffix != extension_suffix():
+        return {}, f"pure Python (core compiled for another Python: {suffix})"
+    paths: dict[str, Path] = {}
+    stale: list[str] = []
+    for module in CORE_MODULES:
+        so = extension_path(module, suffix)
+        if module not in sources or not so.is_file() or source_digest(module) != sources[module]:
+            stale.append(module)
+        else:
+            paths[module] = so
+    if not paths:
+        return {}, "pure Python (compiled core stale or incomplete: run scripts/build-core)"
+    if stale:  # said by the status only: a note on stderr would change every command's output
+        return paths, (
+            f"compiled ({compiler}), {len(paths)} of {len(CORE_MODULES)} modules "
+            f"({', '.join(stale)} changed since the build: pure Python)"
+        )
+    return paths, f"compiled ({compiler}), {len(paths)} modules"
+
+
+def select_core() -> str:
+    """Choose the compiled or pure-Python core modules for this process (idempotent; a core
+    module imported before kvtier stays what it is) and return `core_status()`."""
+    global _status
+    if any(isinstance(f, _CoreFinder) for f in sys.meta_path):
+        return _status
+    paths, _status = _compiled_paths()
+    early = [m for m in paths if m in sys.modules]
+    if early:
+        _status = "pure Python (core modules imported before kvtier)"
+        return _status
+    if paths:
+        sys.meta_path.insert(0, _CoreFinder(paths))
+    return _status
+
+
+def core_status() -> str:
+    """What runs the bookkeeping: "compiled (Cython ...), ..." or "pure Python (why)"."""
+    return _status
+
+
+def core_is_compiled() -> bool:
+    """Whether some of this process's core modules are the compiled ones."""
+    return _status.startswith("compiled")
+
+
+select_core()  # at import: `kvtier/__init__.py` imports this module before any other
