@@ -69,6 +69,7 @@ def fail_restore(monkeypatch: pytest.MonkeyPatch) -> None:
         raise DiskTierError(f"{self.path}: index unreadable (test)")
 
     monkeypatch.setattr(DiskStore, "restore", restore)
+    monkeypatch.setattr(DiskStore, "restore_cold", restore)  # what a chain calls
 
 
 async def test_a_tier_whose_restore_fails_is_disabled_and_its_lock_given_back(

@@ -228,6 +228,11 @@ def _bookkeeping(
         name=tier.name,
         admission=tier.admission,
     )
+    restore_cold = getattr(storage, "restore_cold", None)
+    cold = restore_cold() if callable(restore_cold) else None
+    if cold is not None:  # held compactly, outside the policy (kvtier.manager.cold)
+        manager.restore_cold(cold)
+        return manager
     restored = storage.restore()
     if restored:
         manager.restore([(block.key, block.slot) for block in restored])

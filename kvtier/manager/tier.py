@@ -21,6 +21,7 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
+from kvtier.manager.cold import ColdSet, ColdSource
 from kvtier.policies import CachePolicy, get_policy_class, with_admission
 from kvtier.specs import LoadStoreSpec
 from kvtier.tiers.backend import Backend, SlotPoolBackend
@@ -76,6 +77,9 @@ class TierManager(OffloadingManager):
         self.policy = policy
         # The policy's lookup, bound once: a C-level dict lookup for LRU and ARC.
         self._get = policy.getter()
+        self._policy_get = self._get
+        self._cold: ColdSet | None = None
+        """Restored blocks the policy does not hold yet (`restore_cold`), or None."""
         self.name = name or str(backend.medium)
         self.medium: str = backend.medium
         self.block_size = backend.block_size
@@ -104,9 +108,10 @@ class TierManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
         if self._closed:
             raise ManagerClosedError(f"tier {self.name!r} is shut down")
-        block = self._get(key)
+        block = self._policy_get(key)  # a look that does not move a cold block
         if block is None:
-            return False
+            cold = self._cold
+            return cold is not None and cold.find(key) is not None
         return True if block.ref_cnt >= 0 else None
 
     def prepare_load(
@@ -205,7 +210,7 @@ class TierManager(OffloadingManager):
                 return None
             if self._deadlines:
                 self.expire_hints()
-            evicted = policy.evict(num_to_evict, offered.keys())
+            evicted = self._evict(num_to_evict, offered.keys())
             if evicted is None:
                 self.blocks_refused += len(keys_to_store)
                 return None
@@ -281,7 +286,7 @@ class TierManager(OffloadingManager):
             return [], []
         if self._deadlines:
             self.expire_hints()
-        evicted = self.policy.evict(count, ())
+        evicted = self._evict(count, ())
         if not evicted:
             return [], []
         keys = [key for key, _ in evicted]
@@ -325,8 +330,10 @@ class TierManager(OffloadingManager):
         return self.backend.get_load_store_spec(list(keys), blocks)
 
     def idle_keys(self) -> list[OffloadKey]:
-        """Ready, unpinned blocks, in the policy's order."""
-        return [key for key, block in self.policy.items() if block.ref_cnt == 0]
+        """Ready, unpinned blocks: the cold ones (`restore_cold`) oldest first, then the
+        policy's, in its order."""
+        cold = [] if self._cold is None else self._cold.keys()
+        return cold + [key for key, block in self.policy.items() if block.ref_cnt == 0]
 
     @property
     def num_free(self) -> int:
@@ -348,7 +355,7 @@ class TierManager(OffloadingManager):
         error): they leave the tier with a `removed` event and their slots are freed. Keys that
         are absent, pinned or being written are left alone; returns the keys dropped."""
         self._check_open()
-        get, remove, free = self.policy.get, self.policy.remove, self.backend.free
+        get, remove, free = self._get, self.policy.remove, self.backend.free
         dropped: list[OffloadKey] = []
         for key in dict.fromkeys(keys):
             block = get(key)
@@ -368,9 +375,7 @@ class TierManager(OffloadingManager):
         ready blocks; used once, on an empty tier, when a hierarchy is reopened. No events:
         nothing was stored now. Raises BlockStateError, changing nothing, on a duplicate key or
         a tier that is not empty."""
-        self._check_open()
-        if len(self.policy) or self.backend.get_num_free_blocks() != self.backend.num_blocks:
-            raise BlockStateError(f"tier {self.name!r}: restore needs an empty tier")
+        self._check_empty()
         keys = [key for key, _ in blocks]
         if len(set(keys)) != len(keys):
             raise BlockStateError(f"tier {self.name!r}: restore got a key twice")
@@ -382,6 +387,75 @@ class TierManager(OffloadingManager):
             block.ref_cnt = 0
             insert(key, block)
         self._num_evictable += len(statuses)
+
+    def restore_cold(self, source: ColdSource) -> None:
+        """`restore` for a storage that answers for its restored blocks compactly
+        (`kvtier.manager.cold`): their slots are allocated and they are held in a cold set
+        the policy does not know; a block asked for enters the policy then, and evictions
+        take cold blocks first, oldest first. Used once, on an empty tier."""
+        self._check_empty()
+        if not isinstance(self.backend, SlotPoolBackend):
+            raise BlockStateError(f"tier {self.name!r}: its backend cannot restore slots")
+        cold = ColdSet(source, self.backend.num_blocks)
+        if not cold.count:
+            return  # nothing restored: the plain bookkeeping, at no cost
+        self.backend.restore_slots(cold.slots())
+        self._cold = cold
+        self._num_evictable += cold.count
+        self._get = self._get_or_warm
+
+    @property
+    def num_cold(self) -> int:
+        """Restored blocks not asked for since (`restore_cold`): held outside the policy."""
+        return 0 if self._cold is None else self._cold.count
+
+    def _check_empty(self) -> None:
+        self._check_open()
+        if (
+            len(self.policy)
+            or self._cold is not None
+            or self.backend.get_num_free_blocks() != self.backend.num_blocks
+        ):
+            raise BlockStateError(f"tier {self.name!r}: restore needs an empty tier")
+
+    def _get_or_warm(self, key: OffloadKey) -> BlockStatus | None:
+        """The policy's block of `key`, or its cold block, moved into the policy as a ready
+        block (it is being used), or None."""
+        block = self._policy_get(key)
+        if block is not None:
+            return block
+        cold = self._cold
+        slot = None if cold is None else cold.find(key)
+        if cold is None or slot is None:
+            return None
+        cold.take(slot)
+        block = BlockStatus(slot)
+        block.ref_cnt = 0
+        self.policy.insert(key, block)
+        return block
+
+    def _evict(
+        self, count: int, protected: Collection[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """`count` victims: cold blocks first (oldest first; those whose keys the storage
+        can name), then the policy's; None when the policy cannot give the rest."""
+        cold = self._cold
+        if cold is None or not cold.count:
+            return self.policy.evict(count, protected)
+        taken = cold.evictable(count)
+        victims: list[tuple[OffloadKey, BlockStatus]] = []
+        if len(taken) < count:
+            rest = self.policy.evict(count - len(taken), protected)
+            if rest is None:
+                return None
+            victims = rest
+        cold_victims = []
+        for key, slot in taken:
+            cold.take(slot)
+            block = BlockStatus(slot)
+            block.ref_cnt = 0
+            cold_victims.append((key, block))
+        return cold_victims + victims
 
     # -- reuse hints -----------------------------------------------------------------------
 
@@ -479,30 +553,36 @@ class TierManager(OffloadingManager):
         inconsistency. Walks every block: for tests and `kvtier check`, not the hot path."""
         resident = list(self.policy.items())
         slots = [block.block_id for _, block in resident]
+        num_cold = 0
+        if self._cold is not None:
+            cold_slots = self._cold.slots().tolist()
+            num_cold = len(cold_slots)
+            slots += cold_slots
         problems: list[str] = []
         if len(set(slots)) != len(slots):
             problems.append("two resident blocks share a slot")
         free = self.backend.get_num_free_blocks()
-        if len(resident) + free + self._num_draining != self.backend.num_blocks:
+        if len(resident) + num_cold + free + self._num_draining != self.backend.num_blocks:
             problems.append(
-                f"{len(resident)} resident + {free} free + {self._num_draining} draining != "
+                f"{len(resident) + num_cold} resident + {free} free + {self._num_draining} "
+                "draining != "
                 f"{self.backend.num_blocks} slots"
             )
         pending = sum(1 for _, block in resident if block.ref_cnt < 0)
-        evictable = sum(1 for _, block in resident if block.ref_cnt == 0)
+        evictable = num_cold + sum(1 for _, block in resident if block.ref_cnt == 0)
         if pending != self._num_pending:
             problems.append(f"pending count {self._num_pending} != {pending} pending blocks")
         if evictable != self._num_evictable:
             problems.append(f"evictable count {self._num_evictable} != {evictable} ready blocks")
         if any(block.ref_cnt < -1 for _, block in resident):
             problems.append("a block has ref_cnt below -1")
-        if len(resident) > self.policy.cache_capacity:
+        if len(resident) + num_cold > self.policy.cache_capacity:
             problems.append(f"{len(resident)} resident blocks exceed capacity")
         if problems:
             raise BlockStateError(f"tier {self.name!r}: " + "; ".join(problems))
 
     def __len__(self) -> int:
-        return len(self.policy)
+        return len(self.policy) + (0 if self._cold is None else self._cold.count)
 
     def __repr__(self) -> str:
         return (

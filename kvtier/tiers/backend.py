@@ -5,9 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from kvtier.blocks import BlockStatus, pending_blocks
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 from kvtier.errors import AllocationError, DoubleFreeError, InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.specs import (
@@ -205,6 +209,31 @@ class SlotPoolBackend(Backend):
         for slot in slots:
             self._allocated[slot] = 1
         return [BlockStatus(slot) for slot in slots]
+
+    def restore_slots(self, slots: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        """`restore` without an object per slot (a tier's compact restore,
+        `kvtier.manager.cold`): the slots are allocated, nothing is returned."""
+        import numpy as np
+
+        if self._num_fresh_used or self._free_list:
+            raise AllocationError(f"{self.medium} backend: restore needs an unused pool")
+        wanted = np.asarray(slots, dtype=np.int64)
+        if not len(wanted):
+            return
+        if wanted.min() < 0 or wanted.max() >= self._num_blocks:
+            raise AllocationError(
+                f"{self.medium} backend: a restored slot is not a slot of this pool "
+                f"(0..{self._num_blocks - 1})"
+            )
+        marks = np.frombuffer(self._allocated, dtype=np.uint8)
+        marks[wanted] = 1
+        if int(np.count_nonzero(marks)) != len(wanted):
+            marks[:] = 0
+            raise AllocationError(f"{self.medium} backend: restore got a slot twice")
+        top = int(wanted.max()) + 1
+        self._num_fresh_used = top
+        # The gaps below the highest restored slot are free; lowest handed out first.
+        self._free_list = np.flatnonzero(marks[:top] == 0)[::-1].tolist()
 
     def free(self, block: BlockStatus) -> None:
         slot = block.block_id

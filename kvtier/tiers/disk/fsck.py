@@ -251,8 +251,8 @@ class StoreChecker:
     def _repair(self, index: BlockIndex, bad: list[OffloadKey], lost: Records) -> tuple[int, int]:
         """Drop the `bad` records and index the `lost` blocks whose slots no record claims,
         durably; (records dropped, records restored)."""
+        self.catalog.drop(bad)  # first: a restored record is found through the index
         index.delete(bad)
-        self.catalog.drop(bad)
         claimed = self.catalog.claimed_slots()
         restore = [(key, record) for key, record in lost if record.slot not in claimed]
         index.update((), [(key, record.pack()) for key, record in restore])

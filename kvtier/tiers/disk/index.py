@@ -10,9 +10,11 @@ I/O only; what the records mean is layout.py's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,8 @@ DAMAGE_ERRORS = (
 
 _log = logging.getLogger("kvtier.disk")
 _LMDB_FILES = (DATA_FILE, "lock.mdb")
+_SCAN_CHUNK = 4096
+"""Records per slice of a whole-index read (`packed_values`)."""
 _REPLACE_BATCH = 65536
 """Records per transaction when an index is written whole (a rebuild, a replacement)."""
 
@@ -79,6 +83,9 @@ class BlockIndex:
             mode=0o600,
             readahead=False,
         )
+        self._reading = threading.Lock()
+        """Held by the read transactions of other threads than the writer's (`get`,
+        `chunks`), so that growing the map never happens under one of them."""
         try:
             self._meta = self._env.open_db(_META_DB)
             self._blocks = self._env.open_db(_BLOCKS_DB)
@@ -115,6 +122,61 @@ class BlockIndex:
             for key, value in cursor:
                 yield OffloadKey(bytes(key)), bytes(value)
 
+    def packed_values(self) -> tuple[bytes, int]:
+        """(every packed record joined, in key order; how many records), from one read
+        snapshot: the records of a whole index in one pass without an object per record."""
+        with self._env.begin(db=self._blocks) as txn, txn.cursor() as cursor:
+            count = int(txn.stat(self._blocks)["entries"])
+            values = cursor.iternext(keys=False, values=True)
+            joined = bytearray()
+            # In slices: never an object per record for the whole index at once (they
+            # would stay as fragmented small-object memory after being freed).
+            while chunk := list(itertools.islice(values, _SCAN_CHUNK)):
+                joined += b"".join(chunk)
+            return bytes(joined), count
+
+    def keys_at(self, positions: Iterable[int]) -> dict[int, OffloadKey]:
+        """The keys at these positions of the key order (as `packed_values` lists them)."""
+        wanted = set(positions)
+        found: dict[int, OffloadKey] = {}
+        if not wanted:
+            return found
+        with self._env.begin(db=self._blocks) as txn, txn.cursor() as cursor:
+            for position, key in enumerate(cursor.iternext(keys=True, values=False)):
+                if position in wanted:
+                    found[position] = OffloadKey(bytes(key))
+                    if len(found) == len(wanted):
+                        break
+        return found
+
+    def get(self, key: OffloadKey) -> bytes | None:
+        """The packed record of `key`, or None."""
+        with self._reading, self._env.begin(db=self._blocks) as txn:
+            value = txn.get(key)
+        return None if value is None else bytes(value)
+
+    def chunks(self, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """Every (keys, packed records) in key order, `size` at a time, each chunk from a
+        read snapshot of its own (a long walk never holds one snapshot open)."""
+        after: bytes | None = None
+        while True:
+            with self._reading, self._env.begin(db=self._blocks) as txn, txn.cursor() as cursor:
+                if after is None:
+                    positioned = cursor.first()
+                else:
+                    positioned = cursor.set_range(after) and (
+                        cursor.key() != after or cursor.next()
+                    )
+                if not positioned:
+                    return
+                items = list(itertools.islice(cursor.iternext(keys=True, values=True), size))
+            if not items:
+                return
+            keys = [key for key, _ in items]
+            values = [value for _, value in items]
+            after = keys[-1]
+            yield keys, values
+
     def delete(self, keys: Iterable[OffloadKey]) -> None:
         """Remove the records of `keys` (absent ones are ignored), in one transaction."""
         with self._env.begin(db=self._blocks, write=True) as txn:
@@ -134,7 +196,8 @@ class BlockIndex:
             except lmdb.MapFullError:
                 if attempt:
                     raise
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                with self._reading:  # no read transaction of another thread may be open
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
     def update(
         self, deleted: Iterable[OffloadKey], records: Iterable[tuple[OffloadKey, bytes]]
@@ -156,7 +219,8 @@ class BlockIndex:
             except lmdb.MapFullError:
                 if attempt:
                     raise
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                with self._reading:  # no read transaction of another thread may be open
+                    self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
     def close(self) -> None:
         """Close the environment (committed data is already on disk)."""

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import xxhash
 
@@ -39,6 +40,10 @@ DATA_FILE = "data.mdb"
 
 CLEAN_STAMP = "clean"
 """The clean-close stamp, next to `data.mdb`."""
+
+RECORDS_SNAPSHOT = "records.bin"
+"""Every packed record of the index in key order, written at a clean close next to the stamp
+(which records its digest): the next open reads it in one call instead of walking the index."""
 
 PROBE_TIMEOUT_S = 120.0
 """The longest a probe may walk an index before it is declared damaged (a cycle of pages
@@ -104,51 +109,109 @@ def lmdb_file_problem(path: Path) -> str | None:
     return None
 
 
+def _used_bytes(file: BinaryIO, size: int) -> int:
+    """How many bytes at the start of an LMDB data file its meta pages say are in use (the
+    rest is preallocated space LMDB never reads); `size` when they cannot be read."""
+    head = file.read(_PAGE_HEADER + _META.size)
+    first = _read_meta(head, 0)
+    if first is None or first[0] < 512 or first[0] & (first[0] - 1):
+        return size
+    page_size = first[0]
+    file.seek(page_size)
+    second = _read_meta(file.read(_PAGE_HEADER + _META.size), 0)
+    if second is None:
+        return size
+    return min(size, (max(first[1], second[1]) + 1) * page_size)
+
+
 def _file_digest(path: Path) -> tuple[int, int]:
-    """(size, xxh3-64) of a file."""
+    """(size, xxh3-64 of its used pages) of an LMDB data file: the pages its meta pages
+    reach (LMDB reads nothing beyond them), so a large preallocated index is not read whole
+    at every open and close."""
     digest = xxhash.xxh3_64()
-    size = 0
     with path.open("rb") as file:
-        while chunk := file.read(8 << 20):
+        size = os.fstat(file.fileno()).st_size
+        left = _used_bytes(file, size)
+        file.seek(0)
+        while left > 0 and (chunk := file.read(min(left, 8 << 20))):
             digest.update(chunk)
-            size += len(chunk)
+            left -= len(chunk)
     return size, digest.intdigest()
 
 
-def write_clean_stamp(index_dir: Path) -> None:
-    """Stamp the index as closed cleanly (call after its last commit and close)."""
+def write_clean_stamp(index_dir: Path, records: tuple[bytes, int] | None = None) -> None:
+    """Stamp the index as closed cleanly (call after its last commit and close); with
+    `records` (its packed records joined in key order, and how many), write them as the
+    records snapshot, its digest in the stamp."""
     size, digest = _file_digest(index_dir / DATA_FILE)
+    recorded: dict[str, Any] = {"size": size, "xxh3": digest}
+    if records is not None:
+        raw, count = records
+        snapshot = index_dir / RECORDS_SNAPSHOT
+        temporary = snapshot.with_suffix(".tmp")
+        temporary.write_bytes(raw)
+        os.replace(temporary, snapshot)
+        recorded["records"] = {"count": count, "xxh3": xxhash.xxh3_64_intdigest(raw)}
     stamp = index_dir / CLEAN_STAMP
     temporary = stamp.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"size": size, "xxh3": digest}))
+    temporary.write_text(json.dumps(recorded))
     os.replace(temporary, stamp)
 
 
-def take_clean_stamp(index_dir: Path, keep: bool = False) -> bool:
-    """Whether the index still matches its clean-close stamp; the stamp is removed either
-    way (the index is about to be written), unless `keep` (it is only to be read)."""
+def take_records_snapshot(
+    index_dir: Path, stamp: dict[str, Any], keep: bool = False
+) -> tuple[bytes, int] | None:
+    """The records snapshot of a clean close whose `stamp` the index matched (packed records
+    joined, count), or None when there is none or it does not match its digest. Removed
+    either way, unless `keep`."""
+    path = index_dir / RECORDS_SNAPSHOT
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    finally:
+        if not keep:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    recorded = stamp.get("records")
+    if not isinstance(recorded, dict) or recorded.get("xxh3") != xxhash.xxh3_64_intdigest(raw):
+        return None
+    count = recorded.get("count")
+    return (raw, count) if isinstance(count, int) else None
+
+
+def take_clean_stamp(index_dir: Path, keep: bool = False) -> dict[str, Any] | None:
+    """The clean-close stamp when the index still matches it, else None; the stamp is
+    removed either way (the index is about to be written), unless `keep` (it is only to be
+    read)."""
     stamp = index_dir / CLEAN_STAMP
     try:
         recorded = json.loads(stamp.read_text())
     except (OSError, ValueError):
-        return False
+        return None
     finally:
         if not keep:
             with contextlib.suppress(OSError):
                 stamp.unlink()
     if not isinstance(recorded, dict):
-        return False
+        return None
     try:
-        return _file_digest(index_dir / DATA_FILE) == (recorded.get("size"), recorded.get("xxh3"))
+        found = _file_digest(index_dir / DATA_FILE)
     except OSError:
-        return False
+        return None
+    return recorded if found == (recorded.get("size"), recorded.get("xxh3")) else None
 
 
 def probe_index(
-    index_dir: Path, record_bytes: int, max_key_bytes: int, timeout_s: float = PROBE_TIMEOUT_S
+    index_dir: Path,
+    record_bytes: int,
+    max_key_bytes: int,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    records_out: Path | None = None,
 ) -> str | None:
     """Walk every record of the index in a child process; what is wrong with it, or None
-    when every record was read and is well formed."""
+    when every record was read and is well formed (then, with `records_out`, the child has
+    written every packed record there, joined in key order)."""
     command = [
         sys.executable,
         "-I",
@@ -157,6 +220,8 @@ def probe_index(
         str(record_bytes),
         str(max_key_bytes),
     ]
+    if records_out is not None:
+        command.append(str(records_out))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -36,9 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import numpy as np
+
 from kvtier.errors import DiskTierError, InvalidValueError, StorageClosedError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.batch import check_batch, check_keys, check_slot
+from kvtier.tiers.disk.catalog import Catalog
 from kvtier.tiers.disk.codec import BlockCodec, Compression, Stored
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport, StoreChecker
 from kvtier.tiers.disk.guard import Guard
@@ -74,6 +77,28 @@ READ_SPLIT_BYTES = 8 << 20
 _T = TypeVar("_T")
 
 _LOG = logging.getLogger(__name__)
+
+
+class RestoredBlocks:
+    """The blocks a disk store restored at open, compactly (`DiskStore.restore_cold`): what a
+    tier's bookkeeping holds them by instead of an object per block."""
+
+    __slots__ = ("_catalog",)
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def slots(self) -> np.ndarray:
+        """The slots of the restored blocks still held, oldest first."""
+        return self._catalog.restored_slots()
+
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of restored block `key` while the store holds it, or None."""
+        return self._catalog.restored_slot(key)
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        """The key of the restored block in `slot`, or None (none, or still loading)."""
+        return self._catalog.restored_key(slot)
 
 
 class DiskStore(BlockStorage):
@@ -163,6 +188,7 @@ class DiskStore(BlockStorage):
         """Why the index was rebuilt from the slab headers when the store opened (missing,
         damaged, ...), or None when it was opened as it was."""
         self._assemble(recovery)
+        self._catalog.start_loading()
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -317,8 +343,28 @@ class DiskStore(BlockStorage):
 
     def restore(self) -> list[RestoredBlock]:
         """The blocks indexed when the store was opened, oldest (lowest sequence) first,
-        less those forgotten or overwritten since."""
+        less those forgotten or overwritten since. Builds one object per block (and waits
+        for the background load of their keys): a chain uses `restore_cold` instead."""
         return self._catalog.restored()
+
+    def restore_cold(self) -> RestoredBlocks | None:
+        """The blocks indexed when the store was opened, as a compact view for a tier's
+        bookkeeping (`kvtier.manager.cold`): their slots oldest first, and look-ups of a
+        key's slot and a slot's key. None when the open restored them as objects (a rebuilt
+        index, an index with malformed records, an open to inspect): use `restore`."""
+        if self._catalog.cold is None:
+            return None
+        return RestoredBlocks(self._catalog)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the background load of the restored blocks' keys has finished."""
+        return self._catalog.wait_loaded(0)
+
+    async def wait_loaded(self) -> None:
+        """Until the background load of the restored blocks' keys has finished."""
+        if not self.loaded:
+            await asyncio.to_thread(self._catalog.wait_loaded)
 
     def __repr__(self) -> str:
         if self._closed:
