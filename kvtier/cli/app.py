@@ -24,12 +24,14 @@ from kvtier.cli.commands.options import (
 )
 from kvtier.cli.console import err, out
 from kvtier.cli.console import progress as _progress
+from kvtier.compiled import core_status
 from kvtier.errors import KvtierError
 
 if TYPE_CHECKING:
     from kvtier.config import HierarchyConfig
     from kvtier.manager.tiered import WritePolicy
     from kvtier.workloads.simulation import CapacitySpec, ChainTier, SimTrace
+    from kvtier.workloads.simulation.hints import HintNoise
 
 EXIT_USAGE = 2
 
@@ -53,7 +55,11 @@ class _KvtierGroup(click.Group):
 
 
 @click.group(cls=_KvtierGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="kvtier")
+@click.version_option(
+    package_name="kvtier",
+    # which bookkeeping runs: the compiled core (scripts/build-core) or its .py source
+    message="%(prog)s, version %(version)s\nbookkeeping: " + core_status().replace("%", "%%"),
+)
 def main() -> None:
     """kvtier: keep the KV cache of LLM serving engines in a chain of tiers (GPU, pinned CPU,
     disk, and stores a fleet shares: Redis, a shared filesystem)."""
@@ -196,6 +202,17 @@ def demo(config_path: Path | None, trace_path: Path | None, limit: int | None) -
     "fewer than 512 tokens (its hash repeats in no later prompt); figures are then not "
     "comparable with the references, which store every miss.",
 )
+@click.option(
+    "--hints",
+    "hint_text",
+    default=None,
+    metavar="recall=R,fpr=F",
+    help="Policy sweep: run each policy again with reuse hints derived from the trace's "
+    "future, made noisy: 'likely' for a block read again within the horizon, 'never' for "
+    "one never read again, each given with probability R where true and F where false "
+    "(optional horizon=H x the capacity [1], seed=S [0]); reports the hit ratio with and "
+    "without them.",
+)
 @out_option("Directory for simulate.json and simulate.png.")
 @json_option()
 @no_plot_option()
@@ -209,6 +226,7 @@ def simulate(
     admission_list: str | None,
     limit: int | None,
     skip_partial_blocks: bool,
+    hint_text: str | None,
     out_dir: Path,
     as_json: bool,
     no_plot: bool,
@@ -233,22 +251,30 @@ def simulate(
       kvtier simulate --trace keys.txt --out /tmp/sim --json
       kvtier simulate --tiers 1%,5%,20% --policy lru,arc,lru
       kvtier simulate --config configs/default.toml
+      kvtier simulate --policy lru,arc,lct --capacity 1%,5%,10% --hints recall=0.9,fpr=0.1
     """
     from kvtier.cli.charts import require_matplotlib
+    from kvtier.errors import InvalidValueError
     from kvtier.workloads.simulation import load_trace, parse_capacities, parse_policies
+    from kvtier.workloads.simulation.hints import parse_hint_noise
     from kvtier.workloads.simulation.sweep import DEFAULT_CAPACITIES, DEFAULT_POLICIES
 
     _check_simulate_options(
         policy_list, capacity_list, tier_list, config_path, write_policy, admission_list
     )
     chain = None
+    hints = None
     if tier_list is not None or config_path is not None:
+        if hint_text is not None:
+            raise InvalidValueError("--hints is for the policy sweep, not a chain (--tiers)")
         chain = _SimulatedChain.parse(
             tier_list, config_path, policy_list, write_policy, admission_list
         )
     else:
         policies = parse_policies(policy_list or DEFAULT_POLICIES)
         capacities = parse_capacities(capacity_list or DEFAULT_CAPACITIES)
+        if hint_text is not None:
+            hints = parse_hint_noise(hint_text)
     if not no_plot:
         require_matplotlib()
     check_out_dir(out_dir)  # before the run: a run whose results cannot be written is wasted
@@ -264,7 +290,7 @@ def simulate(
         paths = _simulate_chain(chain, trace, partial, out_dir, as_json=as_json, no_plot=no_plot)
     else:
         paths = _simulate_sweep(
-            policies, capacities, trace, partial, out_dir, as_json=as_json, no_plot=no_plot
+            policies, capacities, trace, partial, out_dir, hints, as_json=as_json, no_plot=no_plot
         )
     for path in paths:
         (err if as_json else out).print(f"wrote {path}", markup=False)
@@ -411,21 +437,36 @@ def _simulate_sweep(
     trace: SimTrace,
     partial: list[bool] | None,
     out_dir: Path,
+    hints: HintNoise | None = None,
     *,
     as_json: bool,
     no_plot: bool,
 ) -> list[Path]:
-    """Run each policy at each capacity, write simulate.json (and the chart), print the
-    table or the JSON; return the paths written."""
+    """Run each policy at each capacity (and again with `hints`), write simulate.json (and
+    the chart), print the table or the JSON; return the paths written."""
     import json
 
     from kvtier.cli.charts import chart_sweep, draw_or_remove
     from kvtier.workloads.simulation import render, run_sweep
-    from kvtier.workloads.simulation.sweep import sweep_runs, write_sweep_outputs
+    from kvtier.workloads.simulation.hints import run_hinted
+    from kvtier.workloads.simulation.sweep import (
+        resolve_capacities,
+        sweep_runs,
+        write_sweep_outputs,
+    )
 
     runs = sweep_runs(policies, capacities, trace.unique_blocks)
+    if hints is not None:
+        runs += len(resolve_capacities(capacities, trace.unique_blocks)) * len(policies)
+    hinted = None
     with _progress("simulating", runs) as advance:
         report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
+        if hints is not None:
+            hinted = run_hinted(report, hints, partial=partial, progress=advance)
+            report.extra["hints"] = {
+                **hints.to_dict(),
+                "results": [row.to_dict() for row in hinted],
+            }
     paths = [write_sweep_outputs(report, out_dir)]
     paths += draw_or_remove(
         out_dir / "simulate.png", None if no_plot else lambda path: chart_sweep(report, path)
@@ -437,6 +478,8 @@ def _simulate_sweep(
         footer = render.sweep_footer(report)
         if footer:
             out.print(footer, markup=False)
+        if hints is not None and hinted is not None:
+            out.print(render.hinted_table(hints, hinted))
     return paths
 
 

@@ -121,6 +121,10 @@ class ChainTier(Protocol):
         """An application's reuse hint on the keys the tier holds (None: withdraw it)."""
         ...
 
+    def hint_of(self, key: OffloadKey) -> HeldHint | None:
+        """The hint `key` holds in this tier now, or None."""
+        ...
+
     def take_evicted_hints(self) -> dict[OffloadKey, HeldHint]:
         """The hints of the blocks its last eviction took, once (what a demotion carries)."""
         ...

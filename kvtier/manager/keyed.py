@@ -250,6 +250,10 @@ class KeyedTierManager:
         """Ignored: the store evicts by its own rules, which kvtier does not steer."""
         self._check_open()
 
+    def hint_of(self, key: OffloadKey) -> HeldHint | None:
+        """None: the tier holds no hints."""
+        return None
+
     def take_evicted_hints(self) -> dict[OffloadKey, HeldHint]:
         """Nothing: kvtier never evicts from this tier."""
         return {}

@@ -14,6 +14,7 @@ not remember them: the application said they will not be reused).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any
 
 from kvtier.blocks import BlockStatus
 from kvtier.hints import Reuse, check_reuse
@@ -21,6 +22,34 @@ from kvtier.keys import OffloadKey
 
 _Entry = tuple[OffloadKey, BlockStatus]
 Evict = Callable[[int, Collection[OffloadKey]], list[_Entry] | None]
+
+
+class _Union(Collection[OffloadKey]):
+    """The keys of any of `parts`, without copying them: a policy's eviction only asks
+    `key in protected`, so shielding the "likely" blocks costs nothing per eviction however
+    many there are."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, *parts: Collection[OffloadKey]) -> None:
+        self._parts = parts
+
+    def __contains__(self, key: Any) -> bool:
+        for part in self._parts:  # noqa: SIM110 - a loop, not a generator: asked per key
+            if key in part:
+                return True
+        return False
+
+    def __iter__(self) -> Iterator[OffloadKey]:
+        seen: set[OffloadKey] = set()
+        for part in self._parts:
+            for key in part:
+                if key not in seen:
+                    seen.add(key)
+                    yield key
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class HintBook:
@@ -88,8 +117,8 @@ class HintBook:
         try:
             plain: list[_Entry] = []
             if rest:
-                shield = {*protected, *(key for key, _ in chosen)}
-                found = evict(rest, shield | self._by_reuse["likely"].keys())
+                shield = _Union(protected, {key for key, _ in chosen})
+                found = evict(rest, _Union(shield, self._by_reuse["likely"]))
                 if found is None:
                     found = self._evict_likely_too(rest, shield, evict, get, items)
                 if found is None:
@@ -125,7 +154,7 @@ class HintBook:
     def _evict_likely_too(
         self,
         n: int,
-        shield: set[OffloadKey],
+        shield: Collection[OffloadKey],
         evict: Evict,
         get: Callable[[OffloadKey], BlockStatus | None],
         items: Callable[[], Iterator[_Entry]],
@@ -146,7 +175,7 @@ class HintBook:
                 hinted += 1
         if others + hinted < n:
             return None
-        first = evict(others, shield | likely.keys()) if others else []
+        first = evict(others, _Union(shield, likely)) if others else []
         if first is None:
             return None
         second = evict(n - others, shield)  # only "likely" blocks are left to take

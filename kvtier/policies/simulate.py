@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError, KvtierError
+from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.registry import get_policy_class
 
@@ -99,3 +101,101 @@ def simulate(
         block.ref_cnt = 0
         insert(key, block)
     return SimulationResult(name, capacity, accesses, hits, evictions, refused)
+
+
+def simulate_hinted(
+    name: str | Callable[[int], CachePolicy],
+    capacity: int,
+    keys: Sequence[Hashable],
+    hints: Sequence[Reuse | None],
+    likely_ttl: int | None = None,
+    partial: Sequence[bool] | None = None,
+) -> SimulationResult:
+    """`simulate`, with the application's reuse hint of each access: `hints[i]` is given to
+    the policy on access `i`'s key once it is served (after the `touch` of a hit, which
+    withdraws a "never" or "unlikely" hint, or the `insert` of a miss), as
+    `Hierarchy.hint` gives it once a request is served; None gives none (an earlier hint
+    stays). A "likely" hint is withdrawn `likely_ttl` accesses later (None: never), as a
+    tier withdraws it at its TTL; a later hint on the key replaces it."""
+    if len(hints) != len(keys):
+        raise InvalidValueError(
+            f"simulate_hinted: {len(hints)} hints for {len(keys)} accesses; one per access"
+        )
+    if likely_ttl is not None and (isinstance(likely_ttl, bool) or likely_ttl < 1):
+        raise InvalidValueError(
+            f"simulate_hinted: likely_ttl must be a positive access count, got {likely_ttl!r}"
+        )
+    policy_class = get_policy_class(name) if isinstance(name, str) else name
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise InvalidValueError(f"simulate: capacity must be a positive int, got {capacity!r}")
+    policy = policy_class(capacity)
+    run = _HintedRun(policy, capacity, likely_ttl)
+    for index, raw_key in enumerate(keys):
+        run.expire(index)
+        key = cast(OffloadKey, raw_key)
+        if run.access(key, partial is not None and partial[index]):
+            run.give(index, key, hints[index])
+    return SimulationResult(policy.name, capacity, len(keys), run.hits, run.evictions, run.refused)
+
+
+class _HintedRun:
+    """The state of one `simulate_hinted` replay: the policy, the counts, and the deadlines
+    of the "likely" hints (in access indices, so oldest first)."""
+
+    def __init__(self, policy: CachePolicy, capacity: int, likely_ttl: int | None) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.likely_ttl = likely_ttl
+        self.hits = self.evictions = self.refused = 0
+        self.deadlines: deque[tuple[int, OffloadKey]] = deque()
+        self.likely_until: dict[OffloadKey, int] = {}
+
+    def expire(self, index: int) -> None:
+        """Withdraw the "likely" hints whose TTL ended by access `index`."""
+        deadlines, until = self.deadlines, self.likely_until
+        while deadlines and deadlines[0][0] <= index:
+            expires, key = deadlines.popleft()
+            if until.get(key) == expires:
+                del until[key]
+                self.policy.hint(key, None)
+
+    def access(self, key: OffloadKey, is_partial: bool) -> bool:
+        """Serve one access as `simulate` does; whether the key is resident after it."""
+        policy = self.policy
+        one = (key,)
+        if policy.get(key) is not None:
+            self.hits += 1
+            policy.touch(one)
+            return True
+        if is_partial:
+            self.refused += 1
+            return False
+        policy.on_store_miss(one)
+        if not policy.admits_all and not policy.admit(one)[0]:
+            self.refused += 1
+            return False
+        if len(policy) >= self.capacity:
+            victims = policy.evict(1)
+            if victims is None:
+                raise KvtierError(
+                    f"{policy.name}: a full cache of ready blocks could not evict one"
+                )
+            self.evictions += 1
+            for victim, _ in victims:
+                self.likely_until.pop(victim, None)
+        block = BlockStatus(0)
+        block.ref_cnt = 0
+        policy.insert(key, block)
+        return True
+
+    def give(self, index: int, key: OffloadKey, reuse: Reuse | None) -> None:
+        """Give resident `key` access `index`'s hint (None: none)."""
+        if reuse is None:
+            return
+        self.policy.hint(key, reuse)
+        if reuse == "likely" and self.likely_ttl is not None:
+            expires = index + self.likely_ttl
+            self.likely_until[key] = expires
+            self.deadlines.append((expires, key))
+        else:
+            self.likely_until.pop(key, None)

@@ -7,6 +7,11 @@ the same layout (a 32-bit ref count, a 64-bit slot), so the adapter gives the kv
 view of vLLM's own record (`BlockStatus.from_buffer`): both read one `ref_cnt`, nothing is
 copied or kept in step by hand, and the kvtier policy never evicts a chunk vLLM has pinned.
 
+A chunk stored for a request whose `kv_transfer_params` carry a reuse hint
+(`kvtier.integrations.vllm.hints`; vLLM 0.33 passes the storing request to `insert`) is
+hinted in the kvtier policy: a `"never"` chunk is evicted first, a `"likely"` one kept for
+its TTL (withdrawn at the first eviction after it, on the monotonic clock).
+
     "eviction_policy": "KvtierARCCachePolicy",
     "cache_policy_module_path": "kvtier.integrations.vllm"
 """
@@ -14,6 +19,8 @@ copied or kept in step by hand, and the kvtier policy never evicts a chunk vLLM 
 from __future__ import annotations
 
 import ctypes
+import heapq
+import time
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -23,6 +30,8 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy as VllmCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
 from kvtier.blocks import BlockStatus
+from kvtier.hints import ReuseHint
+from kvtier.integrations.vllm.hints import RequestHints
 from kvtier.keys import OffloadKey
 from kvtier.policies import get_policy_class
 from kvtier.policies.base import CachePolicy
@@ -48,6 +57,10 @@ class KvtierCachePolicy(VllmCachePolicy):
         self.policy: CachePolicy = get_policy_class(self.kvtier_policy)(cache_capacity)
         """The kvtier policy that decides."""
         self._chunks: dict[VllmKey, ChunkStatus] = {}
+        self.hints = RequestHints()
+        """The storing requests' reuse hints read so far (`given`, `ignored`)."""
+        self._hint_until: dict[OffloadKey, float] = {}
+        self._deadlines: list[tuple[float, OffloadKey]] = []
 
     def get(self, key: VllmKey) -> ChunkStatus | None:
         return self._chunks.get(key)
@@ -56,13 +69,37 @@ class KvtierCachePolicy(VllmCachePolicy):
         self, key: VllmKey, chunk: ChunkStatus, req_context: ReqContext | None = None
     ) -> None:
         """A chunk vLLM allocated. `req_context` (the storing request) is passed by vLLM 0.33
-        and not by 0.32 (see `_compat`); kvtier's policies do not need it."""
-        self.policy.insert(OffloadKey(key), BlockStatus.from_buffer(chunk))
+        and not by 0.32 (see `_compat`): the chunk takes its reuse hint, if it gave one."""
+        kvtier_key = OffloadKey(key)
+        self.policy.insert(kvtier_key, BlockStatus.from_buffer(chunk))
         self._chunks[key] = chunk
+        hint = self.hints.of(req_context)
+        if hint is not None:
+            self._hint(kvtier_key, hint)
+
+    def _hint(self, key: OffloadKey, hint: ReuseHint) -> None:
+        self.policy.hint(key, hint.reuse)
+        if hint.ttl_s is None:
+            self._hint_until.pop(key, None)
+            return
+        expires = time.monotonic() + hint.ttl_s
+        self._hint_until[key] = expires
+        heapq.heappush(self._deadlines, (expires, key))
+
+    def _expire_hints(self) -> None:
+        """Withdraw the hints whose TTL passed (a later hint on the chunk stays)."""
+        deadlines, until, now = self._deadlines, self._hint_until, time.monotonic()
+        while deadlines and deadlines[0][0] <= now:
+            expires, key = heapq.heappop(deadlines)
+            if until.get(key) == expires:
+                del until[key]
+                self.policy.hint(key, None)
 
     def remove(self, key: VllmKey) -> None:
         self.policy.remove(OffloadKey(key))
         del self._chunks[key]
+        if self._hint_until:
+            self._hint_until.pop(OffloadKey(key), None)
 
     def touch(self, keys: Iterable[VllmKey], req_context: ReqContext) -> None:
         self.policy.touch([OffloadKey(key) for key in keys])
@@ -71,14 +108,21 @@ class KvtierCachePolicy(VllmCachePolicy):
         self.policy.on_store_miss([OffloadKey(key) for key in keys])
 
     def evict(self, n: int, protected: set[VllmKey]) -> list[tuple[VllmKey, ChunkStatus]] | None:
+        if self._deadlines:
+            self._expire_hints()
         victims = self.policy.evict(n, protected)
         if victims is None:
             return None
+        if self._hint_until:
+            for key, _ in victims:
+                self._hint_until.pop(key, None)
         return [(VllmKey(key), self._chunks.pop(VllmKey(key))) for key, _ in victims]
 
     def clear(self) -> None:
         self.policy.clear()
         self._chunks.clear()
+        self._hint_until.clear()
+        self._deadlines.clear()
 
     def __len__(self) -> int:
         return len(self._chunks)

@@ -16,6 +16,10 @@ thread of its own) and this class only hands work over and collects what came ba
   asked of the loop thread in a batch and answered RETRY until the answer arrives; a store
   marks its keys present, kvtier's evictions (its removed events) and failed loads mark them
   absent. So a restarted disk tier's blocks are found without a scan.
+- A request's reuse hint (`kv_transfer_params` `{"kvtier_reuse": ..., "kvtier_reuse_ttl_s":
+  ...}`, see `hints`) is read once per request and given to kvtier with the blocks of that
+  request this tier stores (`put(hint=...)`); a bad one is logged, counted in
+  `hints.ignored`, and the blocks stored without it.
 - `drain_jobs` waits for every job in flight (none is aborted mid-copy); `shutdown` drains,
   then closes the hierarchy (which finishes its own background writes) and stops the thread.
 
@@ -50,8 +54,10 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvtier.errors import ManagerClosedError
 from kvtier.hierarchy import Hierarchy
+from kvtier.hints import ReuseHint
 from kvtier.integrations.engine_config import ConfigSource
 from kvtier.integrations.vllm.config import chain_config_for_vllm, vllm_namespace
+from kvtier.integrations.vllm.hints import RequestHints
 from kvtier.keys import OffloadKey
 from kvtier.sync import SyncHierarchy
 
@@ -127,6 +133,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.call_seconds: dict[str, float] = {}
+        self.hints = RequestHints()
+        """The requests' reuse hints read so far (`given`, `ignored`)."""
         row_bytes = int(self.block_size_bytes)
         rows = primary_kv_view.nbytes // row_bytes
         self._row_bytes = row_bytes
@@ -234,8 +242,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     @_timed
     def submit_store(self, job_metadata: TransferJob) -> None:
-        """Store the job's rows of vLLM's CPU tier, in the background."""
-        self._start(job_metadata, self._store)
+        """Store the job's rows of vLLM's CPU tier, in the background, with the reuse hint
+        of the request they belong to, if it gave one."""
+        hint = self.hints.of(getattr(job_metadata, "req_context", None))
+        self._start(job_metadata, functools.partial(self._store, hint=hint))
 
     @_timed
     def submit_load(self, job_metadata: TransferJob) -> None:
@@ -285,6 +295,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 self.hierarchy.call_soon(functools.partial(self._touch, held))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Reads the request's reuse hint now (a bad one is logged as the request comes)."""
+        self.hints.of(req_context)
         return RequestOffloadingContext()
 
     @_timed
@@ -348,7 +360,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
             manager.touch(held)
 
     async def _store(
-        self, job_id: int, keys: list[OffloadKey], rows: np.ndarray, hierarchy: Hierarchy
+        self,
+        job_id: int,
+        keys: list[OffloadKey],
+        rows: np.ndarray,
+        hierarchy: Hierarchy,
+        hint: ReuseHint | None = None,
     ) -> None:
         started = time.perf_counter()
         moved = 0
@@ -358,7 +375,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
             new = [index for index, key in enumerate(keys) if manager.locate(key) is None]
             if new:
                 # Straight from vLLM's rows (pinned by vLLM until this job is reported).
-                await hierarchy.put([keys[index] for index in new], self._rows, rows=rows[new])
+                await hierarchy.put(
+                    [keys[index] for index in new], self._rows, rows=rows[new], hint=hint
+                )
                 moved = len(new) * self._row_bytes
             held = [manager.locate(key) is not None for key in keys]
             success = all(held)

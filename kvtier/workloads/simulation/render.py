@@ -8,6 +8,7 @@ from rich.table import Table
 from kvtier.config import format_size
 from kvtier.workloads.simulation.bounds import INFINITE_NAME, OPT_NAME
 from kvtier.workloads.simulation.chain import ChainResult
+from kvtier.workloads.simulation.hints import HintedRow, HintNoise
 from kvtier.workloads.simulation.sweep import SweepReport
 
 
@@ -43,6 +44,26 @@ def sweep_table(report: SweepReport) -> Table:
                 else:
                     cells += [f"{reference:.6f}", _pp((ratio - reference) * 100)]
             table.add_row(*cells, end_section=policy == INFINITE_NAME)
+    return table
+
+
+def hinted_table(noise: HintNoise, rows: list[HintedRow]) -> Table:
+    """Each policy at each capacity without and with the noisy hints of `--hints`."""
+    table = Table(
+        title=f"With reuse hints from the trace's future (recall {noise.recall:g}, "
+        f"fpr {noise.fpr:g}, horizon {noise.horizon:g} x capacity, seed {noise.seed})"
+    )
+    for column in ("capacity", "blocks", "policy", "hit ratio", "with hints", "gain"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in rows:
+        table.add_row(
+            row.capacity_label,
+            f"{row.blocks:,}",
+            row.policy,
+            f"{row.without:.6f}",
+            f"{row.hinted:.6f}",
+            f"{round(row.gain, 6) + 0.0:+.6f}",
+        )
     return table
 
 
