@@ -95,6 +95,7 @@ async def test_promotion_moves_a_hit_up_through_every_tier(tmp_path: Path) -> No
         ks = keys_(*range(20))
         for i in range(0, 20, 2):
             await h.put(ks[i : i + 2], blocks_of(ks[i : i + 2]))
+        await h.drain()  # on disk (not its snapshot on the way there: a get reads that)
         assert h.where(ks[0]) == "disk"
         out = await h.get([ks[0]])
         assert torch.equal(out[0].cpu(), content(ks[0]))
@@ -235,6 +236,7 @@ async def test_concurrent_gets_of_one_block_share_one_promotion(tmp_path: Path) 
         ks = keys_(*range(20))
         for k in ks:
             await h.put([k], blocks_of([k]))
+        await h.drain()  # on disk, not on its way there (a get would read its staged copy)
         assert h.where(ks[0]) == "disk"
         results = await asyncio.gather(*(h.get([ks[0]]) for _ in range(64)))
         for out in results:
@@ -342,6 +344,7 @@ async def test_a_load_past_its_deadline_is_a_miss(tmp_path: Path) -> None:
         ks = keys_(*range(4))
         for k in ks:
             await h.put([k], blocks_of([k]))
+        await h.drain()  # on disk, read from there (not from its snapshot on the way)
         slow_reads(h.storages[-1], 0.5)
         started = time.perf_counter()
         out = await h.get([ks[0]], timeout_s=0.05)
@@ -359,6 +362,7 @@ async def test_a_cancelled_get_releases_its_pins(tmp_path: Path) -> None:
         ks = keys_(*range(4))
         for k in ks:
             await h.put([k], blocks_of([k]))
+        await h.drain()  # on disk, read from there (not from its snapshot on the way)
         slow_reads(h.storages[-1], 0.2)
         task = asyncio.ensure_future(h.get([ks[0], ks[1]]))
         await asyncio.sleep(0.05)

@@ -85,9 +85,13 @@ async def _serve_batch(
     if answers and answers[0] is False:
         if not chain.supervisor.busy or manager.locate(batch[0]) is None:
             return 0, False  # absent, or no room at the top and no transfer to free some
-        return 0, await _wait(chain, into.deadline)
+        with chain.gate.load_waiting():  # no new put takes the room this get waits for
+            return 0, await _wait(chain, into.deadline)
     hold = manager.hold_promotion(batch)
-    if hold is None:  # being written by a put or a demotion: wait for it
+    if hold is None:  # being written by a put or a demotion
+        staged = await chain.engine.read_staged(batch, into.out, into.rows[first:])
+        if staged:  # on its way to a slow tier: served from its snapshot, not after it
+            return staged, True
         return 0, await _wait(chain, into.deadline)
     return await _serve_promoted(chain, hold, into, first)
 

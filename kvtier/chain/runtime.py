@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvtier.chain.gate import PutGate
 from kvtier.chain.stats import HierarchyCounters, HierarchyStats, TierInfo, snapshot
 from kvtier.engine import (
     CALLER,
@@ -101,6 +102,9 @@ class Chain:
         self.signal = signal
         self.supervisor = JobSupervisor(engine, self.job_done)
         self.calls = HierarchyCounters()
+        self.gate = PutGate()
+        """Admission of puts: a bounded number inside the chain at once, none while a get
+        waits for room at the top (loads first, end to end)."""
         """What the API calls did (the put and get protocols count here)."""
         self.state = "open"
         """"open", then "closing" while `assembly.close_chain` settles it, then "closed"."""

@@ -45,6 +45,9 @@ class HierarchyCounters:
     put_backpressure_waits: int = 0
     """Puts that found the top tier's reserve exhausted and waited for background demotions
     to give slots back."""
+    put_admission_waits: int = 0
+    """Puts (parts of puts) that waited to enter the chain: too many puts in flight, or a
+    get waiting for room at the top (`chain/gate.py`: loads first)."""
     put_demotion_waits: int = 0
     """Puts that had to evict at once and waited for their victims' snapshot (a memory copy)."""
     put_store_timeouts: int = 0

@@ -46,7 +46,9 @@ async def put(
     """Store block `keys[i]` from row `rows[i]` of `blocks` in the top tier; how many were
     newly stored. `partial_last`: the last key is a prompt's partial block, never stored.
     `timeout_s`: the longest backpressure wait of each part (None: as long as it takes).
-    `hint`: given to every key once stored (`give_hint`), those held already included."""
+    `hint`: given to every key of a part (`give_hint`), those held already included, once
+    its slots are reserved and before its store completes, so that write-through does not
+    cascade a block hinted "never"."""
     started = time.perf_counter()
     chain.calls.put_blocks += len(keys)
     partial = keys[-1] if partial_last and keys else None
@@ -57,10 +59,8 @@ async def put(
         part = keys[start : start + chunk]
         last = partial if start + len(part) == len(keys) else None
         stored += await _put_part(
-            chain, part, blocks, rows[start : start + len(part)], last, timeout_s
+            chain, part, blocks, rows[start : start + len(part)], last, timeout_s, hint
         )
-    if hint is not None:
-        give_hint(chain, keys, hint)
     chain.calls.put_latency.observe(time.perf_counter() - started)
     return stored
 
@@ -80,9 +80,35 @@ async def _put_part(
     rows: npt.NDArray[np.int64],
     partial: OffloadKey | None,
     timeout_s: float | None,
+    hint: ReuseHint | None = None,
 ) -> int:
-    """One part of a put: reserve, wait for the victims, copy, settle."""
+    """One part of a put: admission, reserve, hint, wait for the victims, copy, settle."""
+    deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+    gate = chain.gate
+    if not gate.open_now():
+        chain.calls.put_admission_waits += 1
+    if not await gate.enter(deadline):
+        chain.calls.put_store_timeouts += 1
+    try:
+        return await _admitted_part(chain, keys, blocks, rows, partial, deadline, hint)
+    finally:
+        gate.leave()
+
+
+async def _admitted_part(
+    chain: Chain,
+    keys: list[OffloadKey],
+    blocks: torch.Tensor,
+    rows: npt.NDArray[np.int64],
+    partial: OffloadKey | None,
+    deadline: float | None,
+    hint: ReuseHint | None,
+) -> int:
+    """A part let in by the gate: reserve, hint, wait for the victims, copy, settle."""
+    timeout_s = None if deadline is None else max(0.0, deadline - time.perf_counter())
     out = await reserve(chain, keys, timeout_s, partial=partial)
+    if hint is not None:
+        give_hint(chain, keys, hint)
     if out is None:
         chain.calls.put_refused += len(keys)
         chain.spawn_planned()

@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from kvtier.engine.moves import Endpoint, MoveResult, move
 from kvtier.engine.staging import StagingArena
@@ -200,6 +201,9 @@ class EngineCounters:
     """Copies that raised, by exception class name."""
     staged_blocks: int = 0
     """Blocks snapshotted into the staging arena on their way to a slow tier."""
+    staged_reads: int = 0
+    """Blocks a get copied out of the staging arena (being written to a slow tier, so
+    readable in neither tier): served at once instead of after that write."""
     pairs: dict[tuple[str, str], PairCounters] = field(default_factory=dict)
 
     def count_error(self, error: BaseException) -> None:
@@ -289,6 +293,7 @@ class TransferEngine:
         self._lanes: dict[int, PrioritySemaphore] = {}
         self._cascades_in_flight = 0
         self._admitted: set[int] = set()  # cascades counted in the backlog
+        self._staged_rows: dict[OffloadKey, int] = {}  # key -> arena row, while written below
 
     def _semaphore(self, src: int, dst: int) -> PrioritySemaphore:
         """The queue of a copy: that of the lower (slower) of its two tiers."""
@@ -432,6 +437,7 @@ class TransferEngine:
             if rows is None:
                 state.collect(index, MoveResult(failed=frozenset(keys)))
             else:
+                self._staged_rows.update(zip(keys, (int(row) for row in rows), strict=True))
                 state.writes[index] = group.create_task(
                     self._write_staged(keys, step, rows, dst_ids, priority)
                 )
@@ -518,7 +524,41 @@ class TransferEngine:
                 priority,
             )
         finally:
+            for key, row in zip(keys, rows, strict=True):
+                if self._staged_rows.get(key) == row:
+                    del self._staged_rows[key]
             staging.release(rows)
+
+    def staged_prefix(self, keys: Sequence[OffloadKey]) -> int:
+        """How many leading `keys` have a snapshot in the staging arena (on their way to a
+        slow tier)."""
+        count = 0
+        while count < len(keys) and keys[count] in self._staged_rows:
+            count += 1
+        return count
+
+    async def read_staged(
+        self, keys: Sequence[OffloadKey], out: torch.Tensor, rows: npt.NDArray[np.int64]
+    ) -> int:
+        """Copy the leading `keys` that have a snapshot in the staging arena into
+        `out[rows[i]]`; how many. A block being demoted to a slow tier is readable in
+        neither tier until that write lands (behind every other write queued there); its
+        snapshot is the block's bytes, so a get is served from it at once (loads first).
+        The rows are held while copied, so they are not reused under the copy."""
+        staging = self.staging
+        count = self.staged_prefix(keys)
+        if staging is None or count == 0:
+            return 0
+        arena_rows = np.asarray([self._staged_rows[key] for key in keys[:count]], np.int64)
+        staging.hold(arena_rows)
+        try:
+            await finish_even_if_cancelled(
+                self.copier.copy(staging.tensor, arena_rows, out, rows[:count])
+            )
+        finally:
+            staging.unhold(arena_rows)
+        self.counters.staged_reads += count
+        return count
 
     def _release_sources(self, state: _JobRun, staged: asyncio.Future[None] | None) -> None:
         """Every step is issued: give the sources back, and settle the tiers no background

@@ -51,6 +51,8 @@ class StagingArena:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._reserved = 0  # rows promised to woken waiters that have not taken them yet
+        self._readers: dict[int, int] = {}  # row -> readers copying out of it now
+        self._deferred: set[int] = set()  # rows released while read: freed by the last reader
         self.waits = 0
         """Requests that found too few free rows and waited (backpressure)."""
         self.peak_used = 0
@@ -90,8 +92,36 @@ class StagingArena:
         return self._take(count)
 
     def release(self, rows: npt.NDArray[np.int64]) -> None:
-        """Give rows back (each exactly once)."""
-        self._give_back([int(row) for row in rows])
+        """Give rows back (each exactly once); a row being read (`hold`) is freed when its
+        last reader is done."""
+        free: list[int] = []
+        for row in (int(row) for row in rows):
+            if row in self._readers:
+                self._deferred.add(row)
+            else:
+                free.append(row)
+        self._give_back(free)
+
+    def hold(self, rows: npt.NDArray[np.int64]) -> None:
+        """A reader copies out of `rows` (a get served from a snapshot on its way to a slow
+        tier): they are not reused until `unhold`, even if released meanwhile."""
+        for row in (int(row) for row in rows):
+            self._readers[row] = self._readers.get(row, 0) + 1
+
+    def unhold(self, rows: npt.NDArray[np.int64]) -> None:
+        """The reader of `hold` is done with `rows`."""
+        free: list[int] = []
+        for row in (int(row) for row in rows):
+            left = self._readers[row] - 1
+            if left:
+                self._readers[row] = left
+                continue
+            del self._readers[row]
+            if row in self._deferred:
+                self._deferred.discard(row)
+                free.append(row)
+        if free:
+            self._give_back(free)
 
     def _take(self, count: int) -> npt.NDArray[np.int64]:
         rows = [self._free.pop() for _ in range(count)]

@@ -16,7 +16,9 @@ It is itself an `OffloadingManager`, so an engine that drives one tier can drive
 - **Reuse hints** (`kvtier.hints`, `hint`): each tier holding a block gives its policy the
   hint. A demoted block carries its hint to the tier below, except a `"never"` block, which
   is dropped instead of demoted (the application said it will not be read again: copying it
-  down would cost a slow tier a write for nothing; counted `hint_dropped`).
+  down would cost a slow tier a write for nothing; counted `hint_dropped`). With
+  write-through, a block hinted "never" when its store completes is not cascaded either
+  (counted `hint_not_cascaded`), and a cascaded block's copies hold the hint it holds.
 
 Nothing here does I/O or waits: decisions go out as `TransferJob`s (`take_jobs`), the engine
 moves the bytes, and `complete_job` settles the bookkeeping, including failures (a block that
@@ -59,6 +61,10 @@ WritePolicy = Literal["write-back", "write-through"]
 Watermarks = tuple[float, float]
 """(low, high) occupancy fractions of a tier: fuller than `high`, it is demoted in the
 background down to `low`, so that a store finds free slots at once."""
+
+
+RESERVE_GROWTH_DIVISOR = 8
+"""A top tier's reserve grows (`TieredManager.reserve_for`) to at most 1/8 of the tier."""
 
 
 def reserve_slots(num_blocks: int, watermarks: Watermarks) -> tuple[int, int]:
@@ -104,6 +110,8 @@ class ChainCounters:
     dropped_at_bottom: int = 0
     hint_dropped: int = 0
     """Victims hinted "never": dropped instead of demoted to the tier below."""
+    hint_not_cascaded: int = 0
+    """Blocks stored hinted "never" that write-through did not cascade down the chain."""
     cascaded: int = 0
     cascades_dropped: int = 0
     copy_failures: int = 0
@@ -301,6 +309,7 @@ class TieredManager(OffloadingManager):
         stores it; an absent one is reported in `refused_keys` (counted `partial_refused`)
         and no policy hears of it."""
         self._check_open()
+        self.reserve_for(len(keys))  # the next store of this size finds its room free
         unique = list(dict.fromkeys(keys))
         skipped: list[OffloadKey] = []
         if partial:
@@ -343,7 +352,15 @@ class TieredManager(OffloadingManager):
         newly_ready = [key for key in dict.fromkeys(keys) if self.top.has(key) is None]
         self.top.complete_store(keys, success, req_context)
         if success and newly_ready and self.write_policy == "write-through":
-            self._plan_cascade(newly_ready)
+            self._plan_cascade(self._not_never(newly_ready))
+
+    def _not_never(self, keys: list[OffloadKey]) -> list[OffloadKey]:
+        """The keys the top tier does not hold hinted "never" (those are not cascaded:
+        evicted first and dropped, they would cost the tiers below a write nobody reads)."""
+        hint_of = self.top.hint_of
+        kept = [key for key in keys if (h := hint_of(key)) is None or h.reuse != "never"]
+        self.counters.hint_not_cascaded += len(keys) - len(kept)
+        return kept
 
     def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
         """Give every tier holding some of `keys` an application's reuse hint on them (None:
@@ -534,6 +551,18 @@ class TieredManager(OffloadingManager):
             self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
         return out
 
+    def reserve_for(self, count: int) -> None:
+        """Grow the top tier's reserve to cover stores of `count` blocks (`prepare_store`
+        calls it): its refill then starts below `count` free slots and aims for twice that,
+        at most 1/8 of the tier. Only a reserve the watermarks keep grows. So a stream of
+        stores larger than the watermarks' reserve finds its slots freed in the background
+        instead of evicting, and waiting for its victims' snapshot, on the store's path."""
+        trigger, target = self._reserves[0]
+        if trigger == 0 or count <= trigger:
+            return
+        cap = self.top.num_blocks // RESERVE_GROWTH_DIVISOR
+        self._reserves[0] = (max(trigger, min(count, cap)), max(target, min(2 * count, cap)))
+
     def _plan_reserves(self) -> None:
         """Queue background DEMOTE jobs for every tier whose free slots (counting those
         already draining) fell below its reserve: the policy's victims are evicted at once
@@ -676,6 +705,8 @@ class TieredManager(OffloadingManager):
         job = TransferJob(JobKind.CASCADE)
         spec = self.tiers[start].prepare_load(keys)
         job.pins.append((start, tuple(keys)))
+        hint_of = self.tiers[start].hint_of
+        hints = {key: hint for key in keys if (hint := hint_of(key)) is not None}
         src_keys, src_ids, src = list(keys), slot_ids(spec), start
         for index in range(start + 1, len(self.tiers)):
             tier = self.tiers[index]
@@ -691,6 +722,8 @@ class TieredManager(OffloadingManager):
             stored = out.keys_to_store
             dst_ids = slot_ids(out.store_spec)
             job.steps.append(_copy_step(stored, dict(wanted), src, index, dst_ids))
+            if hints:  # the copies below hold the hints their source holds
+                self._carry_hints(tier, stored, hints)
             self.counters.cascaded += len(stored)
             src_keys, src_ids, src = list(stored), dst_ids, index
         if not job.steps:
