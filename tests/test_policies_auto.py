@@ -157,17 +157,7 @@ def _phase_hits(policy: CachePolicy, keys: list[int], phase: int) -> list[int]:
     """Hits per phase, driving `policy` exactly as `simulate` does."""
     hits = [0] * (len(keys) // phase)
     for position, raw in enumerate(keys):
-        key = OffloadKey(raw.to_bytes(8, "big"))
-        if policy.get(key) is not None:
-            hits[position // phase] += 1
-            policy.touch((key,))
-            continue
-        policy.on_store_miss((key,))
-        if not policy.admits_all and not policy.admit((key,))[0]:
-            continue
-        if len(policy) >= policy.cache_capacity:
-            assert policy.evict(1) is not None
-        policy.insert(key, ready_block())
+        hits[position // phase] += _access(policy, OffloadKey(raw.to_bytes(8, "big")))
     return hits
 
 
@@ -291,19 +281,24 @@ def test_auto_meets_the_issue_targets_on_the_shipped_trace() -> None:
         assert _auto_on_the_shipped_trace(fraction)[0] >= target, fraction
 
 
+def _access(policy: CachePolicy, key: OffloadKey) -> bool:
+    """One access of `key`, as `simulate` drives a policy: whether it hit."""
+    if policy.get(key) is not None:
+        policy.touch((key,))
+        return True
+    policy.on_store_miss((key,))
+    if not policy.admits_all and not policy.admit((key,))[0]:
+        return False
+    if len(policy) >= policy.cache_capacity:
+        assert policy.evict(1) is not None
+    policy.insert(key, ready_block())
+    return False
+
+
 def _drive(policy: CachePolicy, keys: list[int]) -> None:
     """One access per key, as `simulate` drives a policy."""
     for raw in keys:
-        key = k(raw)
-        if policy.get(key) is not None:
-            policy.touch((key,))
-            continue
-        policy.on_store_miss((key,))
-        if not policy.admits_all and not policy.admit((key,))[0]:
-            continue
-        if len(policy) >= policy.cache_capacity:
-            assert policy.evict(1) is not None
-        policy.insert(key, ready_block())
+        _access(policy, k(raw))
 
 
 def test_an_lct_that_stops_serving_keeps_learning_and_serves_again() -> None:

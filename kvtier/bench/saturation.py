@@ -124,12 +124,7 @@ async def _mixed(
     the groups put since, `stored`: their first keys), as fast as it can."""
     group = blocks.shape[0]
     while time.perf_counter() < until:
-        first = next_key[0]
-        next_key[0] += group
-        began = time.perf_counter()
-        await hierarchy.put(keys_of(first, group), blocks)
-        phase.put_s.append(time.perf_counter() - began)
-        stored.append(first)
+        stored.append(await _put_next(hierarchy, blocks, next_key, phase))
         pick = rng.randrange(hot // group + len(stored))
         target = pick * group if pick < hot // group else stored[pick - hot // group]
         await _get_one(hierarchy, target, group, phase)
@@ -138,13 +133,21 @@ async def _mixed(
 async def _putter(
     hierarchy: Hierarchy, blocks: torch.Tensor, next_key: list[int], until: float, phase: Phase
 ) -> None:
-    group = blocks.shape[0]
     while time.perf_counter() < until:
-        first = next_key[0]
-        next_key[0] += group
-        began = time.perf_counter()
-        await hierarchy.put(keys_of(first, group), blocks)
-        phase.put_s.append(time.perf_counter() - began)
+        await _put_next(hierarchy, blocks, next_key, phase)
+
+
+async def _put_next(
+    hierarchy: Hierarchy, blocks: torch.Tensor, next_key: list[int], phase: Phase
+) -> int:
+    """Put the next group of new keys, timed into `phase`; its first key."""
+    group = blocks.shape[0]
+    first = next_key[0]
+    next_key[0] += group
+    began = time.perf_counter()
+    await hierarchy.put(keys_of(first, group), blocks)
+    phase.put_s.append(time.perf_counter() - began)
+    return first
 
 
 async def run_phase(
