@@ -85,6 +85,7 @@ async def test_an_error_of_another_class_becomes_a_kvtier_error_naming_the_tier(
         raise MemoryError("no memory for the restore (test)")
 
     monkeypatch.setattr(DiskStore, "restore", no_memory)
+    monkeypatch.setattr(DiskStore, "restore_cold", no_memory)  # what a chain calls
     config = chain_config(tmp_path, gpu=None, cpu=8, disk=16)
     with pytest.raises(KvtierError) as raised:
         await Hierarchy.from_config(config).open()
