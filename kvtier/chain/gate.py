@@ -14,6 +14,17 @@ a get waiting for room at the top would see every freed slot taken by a put firs
 
 A put that waited past its `store_timeout_s` deadline goes in anyway (over the limit,
 counted by the caller as a store timeout): a put is never refused by the gate.
+
+A serving engine's own stores (`store.prepare_engine_store`, what `embed/offloading_spec.py`
+calls) do not pass the gate, on purpose. The engine awaits that call inside its step: a
+place here could be held by any number of the embedder's puts (each for its whole reserve,
+victims, copy and settling) and refused for as long as gets wait for room, so the engine's
+step would wait on traffic that is not its own. And its own traffic needs no gate: its
+scheduler issues its stores one step at a time (at most one in flight per engine), and its
+loads (`TieredManager.lookup`: "ask again", the promotion started at once) never wait for
+room at the top, so there is no engine get for the gate to put first. An engine store still
+waits for the chain's room like a put (`wait_for_reserve`, within `store_timeout_s`, and its
+victims' snapshot); it neither takes a place nor is counted in `put_admission_waits`.
 """
 
 from __future__ import annotations

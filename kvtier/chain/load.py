@@ -6,8 +6,11 @@ A get, batch by batch (a batch is at most a quarter of the top tier), head first
 - blocks found below start a promotion (`TieredManager.lookup_many`); the reader claims them
   (`hold_promotion`), waits until the promotion gave its blocks to the top (not for its
   victims' writes below), and copies them out pinned;
-- a block being written (by a put or a demotion) is waited for; an absent one ends the
-  prefix.
+- a block on its way to a slow tier (a demotion's snapshot in the staging arena) is copied
+  out of that snapshot, and counted a hit of the tier it is being written to
+  (`TieredManager.count_staged_hits`; `staged_reads` counts them apart);
+- another block being written (by a put or a demotion) is waited for; an absent one ends
+  the prefix.
 
 Reads degrade, they never fail: a block that is absent, failed its checksum or did not
 arrive by the deadline ends the prefix the caller gets (it recomputes the rest). The
@@ -89,11 +92,25 @@ async def _serve_batch(
             return 0, await _wait(chain, into.deadline)
     hold = manager.hold_promotion(batch)
     if hold is None:  # being written by a put or a demotion
-        staged = await chain.engine.read_staged(batch, into.out, into.rows[first:])
+        staged = await _serve_staged(chain, batch, into, first)
         if staged:  # on its way to a slow tier: served from its snapshot, not after it
             return staged, True
         return 0, await _wait(chain, into.deadline)
     return await _serve_promoted(chain, hold, into, first)
+
+
+async def _serve_staged(
+    chain: Chain, batch: list[OffloadKey], into: Destination, first: int
+) -> int:
+    """Serve the leading keys of `batch` that have a snapshot in the staging arena (on their
+    way to a slow tier) from it; how many. Each is a hit of the tier it is being written
+    to, taken before the copy (`TieredManager.count_staged_hits`); `staged_reads` of the
+    engine counts them apart."""
+    engine = chain.engine
+    tiers = chain.manager.writing_tiers(batch[: engine.staged_prefix(batch)])
+    staged = await engine.read_staged(batch[: len(tiers)], into.out, into.rows[first:])
+    chain.manager.count_staged_hits(tiers[:staged])
+    return staged
 
 
 async def _serve_promoted(

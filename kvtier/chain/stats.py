@@ -119,7 +119,8 @@ class TransferStats:
 @dataclass(frozen=True, slots=True)
 class FlushReport:
     """What a flush did: blocks copied to the bottom tier, and blocks still held only by
-    volatile tiers when it ended (0: everything readable is in the bottom tier)."""
+    volatile tiers when it ended (0: everything readable is in the bottom tier). Blocks
+    hinted "never" are not flushed (`stats().chain.hint_not_cascaded`) nor counted here."""
 
     copied: int
     left: int

@@ -217,7 +217,8 @@ async def prepare_engine_store(
     """For a serving engine that copies blocks into the top tier itself: `reserve`, then
     `wait_for_victims`, so the engine may write `store_spec`'s slots at once and then call
     `complete_store`. None: no room at the top. Cancelled while the victims are copied out,
-    the reserved slots are given back (nobody else knows of them)."""
+    the reserved slots are given back (nobody else knows of them). It does not pass the
+    `PutGate`: the engine awaits it inside its step (why: `chain/gate.py`)."""
     manager = chain.manager
     out = await reserve(chain, keys, timeout_s)
     if out is not None and out.demotion is not None:
@@ -236,7 +237,8 @@ async def prepare_engine_store(
 async def flush(chain: Chain, timeout_s: float | None) -> FlushReport:
     """Copy every block held only by the upper tiers down to the bottom tier and wait for
     it (at most `timeout_s`; the copies in flight go on): what was copied, and what is still
-    held only by volatile tiers (logged when any)."""
+    held only by volatile tiers (logged when any). Blocks hinted "never" stay where they are
+    and are not counted as left."""
     manager = chain.manager
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
@@ -251,8 +253,11 @@ async def flush(chain: Chain, timeout_s: float | None) -> FlushReport:
         await asyncio.wait(tasks, timeout=remaining)
     chain.poke()
     copied = sum(1 for key in sent if bottom.has(key) is True)
-    left = sum(
-        1 for tier in manager.tiers[:-1] for key in tier.idle_keys() if bottom.has(key) is not True
+    left = sum(  # blocks hinted "never" are not flushed on purpose (`plan_flush`)
+        1
+        for index, tier in enumerate(manager.tiers[:-1])
+        for key in tier.idle_keys()
+        if bottom.has(key) is not True and not manager.hinted_never(index, key)
     )
     if left:
         log.warning(

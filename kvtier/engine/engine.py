@@ -578,12 +578,20 @@ class TransferEngine:
 
     async def _forget_corrupt(self, corrupt: set[tuple[int, OffloadKey]]) -> None:
         """Tell persistent tiers to drop the records of blocks found bad (best effort: a
-        record is re-checked on every read anyway)."""
+        record is re-checked on every read anyway). An error of a forget, a cancellation
+        of the forget itself included, is counted and the next tier is told. A cancellation
+        of the job's task while it waits here is re-raised (the shielded forget goes on):
+        swallowed, `run` would return as if its caller had not cancelled it."""
         bad_by_tier: dict[int, list[OffloadKey]] = {}
         for tier, key in corrupt:
             bad_by_tier.setdefault(tier, []).append(key)
         for tier, bad in bad_by_tier.items():
             try:
                 await asyncio.shield(self.storages[tier].forget(bad))
-            except (Exception, asyncio.CancelledError) as error:
+            except asyncio.CancelledError as error:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                self.counters.count_error(error)
+            except Exception as error:
                 self.counters.count_error(error)

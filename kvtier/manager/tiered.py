@@ -17,8 +17,9 @@ It is itself an `OffloadingManager`, so an engine that drives one tier can drive
   hint. A demoted block carries its hint to the tier below, except a `"never"` block, which
   is dropped instead of demoted (the application said it will not be read again: copying it
   down would cost a slow tier a write for nothing; counted `hint_dropped`). With
-  write-through, a block hinted "never" when its store completes is not cascaded either
-  (counted `hint_not_cascaded`), and a cascaded block's copies hold the hint it holds.
+  write-through, a block hinted "never" when its store completes is not cascaded either,
+  nor copied down by a flush (`plan_flush`; both counted `hint_not_cascaded`), and a
+  cascaded block's copies hold the hint it holds.
 
 Nothing here does I/O or waits: decisions go out as `TransferJob`s (`take_jobs`), the engine
 moves the bytes, and `complete_job` settles the bookkeeping, including failures (a block that
@@ -93,9 +94,14 @@ class ChainCounters:
     """What the chain did since it was built (block counts)."""
 
     lookups: int = 0
+    """Keys answered: each a hit of one tier or a miss of the chain (`lookups` = `misses` +
+    sum of `hits`). A key answered "ask again" (being written, already being promoted) is
+    counted when it is answered, or when a get serves it from its in-flight copy
+    (`count_staged_hits`)."""
     hits: list[int] = field(default_factory=list)
     """Lookups answered from each tier: index 0 ready at the top, i > 0 found in tier i
-    (a promotion started)."""
+    (a promotion started) or served from its copy on its way into tier i (a demotion's
+    snapshot in the staging arena: `count_staged_hits`)."""
     misses: int = 0
     """Keys asked of every tier and held by none (`lookup_many`, `held_prefix`): a miss of
     each tier. Tier i's misses are these plus the hits of the tiers below it."""
@@ -111,7 +117,8 @@ class ChainCounters:
     hint_dropped: int = 0
     """Victims hinted "never": dropped instead of demoted to the tier below."""
     hint_not_cascaded: int = 0
-    """Blocks stored hinted "never" that write-through did not cascade down the chain."""
+    """Blocks hinted "never" that a cascade did not copy down the chain: write-through as
+    they were stored, or a flush (`plan_flush`)."""
     cascaded: int = 0
     cascades_dropped: int = 0
     copy_failures: int = 0
@@ -206,9 +213,9 @@ class TieredManager(OffloadingManager):
         found_below: dict[int, list[int]] = {}
         found: set[OffloadKey] = set()
         for key in keys:
-            self.counters.lookups += 1
             state = self.top.lookup(key)
             if state is True:
+                self.counters.lookups += 1
                 self.counters.hits[0] += 1
                 answers.append(True)
                 continue
@@ -222,12 +229,14 @@ class TieredManager(OffloadingManager):
                     source = index
                     break
             if source is None:
+                self.counters.lookups += 1
                 self.counters.misses += 1
                 answers.append(False)
                 break
             if state is None:  # on its way into a lower tier (demotion, cascade): ask again
                 answers.append(None)
                 continue
+            self.counters.lookups += 1
             self.counters.hits[source] += 1
             self.tiers[source].prepare_load([key])
             found.add(key)
@@ -261,6 +270,23 @@ class TieredManager(OffloadingManager):
             if state is not False:
                 return index, state is True
         return None
+
+    def writing_tiers(self, keys: Sequence[OffloadKey]) -> list[int | None]:
+        """Per key, the highest tier holding it (None: no tier), readable or being written:
+        the tier a block on its way down is logically in. Pure inspection."""
+        return [None if (found := self.locate(key)) is None else found[0] for key in keys]
+
+    def count_staged_hits(self, tiers: Sequence[int | None]) -> None:
+        """A get served blocks from their copy in flight (a demotion's snapshot, readable in
+        neither tier until its write lands), `lookup_many` having answered them "ask
+        again": count each as a lookup and a hit of the tier it is being written to
+        (`writing_tiers`, taken before the copy; the tier `Hierarchy.where` names), so that
+        hits + misses = lookups holds for every get. A block no tier held any more (None)
+        is left out of both."""
+        for index in tiers:
+            if index is not None:
+                self.counters.lookups += 1
+                self.counters.hits[index] += 1
 
     def held_prefix(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading `keys` some tier holds (readable or being written); starts
@@ -352,13 +378,19 @@ class TieredManager(OffloadingManager):
         newly_ready = [key for key in dict.fromkeys(keys) if self.top.has(key) is None]
         self.top.complete_store(keys, success, req_context)
         if success and newly_ready and self.write_policy == "write-through":
-            self._plan_cascade(self._not_never(newly_ready))
+            self._plan_cascade(newly_ready)
 
-    def _not_never(self, keys: list[OffloadKey]) -> list[OffloadKey]:
-        """The keys the top tier does not hold hinted "never" (those are not cascaded:
-        evicted first and dropped, they would cost the tiers below a write nobody reads)."""
-        hint_of = self.top.hint_of
-        kept = [key for key in keys if (h := hint_of(key)) is None or h.reuse != "never"]
+    def hinted_never(self, index: int, key: OffloadKey) -> bool:
+        """Whether tier `index` holds `key` hinted "never" (it is not copied down: see
+        `_not_never`)."""
+        held = self.tiers[index].hint_of(key)
+        return held is not None and held.reuse == "never"
+
+    def _not_never(self, index: int, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        """The keys tier `index` does not hold hinted "never". Those are never copied down by
+        a cascade (write-through, flush): evicted first and dropped, they would cost the
+        tiers below a write nobody reads. Counted `hint_not_cascaded`."""
+        kept = [key for key in keys if not self.hinted_never(index, key)]
         self.counters.hint_not_cascaded += len(keys) - len(kept)
         return kept
 
@@ -699,8 +731,12 @@ class TieredManager(OffloadingManager):
         self, keys: Sequence[OffloadKey], start: int = 0, *, queue: bool = True
     ) -> TransferJob | None:
         """Copy ready blocks of tier `start` down every tier below that lacks them (a CASCADE
-        job, into the outbox unless `queue` is False)."""
+        job, into the outbox unless `queue` is False). Blocks hinted "never" there are left
+        out (`_not_never`): no path copies such a block down."""
         if start + 1 >= len(self.tiers) or not keys:
+            return None
+        keys = self._not_never(start, keys)
+        if not keys:
             return None
         job = TransferJob(JobKind.CASCADE)
         spec = self.tiers[start].prepare_load(keys)
@@ -736,7 +772,8 @@ class TieredManager(OffloadingManager):
         bottom tier (e.g. before a clean shutdown, so that a persistent bottom tier keeps
         them), as CASCADE jobs, top tier first, returned (not queued for `take_jobs`).
         Blocks may evict older ones below, as any store does; blocks pinned or being written
-        are skipped."""
+        are skipped, and so are blocks hinted "never" (counted `hint_not_cascaded`, as
+        write-through counts those it does not cascade)."""
         self._check_open()
         bottom = self.tiers[-1]
         jobs: list[TransferJob] = []

@@ -69,7 +69,8 @@ METRICS: tuple[MetricInfo, ...] = (
         "kvtier_tier_hits_total",
         "counter",
         ("tier",),
-        "Lookups answered by the tier (ready at the top, or found below and promoted).",
+        "Lookups answered by the tier (ready at the top, found below and promoted, or "
+        "read from its copy on its way into the tier).",
     ),
     MetricInfo(
         "kvtier_tier_misses_total",
