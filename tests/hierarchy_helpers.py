@@ -3,6 +3,8 @@ deterministic function of the key, so any block read back can be verified."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import numpy as np
 import torch
 
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.tiers.disk.io import FileIO, IOBuffer
 
 BLOCK = 4096
 
@@ -71,3 +74,17 @@ def chain_config(
         "write_policy": write_policy,
         "tiers": tiers,
     }
+
+
+class HeldWrites(FileIO):
+    """Slab writes wait until `release` is set; counts the writes that completed."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.completed = 0
+
+    def pwritev(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
+        self.release.wait(30)
+        written = super().pwritev(fd, buffers, offset)
+        self.completed += 1
+        return written

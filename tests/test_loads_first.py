@@ -12,33 +12,16 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from hierarchy_helpers import blocks_of, chain_config, key
+from hierarchy_helpers import HeldWrites, blocks_of, chain_config, key
 
 from kvtier import Hierarchy
 from kvtier.chain.gate import PutGate
 from kvtier.engine.staging import StagingArena
 from kvtier.errors import InvalidValueError
-from kvtier.tiers.disk.io import FileIO, IOBuffer
-
-
-class HeldWrites(FileIO):
-    """Slab writes wait until `release` is set; counts the writes that completed."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.completed = 0
-
-    def pwritev(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
-        self.release.wait(30)
-        written = super().pwritev(fd, buffers, offset)
-        self.completed += 1
-        return written
 
 
 async def spin(n: int = 10) -> None:

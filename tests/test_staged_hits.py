@@ -9,34 +9,17 @@ Ordering is observed through a disk tier whose slab writes are held, never throu
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from hierarchy_helpers import blocks_of, chain_config, key
+from hierarchy_helpers import HeldWrites, blocks_of, chain_config, key
 
 from kvtier import Hierarchy
 from kvtier.chain.stats import HierarchyStats
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.io import FileIO, IOBuffer
 
 CPU, DISK = 0, 1
-
-
-class HeldWrites(FileIO):
-    """Slab writes wait until `release` is set; counts the writes that completed."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.completed = 0
-
-    def pwritev(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
-        self.release.wait(30)
-        written = super().pwritev(fd, buffers, offset)
-        self.completed += 1
-        return written
 
 
 def assert_balanced(stats: HierarchyStats) -> None:
