@@ -293,3 +293,28 @@ async def test_each_tier_exports_its_block_size_and_capacity_in_bytes(tmp_path: 
             assert value(registry, "kvtier_tier_capacity_bytes", **labels) == capacity
             assert value(registry, "kvtier_tier_misses_total", **labels) == 1
             assert value(registry, "kvtier_tier_gone_blocks_total", **labels) == 0
+
+
+@pytest.mark.parametrize("write_policy", ["write-back", "write-through"])
+async def test_blocks_hinted_never_are_exported_by_fate(tmp_path: Path, write_policy: str) -> None:
+    registry = CollectorRegistry()
+    config = chain_config(
+        tmp_path, gpu=None, cpu=2, disk=8, reserve=False, write_policy=write_policy
+    )
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        never = keys_(1, 2)
+        assert await h.put(never, blocks_of(never), hint="never") == 2
+        others = keys_(3, 4)
+        assert await h.put(others, blocks_of(others)) == 2  # evicts the two "never" blocks
+        await h.drain()
+        chain = h.stats().chain
+        dropped = value(registry, "kvtier_hint_never_blocks_total", fate="dropped")
+        not_copied = value(registry, "kvtier_hint_never_blocks_total", fate="not_copied")
+        assert (dropped, not_copied) == (chain.hint_dropped, chain.hint_not_cascaded)
+        assert all(h.where(k) is None for k in never)  # not on disk either
+        if write_policy == "write-back":
+            assert (dropped, not_copied) == (2, 0)  # evicted, dropped instead of demoted
+        else:
+            assert not_copied == 2  # never cascaded to the disk
+        admission = value(registry, "kvtier_backpressure_waits_total", kind="admission")
+        assert admission == h.stats().calls.put_admission_waits

@@ -185,7 +185,16 @@ METRICS: tuple[MetricInfo, ...] = (
         "counter",
         ("kind",),
         "Waits for room: put (the top tier's reserve was exhausted), demotion (a put waited "
-        "for its victims' copy), staging (a copy waited for the staging arena).",
+        "for its victims' copy), staging (a copy waited for the staging arena), admission "
+        "(a put part queued at the put gate: loads go first).",
+    ),
+    MetricInfo(
+        "kvtier_hint_never_blocks_total",
+        "counter",
+        ("fate",),
+        "Blocks hinted \"never\" that no slower tier was made to write, by fate: dropped "
+        "(evicted instead of demoted), not_copied (left out of a write-through cascade or a "
+        "flush).",
     ),
     MetricInfo(
         "kvtier_cascades_dropped_total",

@@ -126,8 +126,11 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         ("put", calls.put_backpressure_waits),
         ("demotion", calls.put_demotion_waits),
         ("staging", stats.staging_waits),
+        ("admission", calls.put_admission_waits),
     ):
         add("kvtier_backpressure_waits_total", [name, kind], value)
+    add("kvtier_hint_never_blocks_total", [name, "dropped"], stats.chain.hint_dropped)
+    add("kvtier_hint_never_blocks_total", [name, "not_copied"], stats.chain.hint_not_cascaded)
     add("kvtier_cascades_dropped_total", [name], stats.cascades_dropped)
     for error, value in stats.errors.items():
         add("kvtier_copy_errors_total", [name, error], value)
