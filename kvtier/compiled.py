@@ -34,9 +34,11 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies.base",
     "kvtier.policies.lru",
     "kvtier.policies.arc",
+    "kvtier.policies.lct",
     "kvtier.manager.tier",
 )
-"""The modules compiled: the hot paths of LRU, ARC and `TierManager`, and their base class."""
+"""The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
+class."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

@@ -210,9 +210,9 @@ def trace_decisions(name: str, fraction: float, limit: int) -> list[object]:
 
 
 def decisions_digest() -> str:
-    """One hash of every decision above, for LRU and ARC (run in each core's process)."""
+    """One hash of every decision above, for LRU, ARC and lct (run in each core's process)."""
     log: list[object] = []
-    for name in ("lru", "arc"):
+    for name in ("lru", "arc", "lct"):
         log += [random_program(name, seed) for seed in range(40)]
         log += [trace_decisions(name, fraction, 3000) for fraction in (0.01, 0.1)]
     return hashlib.sha256(repr(log).encode()).hexdigest()
