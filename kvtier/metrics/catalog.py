@@ -192,7 +192,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "kvtier_hint_never_blocks_total",
         "counter",
         ("fate",),
-        "Blocks hinted \"never\" that no slower tier was made to write, by fate: dropped "
+        'Blocks hinted "never" that no slower tier was made to write, by fate: dropped '
         "(evicted instead of demoted), not_copied (left out of a write-through cascade or a "
         "flush).",
     ),
