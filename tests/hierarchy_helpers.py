@@ -3,6 +3,7 @@ deterministic function of the key, so any block read back can be verified."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier import Hierarchy
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.tiers.disk.io import FileIO, IOBuffer
 
@@ -88,3 +90,16 @@ class HeldWrites(FileIO):
         written = super().pwritev(fd, buffers, offset)
         self.completed += 1
         return written
+
+
+async def demoting_chain(h: Hierarchy, io: HeldWrites) -> list[OffloadKey]:
+    """Put 24 blocks into a cpu (4) -> disk chain whose disk writes are held: the first 20
+    are on their way to the disk, readable in neither tier; returns their keys."""
+    ks = [key(i) for i in range(24)]
+    for first in range(0, 24, 4):
+        part = ks[first : first + 4]
+        assert await asyncio.wait_for(h.put(part, blocks_of(part)), 10) == 4
+    assert io.completed == 0
+    victims = ks[:20]
+    assert all(h.where(k) == "disk" for k in victims)
+    return victims

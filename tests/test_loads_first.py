@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hierarchy_helpers import HeldWrites, blocks_of, chain_config, key
+from hierarchy_helpers import HeldWrites, blocks_of, chain_config, demoting_chain, key
 
 from kvtier import Hierarchy
 from kvtier.chain.gate import PutGate
@@ -34,14 +34,8 @@ async def test_a_get_is_served_before_the_queued_writes_of_puts_land(tmp_path: P
     io = HeldWrites()
     config = chain_config(tmp_path, gpu=None, cpu=4, disk=64, reserve=False)
     async with Hierarchy.from_config(config, disk_options={"io": io}) as h:
-        ks = [key(i) for i in range(24)]
         # Each put of 4 evicts the 4 before it: their disk writes queue up, held.
-        for first in range(0, 24, 4):
-            part = ks[first : first + 4]
-            assert await asyncio.wait_for(h.put(part, blocks_of(part)), 10) == 4
-        assert io.completed == 0
-        victims = ks[:20]
-        assert all(h.where(k) == "disk" for k in victims)  # on their way, not readable there
+        victims = await demoting_chain(h, io)  # on their way, not readable there
         for first in range(0, 20, 4):
             part = victims[first : first + 4]
             out = await asyncio.wait_for(h.get(part, timeout_s=None), 10)

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hierarchy_helpers import HeldWrites, blocks_of, chain_config, key
+from hierarchy_helpers import HeldWrites, blocks_of, chain_config, demoting_chain, key
 
 from kvtier import Hierarchy
 from kvtier.chain.stats import HierarchyStats
-from kvtier.keys import OffloadKey
 
 CPU, DISK = 0, 1
 
@@ -27,19 +26,6 @@ def assert_balanced(stats: HierarchyStats) -> None:
     chain = stats.chain
     assert chain.lookups == chain.misses + sum(chain.hits)
     assert [tier.hits for tier in stats.activity] == chain.hits
-
-
-async def demoting_chain(h: Hierarchy, io: HeldWrites) -> list[OffloadKey]:
-    """Put 24 blocks into a cpu (4) -> disk chain whose disk writes are held: the first 20
-    are on their way to the disk, readable in neither tier; returns their keys."""
-    ks = [key(i) for i in range(24)]
-    for first in range(0, 24, 4):
-        part = ks[first : first + 4]
-        assert await asyncio.wait_for(h.put(part, blocks_of(part)), 10) == 4
-    assert io.completed == 0
-    victims = ks[:20]
-    assert all(h.where(k) == "disk" for k in victims)
-    return victims
 
 
 async def test_a_get_served_from_a_snapshot_is_a_hit_of_the_tier_it_is_written_to(

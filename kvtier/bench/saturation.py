@@ -162,7 +162,7 @@ async def run_phase(
     """`args.getters` getters (and `putters` putters) for `args.seconds`."""
     phase = Phase()
     before = hierarchy.stats().calls
-    waits_before = getattr(before, "put_admission_waits", 0)
+    waits_before = before.put_admission_waits
     until = time.perf_counter() + args.seconds
     started = time.perf_counter()
     stored: list[int] = []
@@ -180,7 +180,7 @@ async def run_phase(
     phase.seconds = time.perf_counter() - started
     after = hierarchy.stats().calls
     phase.get_timeouts = after.get_timeouts - before.get_timeouts
-    phase.admission_waits = getattr(after, "put_admission_waits", 0) - waits_before
+    phase.admission_waits = after.put_admission_waits - waits_before
     phase.refused = after.put_refused - before.put_refused
     await hierarchy.drain()
     return phase
