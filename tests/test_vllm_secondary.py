@@ -6,16 +6,20 @@ evictions reach vLLM's KV events, and a failing tier never raises into vLLM."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import errno
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from vllm.v1.kv_offload.base import LookupResult, Medium
+from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext
+from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm_support import (
     Driver,
@@ -147,6 +151,38 @@ def test_a_damaged_block_is_a_partial_load_and_never_wrong_bytes(tiering: Make) 
     stats = tier.hierarchy.stats()
     assert stats.corrupt_blocks >= 1
     assert_reported_once(driver, tier)
+
+
+def test_a_failed_load_is_reported_with_the_other_loads_of_its_request(tiering: Make) -> None:
+    """vLLM recomputes a request from its first failed block and offloads again only what
+    its CPU tier does not hold: a failure reported while another load of the request is
+    pending would leave that load's blocks recomputed but never stored again."""
+    _, _, tier = tiering()
+    release = threading.Event()
+    load = tier._load
+
+    async def held_load(job_id: int, *args: Any) -> None:
+        if job_id == 2:  # this load is in flight until the test releases it
+            await asyncio.to_thread(release.wait, 60)
+        await load(job_id, *args)
+
+    tier._load = held_load  # type: ignore[method-assign]
+    request, other = ReqContext(req_id="request"), ReqContext(req_id="other")
+    for job_id, context in ((1, request), (2, request), (3, other)):
+        # Keys kvtier never stored: each load fails (loads nothing).
+        rows = np.array([job_id], dtype=np.int64)
+        tier.submit_load(TransferJob(job_id, [key(900 + job_id)], rows, True, context))
+    tier._jobs[1].result(timeout=60)
+    tier._jobs[3].result(timeout=60)
+    reported = [(result.job_id, result.success) for result in tier.get_finished_jobs()]
+    # The other request's failure is reported; this request's waits for its other load.
+    assert reported == [(3, False)]
+    assert tier.has_pending_work()
+    release.set()
+    tier.drain_jobs()
+    reported = [(result.job_id, result.success) for result in tier.get_finished_jobs()]
+    assert sorted(reported) == [(1, False), (2, False)]
+    assert not tier.has_pending_work()
 
 
 def test_a_failing_disk_is_a_failed_store_never_an_exception(tiering: Make) -> None:

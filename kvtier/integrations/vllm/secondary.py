@@ -20,6 +20,8 @@ thread of its own) and this class only hands work over and collects what came ba
   ...}`, see `hints`) is read once per request and given to kvtier with the blocks of that
   request this tier stores (`put(hint=...)`); a bad one is logged, counted in
   `hints.ignored`, and the blocks stored without it.
+- A failed load is reported once the other loads of its request are back, all together (see
+  `_collect`): vLLM then recomputes and offloads again every block of the request that failed.
 - `drain_jobs` waits for every job in flight (none is aborted mid-copy); `shutdown` drains,
   then closes the hierarchy (which finishes its own background writes) and stops the thread.
 
@@ -164,6 +166,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._answer_scheduled = False
         self._sweep_scheduled = False
         self._jobs: dict[int, Future[None]] = {}
+        self._loads_of: dict[str, set[int]] = {}
+        """Per request, its load jobs whose results have not come back yet."""
+        self._request_of: dict[int, str] = {}
+        """The request of each load job in `_loads_of`."""
+        self._failed_loads: dict[str, list[JobResult]] = {}
+        """Per request, failed loads held back until its other loads are back."""
         log.info(
             "kvtier secondary tier %r: %s",
             tier_type,
@@ -190,7 +198,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     else:
                         self._remember(key, present)
             elif isinstance(item, _Finished):
-                self._finished.append(item.result)
+                self._collect(item.result)
             elif self._events_on and item.keys:
                 self._events.append(
                     OffloadingEvent(
@@ -200,6 +208,30 @@ class KvtierSecondaryTier(SecondaryTierManager):
                         locality=self.locality,
                     )
                 )
+
+    def _collect(self, result: JobResult) -> None:
+        """Queue a job's result for `get_finished_jobs`, holding back a failed load while
+        other loads of its request are in flight: all of them are reported together.
+
+        vLLM recomputes a request from its first block that failed to load, and offloads
+        again only the blocks its primary tier does not hold at that moment; a block whose
+        own load is still in flight is held there (pending). Reported alone, the first
+        failure would have the request recomputed and stored while the loads of its later
+        blocks are pending: when those failed too, their blocks were recomputed but never
+        offered again, and the damaged copies stayed in kvtier's disk tier."""
+        request = self._request_of.pop(result.job_id, None)
+        if request is None:
+            self._finished.append(result)
+            return
+        in_flight = self._loads_of[request]
+        in_flight.discard(result.job_id)
+        if not result.success:
+            self._failed_loads.setdefault(request, []).append(result)
+        else:
+            self._finished.append(result)
+        if not in_flight:
+            del self._loads_of[request]
+            self._finished.extend(self._failed_loads.pop(request, ()))
 
     def _remember(self, key: bytes, present: bool) -> None:
         verdicts = self._verdicts
@@ -250,6 +282,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
     @_timed
     def submit_load(self, job_metadata: TransferJob) -> None:
         """Read the job's blocks into its rows of vLLM's CPU tier, in the background."""
+        context = getattr(job_metadata, "req_context", None)
+        request = getattr(context, "req_id", None)
+        if isinstance(request, str):
+            self._loads_of.setdefault(request, set()).add(job_metadata.job_id)
+            self._request_of[job_metadata.job_id] = request
         self._start(job_metadata, self._load)
 
     def _start(self, job: TransferJob, run: Callable[..., Coroutine[Any, Any, None]]) -> None:
