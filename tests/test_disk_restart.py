@@ -19,12 +19,16 @@ import numpy as np
 import pytest
 
 from kvtier.errors import BlockStateError
-from kvtier.keys import OffloadKey, key_from_int
+from kvtier.keys import MAX_KEY_BYTES, OffloadKey, key_from_int
 from kvtier.manager.tier import TierManager, make_tier_manager
 from kvtier.policies.registry import POLICIES
 from kvtier.specs.base import BlockIDsLoadStoreSpec
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.cold import ColdRecords
+from kvtier.tiers.disk.index import BlockIndex
+from kvtier.tiers.disk.index_check import PROBED_KEYS_SUFFIX, ProbedKeys, probe_index
+from kvtier.tiers.disk.inflight import InflightLog
+from kvtier.tiers.disk.layout import IndexRecord
 
 BLOCK = 512
 
@@ -308,3 +312,153 @@ async def test_a_restarted_chain_serves_cold_blocks_and_evicts_the_unused_oldest
         h.check()
         for stats in h.stats().tiers:
             assert stats.pinned == 0 and stats.pending == 0 and stats.used <= stats.num_blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["a crash", "a clean close"])
+async def test_every_damaged_block_is_dropped_restored_again_and_served_after_a_restart(
+    tmp_path: Path, after: str
+) -> None:
+    """The engine lane's damaged-disk lives, at the chain: every page of every slab file
+    damaged after `after`; the next life finds each block corrupt, stores it again; the one
+    after serves every block, with its bytes, none corrupt."""
+    import torch
+    from hierarchy_helpers import blocks_of, chain_config, key
+
+    from kvtier import Hierarchy
+
+    config = chain_config(
+        tmp_path, gpu=None, cpu=4, disk=32, policy="lru", write_policy="write-through"
+    )
+    ks = [key(i) for i in range(18)]
+    async with Hierarchy.from_config(config) as h:
+        assert await h.put(ks, blocks_of(ks)) == len(ks)
+        await h.drain()
+        root = h._open().storages[-1].path
+    if after == "a crash":
+        crashed(root)
+    pages = 0
+    for slab in sorted(root.glob("slab-*.bin")):
+        raw = bytearray(slab.read_bytes())
+        for offset in range(100, len(raw), 4096):
+            raw[offset] ^= 0xFF
+            pages += 1
+        slab.write_bytes(bytes(raw))
+    assert pages >= len(ks)
+    async with Hierarchy.from_config(config) as h:
+        for one in ks:  # each read apart, as an engine asks: a miss, counted corrupt
+            assert (
+                await h.get_into([one], torch.zeros(1, h.block_size, dtype=torch.uint8), [0]) == 0
+            )
+            assert h.where(one) is None
+        assert h.stats().corrupt_blocks == len(ks)
+        assert await h.put(ks, blocks_of(ks)) == len(ks)
+        await h.drain()
+    async with Hierarchy.from_config(config) as h:
+        into = torch.zeros(len(ks), h.block_size, dtype=torch.uint8)
+        assert await h.get_into(ks, into, list(range(len(ks)))) == len(ks)
+        assert torch.equal(into, blocks_of(ks))
+        assert h.stats().corrupt_blocks == 0
+
+
+def crashed(disk_root: Path) -> None:
+    """Leave a closed store's index as a killed process leaves it: no clean stamp, no
+    records snapshot (the open then walks the index in the probe child)."""
+    (disk_root / "index" / "clean").unlink()
+    (disk_root / "index" / "records.bin").unlink(missing_ok=True)
+
+
+async def test_after_a_crash_an_interrupted_groups_slots_are_judged_from_the_probes_walk(
+    tmp_path: Path,
+) -> None:
+    """The keys of the records to verify come from the probe's walk: the torn slot's record
+    is dropped, the intact suspect and the others serve their own bytes."""
+    await fill(tmp_path, 8)
+    disk = open_store(tmp_path, 8)
+    root = disk.path
+    slab, offset = disk.slot_location(1)
+    await disk.aclose()
+    crashed(root)
+    with slab.open("r+b") as file:  # slot 1: as a torn rewrite leaves it
+        file.seek(offset + 7)
+        byte = file.read(1)
+        file.seek(offset + 7)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    log = InflightLog(root / "inflight", 0o600)
+    log.record([1, 3])
+    log.close()
+    disk = open_store(tmp_path, 8)
+    try:
+        assert disk.stats.dropped_at_open == 1
+        assert sorted(path.name for path in (root / "index").iterdir()) == [
+            "data.mdb",
+            "lock.mdb",
+        ]  # the probe's files read and removed
+        for i in range(8):
+            out = await read(disk, i, i)
+            if i == 1:
+                assert out is None and k(1) not in disk
+            else:
+                assert out is not None and np.array_equal(out, data(i))
+    finally:
+        await disk.aclose()
+
+
+async def test_the_probes_keys_are_the_index_keys_at_every_position(tmp_path: Path) -> None:
+    await fill(tmp_path, 300)
+    disk = open_store(tmp_path, 300)
+    root = disk.path
+    await disk.aclose()
+    crashed(root)
+    index = root / "index"
+    out = tmp_path / "walked"
+    assert probe_index(index, IndexRecord.FORMAT.size, MAX_KEY_BYTES, 60.0, out) is None
+    probed = ProbedKeys.open(out.with_name(out.name + PROBED_KEYS_SUFFIX), 300)
+    positions = [299, 0, 7, 7, 150, 300, -1, 1]  # unordered, repeated, out of range
+    lmdb_index = BlockIndex(index, map_size=1 << 20, durable=False)
+    try:
+        expected = lmdb_index.keys_at(positions)
+        assert sorted(expected) == [0, 1, 7, 150, 299]
+        assert probed.keys_at(positions) == expected
+        assert sorted(probed.keys_at(range(300)).values()) == sorted(k(i) for i in range(300))
+    finally:
+        lmdb_index.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero-size key", "longer", "missing"])
+def test_a_malformed_probed_keys_file_is_refused(tmp_path: Path, damage: str) -> None:
+    """A keys file that does not hold exactly its count of keys is never used (the open
+    then finds keys in the index itself)."""
+    raw = bytes([3, 2]) + b"abc" + b"de"
+    path = tmp_path / "keys"
+    if damage != "missing":
+        path.write_bytes(
+            {
+                "truncated": raw[:-1],
+                "zero-size key": bytes([0, 2]) + b"de",
+                "longer": raw + b"f",
+            }[damage]
+        )
+    with pytest.raises(ValueError if damage != "missing" else OSError):
+        ProbedKeys.open(path, 2)
+    path.write_bytes(raw)
+    assert ProbedKeys.open(path, 2).keys_at([1, 0]) == {0: b"abc", 1: b"de"}
+
+
+def test_a_walk_with_a_malformed_record_writes_no_records(tmp_path: Path) -> None:
+    """An index whose walk finds a malformed record is reported damaged and the probe
+    writes neither records nor keys for the open to trust."""
+    asyncio.run(fill(tmp_path, 4))
+    disk = open_store(tmp_path, 4)
+    root = disk.path
+    disk.close()
+    crashed(root)
+    index = BlockIndex(root / "index", map_size=1 << 20, durable=False)
+    try:
+        index.write_all([(k(9), b"short")])
+    finally:
+        index.close()
+    out = tmp_path / "walked"
+    problem = probe_index(root / "index", IndexRecord.FORMAT.size, MAX_KEY_BYTES, 60.0, out)
+    assert problem is not None and "malformed" in problem
+    assert not out.exists() and not out.with_name(out.name + PROBED_KEYS_SUFFIX).exists()

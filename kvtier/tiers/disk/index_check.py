@@ -24,16 +24,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import signal
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import xxhash
+
+from kvtier.keys import OffloadKey
 
 DATA_FILE = "data.mdb"
 """LMDB's data file in an index directory."""
@@ -211,7 +216,8 @@ def probe_index(
 ) -> str | None:
     """Walk every record of the index in a child process; what is wrong with it, or None
     when every record was read and is well formed (then, with `records_out`, the child has
-    written every packed record there, joined in key order)."""
+    written every packed record there, joined in key order, and the keys next to it, at
+    that path + `PROBED_KEYS_SUFFIX`: `ProbedKeys`)."""
     command = [
         sys.executable,
         "-I",
@@ -242,6 +248,57 @@ def probe_index(
     if answer.get("bad"):
         return f"{answer['bad']} of {answer.get('records')} index records are malformed"
     return None
+
+
+PROBED_KEYS_SUFFIX = ".keys"
+"""Appended to the probe's records path: where it writes the keys (index_probe.KEYS_SUFFIX)."""
+
+
+class ProbedKeys:
+    """The keys the probe's walk wrote, in key order, mapped read-only from its file (page
+    cache, not process memory): their positions answered without walking the index again in
+    the serving process."""
+
+    def __init__(self, mapped: bytes | mmap.mmap, count: int) -> None:
+        self._mapped = mapped
+        self._sizes = np.frombuffer(mapped, dtype=np.uint8, count=count)
+
+    @classmethod
+    def open(cls, path: Path, count: int) -> ProbedKeys:
+        """The probe's keys file at `path`, of `count` keys (their sizes, one byte each,
+        then the keys joined); ValueError when it does not hold `count` keys of sizes >= 1,
+        OSError when it cannot be read. The file may be removed afterwards."""
+        with path.open("rb") as file:
+            if os.fstat(file.fileno()).st_size == 0:
+                return cls(b"", 0) if count == 0 else cls._malformed("empty")
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(mapped) < count:
+            return cls._malformed("shorter than their sizes")
+        keys = cls(mapped, count)
+        if count and int(keys._sizes.min()) < 1:
+            return cls._malformed("a key of size 0")
+        if len(mapped) != count + int(keys._sizes.sum(dtype=np.int64)):
+            return cls._malformed("of the wrong length")
+        return keys
+
+    @staticmethod
+    def _malformed(why: str) -> ProbedKeys:
+        raise ValueError(f"probed keys: {why}")
+
+    def keys_at(self, positions: Iterable[int]) -> dict[int, OffloadKey]:
+        """The keys at these positions of the key order (as `BlockIndex.keys_at`); in
+        position order, each start summed from the previous one (no array per key)."""
+        found: dict[int, OffloadKey] = {}
+        sizes = self._sizes
+        at, start = 0, len(sizes)  # key 0 starts right after the sizes
+        for position in sorted(set(positions)):
+            if not 0 <= position < len(sizes):
+                continue
+            start += int(sizes[at:position].sum(dtype=np.int64))
+            end = start + int(sizes[position])
+            found[position] = OffloadKey(bytes(self._mapped[start:end]))
+            at = position
+        return found
 
 
 def move_aside(index_dir: Path) -> Path:

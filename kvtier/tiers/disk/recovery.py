@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ from kvtier.tiers.disk.index import BlockIndex, IndexHome, index_reserve
 from kvtier.tiers.disk.index_check import (
     DATA_FILE,
     PROBE_TIMEOUT_S,
+    PROBED_KEYS_SUFFIX,
+    ProbedKeys,
     lmdb_file_problem,
     move_aside,
     probe_index,
@@ -131,6 +133,7 @@ class Recovery:
         when it was opened as it was."""
         self.problems: list[CheckProblem] = []
         self._snapshot: tuple[bytes, int] | None = None  # the records of a clean close
+        self._probed_keys: ProbedKeys | None = None  # the keys of the probe's walk
         """To inspect: what a normal open would have dropped."""
         self.sound = False
         """Whether the index is known sound (it may be stamped clean when it is closed)."""
@@ -266,9 +269,23 @@ class Recovery:
             index_path, IndexRecord.FORMAT.size, MAX_KEY_BYTES, PROBE_TIMEOUT_S, walked
         )
         if walked is not None:
-            self._snapshot = self._take_probed(walked) if problem is None else None
+            keys = walked.with_name(walked.name + PROBED_KEYS_SUFFIX)
+            if problem is None:
+                self._snapshot = self._take_probed(walked)
+                self._probed_keys = self._take_probed_keys(keys, self._snapshot)
             walked.unlink(missing_ok=True)
+            keys.unlink(missing_ok=True)
         return None if problem is None else f"damaged index: {problem}"
+
+    @staticmethod
+    def _take_probed_keys(path: Path, snapshot: tuple[bytes, int] | None) -> ProbedKeys | None:
+        """The keys the probe's walk wrote, for the records of `snapshot`, or None."""
+        if snapshot is None:
+            return None
+        try:
+            return ProbedKeys.open(path, snapshot[1])
+        except (OSError, ValueError):
+            return None
 
     @staticmethod
     def _take_probed(path: Path) -> tuple[bytes, int] | None:
@@ -407,24 +424,25 @@ class Recovery:
         drop are looked up."""
         index = catalog.index
         raw, count = self._snapshot or index.packed_values()
-        self._snapshot = None
+        probed, self._snapshot, self._probed_keys = self._probed_keys, None, None
+        keys_at = probed.keys_at if probed is not None else index.keys_at
         if len(raw) != count * RECORD_DTYPE.itemsize:
             return False
         records = np.frombuffer(raw, dtype=RECORD_DTYPE)
         inflight = self.files.inflight
         suspects = set(inflight.read()) if inflight is not None else set()
-        bad = self._bad_suspects(index, records, sizes, suspects) if suspects else None
+        bad = self._bad_suspects(keys_at, records, sizes, suspects) if suspects else None
         scan = settle(records, self.layout, sizes, self.files.slab_fds, bad)
         dropped = scan.dropped.tolist()
         if dropped:
-            keys = index.keys_at(dropped)
+            keys = keys_at(dropped)
             for position, why in zip(dropped, scan.reasons, strict=True):
                 slot = int(records["slot"][position])
                 self.problems.append(CheckProblem(keys[position], slot, why))
             index.delete(keys.values())
         next_seq = int(records["seq"].max()) + 1 if count else 1
         if suspects and inflight is not None:
-            self._clear_unowned_headers(suspects, set(records["slot"][scan.kept].tolist()))
+            self._clear_unowned_headers(suspects, self._owned(records, scan.kept, suspects))
             inflight.clear()
         self.counters.set_dropped_at_open(len(dropped))
         catalog.load_cold(
@@ -433,8 +451,23 @@ class Recovery:
         self.files.fit(self.layout, sizes)
         return True
 
+    @staticmethod
+    def _owned(records: np.ndarray, kept: np.ndarray, suspects: set[int]) -> set[int]:
+        """The slots in `suspects` that a kept record claims (`kept`: positions, sorted):
+        found from the few suspect positions, never an array or a set of every slot."""
+        wanted = np.fromiter(suspects, dtype=np.uint64, count=len(suspects))
+        positions = np.flatnonzero(np.isin(records["slot"], wanted))
+        at = np.searchsorted(kept, positions)
+        claimed = at < len(kept)
+        claimed[claimed] = kept[at[claimed]] == positions[claimed]
+        return set(records["slot"][positions[claimed]].tolist())
+
     def _bad_suspects(
-        self, index: BlockIndex, records: np.ndarray, sizes: list[int], suspects: set[int]
+        self,
+        keys_at: Callable[[Iterable[int]], dict[int, OffloadKey]],
+        records: np.ndarray,
+        sizes: list[int],
+        suspects: set[int],
     ) -> np.ndarray:
         """A mask of the records in `suspects` (the slots of an interrupted write group)
         whose bytes no longer verify."""
@@ -443,7 +476,7 @@ class Recovery:
         positions = np.flatnonzero(np.isin(records["slot"], wanted)).tolist()
         if not positions:
             return bad
-        keys = index.keys_at(positions)
+        keys = keys_at(positions)
         verifier = BlockVerifier(self.layout, self.files, self.codec)
         scratch = verifier.scratch()
         for position in positions:
