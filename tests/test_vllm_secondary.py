@@ -153,10 +153,12 @@ def test_a_damaged_block_is_a_partial_load_and_never_wrong_bytes(tiering: Make) 
     assert_reported_once(driver, tier)
 
 
-def test_a_failed_load_is_reported_with_the_other_loads_of_its_request(tiering: Make) -> None:
-    """vLLM recomputes a request from its first failed block and offloads again only what
-    its CPU tier does not hold: a failure reported while another load of the request is
-    pending would leave that load's blocks recomputed but never stored again."""
+def test_a_miss_waits_for_the_loads_of_its_request(tiering: Make) -> None:
+    """vLLM recomputes a request from its first MISS and offloads again only what its CPU
+    tier does not hold: a MISS answered while another load of the request is pending would
+    leave that load's blocks, if it failed, recomputed but never stored again. So while a
+    request has loads not yet reported, a key kvtier does not hold is RETRY for it (and
+    MISS for any other request); MISS once they are reported."""
     _, _, tier = tiering()
     release = threading.Event()
     load = tier._load
@@ -168,20 +170,21 @@ def test_a_failed_load_is_reported_with_the_other_loads_of_its_request(tiering: 
 
     tier._load = held_load  # type: ignore[method-assign]
     request, other = ReqContext(req_id="request"), ReqContext(req_id="other")
-    for job_id, context in ((1, request), (2, request), (3, other)):
-        # Keys kvtier never stored: each load fails (loads nothing).
+    for job_id in (1, 2):  # keys kvtier never stored: each load fails (loads nothing)
         rows = np.array([job_id], dtype=np.int64)
-        tier.submit_load(TransferJob(job_id, [key(900 + job_id)], rows, True, context))
+        tier.submit_load(TransferJob(job_id, [key(900 + job_id)], rows, True, request))
     tier._jobs[1].result(timeout=60)
-    tier._jobs[3].result(timeout=60)
-    reported = [(result.job_id, result.success) for result in tier.get_finished_jobs()]
-    # The other request's failure is reported; this request's waits for its other load.
-    assert reported == [(3, False)]
-    assert tier.has_pending_work()
+    assert [(result.job_id, result.success) for result in tier.get_finished_jobs()] == [(1, False)]
+    failed = key(901)
+    assert tier.lookup(failed, request) is LookupResult.RETRY  # asked of kvtier's thread
+    tier.hierarchy.call(lambda hierarchy: None)  # the answer (absent) is back
+    assert tier.lookup(failed, other) is LookupResult.MISS
+    assert tier.lookup(failed, request) is LookupResult.RETRY  # its other load is pending
     release.set()
     tier.drain_jobs()
-    reported = [(result.job_id, result.success) for result in tier.get_finished_jobs()]
-    assert sorted(reported) == [(1, False), (2, False)]
+    assert tier.lookup(failed, request) is LookupResult.RETRY  # not reported to vLLM yet
+    assert [(result.job_id, result.success) for result in tier.get_finished_jobs()] == [(2, False)]
+    assert tier.lookup(failed, request) is LookupResult.MISS
     assert not tier.has_pending_work()
 
 

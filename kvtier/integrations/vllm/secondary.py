@@ -20,8 +20,9 @@ thread of its own) and this class only hands work over and collects what came ba
   ...}`, see `hints`) is read once per request and given to kvtier with the blocks of that
   request this tier stores (`put(hint=...)`); a bad one is logged, counted in
   `hints.ignored`, and the blocks stored without it.
-- A failed load is reported once the other loads of its request are back, all together (see
-  `_collect`): vLLM then recomputes and offloads again every block of the request that failed.
+- While a request has loads in flight (not yet reported to vLLM), a key of that request that
+  kvtier does not hold is answered RETRY, not MISS (see `lookup`): vLLM then recomputes and
+  offloads again every block of the request whose load failed.
 - `drain_jobs` waits for every job in flight (none is aborted mid-copy); `shutdown` drains,
   then closes the hierarchy (which finishes its own background writes) and stops the thread.
 
@@ -167,11 +168,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._sweep_scheduled = False
         self._jobs: dict[int, Future[None]] = {}
         self._loads_of: dict[str, set[int]] = {}
-        """Per request, its load jobs whose results have not come back yet."""
+        """Per request, its load jobs not yet reported to vLLM (`get_finished_jobs`)."""
         self._request_of: dict[int, str] = {}
         """The request of each load job in `_loads_of`."""
-        self._failed_loads: dict[str, list[JobResult]] = {}
-        """Per request, failed loads held back until its other loads are back."""
         log.info(
             "kvtier secondary tier %r: %s",
             tier_type,
@@ -198,7 +197,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     else:
                         self._remember(key, present)
             elif isinstance(item, _Finished):
-                self._collect(item.result)
+                self._finished.append(item.result)
             elif self._events_on and item.keys:
                 self._events.append(
                     OffloadingEvent(
@@ -209,30 +208,6 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     )
                 )
 
-    def _collect(self, result: JobResult) -> None:
-        """Queue a job's result for `get_finished_jobs`, holding back a failed load while
-        other loads of its request are in flight: all of them are reported together.
-
-        vLLM recomputes a request from its first block that failed to load, and offloads
-        again only the blocks its primary tier does not hold at that moment; a block whose
-        own load is still in flight is held there (pending). Reported alone, the first
-        failure would have the request recomputed and stored while the loads of its later
-        blocks are pending: when those failed too, their blocks were recomputed but never
-        offered again, and the damaged copies stayed in kvtier's disk tier."""
-        request = self._request_of.pop(result.job_id, None)
-        if request is None:
-            self._finished.append(result)
-            return
-        in_flight = self._loads_of[request]
-        in_flight.discard(result.job_id)
-        if not result.success:
-            self._failed_loads.setdefault(request, []).append(result)
-        else:
-            self._finished.append(result)
-        if not in_flight:
-            del self._loads_of[request]
-            self._finished.extend(self._failed_loads.pop(request, ()))
-
     def _remember(self, key: bytes, present: bool) -> None:
         verdicts = self._verdicts
         verdicts[key] = present
@@ -242,15 +217,28 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     @_timed
     def lookup(self, key: VllmKey, req_context: ReqContext) -> LookupResult:
-        """HIT / MISS from the verdicts; RETRY while the loop thread is asked."""
+        """HIT / MISS from the verdicts; RETRY while the loop thread is asked, and instead of
+        MISS while the request has loads in flight.
+
+        vLLM recomputes a request from its first block that is a MISS, and offloads again
+        only the blocks its primary tier does not hold at that moment; a block whose load is
+        still in flight is held there (pending). A block whose load failed (damaged, dropped)
+        answered MISS at once would have the request recomputed and stored while the loads
+        of its later blocks were pending (or started meanwhile: vLLM goes on looking past a
+        RETRY): when those failed too, their blocks were recomputed but never offered again,
+        and their damaged copies stayed in kvtier's disk tier. Answered RETRY until every
+        load of the request is reported, the request waits for them (as it would for any
+        pending block), and then is recomputed and stored whole."""
         self._apply_inbox()
         present = self._verdicts.get(key)
-        if present is not None:
-            return LookupResult.HIT if present else LookupResult.MISS
-        if key not in self._asked:
+        if present:
+            return LookupResult.HIT
+        if present is None and key not in self._asked:
             self._asked.add(key)
             self._ask(key)
-        return LookupResult.RETRY
+        if present is None or getattr(req_context, "req_id", None) in self._loads_of:
+            return LookupResult.RETRY
+        return LookupResult.MISS
 
     def _ask(self, key: bytes) -> None:
         self._questions.put(key)
@@ -310,6 +298,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
         finished, self._finished = self._finished, []
         for result in finished:
             self._jobs.pop(result.job_id, None)
+            request = self._request_of.pop(result.job_id, None)
+            if request is not None:
+                loads = self._loads_of[request]
+                loads.discard(result.job_id)
+                if not loads:
+                    del self._loads_of[request]
         return finished
 
     def has_pending_work(self) -> bool:
