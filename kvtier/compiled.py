@@ -6,15 +6,20 @@ Cython, and the choice, at import, between them and the pure-Python source.
 module's source. Cython compiles the `.py` files as they are, with `annotation_typing` off:
 annotations are not C types, so a compiled module keeps Python's semantics to the letter
 (any hashable key, the same exceptions, interpreted subclasses, patched instances); the same
-`.py` files are the fallback and there is no second implementation to keep identical.
+`.py` files are the fallback. One module is written in Cython instead,
+`kvtier/policies/_arc_core.pyx`: ARC with its four lists in C, since compiling arc.py left
+its cost in ordered-dict operations (issue 23); `kvtier.policies.arc` exports it as
+`ARCCachePolicy` when it is selected and its own pure-Python class otherwise, and
+`tests/test_compiled_core.py` checks that both decide alike.
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
 `select_core()`, run when `kvtier/__init__.py` imports this module (before any core module),
 puts a finder in front of the import system that loads the compiled extension of each core
 module whose source is unchanged since the build; a module edited since is its `.py` (the
-status says which) until `scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1`
-selects the `.py` of every module. `core_status()` says what was chosen (`kvtier --version`
+status says which; an edited `.pyx` is not loaded, so ARC is the pure one) until
+`scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1` selects the `.py` of every module
+(and so the pure-Python ARC). `core_status()` says what was chosen (`kvtier --version`
 prints it).
 """
 
@@ -34,11 +39,13 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies.base",
     "kvtier.policies.lru",
     "kvtier.policies.arc",
+    "kvtier.policies._arc_core",
     "kvtier.policies.lct",
     "kvtier.manager.tier",
 )
 """The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
-class."""
+class; and ARC's core in C (`_arc_core.pyx`, no `.py`: when it is not selected,
+`kvtier.policies.arc` runs its pure-Python ARC)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"
@@ -49,8 +56,11 @@ _status = "pure Python (core not selected yet)"
 
 
 def source_path(module: str) -> Path:
-    """The `.py` file of a core module, inside this package."""
-    return PACKAGE_DIR.parent.joinpath(*module.split(".")).with_suffix(".py")
+    """The source of a core module, inside this package: its `.py`, or its `.pyx` (a module
+    written in Cython, which exists only compiled)."""
+    base = PACKAGE_DIR.parent.joinpath(*module.split("."))
+    py = base.with_suffix(".py")
+    return py if py.is_file() else base.with_suffix(".pyx")
 
 
 def source_digest(module: str) -> str:

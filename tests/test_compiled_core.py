@@ -2,7 +2,9 @@
 and, when `scripts/build-core` has built it, that it decides exactly as the pure-Python
 source: the same hits, victims and final lists on the shipped trace and on random programs,
 for the policies alone and through a `TierManager`. The two cores run in two processes (one
-with KVTIER_PURE_PYTHON=1), since a process holds one of them."""
+with KVTIER_PURE_PYTHON=1), since a process holds one of them; ARC's C core
+(`_arc_core.pyx`) is also compared call by call, in one process, with arc.py's own class
+(`PureARCCachePolicy`)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtier import compiled
 from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.policies import CachePolicy
 
 TESTS = Path(__file__).resolve().parent
 
@@ -239,3 +245,245 @@ def test_the_digest_sees_a_different_decision() -> None:
     assert random_program("arc", 0) == random_program("arc", 0)
     assert repr(random_program("arc", 1)) != baseline
     assert repr(random_program("lru", 0)) != baseline
+
+
+# -- ARC's compiled core against the pure-Python ARC, in one process ----------------------------
+
+
+def compiled_arc() -> type[CachePolicy]:
+    """The compiled ARC (`kvtier.policies._arc_core`), or a skip when this process runs the
+    pure-Python core."""
+    from kvtier.policies import arc
+
+    if arc.ARCCachePolicy is arc.PureARCCachePolicy:
+        pytest.skip("ARC's compiled core is not selected (scripts/build-core builds it)")
+    return arc.ARCCachePolicy
+
+
+def test_arc_is_the_pure_class_without_a_compiled_core() -> None:
+    out = run_python(
+        "from kvtier.policies import arc, ARCCachePolicy; "
+        "print(ARCCachePolicy is arc.PureARCCachePolicy, ARCCachePolicy.__module__)",
+        pure=True,
+    )
+    assert out == "True kvtier.policies.arc"
+
+
+def test_arc_is_the_compiled_class_with_a_compiled_core() -> None:
+    if not compiled_core_built():
+        pytest.skip("no compiled core (scripts/build-core builds it)")
+    out = run_python(
+        "from kvtier.policies import arc, get_policy_class; "
+        "print(get_policy_class('arc').__module__, arc.ARCCachePolicy is arc.PureARCCachePolicy)",
+        pure=False,
+    )
+    assert out == "kvtier.policies._arc_core False"
+
+
+def arc_state(policy: CachePolicy) -> tuple[object, ...]:
+    """What an ARC shows: its lists, p, resident count and blocks."""
+    lists = policy.lists()  # type: ignore[attr-defined]
+    blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
+    return (lists, policy.target_t1_size, len(policy), blocks)  # type: ignore[attr-defined]
+
+
+class TwinARC:
+    """The pure and the compiled ARC driven by the same calls; each call's answers (values or
+    exception types) and the states after it must be equal."""
+
+    def __init__(self, capacity: int, *, check_states: bool = True) -> None:
+        from kvtier.policies.arc import PureARCCachePolicy
+
+        self.check_states = check_states
+        self.pure = PureARCCachePolicy(capacity)
+        self.fast = compiled_arc()(capacity)
+        self.calls = 0
+
+    def call(self, method: str, *args: object, blocks: Sequence[object] = ()) -> object:
+        """`method(*args)` on both (blocks, if given, are each policy's own copies: appended
+        last); returns the pure answer."""
+        answers = []
+        for policy, copies in ((self.pure, 0), (self.fast, 1)):
+            extra = (blocks[copies],) if blocks else ()
+            try:
+                answer: object = getattr(policy, method)(*args, *extra)
+            except Exception as exc:  # the same exception type is the same answer
+                answer = type(exc)
+            if isinstance(answer, list):
+                answer = [
+                    (k, (b.block_id, b.ref_cnt)) if isinstance(b, BlockStatus) else (k, b)
+                    for k, b in answer
+                ]
+            answers.append(answer)
+        self.calls += 1
+        assert answers[0] == answers[1], f"call {self.calls}: {method}{args}"
+        if self.check_states:
+            self.check(f"call {self.calls}: {method}")
+        return answers[0]
+
+    def check(self, where: str) -> None:
+        assert arc_state(self.pure) == arc_state(self.fast), where
+
+    def pin(self, key: OffloadKey, ref_cnt: int) -> None:
+        for policy in (self.pure, self.fast):
+            block = policy.get(key)
+            assert block is not None
+            block.ref_cnt = ref_cnt
+
+
+def pair_of_blocks(block_id: int, ref_cnt: int) -> tuple[BlockStatus, BlockStatus]:
+    pair = (BlockStatus(block_id), BlockStatus(block_id))
+    for block in pair:
+        block.ref_cnt = ref_cnt
+    return pair
+
+
+def arc_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
+    """One call of an ARC program over keys 0 .. 3c+2; stores (which evict, and hit ghosts
+    when a key comes back) are the most frequent."""
+    universe = st.integers(0, 3 * capacity + 2)
+    store = st.tuples(
+        st.just("store"),
+        st.lists(universe, max_size=capacity + 2, unique=True),
+        st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1]),
+        st.booleans(),
+    )
+    return st.one_of(
+        store,
+        store,
+        store,
+        store,
+        st.tuples(st.just("touch"), st.lists(universe, max_size=6)),
+        st.tuples(st.just("pin"), universe, st.sampled_from([0, 1, -1])),
+        st.tuples(st.just("remove"), universe),
+        st.tuples(st.just("insert"), universe, st.sampled_from([0, -1])),
+        st.tuples(st.just("evict"), st.integers(0, capacity + 1), st.lists(universe, max_size=4)),
+        st.tuples(st.just("announce"), st.lists(universe, max_size=capacity + 2)),
+        st.tuples(
+            st.just("hint"), universe, st.sampled_from(["never", "unlikely", "likely", None])
+        ),
+        st.tuples(st.just("clear")),
+    )
+
+
+@st.composite
+def arc_programs(draw: st.DrawFn) -> tuple[int, list[tuple[object, ...]]]:
+    """A capacity and a random program of ARC calls."""
+    capacity = draw(st.integers(1, 12))
+    return capacity, draw(st.lists(arc_steps(capacity), min_size=20, max_size=150))
+
+
+def run_twin_program(capacity: int, program: list[tuple[object, ...]]) -> None:
+    twin = TwinARC(capacity)
+    for number, step in enumerate(program):
+        kind = step[0]
+        if kind == "store":  # as a tier stores a request's misses
+            _, ids, ref_cnt, one_by_one = step
+            keys = [key_from_int(i) for i in ids]  # type: ignore[attr-defined]
+            misses = [k for k in keys if twin.pure.get(k) is None]
+            twin.call("on_store_miss", misses)
+            room = len(twin.pure) + len(misses) - capacity
+            if room > 0 and twin.call("evict", room, set(keys)) is None:
+                continue
+            pairs = [pair_of_blocks(number * 100 + i, ref_cnt) for i in range(len(misses))]  # type: ignore[operator]
+            if one_by_one:
+                for key, pair in zip(misses, pairs, strict=True):
+                    twin.call("insert", key, blocks=pair)
+            else:
+                twin.call(
+                    "insert_many", misses, blocks=([p[0] for p in pairs], [p[1] for p in pairs])
+                )
+        elif kind == "touch":
+            twin.call("touch", [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
+        elif kind == "pin":
+            key = key_from_int(step[1])  # type: ignore[arg-type]
+            if twin.pure.get(key) is not None:
+                twin.pin(key, step[2])  # type: ignore[arg-type]
+        elif kind == "remove":
+            twin.call("remove", key_from_int(step[1]))  # type: ignore[arg-type]
+        elif kind == "insert":
+            twin.call("insert", key_from_int(step[1]), blocks=pair_of_blocks(number, step[2]))  # type: ignore[arg-type]
+        elif kind == "evict":
+            protected = {key_from_int(i) for i in step[2]}  # type: ignore[attr-defined]
+            twin.call("evict", step[1], protected)
+        elif kind == "announce":
+            twin.call("on_store_miss", [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
+        elif kind == "hint":
+            twin.call("hint", key_from_int(step[1]), step[2])  # type: ignore[arg-type]
+        else:
+            twin.call("clear")
+
+
+def seeded_program(seed: int) -> tuple[int, list[tuple[object, ...]]]:
+    """A longer program of mostly stores (the shape of `tests/test_arc_paper.py`'s), where
+    keys come back after their eviction: many ghost hits, in B1 and in B2."""
+    rng = random.Random(seed)
+    capacity = rng.choice([1, 2, 4, 8, 16])
+    universe = 3 * capacity + 2
+    program: list[tuple[object, ...]] = []
+    for _ in range(300):
+        action = rng.random()
+        if action < 0.6:
+            ids = rng.sample(range(universe), rng.randint(1, min(universe, capacity + 2)))
+            program.append(("store", ids, rng.choice([0] * 8 + [-1, 1]), rng.random() < 0.5))
+        elif action < 0.75:
+            program.append(("touch", [rng.randrange(universe) for _ in range(rng.randint(1, 6))]))
+        elif action < 0.85:
+            program.append(("pin", rng.randrange(universe), rng.choice([0, 0, 1, -1])))
+        elif action < 0.9:
+            program.append(("remove", rng.randrange(universe)))
+        elif action < 0.95:
+            program.append(("evict", rng.randint(0, capacity), [rng.randrange(universe)]))
+        else:
+            program.append(("hint", rng.randrange(universe), rng.choice(["never", "likely", None])))
+    return capacity, program
+
+
+@pytest.mark.slow
+def test_compiled_arc_decides_as_the_pure_one_on_seeded_programs() -> None:
+    for seed in range(60):
+        run_twin_program(*seeded_program(seed))
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None)
+@given(arc_programs())
+def test_compiled_arc_decides_as_the_pure_one_on_random_programs(
+    program: tuple[int, list[tuple[object, ...]]],
+) -> None:
+    run_twin_program(*program)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.01, 0.1])
+def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> None:
+    """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
+    requests: every hit, victim and insert, and the lists after each request, alike."""
+    from kvtier.workloads.traces import read_mooncake
+
+    compiled_arc()
+    requests: list[list[OffloadKey]] = []
+    for i, request in enumerate(read_mooncake()):
+        if i >= 3000:
+            break
+        requests.append([key_from_int(h) for h in dict.fromkeys(request.hash_ids)])
+    capacity = max(1, int(fraction * len({k for keys in requests for k in keys})))
+    twin = TwinARC(capacity, check_states=False)  # compared every 100 requests: faster
+    slot = 0
+    for number, keys in enumerate(requests):
+        if number % 100 == 0:
+            twin.check(f"request {number}")
+        hits = [k for k in keys if twin.pure.get(k) is not None]
+        assert hits == [k for k in keys if twin.fast.get(k) is not None]
+        twin.call("touch", hits)
+        misses = [k for k in keys if twin.pure.get(k) is None]
+        if not misses:
+            continue
+        twin.call("on_store_miss", misses)
+        room = len(twin.pure) + len(misses) - capacity
+        if room > 0 and twin.call("evict", room, set(keys)) is None:
+            continue
+        for key in misses:
+            slot += 1
+            twin.call("insert", key, blocks=pair_of_blocks(slot, 0))
+    twin.check("the end")

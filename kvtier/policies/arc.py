@@ -16,6 +16,12 @@ follow it:
     change (a no-op whenever the paper's invariants hold).
 On a single stream of requests driven as a tier drives it (see `simulate`) it makes the same
 decisions as the paper's pseudo-code.
+
+This module's class is `PureARCCachePolicy`. When the compiled core is selected (see
+`kvtier.compiled`), `ARCCachePolicy` is the one of `kvtier.policies._arc_core`: this
+algorithm step for step with the four lists in C (linked lists over arrays instead of ordered
+dicts); otherwise it is `PureARCCachePolicy` itself. Both decide alike
+(`tests/test_compiled_core.py`).
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ class ARCCachePolicy(CachePolicy):
         # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
         # is never replaced (`clear` empties it), so the binding stays valid. A subclass
         # that overrides `get` keeps its own.
-        if type(self).get is ARCCachePolicy.get:
+        if type(self).get is PureARCCachePolicy.get:
             self.get = self._resident.get  # type: ignore[method-assign,assignment]
         self._p = 0.0
         # Keys announced by on_store_miss, in order (a dict used as an ordered set), and
@@ -571,3 +577,14 @@ class ARCCachePolicy(CachePolicy):
             b1.popitem(last=False)
         while (b1 or b2) and len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
             (b2 if b2 else b1).popitem(last=False)
+
+
+PureARCCachePolicy = ARCCachePolicy
+"""ARC in pure Python: the fallback, and the reference the compiled ARC is tested against."""
+
+try:  # the compiled ARC, present only when kvtier.compiled selected it
+    import kvtier.policies._arc_core as _arc_core
+except ImportError:
+    pass
+else:
+    ARCCachePolicy = _arc_core.ARCCachePolicy  # type: ignore[misc]
