@@ -29,6 +29,7 @@ from kvtier.tiers.disk.index import BlockIndex
 from kvtier.tiers.disk.index_check import PROBED_KEYS_SUFFIX, ProbedKeys, probe_index
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.layout import IndexRecord
+from kvtier.tiers.disk.testing import damage_every_page
 
 BLOCK = 512
 
@@ -337,14 +338,7 @@ async def test_every_damaged_block_is_dropped_restored_again_and_served_after_a_
         root = h._open().storages[-1].path
     if after == "a crash":
         crashed(root)
-    pages = 0
-    for slab in sorted(root.glob("slab-*.bin")):
-        raw = bytearray(slab.read_bytes())
-        for offset in range(100, len(raw), 4096):
-            raw[offset] ^= 0xFF
-            pages += 1
-        slab.write_bytes(bytes(raw))
-    assert pages >= len(ks)
+    assert damage_every_page(sorted(root.glob("slab-*.bin"))) >= len(ks)
     async with Hierarchy.from_config(config) as h:
         for one in ks:  # each read apart, as an engine asks: a miss, counted corrupt
             assert (

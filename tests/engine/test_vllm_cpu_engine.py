@@ -32,6 +32,8 @@ sys.path.insert(0, str(HERE))
 
 import engine_run  # noqa: E402
 
+from kvtier.tiers.disk.testing import damage_every_page  # noqa: E402
+
 LIFE_TIMEOUT_S = 300
 """One engine life (start, serve, shut down) takes 20-40 s on 2 busy cores."""
 
@@ -110,14 +112,7 @@ def cached(serve: list[dict[str, Any]]) -> list[int]:
 def damage_disk(disk: Path) -> int:
     """Flip one byte in every 4 KiB page of every slab file (so in every block, whatever the
     block size): every block on disk fails its checksum. Returns the pages damaged."""
-    pages = 0
-    for slab in sorted(disk.glob("*/slab-*.bin")):
-        data = bytearray(slab.read_bytes())
-        for offset in range(2048, len(data), 4096):
-            data[offset] ^= 0xFF
-            pages += 1
-        slab.write_bytes(bytes(data))
-    return pages
+    return damage_every_page(sorted(disk.glob("*/slab-*.bin")))
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,19 @@ def flip_byte(path: Path, offset: int) -> None:
         file.write(bytes([value ^ 0xFF]))
 
 
+def damage_every_page(slabs: list[Path], at: int = 2048) -> int:
+    """Flip byte `at` of every 4 KiB page of each slab file, so every block on disk fails its
+    checksum whatever the block size; returns the pages damaged."""
+    pages = 0
+    for slab in slabs:
+        data = bytearray(slab.read_bytes())
+        for offset in range(at, len(data), 4096):
+            data[offset] ^= 0xFF
+            pages += 1
+        slab.write_bytes(bytes(data))
+    return pages
+
+
 def deterministic_block(i: int, block_size: int) -> HostBuffer:
     """The content of block `i`: a deterministic function of `i`, half of them compressible,
     so a reader can tell whether a block's bytes are the right ones."""
