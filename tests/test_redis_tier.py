@@ -239,14 +239,22 @@ async def test_redis_killed_mid_run_is_misses_then_comes_back(server: Server) ->
         assert storage.stats.timeouts + storage.stats.errors + storage.stats.fast_failures > 0
         server.start()  # the same server again (empty: it keeps nothing on disk)
         await until_it_answers(storage)  # the breaker lets a trial through; it reconnects
-        fresh = [key(200 + i) for i in range(8)]
-        for first in range(0, 8, 4):
-            await h.put(fresh[first : first + 4], blocks_of(fresh[first : first + 4]))
-        await h.flush()
-        await settle(h)
-        assert any(h.where(k) == "fleet" for k in fresh)
-        out = await h.get(fresh)
-        assert torch.equal(out, blocks_of(fresh))
+        # Comes back: new blocks reach the server and are served whole again. The pool's
+        # other connections died with the server and a round trip on a loaded machine may
+        # pass the 300 ms timeout, so a round may still be short: never wrong bytes.
+        for round_ in range(20):
+            fresh = [key(200 + 8 * round_ + i) for i in range(8)]
+            for first in range(0, 8, 4):
+                await h.put(fresh[first : first + 4], blocks_of(fresh[first : first + 4]))
+            await h.flush()
+            await settle(h)
+            on_fleet = any(h.where(k) == "fleet" for k in fresh)
+            out = await h.get(fresh)
+            assert torch.equal(out, blocks_of(fresh[: out.shape[0]]))
+            if on_fleet and out.shape[0] == len(fresh):
+                break
+        else:
+            pytest.fail("after the server came back, no round was stored there and served whole")
 
 
 async def test_redis_down_at_start_the_tier_opens_and_recovers(server: Server) -> None:
