@@ -70,6 +70,15 @@ cdef inline object _ref_cnt(object block):
     return block.ref_cnt
 
 
+cdef void *_resized(void *memory, size_t size) except NULL:
+    """`memory` grown to `size` bytes (PyMem_Realloc); MemoryError when it cannot be, the old
+    block then left as it was (still owned by the caller)."""
+    cdef void *grown = PyMem_Realloc(memory, size)
+    if grown == NULL:
+        raise MemoryError()
+    return grown
+
+
 cdef class ARCLists:
     """ARC's state: the four lists, the resident blocks, p and the announced keys."""
 
@@ -152,31 +161,12 @@ cdef class ARCLists:
 
     cdef int _grow(self, int count) except -1:
         cdef int old = self._allocated, new = old + count, i
-        cdef void *mem
-        mem = PyMem_Realloc(self._prev, new * sizeof(int))
-        if mem == NULL:
-            raise MemoryError()
-        self._prev = <int *> mem
-        mem = PyMem_Realloc(self._next, new * sizeof(int))
-        if mem == NULL:
-            raise MemoryError()
-        self._next = <int *> mem
-        mem = PyMem_Realloc(self._where, new * sizeof(signed char))
-        if mem == NULL:
-            raise MemoryError()
-        self._where = <signed char *> mem
-        mem = PyMem_Realloc(self._gone, new * sizeof(signed char))
-        if mem == NULL:
-            raise MemoryError()
-        self._gone = <signed char *> mem
-        mem = PyMem_Realloc(self._marked, new * sizeof(int))
-        if mem == NULL:
-            raise MemoryError()
-        self._marked = <int *> mem
-        mem = PyMem_Realloc(self._popped, new * sizeof(int))
-        if mem == NULL:
-            raise MemoryError()
-        self._popped = <int *> mem
+        self._prev = <int *> _resized(self._prev, new * sizeof(int))
+        self._next = <int *> _resized(self._next, new * sizeof(int))
+        self._where = <signed char *> _resized(self._where, new * sizeof(signed char))
+        self._gone = <signed char *> _resized(self._gone, new * sizeof(signed char))
+        self._marked = <int *> _resized(self._marked, new * sizeof(int))
+        self._popped = <int *> _resized(self._popped, new * sizeof(int))
         for i in range(old, new):
             self._keys.append(None)
             self._blocks.append(None)
@@ -480,16 +470,9 @@ cdef class ARCLists:
     def evict(self, Py_ssize_t n, protected):
         """arc.py's `evict` (n >= 1, no hinted block): the victims, or None changing nothing."""
         cdef Py_ssize_t i
-        cdef void *mem
         if n > self._plan_cap:
-            mem = PyMem_Realloc(self._plan, n * sizeof(int))
-            if mem == NULL:
-                raise MemoryError()
-            self._plan = <int *> mem
-            mem = PyMem_Realloc(self._ops, n * sizeof(signed char))
-            if mem == NULL:
-                raise MemoryError()
-            self._ops = <signed char *> mem
+            self._plan = <int *> _resized(self._plan, n * sizeof(int))
+            self._ops = <signed char *> _resized(self._ops, n * sizeof(signed char))
             self._plan_cap = n
         self._nplan = self._nmarked = self._npopped = 0
         try:
