@@ -10,7 +10,10 @@ policy stays consistent as cold blocks are used, evicted and discarded."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import threading
 import tracemalloc
 from pathlib import Path
@@ -23,7 +26,7 @@ from kvtier.keys import MAX_KEY_BYTES, OffloadKey, key_from_int
 from kvtier.manager.tier import TierManager, make_tier_manager
 from kvtier.policies.registry import POLICIES
 from kvtier.specs.base import BlockIDsLoadStoreSpec
-from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk import DiskStore, index_check
 from kvtier.tiers.disk.cold import ColdRecords
 from kvtier.tiers.disk.index import BlockIndex
 from kvtier.tiers.disk.index_check import PROBED_KEYS_SUFFIX, ProbedKeys, probe_index
@@ -396,6 +399,25 @@ async def test_after_a_crash_an_interrupted_groups_slots_are_judged_from_the_pro
                 assert out is not None and np.array_equal(out, data(i))
     finally:
         await disk.aclose()
+
+
+async def test_the_isolated_probe_finds_lmdb_where_this_process_found_it(tmp_path: Path) -> None:
+    """The probe runs `python -I`, blind to PYTHONPATH: an lmdb installed there (or by `pip
+    install --target`) is found through the folder its parent names. Here the child also
+    runs without site-packages (-S), so only that folder can give it lmdb."""
+    await fill(tmp_path, 20)
+    disk = open_store(tmp_path, 20)
+    index = disk.path / "index"
+    await disk.aclose()
+    script = str(Path(index_check.__file__).with_name("index_probe.py"))
+    command = [sys.executable, "-I", "-S", script, str(index), str(IndexRecord.FORMAT.size), "64"]
+    bare = {k: v for k, v in os.environ.items() if k != index_check.LMDB_HOME_ENV}
+    blind = subprocess.run(command, capture_output=True, text=True, env=bare, check=False)
+    assert blind.returncode != 0 and "No module named 'lmdb'" in blind.stderr
+    told = {**bare, index_check.LMDB_HOME_ENV: index_check._lmdb_home()}
+    seen = subprocess.run(command, capture_output=True, text=True, env=told, check=False)
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout.splitlines()[-1]) == {"records": 20, "bad": 0}
 
 
 async def test_the_probes_keys_are_the_index_keys_at_every_position(tmp_path: Path) -> None:

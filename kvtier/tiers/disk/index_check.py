@@ -23,6 +23,7 @@ every block to its key keep it from serving wrong bytes meanwhile.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import mmap
 import os
@@ -61,6 +62,10 @@ _P_META = 0x08
 _NO_PAGE = (1 << 64) - 1
 _META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
 _PROBE_SCRIPT = Path(__file__).with_name("index_probe.py")
+LMDB_HOME_ENV = "KVTIER_PROBE_LMDB_HOME"
+"""Where the probe finds lmdb: the folder that holds the lmdb this process imports. The probe
+runs isolated (`python -I`: no PYTHONPATH, no user site, not the working directory), so an
+lmdb found through PYTHONPATH or a `pip install --target` folder would be missing there."""
 
 
 def _read_meta(data: bytes, offset: int) -> tuple[int, int, int, tuple[int, int]] | None:
@@ -207,6 +212,15 @@ def take_clean_stamp(index_dir: Path, keep: bool = False) -> dict[str, Any] | No
     return recorded if found == (recorded.get("size"), recorded.get("xxh3")) else None
 
 
+def _lmdb_home() -> str:
+    """The folder holding the lmdb package this process imports ("" when there is none)."""
+    spec = importlib.util.find_spec("lmdb")
+    if spec is None or spec.origin is None:
+        return ""
+    origin = Path(spec.origin)
+    return str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
+
+
 def probe_index(
     index_dir: Path,
     record_bytes: int,
@@ -228,8 +242,9 @@ def probe_index(
     ]
     if records_out is not None:
         command.append(str(records_out))
+    env = {**os.environ, LMDB_HOME_ENV: _lmdb_home()}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return f"walking the index took longer than {timeout_s:.0f} s"
     except OSError as error:

@@ -87,6 +87,9 @@ def _walk(txn: Any, blocks: Any, walk: _Walk) -> None:
 
 def main(argv: list[str]) -> int:
     """Walk the index named in `argv` and print what was found."""
+    home = os.environ.get("KVTIER_PROBE_LMDB_HOME", "")
+    if home and home not in sys.path:
+        sys.path.append(home)  # after the standard library: lmdb's own folder (index_check)
     import lmdb
 
     path, record_bytes, max_key = argv[1], int(argv[2]), int(argv[3])
