@@ -119,6 +119,13 @@ def _invocations(text: str) -> list[list[str]]:
     return found
 
 
+def _built(path: str) -> bool:
+    """Whether `path` is a build output that `.gitignore` names (`kvtier/_compiled/`): it
+    exists only where the set-up has run, not in a bare clone."""
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    return "/" + path in ignored
+
+
 def _resolves(dotted: str) -> bool:
     """Whether `dotted` (`kvtier.x.y`, a module and then attributes) names something that
     exists. A module whose import needs a package that is not installed (vLLM) counts as
@@ -206,8 +213,9 @@ def _span_problems(
                 problems.append(f"`{span}`: unknown option {option} of kvtier {section}")
         elif option not in every_option and option not in FOREIGN_OPTIONS:
             problems.append(f"`{span}`: no kvtier command has {option}")
-    if words[0].startswith(REPO_DIRS) and not any(ROOT.glob(words[0].rstrip("/"))):
-        problems.append(f"`{span}`: no such path {words[0]} in the repository")
+    path = words[0]
+    if path.startswith(REPO_DIRS) and not any(ROOT.glob(path.rstrip("/"))) and not _built(path):
+        problems.append(f"`{span}`: no such path {path} in the repository")
     dotted = re.match(r"kvtier(?:\.[A-Za-z_]\w*)+", span)
     if dotted and not _resolves(dotted.group(0).rstrip(".")):
         problems.append(f"`{span}`: no such module or name {dotted.group(0)}")
@@ -257,6 +265,9 @@ def test_the_readme_checks_see_what_the_readme_names() -> None:
         ("`kvtier/workloads/data/NOTICE.md`", "`kvtier/data/NOTICE.md`",
          "no such path kvtier/data/NOTICE.md"),
         ("(docs/ARCHITECTURE.md)", "(ARCHITECTURE.md)", "link (ARCHITECTURE.md)"),
+        # A build output (git-ignored, absent from a bare clone) counts; a misspelt one not.
+        ("`kvtier/_compiled/` (git-ignored)", "`kvtier/_compile/` (git-ignored)",
+         "no such path kvtier/_compile/"),
         ("`kvtier.workloads.traces.read_mooncake()`", "`kvtier.traces.read_mooncake()`",
          "no such module or name kvtier.traces.read_mooncake"),
         ("`kvtier.tiers.registry.register_tier`", "`kvtier.tiers.registry.register`",

@@ -134,9 +134,13 @@ def test_default_config_replay_writes_table_report_and_chart(tmp_path: Path) -> 
     assert 0 < prefill["tokens_reused"] <= report["hits"] * 512
     assert prefill["tokens_reused"] <= prefill["input_tokens"]
     # The put and get traffic is all there, and the series ends at the totals.
+    # The caller meets the top tier only: the gpu tier where CUDA is, else the cpu tier.
     pairs = {(p["source"], p["destination"]): p for p in report["pairs"]}
-    assert pairs["cpu", "caller"]["blocks"] == report["hits"]
-    assert pairs["caller", "cpu"]["bytes"] == pairs["caller", "cpu"]["blocks"] * 4096
+    top = report["tiers"][0]["name"]
+    assert top == ("gpu" if torch.cuda.is_available() else "cpu")
+    assert pairs[top, "caller"]["blocks"] == report["hits"]
+    assert pairs["caller", top]["bytes"] == pairs["caller", top]["blocks"] * 4096
+    assert {source for source, destination in pairs if destination == "caller"} == {top}
     # What each tier was written: every copy whose destination it is.
     for tier in report["tiers"]:
         into = [p for (_, destination), p in pairs.items() if destination == tier["name"]]
