@@ -123,6 +123,52 @@ async def test_scattered_copies_between_gpu_and_pinned_host_land_every_row() -> 
     assert torch.equal(back, gpu)
 
 
+def test_runs_of_ascending_ids_and_when_they_are_few() -> None:
+    ids = np.array([2, 3, 4, 9, 10, 10, 40], dtype=np.int64)  # a repeat breaks a run
+    assert tensor_copy._runs(ids) == [(0, 2, 3), (3, 9, 2), (5, 10, 1), (6, 40, 1)]
+    assert tensor_copy._runs(np.arange(5, 9, dtype=np.int64)) == [(0, 5, 4)]
+    assert tensor_copy._few(tensor_copy.DIRECT_RUNS_MAX, 10_000)
+    assert tensor_copy._few(100, 400) and not tensor_copy._few(101, 400)
+
+
+def _scattered_slots(case: str, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Host rows for a GPU <-> host copy of `count` rows out of 4 * count: every row once in
+    a shuffled order ("permutation" of the first `count`), shuffled stretches of 8 rows
+    ("stretches": few runs once sorted), or every fourth row ("sparse": as many runs as
+    rows, through staging)."""
+    if case == "permutation":
+        return rng.permutation(count)
+    if case == "stretches":
+        starts = rng.permutation(count // 8) * 32
+        return (starts[:, None] + np.arange(8)).reshape(-1)
+    return rng.permutation(np.arange(count) * 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["permutation", "stretches", "sparse"])
+@pytest.mark.parametrize("pinned", [True, False])
+async def test_scattered_gpu_host_copies_of_every_shape_land_every_row(
+    case: str, pinned: bool
+) -> None:
+    """Both directions, whichever way the rows are grouped once sorted (direct DMAs per run,
+    or staging), into pinned and pageable host tensors, with a source row read twice."""
+    rng = np.random.default_rng(len(case) + pinned)
+    count, row = 64, 4096
+    gpu = torch.randint(0, 256, (count, row), dtype=torch.uint8, device="cuda")
+    host = torch.zeros((4 * count, row), dtype=torch.uint8, pin_memory=pinned)
+    slots = _scattered_slots(case, count, rng)
+    order = rng.permutation(count)
+    await TensorCopier().copy(gpu, order, host, slots)
+    assert torch.equal(host[torch.from_numpy(slots)], gpu[torch.from_numpy(order)].cpu())
+    untouched = np.setdiff1d(np.arange(4 * count), slots)
+    assert not host[torch.from_numpy(untouched)].any()
+    back = torch.zeros_like(gpu)
+    sources = slots.copy()
+    sources[1] = sources[0]  # one host row copied to two device rows
+    await TensorCopier().copy(host, sources, back, order)
+    assert torch.equal(back.cpu(), host[torch.from_numpy(sources)][np.argsort(order)])
+
+
 async def test_a_large_disk_read_is_split_over_the_workers_and_stays_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
