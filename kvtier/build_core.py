@@ -2,14 +2,14 @@
 
     python -m kvtier.build_core [--if-needed]
 
-Writes the extensions (of each `.py`, and of ARC's `_arc_core.pyx`) and a manifest (each
-source's SHA-256, this interpreter's extension suffix) into `kvtier/_compiled/`, replacing
-an older build only once the new one is complete. Needs Cython and setuptools (kvtier's
-`test` and `core` extras) and a C compiler; when any is missing or the build fails it prints
-one line saying so and exits 1, and kvtier keeps running its pure-Python bookkeeping (the
-same `.py` files, and arc.py's own ARC). `--if-needed`: do nothing
-when a build of the current sources is already there. `scripts/setup.sh` runs it so;
-`scripts/build-core` runs it.
+Writes the extensions (of each `.py`, and of ARC's and lct's `_arc_core.pyx` and
+`_lct_core.pyx`) and a manifest (each source's SHA-256, this interpreter's extension suffix)
+into `kvtier/_compiled/`, replacing an older build only once the new one is complete. Needs
+Cython and setuptools (kvtier's `test` and `core` extras) and a C compiler; when any is
+missing or the build fails it prints one line saying so and exits 1, and kvtier keeps running
+its pure-Python bookkeeping (the same `.py` files, and arc.py's and lct.py's own classes).
+`--if-needed`: do nothing when a build of the current sources is already there.
+`scripts/setup.sh` runs it so; `scripts/build-core` runs it.
 """
 
 from __future__ import annotations

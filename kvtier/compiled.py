@@ -6,10 +6,12 @@ Cython, and the choice, at import, between them and the pure-Python source.
 module's source. Cython compiles the `.py` files as they are, with `annotation_typing` off:
 annotations are not C types, so a compiled module keeps Python's semantics to the letter
 (any hashable key, the same exceptions, interpreted subclasses, patched instances); the same
-`.py` files are the fallback. One module is written in Cython instead,
-`kvtier/policies/_arc_core.pyx`: ARC with its four lists in C, since compiling arc.py left
-its cost in ordered-dict operations (issue 23); `kvtier.policies.arc` exports it as
-`ARCCachePolicy` when it is selected and its own pure-Python class otherwise, and
+`.py` files are the fallback. Two modules are written in Cython instead,
+`kvtier/policies/_arc_core.pyx` (ARC with its four lists in C) and
+`kvtier/policies/_lct_core.pyx` (lct's per-access state in C, its solver lct.py's), since
+compiling arc.py and lct.py left their cost in ordered-dict and tuple operations (issue 23);
+`kvtier.policies.arc` / `kvtier.policies.lct` export them as `ARCCachePolicy` /
+`LCTCachePolicy` when they are selected and their own pure-Python classes otherwise, and
 `tests/test_compiled_core.py` checks that both decide alike.
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
@@ -17,9 +19,9 @@ keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the po
 `select_core()`, run when `kvtier/__init__.py` imports this module (before any core module),
 puts a finder in front of the import system that loads the compiled extension of each core
 module whose source is unchanged since the build; a module edited since is its `.py` (the
-status says which; an edited `.pyx` is not loaded, so ARC is the pure one) until
+status says which; an edited `.pyx` is not loaded, so ARC or lct is the pure one) until
 `scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1` selects the `.py` of every module
-(and so the pure-Python ARC). `core_status()` says what was chosen (`kvtier --version`
+(and so the pure-Python ARC and lct). `core_status()` says what was chosen (`kvtier --version`
 prints it).
 """
 
@@ -41,11 +43,12 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies.arc",
     "kvtier.policies._arc_core",
     "kvtier.policies.lct",
+    "kvtier.policies._lct_core",
     "kvtier.manager.tier",
 )
 """The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
-class; and ARC's core in C (`_arc_core.pyx`, no `.py`: when it is not selected,
-`kvtier.policies.arc` runs its pure-Python ARC)."""
+class; and ARC's and lct's cores in C (`_arc_core.pyx`, `_lct_core.pyx`, no `.py`: when one
+is not selected, `kvtier.policies.arc` / `kvtier.policies.lct` runs its pure-Python class)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

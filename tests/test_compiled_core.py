@@ -2,9 +2,9 @@
 and, when `scripts/build-core` has built it, that it decides exactly as the pure-Python
 source: the same hits, victims and final lists on the shipped trace and on random programs,
 for the policies alone and through a `TierManager`. The two cores run in two processes (one
-with KVTIER_PURE_PYTHON=1), since a process holds one of them; ARC's C core
-(`_arc_core.pyx`) is also compared call by call, in one process, with arc.py's own class
-(`PureARCCachePolicy`)."""
+with KVTIER_PURE_PYTHON=1), since a process holds one of them; ARC's and lct's C cores
+(`_arc_core.pyx`, `_lct_core.pyx`) are also compared call by call, in one process, with
+arc.py's and lct.py's own classes (`PureARCCachePolicy`, `PureLCTCachePolicy`)."""
 
 from __future__ import annotations
 
@@ -295,8 +295,8 @@ class TwinARC:
         from kvtier.policies.arc import PureARCCachePolicy
 
         self.check_states = check_states
-        self.pure = PureARCCachePolicy(capacity)
-        self.fast = compiled_arc()(capacity)
+        self.pure: CachePolicy = PureARCCachePolicy(capacity)
+        self.fast: CachePolicy = compiled_arc()(capacity)
         self.calls = 0
 
     def call(self, method: str, *args: object, blocks: Sequence[object] = ()) -> object:
@@ -309,7 +309,7 @@ class TwinARC:
                 answer: object = getattr(policy, method)(*args, *extra)
             except Exception as exc:  # the same exception type is the same answer
                 answer = type(exc)
-            if isinstance(answer, list):
+            if isinstance(answer, list) and all(isinstance(a, tuple) for a in answer):
                 answer = [
                     (k, (b.block_id, b.ref_cnt)) if isinstance(b, BlockStatus) else (k, b)
                     for k, b in answer
@@ -480,6 +480,252 @@ def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
         if not misses:
             continue
         twin.call("on_store_miss", misses)
+        room = len(twin.pure) + len(misses) - capacity
+        if room > 0 and twin.call("evict", room, set(keys)) is None:
+            continue
+        for key in misses:
+            slot += 1
+            twin.call("insert", key, blocks=pair_of_blocks(slot, 0))
+    twin.check("the end")
+
+
+# -- lct's compiled core against the pure-Python lct, in one process ----------------------------
+
+
+def compiled_lct() -> type[CachePolicy]:
+    """The compiled lct (`kvtier.policies._lct_core`), or a skip when this process runs the
+    pure-Python core."""
+    from kvtier.policies import lct
+
+    if lct.LCTCachePolicy is lct.PureLCTCachePolicy:
+        pytest.skip("lct's compiled core is not selected (scripts/build-core builds it)")
+    return lct.LCTCachePolicy
+
+
+def test_lct_is_the_pure_class_without_a_compiled_core() -> None:
+    out = run_python(
+        "from kvtier.policies import lct, LCTCachePolicy; "
+        "print(LCTCachePolicy is lct.PureLCTCachePolicy, LCTCachePolicy.__module__)",
+        pure=True,
+    )
+    assert out == "True kvtier.policies.lct"
+
+
+def test_lct_is_the_compiled_class_with_a_compiled_core() -> None:
+    if not compiled_core_built():
+        pytest.skip("no compiled core (scripts/build-core builds it)")
+    out = run_python(
+        "from kvtier.policies import lct, get_policy_class; "
+        "print(get_policy_class('lct').__module__, lct.LCTCachePolicy is lct.PureLCTCachePolicy)",
+        pure=False,
+    )
+    assert out == "kvtier.policies._lct_core False"
+
+
+def lct_state(policy: CachePolicy) -> tuple[object, ...]:
+    """What an lct shows: its queues, what it remembers of each key (resident or not), the
+    learned limits, shares, credits, horizon and expectations, the clock, and its blocks."""
+    from kvtier.policies.lct import PureLCTCachePolicy
+
+    if type(policy) is PureLCTCachePolicy:
+        queues = [list(queue) for queue in policy._queues]
+        ghosts = list(policy._ghosts.items())
+    else:
+        queues = policy.queues()  # type: ignore[attr-defined]
+        ghosts = policy.ghosts()  # type: ignore[attr-defined]
+    lct = policy
+    assert isinstance(lct, PureLCTCachePolicy)
+    histories = [lct._seen(key) for queue in queues for key in queue]
+    blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
+    learned = (lct.limits, lct.shares, lct._credit, lct.horizon, lct.expected, lct.refused)
+    statistics = (lct._reuse, lct._arrivals, list(lct._epochs), lct._older, lct._since_solve)
+    return (queues, histories, ghosts, learned, statistics, lct._clock, len(policy), blocks)
+
+
+class TwinLCT(TwinARC):
+    """The pure and the compiled lct driven by the same calls (see `TwinARC`)."""
+
+    def __init__(self, capacity: int, *, check_states: bool = True) -> None:
+        from kvtier.policies.lct import PureLCTCachePolicy
+
+        self.check_states = check_states
+        self.pure = PureLCTCachePolicy(capacity)
+        self.fast = compiled_lct()(capacity)
+        self.calls = 0
+
+    def check(self, where: str) -> None:
+        assert lct_state(self.pure) == lct_state(self.fast), where
+
+
+def lct_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
+    """One call of an lct program over keys 0 .. 3c+2: stores (announced, admitted, making
+    room, inserted) most often, so the solver runs and keys come back as ghosts."""
+    universe = st.integers(0, 3 * capacity + 2)
+    store = st.tuples(
+        st.just("store"),
+        st.lists(universe, max_size=capacity + 2, unique=True),
+        st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1]),
+        st.booleans(),
+    )
+    return st.one_of(
+        store,
+        store,
+        store,
+        store,
+        st.tuples(st.just("touch"), st.lists(universe, max_size=6)),
+        st.tuples(st.just("pin"), universe, st.sampled_from([0, 1, -1])),
+        st.tuples(st.just("remove"), universe),
+        st.tuples(st.just("insert"), universe, st.sampled_from([0, -1])),
+        st.tuples(st.just("evict"), st.integers(0, capacity + 1), st.lists(universe, max_size=4)),
+        st.tuples(st.just("announce"), st.lists(universe, max_size=capacity + 2)),
+        st.tuples(st.just("move"), st.lists(universe, max_size=capacity + 2)),
+        st.tuples(st.just("admit"), st.lists(universe, max_size=capacity + 2)),
+        st.tuples(
+            st.just("hint"), universe, st.sampled_from(["never", "unlikely", "likely", None])
+        ),
+        st.tuples(st.just("clear")),
+    )
+
+
+@st.composite
+def lct_programs(draw: st.DrawFn) -> tuple[int, list[tuple[object, ...]]]:
+    """A capacity and a random program of lct calls."""
+    capacity = draw(st.integers(1, 12))
+    return capacity, draw(st.lists(lct_steps(capacity), min_size=20, max_size=200))
+
+
+def run_lct_program(capacity: int, program: list[tuple[object, ...]]) -> None:
+    twin = TwinLCT(capacity)
+    for number, step in enumerate(program):
+        kind = step[0]
+        if kind == "store":  # as a tier stores a request's misses: announce, admit, room
+            _, ids, ref_cnt, one_by_one = step
+            keys = [key_from_int(i) for i in ids]  # type: ignore[attr-defined]
+            hits = [k for k in keys if twin.pure.get(k) is not None]
+            twin.call("touch", hits)
+            misses = [k for k in keys if twin.pure.get(k) is None]
+            twin.call("on_store_miss", misses)
+            admitted = twin.call("admit", misses)
+            misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
+            room = len(twin.pure) + len(misses) - capacity
+            if room > 0 and twin.call("evict", room, set(keys)) is None:
+                continue
+            pairs = [pair_of_blocks(number * 100 + i, ref_cnt) for i in range(len(misses))]  # type: ignore[operator]
+            if one_by_one:
+                for key, pair in zip(misses, pairs, strict=True):
+                    twin.call("insert", key, blocks=pair)
+            else:
+                twin.call(
+                    "insert_many", misses, blocks=([p[0] for p in pairs], [p[1] for p in pairs])
+                )
+        elif kind in ("touch", "announce", "move", "admit"):
+            method = {
+                "touch": "touch",
+                "announce": "on_store_miss",
+                "move": "on_store_move",
+                "admit": "admit",
+            }[kind]  # type: ignore[index]
+            twin.call(method, [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
+        elif kind == "pin":
+            key = key_from_int(step[1])  # type: ignore[arg-type]
+            if twin.pure.get(key) is not None:
+                twin.pin(key, step[2])  # type: ignore[arg-type]
+        elif kind == "remove":
+            twin.call("remove", key_from_int(step[1]))  # type: ignore[arg-type]
+        elif kind == "insert":
+            twin.call("insert", key_from_int(step[1]), blocks=pair_of_blocks(number, step[2]))  # type: ignore[arg-type]
+        elif kind == "evict":
+            protected = {key_from_int(i) for i in step[2]}  # type: ignore[attr-defined]
+            twin.call("evict", step[1], protected)
+        elif kind == "hint":
+            twin.call("hint", key_from_int(step[1]), step[2])  # type: ignore[arg-type]
+        else:
+            twin.call("clear")
+
+
+def seeded_lct_program(seed: int) -> tuple[int, list[tuple[object, ...]]]:
+    """A long program of mostly stores over a small universe (keys come back often, so
+    classes 2 to 4, limits, refusals and horizon moves all occur), with hits, pins, failed
+    stores, announcements of resident keys, moves and hints."""
+    rng = random.Random(seed)
+    capacity = rng.choice([1, 2, 4, 8, 16])
+    universe = 4 * capacity + 2
+    program: list[tuple[object, ...]] = []
+    for _ in range(600):
+        action = rng.random()
+        if action < 0.6:
+            ids = rng.sample(range(universe), rng.randint(1, min(universe, capacity + 2)))
+            program.append(("store", ids, rng.choice([0] * 8 + [-1, 1]), rng.random() < 0.5))
+        elif action < 0.72:
+            program.append(("touch", [rng.randrange(universe) for _ in range(rng.randint(1, 6))]))
+        elif action < 0.8:
+            program.append(("pin", rng.randrange(universe), rng.choice([0, 0, 1, -1])))
+        elif action < 0.84:
+            program.append(("remove", rng.randrange(universe)))
+        elif action < 0.88:
+            program.append(("evict", rng.randint(0, capacity), [rng.randrange(universe)]))
+        elif action < 0.92:
+            program.append(("announce", [rng.randrange(universe) for _ in range(3)]))
+        elif action < 0.95:
+            program.append(("move", [rng.randrange(universe) for _ in range(3)]))
+        else:
+            program.append(("hint", rng.randrange(universe), rng.choice(["never", "likely", None])))
+    return capacity, program
+
+
+@pytest.mark.slow
+def test_compiled_lct_decides_as_the_pure_one_on_seeded_programs() -> None:
+    for seed in range(40):
+        run_lct_program(*seeded_lct_program(seed))
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(lct_programs())
+def test_compiled_lct_decides_as_the_pure_one_on_random_programs(
+    program: tuple[int, list[tuple[object, ...]]],
+) -> None:
+    run_lct_program(*program)
+
+
+def test_the_lct_twin_sees_a_different_state() -> None:
+    """The comparison can fail: a twin whose compiled lct learned one access more differs."""
+    twin = TwinLCT(4)
+    twin.call("on_store_miss", [key_from_int(1)])
+    twin.fast.on_store_miss([key_from_int(2)])
+    with pytest.raises(AssertionError):
+        twin.check("one access more")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.01, 0.1])
+def test_compiled_lct_decides_as_the_pure_one_on_the_trace(fraction: float) -> None:
+    """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
+    requests: every hit, admission, victim and insert alike, the whole state every 300
+    requests and at the end (limits, shares, horizon, statistics, queues, ghosts)."""
+    from kvtier.workloads.traces import read_mooncake
+
+    compiled_lct()
+    requests: list[list[OffloadKey]] = []
+    for i, request in enumerate(read_mooncake()):
+        if i >= 3000:
+            break
+        requests.append([key_from_int(h) for h in dict.fromkeys(request.hash_ids)])
+    capacity = max(1, int(fraction * len({k for keys in requests for k in keys})))
+    twin = TwinLCT(capacity, check_states=False)
+    slot = 0
+    for number, keys in enumerate(requests):
+        if number % 300 == 0:
+            twin.check(f"request {number}")
+        hits = [k for k in keys if twin.pure.get(k) is not None]
+        assert hits == [k for k in keys if twin.fast.get(k) is not None]
+        twin.call("touch", hits)
+        misses = [k for k in keys if twin.pure.get(k) is None]
+        if not misses:
+            continue
+        twin.call("on_store_miss", misses)
+        admitted = twin.call("admit", misses)
+        misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
         room = len(twin.pure) + len(misses) - capacity
         if room > 0 and twin.call("evict", room, set(keys)) is None:
             continue

@@ -62,7 +62,10 @@ keys tail to head, so its head is the newest access and a prefix outlives its ta
 Cost: O(1) amortized per access (a state from three ages, one histogram cell, four queues),
 a solve every `period` accesses over (35 states x ~70 bins, four candidates) and, when the
 horizon moves, a requeue of the resident blocks (O(n log n)). On the shipped trace, driven a
-request at a time, that is 1.6 to 1.9 times ARC's time per access (docs/BENCHMARKS.md).
+request at a time, this pure-Python class takes 1.6 to 1.9 times ARC's time per access. The
+compiled core (`kvtier/policies/_lct_core.pyx`, built by `scripts/build-core`) keeps the
+per-access state in C and runs this module's solver; when built it is `LCTCachePolicy` and
+this class is `PureLCTCachePolicy`, with the same decisions (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -283,23 +286,28 @@ class LCTCachePolicy(CachePolicy):
         self._weights = [decay**k for k in range(self.kept_epochs + 1)]
         """The weight of an arrival `k` solve periods old."""
         self._start = start
+        self._hints = HintBook()
+        """Reuse hints on resident blocks, consulted only while some block is hinted."""
+        self._init_store()
+        self._learn_afresh()
+        self.refused = 0
+        """Stores not admitted."""
+
+    def _init_store(self) -> None:
+        """The per-access state: the class queues, the resident blocks, what is remembered
+        of each key (the compiled core keeps them in C instead)."""
         self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
             OrderedDict() for _ in range(CLASSES)
         ]
         self._resident: dict[OffloadKey, BlockStatus] = {}
-        self._hints = HintBook()
-        """Reuse hints on resident blocks, consulted only while some block is hinted."""
         self._history: dict[OffloadKey, History] = {}
         """What the policy remembers of each resident key."""
         self._ghosts: OrderedDict[OffloadKey, History] = OrderedDict()
         """What it remembers of non-resident keys accessed in the last `memory` accesses."""
         # `get` is the resident dict's own bound method, as ARC's is: one C-level lookup with
         # no Python frame (the dict is never replaced); a subclass overriding `get` keeps its.
-        if type(self).get is LCTCachePolicy.get:
+        if type(self).get is PureLCTCachePolicy.get:
             self.get = self._resident.get  # type: ignore[method-assign,assignment]
-        self._learn_afresh()
-        self.refused = 0
-        """Stores not admitted."""
 
     def _learn_afresh(self) -> None:
         """The learned state of a new policy: no statistics, no limits, the start horizon."""
@@ -321,9 +329,13 @@ class LCTCachePolicy(CachePolicy):
         self._credit = [0.0] * CLASSES
         self.expected: list[float] = [0.0] * len(self._horizons)
         """Per candidate horizon, the hits per access the last solve expected of it."""
-        self.horizon = self._start
+        self._set_horizon(self._start)
+
+    def _set_horizon(self, horizon: int) -> None:
+        """Count the classes over candidate `horizon` (the queues are left as they are)."""
+        self.horizon = horizon
         """The index of the candidate the classes are counted over now."""
-        self._class_of = self._states.classes[self._start]
+        self._class_of = self._states.classes[horizon]
 
     # -- what every access does -----------------------------------------------------------------
 
@@ -376,12 +388,13 @@ class LCTCachePolicy(CachePolicy):
         weighted as its own arrival is."""
         horizon = self.horizon if horizon is None else horizon
         found = []
+        reuse, current = self._reuse, self._arrivals
         for cls in range(CLASSES):
             index = horizon * CLASSES + cls
             states = self._members[index]
             arrivals = self._older[index] + sum(epoch[index] for epoch in self._epochs)
-            arrivals += sum(self._arrivals[s] for s in states)
-            found.append((sum(sum(self._reuse[s]) for s in states), arrivals))
+            arrivals += sum(current[s] for s in states)
+            found.append((sum(sum(reuse[s]) for s in states), arrivals))
         return found
 
     def _remember(self, key: OffloadKey, history: History) -> None:
@@ -415,15 +428,16 @@ class LCTCachePolicy(CachePolicy):
             self._older = [a + b for a, b in zip(self._older, oldest, strict=True)]
         self._forget_old()
         top = self._longest_limit()
+        reuse = self._reuse
         if top >= 0:
-            results = [self._solve_horizon(i, top) for i in range(len(self._horizons))]
+            results = [self._solve_horizon(i, top, reuse) for i in range(len(self._horizons))]
             self.expected = [hits for _, _, hits in results]
             best = max(range(len(results)), key=lambda i: (self.expected[i], -i))
             if self.expected[best] > self.expected[self.horizon]:
                 self._move_horizon(self.horizon + (1 if best > self.horizon else -1))
             self.limits, self.shares, _ = results[self.horizon]
         decay = self.decay
-        self._reuse = [[x * decay for x in row] for row in self._reuse]
+        self._reuse = [[x * decay for x in row] for row in reuse]
         self._epochs = deque([x * decay for x in epoch] for epoch in self._epochs)
         self._older = [x * decay for x in self._older]
 
@@ -436,9 +450,12 @@ class LCTCachePolicy(CachePolicy):
             top += 1
         return top
 
-    def _solve_horizon(self, horizon: int, top: int) -> tuple[list[float], list[float], float]:
+    def _solve_horizon(
+        self, horizon: int, top: int, reuse_rows: list[list[float]]
+    ) -> tuple[list[float], list[float], float]:
         """The limits and shares of the classes counted over candidate `horizon`, and the
-        hits per access they are expected to give; limits end in bins up to `top`."""
+        hits per access they are expected to give; limits end in bins up to `top`
+        (`reuse_rows`: the reuse histogram of each state)."""
         epochs = self._epochs
         curves: list[_Curve] = []
         arrivals: list[float] = []
@@ -449,7 +466,7 @@ class LCTCachePolicy(CachePolicy):
             exposed = list(itertools.accumulate(reversed(per_epoch), initial=self._older[index]))
             exposed.reverse()
             arrivals.append(exposed[0])
-            rows = [self._reuse[s] for s in self._members[index]]
+            rows = [reuse_rows[s] for s in self._members[index]]
             reuse = [sum(column) for column in zip(*rows, strict=True)]
             curves.append(self._curve(reuse, per_epoch, exposed, top))
         total = sum(arrivals)
@@ -503,8 +520,8 @@ class LCTCachePolicy(CachePolicy):
     def _move_horizon(self, horizon: int) -> None:
         """Count classes over candidate `horizon` from now on: the resident blocks are
         queued again by their class under it, oldest first."""
-        self.horizon = horizon
-        self._class_of = class_of = self._states.classes[horizon]
+        self._set_horizon(horizon)
+        class_of = self._class_of
         queues: list[OrderedDict[OffloadKey, BlockStatus]] = [OrderedDict() for _ in range(CLASSES)]
         history, resident = self._history, self._resident
         for key in sorted(resident, key=lambda key: history[key][1]):
@@ -683,3 +700,14 @@ class LCTCachePolicy(CachePolicy):
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
         return iter(list(self._resident.items()))
+
+
+PureLCTCachePolicy = LCTCachePolicy
+"""lct in pure Python: the fallback, and the reference the compiled lct is tested against."""
+
+try:  # the compiled lct, present only when kvtier.compiled selected it
+    import kvtier.policies._lct_core as _lct_core
+except ImportError:
+    pass
+else:
+    LCTCachePolicy = _lct_core.LCTCachePolicy  # type: ignore[misc]
