@@ -9,6 +9,7 @@ arc.py's and lct.py's own classes (`PureARCCachePolicy`, `PureLCTCachePolicy`)."
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -250,34 +251,51 @@ def test_the_digest_sees_a_different_decision() -> None:
 # -- ARC's compiled core against the pure-Python ARC, in one process ----------------------------
 
 
+CORES = {"arc": "ARCCachePolicy", "lct": "LCTCachePolicy"}
+"""The policies with a core of their own in C (`_<name>_core.pyx`): the class each module
+exports; its pure-Python class is the same name with `Pure` in front."""
+
+
+def compiled_policy(name: str) -> type[CachePolicy]:
+    """The compiled class of policy `name` (`kvtier.policies._<name>_core`), or a skip when
+    this process runs the pure-Python core."""
+    module = importlib.import_module(f"kvtier.policies.{name}")
+    exported = getattr(module, CORES[name])
+    if exported is getattr(module, "Pure" + CORES[name]):
+        pytest.skip(f"{name}'s compiled core is not selected (scripts/build-core builds it)")
+    return exported  # type: ignore[no-any-return]
+
+
 def compiled_arc() -> type[CachePolicy]:
-    """The compiled ARC (`kvtier.policies._arc_core`), or a skip when this process runs the
-    pure-Python core."""
-    from kvtier.policies import arc
-
-    if arc.ARCCachePolicy is arc.PureARCCachePolicy:
-        pytest.skip("ARC's compiled core is not selected (scripts/build-core builds it)")
-    return arc.ARCCachePolicy
+    return compiled_policy("arc")
 
 
-def test_arc_is_the_pure_class_without_a_compiled_core() -> None:
+def compiled_lct() -> type[CachePolicy]:
+    return compiled_policy("lct")
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_the_policy_is_its_pure_class_without_a_compiled_core(name: str) -> None:
+    exported = CORES[name]
     out = run_python(
-        "from kvtier.policies import arc, ARCCachePolicy; "
-        "print(ARCCachePolicy is arc.PureARCCachePolicy, ARCCachePolicy.__module__)",
+        f"from kvtier.policies import {name}, {exported}; "
+        f"print({exported} is {name}.Pure{exported}, {exported}.__module__)",
         pure=True,
     )
-    assert out == "True kvtier.policies.arc"
+    assert out == f"True kvtier.policies.{name}"
 
 
-def test_arc_is_the_compiled_class_with_a_compiled_core() -> None:
+@pytest.mark.parametrize("name", CORES)
+def test_the_policy_is_its_compiled_class_with_a_compiled_core(name: str) -> None:
     if not compiled_core_built():
         pytest.skip("no compiled core (scripts/build-core builds it)")
+    exported = CORES[name]
     out = run_python(
-        "from kvtier.policies import arc, get_policy_class; "
-        "print(get_policy_class('arc').__module__, arc.ARCCachePolicy is arc.PureARCCachePolicy)",
+        f"from kvtier.policies import {name}, get_policy_class; "
+        f"print(get_policy_class({name!r}).__module__, {name}.{exported} is {name}.Pure{exported})",
         pure=False,
     )
-    assert out == "kvtier.policies._arc_core False"
+    assert out == f"kvtier.policies._{name}_core False"
 
 
 def arc_state(policy: CachePolicy) -> tuple[object, ...]:
@@ -490,36 +508,6 @@ def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
 
 
 # -- lct's compiled core against the pure-Python lct, in one process ----------------------------
-
-
-def compiled_lct() -> type[CachePolicy]:
-    """The compiled lct (`kvtier.policies._lct_core`), or a skip when this process runs the
-    pure-Python core."""
-    from kvtier.policies import lct
-
-    if lct.LCTCachePolicy is lct.PureLCTCachePolicy:
-        pytest.skip("lct's compiled core is not selected (scripts/build-core builds it)")
-    return lct.LCTCachePolicy
-
-
-def test_lct_is_the_pure_class_without_a_compiled_core() -> None:
-    out = run_python(
-        "from kvtier.policies import lct, LCTCachePolicy; "
-        "print(LCTCachePolicy is lct.PureLCTCachePolicy, LCTCachePolicy.__module__)",
-        pure=True,
-    )
-    assert out == "True kvtier.policies.lct"
-
-
-def test_lct_is_the_compiled_class_with_a_compiled_core() -> None:
-    if not compiled_core_built():
-        pytest.skip("no compiled core (scripts/build-core builds it)")
-    out = run_python(
-        "from kvtier.policies import lct, get_policy_class; "
-        "print(get_policy_class('lct').__module__, lct.LCTCachePolicy is lct.PureLCTCachePolicy)",
-        pure=False,
-    )
-    assert out == "kvtier.policies._lct_core False"
 
 
 def lct_state(policy: CachePolicy) -> tuple[object, ...]:
