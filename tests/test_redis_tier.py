@@ -250,7 +250,7 @@ async def test_redis_killed_mid_run_is_misses_then_comes_back(server: Server) ->
             await settle(h)
             on_fleet = any(h.where(k) == "fleet" for k in fresh)
             out = await h.get(fresh)
-            assert torch.equal(out, blocks_of(fresh[: out.shape[0]]))
+            assert torch.equal(out, blocks_of(fresh)[: out.shape[0]])  # a prefix, maybe none
             if on_fleet and out.shape[0] == len(fresh):
                 break
         else:
