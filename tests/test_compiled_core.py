@@ -185,10 +185,8 @@ def random_program(name: str, seed: int) -> list[object]:
     return log
 
 
-def trace_decisions(name: str, fraction: float, limit: int) -> list[object]:
-    """A TierManager of policy `name` replaying the shipped trace's first `limit` requests:
-    each request's hits and the victims and stored keys of its store, and the final order."""
-    from kvtier.manager.tier import make_tier_manager
+def trace_requests(limit: int) -> list[list[OffloadKey]]:
+    """The keys of the shipped trace's first `limit` requests (duplicates in one dropped)."""
     from kvtier.workloads.traces import read_mooncake
 
     requests: list[list[OffloadKey]] = []
@@ -196,6 +194,15 @@ def trace_decisions(name: str, fraction: float, limit: int) -> list[object]:
         if i >= limit:
             break
         requests.append([key_from_int(h) for h in dict.fromkeys(request.hash_ids)])
+    return requests
+
+
+def trace_decisions(name: str, fraction: float, limit: int) -> list[object]:
+    """A TierManager of policy `name` replaying the shipped trace's first `limit` requests:
+    each request's hits and the victims and stored keys of its store, and the final order."""
+    from kvtier.manager.tier import make_tier_manager
+
+    requests = trace_requests(limit)
     distinct = len({k for keys in requests for k in keys})
     tier = make_tier_manager(max(1, int(fraction * distinct)), 16, "cpu", name)
     log: list[object] = []
@@ -356,9 +363,12 @@ def pair_of_blocks(block_id: int, ref_cnt: int) -> tuple[BlockStatus, BlockStatu
     return pair
 
 
-def arc_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
-    """One call of an ARC program over keys 0 .. 3c+2; stores (which evict, and hit ghosts
-    when a key comes back) are the most frequent."""
+def policy_steps(
+    capacity: int, *extra: st.SearchStrategy[tuple[object, ...]]
+) -> st.SearchStrategy[tuple[object, ...]]:
+    """One call of a policy program over keys 0 .. 3c+2, with the `extra` kinds of call a
+    policy has besides; stores (which evict, and hit ghosts when a key comes back) are the
+    most frequent."""
     universe = st.integers(0, 3 * capacity + 2)
     store = st.tuples(
         st.just("store"),
@@ -377,6 +387,7 @@ def arc_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
         st.tuples(st.just("insert"), universe, st.sampled_from([0, -1])),
         st.tuples(st.just("evict"), st.integers(0, capacity + 1), st.lists(universe, max_size=4)),
         st.tuples(st.just("announce"), st.lists(universe, max_size=capacity + 2)),
+        *extra,
         st.tuples(
             st.just("hint"), universe, st.sampled_from(["never", "unlikely", "likely", None])
         ),
@@ -384,22 +395,44 @@ def arc_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
     )
 
 
+def lct_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
+    """`policy_steps` with lct's own calls: moves from the tier above, and admissions."""
+    keys = st.lists(st.integers(0, 3 * capacity + 2), max_size=capacity + 2)
+    return policy_steps(
+        capacity, st.tuples(st.just("move"), keys), st.tuples(st.just("admit"), keys)
+    )
+
+
 @st.composite
 def arc_programs(draw: st.DrawFn) -> tuple[int, list[tuple[object, ...]]]:
     """A capacity and a random program of ARC calls."""
     capacity = draw(st.integers(1, 12))
-    return capacity, draw(st.lists(arc_steps(capacity), min_size=20, max_size=150))
+    return capacity, draw(st.lists(policy_steps(capacity), min_size=20, max_size=150))
 
 
-def run_twin_program(capacity: int, program: list[tuple[object, ...]]) -> None:
-    twin = TwinARC(capacity)
+CALLS = {"touch": "touch", "announce": "on_store_miss", "move": "on_store_move", "admit": "admit"}
+"""The program steps that call a policy method with a list of keys."""
+
+
+def run_twin_program(
+    capacity: int, program: list[tuple[object, ...]], twin_class: type[TwinARC] | None = None
+) -> None:
+    """Run `program` on a twin (`TwinARC` by default). A store is what a tier does with a
+    request: the hits touched, the misses announced, admitted (a policy that does not admit
+    all), room made, then inserted one by one or as one batch."""
+    twin = (twin_class or TwinARC)(capacity)
     for number, step in enumerate(program):
         kind = step[0]
-        if kind == "store":  # as a tier stores a request's misses
+        if kind == "store":
             _, ids, ref_cnt, one_by_one = step
             keys = [key_from_int(i) for i in ids]  # type: ignore[attr-defined]
+            hits = [k for k in keys if twin.pure.get(k) is not None]
+            twin.call("touch", hits)
             misses = [k for k in keys if twin.pure.get(k) is None]
             twin.call("on_store_miss", misses)
+            if not twin.pure.admits_all:
+                admitted = twin.call("admit", misses)
+                misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
             room = len(twin.pure) + len(misses) - capacity
             if room > 0 and twin.call("evict", room, set(keys)) is None:
                 continue
@@ -411,8 +444,8 @@ def run_twin_program(capacity: int, program: list[tuple[object, ...]]) -> None:
                 twin.call(
                     "insert_many", misses, blocks=([p[0] for p in pairs], [p[1] for p in pairs])
                 )
-        elif kind == "touch":
-            twin.call("touch", [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
+        elif kind in CALLS:
+            twin.call(CALLS[kind], [key_from_int(i) for i in step[1]])  # type: ignore[index,attr-defined]
         elif kind == "pin":
             key = key_from_int(step[1])  # type: ignore[arg-type]
             if twin.pure.get(key) is not None:
@@ -424,8 +457,6 @@ def run_twin_program(capacity: int, program: list[tuple[object, ...]]) -> None:
         elif kind == "evict":
             protected = {key_from_int(i) for i in step[2]}  # type: ignore[attr-defined]
             twin.call("evict", step[1], protected)
-        elif kind == "announce":
-            twin.call("on_store_miss", [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
         elif kind == "hint":
             twin.call("hint", key_from_int(step[1]), step[2])  # type: ignore[arg-type]
         else:
@@ -476,20 +507,22 @@ def test_compiled_arc_decides_as_the_pure_one_on_random_programs(
 @pytest.mark.parametrize("fraction", [0.01, 0.1])
 def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> None:
     """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
-    requests: every hit, victim and insert, and the lists after each request, alike."""
-    from kvtier.workloads.traces import read_mooncake
-
+    requests: every hit, victim and insert alike, the lists every 100 requests."""
     compiled_arc()
-    requests: list[list[OffloadKey]] = []
-    for i, request in enumerate(read_mooncake()):
-        if i >= 3000:
-            break
-        requests.append([key_from_int(h) for h in dict.fromkeys(request.hash_ids)])
+    run_twin_trace(TwinARC, fraction, every=100)
+
+
+def run_twin_trace(twin_class: type[TwinARC], fraction: float, every: int) -> None:
+    """The shipped trace's first 3,000 requests through a twin at `fraction` of their
+    distinct blocks, as the loop driver of `kvtier.bench.policy_speed` runs them (admitting
+    where the policy does not admit all); the states compared every `every` requests (every
+    call would be slow) and at the end."""
+    requests = trace_requests(3000)
     capacity = max(1, int(fraction * len({k for keys in requests for k in keys})))
-    twin = TwinARC(capacity, check_states=False)  # compared every 100 requests: faster
+    twin = twin_class(capacity, check_states=False)
     slot = 0
     for number, keys in enumerate(requests):
-        if number % 100 == 0:
+        if number % every == 0:
             twin.check(f"request {number}")
         hits = [k for k in keys if twin.pure.get(k) is not None]
         assert hits == [k for k in keys if twin.fast.get(k) is not None]
@@ -498,6 +531,9 @@ def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
         if not misses:
             continue
         twin.call("on_store_miss", misses)
+        if not twin.pure.admits_all:
+            admitted = twin.call("admit", misses)
+            misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
         room = len(twin.pure) + len(misses) - capacity
         if room > 0 and twin.call("evict", room, set(keys)) is None:
             continue
@@ -545,90 +581,11 @@ class TwinLCT(TwinARC):
         assert lct_state(self.pure) == lct_state(self.fast), where
 
 
-def lct_steps(capacity: int) -> st.SearchStrategy[tuple[object, ...]]:
-    """One call of an lct program over keys 0 .. 3c+2: stores (announced, admitted, making
-    room, inserted) most often, so the solver runs and keys come back as ghosts."""
-    universe = st.integers(0, 3 * capacity + 2)
-    store = st.tuples(
-        st.just("store"),
-        st.lists(universe, max_size=capacity + 2, unique=True),
-        st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1]),
-        st.booleans(),
-    )
-    return st.one_of(
-        store,
-        store,
-        store,
-        store,
-        st.tuples(st.just("touch"), st.lists(universe, max_size=6)),
-        st.tuples(st.just("pin"), universe, st.sampled_from([0, 1, -1])),
-        st.tuples(st.just("remove"), universe),
-        st.tuples(st.just("insert"), universe, st.sampled_from([0, -1])),
-        st.tuples(st.just("evict"), st.integers(0, capacity + 1), st.lists(universe, max_size=4)),
-        st.tuples(st.just("announce"), st.lists(universe, max_size=capacity + 2)),
-        st.tuples(st.just("move"), st.lists(universe, max_size=capacity + 2)),
-        st.tuples(st.just("admit"), st.lists(universe, max_size=capacity + 2)),
-        st.tuples(
-            st.just("hint"), universe, st.sampled_from(["never", "unlikely", "likely", None])
-        ),
-        st.tuples(st.just("clear")),
-    )
-
-
 @st.composite
 def lct_programs(draw: st.DrawFn) -> tuple[int, list[tuple[object, ...]]]:
     """A capacity and a random program of lct calls."""
     capacity = draw(st.integers(1, 12))
     return capacity, draw(st.lists(lct_steps(capacity), min_size=20, max_size=200))
-
-
-def run_lct_program(capacity: int, program: list[tuple[object, ...]]) -> None:
-    twin = TwinLCT(capacity)
-    for number, step in enumerate(program):
-        kind = step[0]
-        if kind == "store":  # as a tier stores a request's misses: announce, admit, room
-            _, ids, ref_cnt, one_by_one = step
-            keys = [key_from_int(i) for i in ids]  # type: ignore[attr-defined]
-            hits = [k for k in keys if twin.pure.get(k) is not None]
-            twin.call("touch", hits)
-            misses = [k for k in keys if twin.pure.get(k) is None]
-            twin.call("on_store_miss", misses)
-            admitted = twin.call("admit", misses)
-            misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
-            room = len(twin.pure) + len(misses) - capacity
-            if room > 0 and twin.call("evict", room, set(keys)) is None:
-                continue
-            pairs = [pair_of_blocks(number * 100 + i, ref_cnt) for i in range(len(misses))]  # type: ignore[operator]
-            if one_by_one:
-                for key, pair in zip(misses, pairs, strict=True):
-                    twin.call("insert", key, blocks=pair)
-            else:
-                twin.call(
-                    "insert_many", misses, blocks=([p[0] for p in pairs], [p[1] for p in pairs])
-                )
-        elif kind in ("touch", "announce", "move", "admit"):
-            method = {
-                "touch": "touch",
-                "announce": "on_store_miss",
-                "move": "on_store_move",
-                "admit": "admit",
-            }[kind]  # type: ignore[index]
-            twin.call(method, [key_from_int(i) for i in step[1]])  # type: ignore[attr-defined]
-        elif kind == "pin":
-            key = key_from_int(step[1])  # type: ignore[arg-type]
-            if twin.pure.get(key) is not None:
-                twin.pin(key, step[2])  # type: ignore[arg-type]
-        elif kind == "remove":
-            twin.call("remove", key_from_int(step[1]))  # type: ignore[arg-type]
-        elif kind == "insert":
-            twin.call("insert", key_from_int(step[1]), blocks=pair_of_blocks(number, step[2]))  # type: ignore[arg-type]
-        elif kind == "evict":
-            protected = {key_from_int(i) for i in step[2]}  # type: ignore[attr-defined]
-            twin.call("evict", step[1], protected)
-        elif kind == "hint":
-            twin.call("hint", key_from_int(step[1]), step[2])  # type: ignore[arg-type]
-        else:
-            twin.call("clear")
 
 
 def seeded_lct_program(seed: int) -> tuple[int, list[tuple[object, ...]]]:
@@ -664,7 +621,7 @@ def seeded_lct_program(seed: int) -> tuple[int, list[tuple[object, ...]]]:
 @pytest.mark.slow
 def test_compiled_lct_decides_as_the_pure_one_on_seeded_programs() -> None:
     for seed in range(40):
-        run_lct_program(*seeded_lct_program(seed))
+        run_twin_program(*seeded_lct_program(seed), TwinLCT)
 
 
 @pytest.mark.slow
@@ -673,7 +630,7 @@ def test_compiled_lct_decides_as_the_pure_one_on_seeded_programs() -> None:
 def test_compiled_lct_decides_as_the_pure_one_on_random_programs(
     program: tuple[int, list[tuple[object, ...]]],
 ) -> None:
-    run_lct_program(*program)
+    run_twin_program(*program, TwinLCT)
 
 
 def test_the_lct_twin_sees_a_different_state() -> None:
@@ -691,33 +648,5 @@ def test_compiled_lct_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
     """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
     requests: every hit, admission, victim and insert alike, the whole state every 300
     requests and at the end (limits, shares, horizon, statistics, queues, ghosts)."""
-    from kvtier.workloads.traces import read_mooncake
-
     compiled_lct()
-    requests: list[list[OffloadKey]] = []
-    for i, request in enumerate(read_mooncake()):
-        if i >= 3000:
-            break
-        requests.append([key_from_int(h) for h in dict.fromkeys(request.hash_ids)])
-    capacity = max(1, int(fraction * len({k for keys in requests for k in keys})))
-    twin = TwinLCT(capacity, check_states=False)
-    slot = 0
-    for number, keys in enumerate(requests):
-        if number % 300 == 0:
-            twin.check(f"request {number}")
-        hits = [k for k in keys if twin.pure.get(k) is not None]
-        assert hits == [k for k in keys if twin.fast.get(k) is not None]
-        twin.call("touch", hits)
-        misses = [k for k in keys if twin.pure.get(k) is None]
-        if not misses:
-            continue
-        twin.call("on_store_miss", misses)
-        admitted = twin.call("admit", misses)
-        misses = [k for k, ok in zip(misses, admitted, strict=True) if ok]  # type: ignore[call-overload]
-        room = len(twin.pure) + len(misses) - capacity
-        if room > 0 and twin.call("evict", room, set(keys)) is None:
-            continue
-        for key in misses:
-            slot += 1
-            twin.call("insert", key, blocks=pair_of_blocks(slot, 0))
-    twin.check("the end")
+    run_twin_trace(TwinLCT, fraction, every=300)
