@@ -204,9 +204,9 @@ class TensorCopier:
         are there."""
         device = dst.device if dst.device.type == "cuda" else src.device
         stream = self._stream(device)
-        n = len(s_ids)
+        runs = run_count(s_ids, d_ids)
         both_on_device = src.device.type == "cuda" and dst.device.type == "cuda"
-        if both_on_device or run_count(s_ids, d_ids) * 4 <= n or run_count(s_ids, d_ids) <= 2:
+        if both_on_device or runs * 4 <= len(s_ids) or runs <= 2:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 _copy_now(src, s_ids, dst, d_ids, non_blocking=True)
