@@ -2,12 +2,13 @@
 
     python -m kvtier.build_core [--if-needed]
 
-Writes the extensions (of each `.py`, and of ARC's and lct's `_arc_core.pyx` and
-`_lct_core.pyx`) and a manifest (each source's SHA-256, this interpreter's extension suffix)
-into `kvtier/_compiled/`, replacing an older build only once the new one is complete. Needs
-Cython and setuptools (kvtier's `test` and `core` extras) and a C compiler; when any is
-missing or the build fails it prints one line saying so and exits 1, and kvtier keeps running
-its pure-Python bookkeeping (the same `.py` files, and arc.py's and lct.py's own classes).
+Writes the extensions (of each `.py`, and of `_blocks_core.pyx`, `_arc_core.pyx` and
+`_lct_core.pyx`; compiled in parallel on every CPU) and a manifest (each source's SHA-256,
+this interpreter's extension suffix) into `kvtier/_compiled/`, replacing an older build
+only once the new one is complete. Needs Cython and setuptools (kvtier's `test` and `core`
+extras) and a C compiler; when any is missing or the build fails it prints one line saying
+so and exits 1, and kvtier keeps running its pure-Python bookkeeping (the same `.py`
+files, arc.py's and lct.py's own classes and `BlockStatus`'s Python constructor).
 `--if-needed`: do nothing when a build of the current sources is already there.
 `scripts/setup.sh` runs it so; `scripts/build-core` runs it.
 """
@@ -84,7 +85,16 @@ def build() -> str:
             ext_modules=extensions,
             packages=[],  # the extensions only: no discovery of the project's packages
             py_modules=[],
-            script_args=["-q", "build_ext", "--build-lib", str(staging), "--build-temp", tmp],
+            script_args=[
+                "-q",
+                "build_ext",
+                "--build-lib",
+                str(staging),
+                "--build-temp",
+                tmp,
+                "--parallel",
+                str(os.cpu_count() or 1),
+            ],
         )
         suffix = extension_suffix()
         missing = [m for m in CORE_MODULES if not extension_path(m, suffix, staging).is_file()]

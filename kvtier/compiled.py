@@ -6,13 +6,15 @@ Cython, and the choice, at import, between them and the pure-Python source.
 module's source. Cython compiles the `.py` files as they are, with `annotation_typing` off:
 annotations are not C types, so a compiled module keeps Python's semantics to the letter
 (any hashable key, the same exceptions, interpreted subclasses, patched instances); the same
-`.py` files are the fallback. Two modules are written in Cython instead,
+`.py` files are the fallback. Three modules are written in Cython instead:
 `kvtier/policies/_arc_core.pyx` (ARC with its four lists in C) and
 `kvtier/policies/_lct_core.pyx` (lct's per-access state in C, its solver lct.py's), since
 compiling arc.py and lct.py left their cost in ordered-dict and tuple operations (issue 23);
 `kvtier.policies.arc` / `kvtier.policies.lct` export them as `ARCCachePolicy` /
 `LCTCachePolicy` when they are selected and their own pure-Python classes otherwise, and
-`tests/test_compiled_core.py` checks that both decide alike.
+`tests/test_compiled_core.py` checks that both decide alike. And `kvtier/_blocks_core.pyx`,
+`BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
+is made for every block stored; checked alike).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -38,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 
 CORE_MODULES: tuple[str, ...] = (
+    "kvtier._blocks_core",
     "kvtier.policies.base",
     "kvtier.policies.lru",
     "kvtier.policies.arc",
@@ -47,8 +50,10 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.manager.tier",
 )
 """The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
-class; and ARC's and lct's cores in C (`_arc_core.pyx`, `_lct_core.pyx`, no `.py`: when one
-is not selected, `kvtier.policies.arc` / `kvtier.policies.lct` runs its pure-Python class)."""
+class; and, with no `.py`, `BlockStatus`'s constructor and ARC's and lct's cores in C
+(`_blocks_core.pyx`, `_arc_core.pyx`, `_lct_core.pyx`: when one is not selected,
+`kvtier.blocks` keeps the Python constructor and `kvtier.policies.arc` /
+`kvtier.policies.lct` runs its pure-Python class)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

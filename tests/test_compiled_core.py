@@ -650,3 +650,67 @@ def test_compiled_lct_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
     requests and at the end (limits, shares, horizon, statistics, queues, ghosts)."""
     compiled_lct()
     run_twin_trace(TwinLCT, fraction, every=300)
+
+
+# -- BlockStatus's compiled constructor (`_blocks_core.pyx`) --------------------------------
+
+BLOCK_CASES = """
+import ctypes
+import numpy as np
+from kvtier.blocks import BlockStatus, COMPILED_INIT, pending_blocks
+
+class Index:
+    def __index__(self):
+        return 7
+
+cases = [0, 5, -1, 2**31, 2**63 - 1, 2**63, 2**64 + 3, -2**63, -2**64 - 1, True,
+         np.int64(9), np.int32(-4), Index(), 1.5, np.float64(2.0), "x", None, b"1", 3 + 0j]
+print(COMPILED_INIT, type(BlockStatus.__init__).__name__)
+for case in cases:
+    try:
+        block = BlockStatus(case)
+        print(block.ref_cnt, block.block_id, bytes(block).hex(), block.is_ready)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+for kwargs in ({"block_id": 4}, {}, {"slot": 4}):
+    try:
+        print(BlockStatus(**kwargs))
+    except TypeError:
+        print("TypeError")
+block = BlockStatus(3)
+block.ref_cnt = 2
+block.__init__(8)
+print(block)
+print(pending_blocks(iter(range(3))), pending_blocks([]))
+"""
+
+
+def test_block_status_is_made_alike_by_both_constructors() -> None:
+    """The same fields, bytes and errors from `BlockStatus(...)` with the compiled
+    constructor as with the Python one (in a fresh process each), for integers in and out of
+    range, `__index__` objects and values that are not integers."""
+    pure_flag, *pure = run_python(BLOCK_CASES, pure=True).splitlines()
+    assert pure_flag == "False function"
+    assert pure[0] == "-1 0 ffffffff" + "00" * 4 + "00" * 8 + " False"
+    assert pure[-2] == "BlockStatus(block_id=8, ref_cnt=-1)"
+    if not compiled_core_built():
+        pytest.skip("no compiled core (scripts/build-core builds it)")
+    compiled_flag, *built = run_python(BLOCK_CASES, pure=False).splitlines()
+    assert compiled_flag == "True cython_function_or_method"
+    assert built == pure
+
+
+def test_the_compiled_constructor_is_not_installed_on_another_layout() -> None:
+    if not compiled_core_built():
+        pytest.skip("no compiled core (scripts/build-core builds it)")
+    out = run_python(
+        "import ctypes, kvtier.blocks, kvtier._blocks_core as core\n"
+        "class Swapped(ctypes.Structure):\n"
+        "    _fields_ = [('block_id', ctypes.c_int64), ('ref_cnt', ctypes.c_int32)]\n"
+        "    def __init__(self, block_id):\n"
+        "        self.ref_cnt, self.block_id = -1, block_id\n"
+        "python_init = Swapped.__init__\n"
+        "print(core.install(Swapped), Swapped.__init__ is python_init, Swapped(5).block_id)",
+        pure=False,
+    )
+    assert out == "False True 5"

@@ -1,0 +1,6 @@
+"""Types of `BlockStatus`'s compiled constructor (`_blocks_core.pyx`) for mypy."""
+
+from kvtier.blocks import BlockStatus
+
+def init_block_status(self: BlockStatus, block_id: int) -> None: ...
+def install(cls: type[BlockStatus]) -> bool: ...
