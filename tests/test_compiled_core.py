@@ -306,10 +306,16 @@ def test_the_policy_is_its_compiled_class_with_a_compiled_core(name: str) -> Non
 
 
 def arc_state(policy: CachePolicy) -> tuple[object, ...]:
-    """What an ARC shows: its lists, p, resident count and blocks."""
+    """What an ARC shows: its lists, p, resident count and blocks, and the keys announced and
+    not inserted yet (in order) with whether p adapted to them."""
     lists = policy.lists()  # type: ignore[attr-defined]
     blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
-    return (lists, policy.target_t1_size, len(policy), blocks)  # type: ignore[attr-defined]
+    core = getattr(policy, "_core", None)
+    if core is None:  # arc.py's
+        announced = (list(policy._incoming), policy._incoming_adapted)  # type: ignore[attr-defined]
+    else:
+        announced = (core.announced(), core.incoming_adapted)
+    return (lists, policy.target_t1_size, len(policy), blocks, announced)  # type: ignore[attr-defined]
 
 
 class TwinARC:
@@ -486,6 +492,29 @@ def seeded_program(seed: int) -> tuple[int, list[tuple[object, ...]]]:
         else:
             program.append(("hint", rng.randrange(universe), rng.choice(["never", "likely", None])))
     return capacity, program
+
+
+def test_compiled_arc_keeps_an_announced_ghost_announced_when_the_bound_drops_it() -> None:
+    """A ghost announced (key 1 in B1), then dropped from B1 by the ghost bound while keys
+    not announced are inserted: arc.py keeps it announced (a new key now), so the compiled
+    core must keep its node (on no list) rather than free it for the next key."""
+    compiled_arc()
+    run_twin_program(
+        2,
+        [
+            ("store", [0], 0, True),
+            ("store", [0], 0, True),  # 0 to T2
+            ("store", [1], 0, True),
+            ("store", [2], 0, True),  # 1 to B1
+            ("announce", [1, 7]),
+            ("insert", 4, 0),  # |T1| + |B1| > c: 1 leaves B1, still announced
+            ("insert", 5, 0),
+            ("insert", 6, 0),  # the free nodes reused
+            ("evict", 3, []),
+            ("insert", 1, 0),
+            ("store", [1, 7, 8], 0, False),
+        ],
+    )
 
 
 @pytest.mark.slow

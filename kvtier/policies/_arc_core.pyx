@@ -11,7 +11,10 @@ arc.py's `_plan_evictions` plans it, then applied as arc.py applies a plan. What
 the data structure: T1, T2, B1 and B2 are intrusive doubly linked lists over C arrays of
 node numbers (least recently used at the head), one dict maps every listed key to its node,
 and moving a key between lists relinks two nodes instead of deleting from one ordered dict
-and inserting into another. `tests/test_compiled_core.py` checks that both classes take the
+and inserting into another. The keys announced by `on_store_miss` (arc.py's `_incoming`) are
+nodes too, flagged and kept in announcement order in a C array: a new key announced gets its
+node then (PENDING, on no list), so announcing it is one dict operation and its `insert` and
+`evict`'s look-ups none. `tests/test_compiled_core.py` checks that both classes take the
 same decisions (hits, victims, final lists, p) on the shipped trace and on random programs.
 """
 
@@ -33,7 +36,8 @@ cdef enum:
     T2 = 1
     B1 = 2
     B2 = 3
-    NOWHERE = 4
+    NOWHERE = 4  # a free node
+    PENDING = 5  # an announced key on no list (see `on_store_miss`)
 
 # What an eviction plan does with each victim (arc.py's _EVICT_T1, _EVICT_T2, _DROP_T1).
 cdef enum:
@@ -85,15 +89,15 @@ cdef class ARCLists:
     cdef readonly Py_ssize_t capacity
     cdef public double p
     cdef readonly dict resident  # T1 and T2's keys -> block (`get` is its bound `get`)
-    cdef dict _node  # every listed key (all four lists) -> its node number
-    cdef dict incoming  # announced keys, in order (a dict as an ordered set)
-    cdef bint incoming_adapted
-    # The announced keys as a list, and the stretch [_inc_start, _inc_done) of them inserted
-    # in order whose removal from `incoming` is put off (`_sync` does it): a tier inserts
-    # exactly the keys it announced, in order, and announces the next batch soon after,
-    # which replaces them all, so most of those removals never need doing.
-    cdef list _inc_list
-    cdef Py_ssize_t _inc_start, _inc_done
+    cdef dict _node  # every listed key (all four lists) and announced key -> its node number
+    cdef readonly bint incoming_adapted
+    # The announced keys (arc.py's `_incoming`): the nodes flagged `_incoming`, in the order
+    # of `_ann[:_nann]` (the announcement, duplicates and resident keys left out), which also
+    # keeps those whose flag was cleared since (inserted) until `evict` compacts it. A tier
+    # inserts the keys it announced in that order: `_ann_pos` is where the next one is.
+    cdef int *_ann
+    cdef Py_ssize_t _nann, _ann_cap, _ann_pos
+    cdef signed char *_incoming
     cdef Py_ssize_t _insert_room
     # Per node: the neighbours (-1: none), the list, a mark used while planning.
     cdef int *_prev
@@ -121,10 +125,10 @@ cdef class ARCLists:
         self.p = 0.0
         self.resident = {}
         self._node = {}
-        self.incoming = {}
         self.incoming_adapted = False
-        self._inc_list = []
-        self._inc_start = self._inc_done = 0
+        self._ann = NULL
+        self._incoming = NULL
+        self._nann = self._ann_cap = self._ann_pos = 0
         self._insert_room = 0
         self._keys = []
         self._blocks = []
@@ -156,6 +160,8 @@ cdef class ARCLists:
         PyMem_Free(self._popped)
         PyMem_Free(self._plan)
         PyMem_Free(self._ops)
+        PyMem_Free(self._ann)
+        PyMem_Free(self._incoming)
 
     # -- nodes and lists ---------------------------------------------------------------------
 
@@ -167,12 +173,14 @@ cdef class ARCLists:
         self._gone = <signed char *> _resized(self._gone, new * sizeof(signed char))
         self._marked = <int *> _resized(self._marked, new * sizeof(int))
         self._popped = <int *> _resized(self._popped, new * sizeof(int))
+        self._incoming = <signed char *> _resized(self._incoming, new * sizeof(signed char))
         for i in range(old, new):
             self._keys.append(None)
             self._blocks.append(None)
             self._ids.append(i)
             self._where[i] = NOWHERE
             self._gone[i] = 0
+            self._incoming[i] = 0
             self._prev[i] = -1
         # chain the new nodes onto the free list, lowest first
         for i in range(old, new):
@@ -212,32 +220,67 @@ cdef class ARCLists:
         self._unlink(node)
         self._link(node, where)
 
-    cdef int _new_node(self, object key, object block, int where) except -1:
-        """A node for `key` on list `where`, registered in `_node`."""
+    cdef int _add_to_t1(self, object key, object block) except -1:
+        """`key` (not resident, not a ghost) joins T1 with `block`: its announced node
+        (taken out of the announced keys), or a new node registered in `_node`."""
         if self._free < 0:
             self._grow(self._allocated)
         cdef int node = self._free
-        self._free = self._next[node]
-        self._keys[node] = key
+        found = <object> PyDict_SetDefault(self._node, key, self._ids[node])
+        if found is self._ids[node]:
+            self._free = self._next[node]
+            self._keys[node] = key
+        else:
+            node = <int> found
+            self._unannounce(node)
         self._blocks[node] = block
-        self._node[key] = self._ids[node]
-        self._link(node, where)
-        return node
+        self._link(node, T1)
+        return 0
 
-    cdef int _drop(self, int node) except -1:
-        """Take `node` off its list and forget its key."""
-        self._unlink(node)
+    cdef inline void _unannounce(self, int node):
+        """Take `node` out of the announced keys (if it is there)."""
+        self._incoming[node] = 0
+
+    cdef int _free_node(self, int node) except -1:
+        """Forget `node`'s key (off every list already) and put it on the free list."""
         del self._node[self._keys[node]]
         self._keys[node] = None
         self._blocks[node] = None
+        self._where[node] = NOWHERE
         self._next[node] = self._free
         self._free = node
         return 0
 
+    cdef int _drop(self, int node) except -1:
+        """Take `node` off its list and forget its key; an announced key keeps its node, on
+        no list (PENDING), as it stays announced."""
+        self._unlink(node)
+        if self._incoming[node]:
+            self._blocks[node] = None
+            self._where[node] = PENDING
+            return 0
+        return self._free_node(node)
+
+    cdef int _release_announced(self) except -1:
+        """Forget the announced keys: each flag cleared, each node on no list freed."""
+        cdef Py_ssize_t i
+        cdef int node
+        for i in range(self._nann):
+            node = self._ann[i]
+            if self._incoming[node]:
+                self._incoming[node] = 0
+                if self._where[node] == PENDING:
+                    self._free_node(node)
+        self._nann = self._ann_pos = 0
+        return 0
+
     cdef inline int _find(self, object key) except -2:
-        """The node of `key` (on any list), or -1."""
+        """The node of `key` (on any list, or PENDING), or -1."""
         cdef object node = self._node.get(key)
         return -1 if node is None else <int> node
+
+    cdef inline bint _is_ghost(self, int node):
+        return node >= 0 and (self._where[node] == B1 or self._where[node] == B2)
 
     cdef int _bound_ghosts(self) except -1:
         cdef Py_ssize_t c = self.capacity
@@ -260,6 +303,13 @@ cdef class ARCLists:
             node = self._next[node]
         return out
 
+    cpdef list announced(self):
+        """The announced keys not inserted yet, in order (arc.py's `_incoming`)."""
+        cdef Py_ssize_t i
+        return [
+            self._keys[self._ann[i]] for i in range(self._nann) if self._incoming[self._ann[i]]
+        ]
+
     cpdef list entries(self):
         """T1's and then T2's (key, block), each least recently used first."""
         cdef list out = []
@@ -276,11 +326,9 @@ cdef class ARCLists:
         for where in range(4):
             while self._head[where] >= 0:
                 self._drop(self._head[where])
+        self._release_announced()
         self.resident.clear()
-        self.incoming.clear()
         self.incoming_adapted = False
-        self._inc_list = []
-        self._inc_start = self._inc_done = 0
         self._insert_room = 0
         self.p = 0.0
 
@@ -291,29 +339,37 @@ cdef class ARCLists:
 
     def insert(self, key, block):
         cdef Py_ssize_t c, t1n, b1n, b2n, rn, a, b
-        cdef int node, known
-        if self._free < 0:
-            self._grow(self._allocated)
-        node = self._free
-        ident = self._ids[node]
-        # the key's node if it has one, else `node` registered for it: one dict lookup
-        found = <object> PyDict_SetDefault(self._node, key, ident)
-        if found is not ident:
-            known = <int> found
-            if self._where[known] >= B1:
-                self.insert_many((key,), (block,))
-                return
+        cdef int node, where
+        if self._ann_pos < self._nann and self._keys[self._ann[self._ann_pos]] is key:
+            # the next key announced, as a tier inserts them: its node is at hand
+            node = self._ann[self._ann_pos]
+            where = self._where[node]
+            self._ann_pos += 1
+        else:
+            # the key's node if it has one, else a free node registered for it (NOWHERE):
+            # one dict operation
+            if self._free < 0:
+                self._grow(self._allocated)
+            node = self._free
+            ident = self._ids[node]
+            found = <object> PyDict_SetDefault(self._node, key, ident)
+            if found is ident:
+                self._free = self._next[node]
+                self._keys[node] = key
+                where = NOWHERE
+            else:
+                node = <int> found
+                where = self._where[node]
+        if where == PENDING or where == NOWHERE:
+            self._unannounce(node)
+            self._blocks[node] = block
+            self._link(node, T1)
+        elif where == B1 or where == B2:
+            self.insert_many((key,), (block,))
+            return
+        else:
             raise BlockStateError(f"arc: key {key!r} is already resident")
-        self._free = self._next[node]
-        self._keys[node] = key
-        self._blocks[node] = block
-        self._link(node, T1)
         self.resident[key] = block
-        if self._inc_done < len(self._inc_list) and self._inc_list[self._inc_done] is key:
-            self._inc_done += 1  # leaves `incoming` at the next `_sync`
-        elif self.incoming:
-            self._sync()
-            self.incoming.pop(key, None)
         if self._insert_room:
             self._insert_room -= 1
             return
@@ -328,28 +384,18 @@ cdef class ARCLists:
         b = 2 * c - rn - b1n - b2n if (b1n or b2n) else c
         self._insert_room = a if a < b else b
 
-    cdef int _sync(self) except -1:
-        """Take the keys inserted in order since the last `_sync` out of `incoming`."""
-        cdef Py_ssize_t i
-        for i in range(self._inc_start, self._inc_done):
-            self.incoming.pop(self._inc_list[i], None)
-        self._inc_start = self._inc_done
-        return 0
-
     def insert_many(self, keys, blocks):
         """arc.py's `insert_many` after its batch checks (the caller made them)."""
-        self._sync()
         self._insert_room = 0
         cdef Py_ssize_t c = self.capacity, m = len(keys)
         cdef Py_ssize_t t1n = self._size[T1], t2n = self._size[T2]
         cdef Py_ssize_t b1n = self._size[B1], b2n = self._size[B2]
-        cdef dict resident = self.resident, incoming = self.incoming
+        cdef dict resident = self.resident
         cdef double p
         cdef bint adapted_all, adapted, ghost_hit = False
         cdef int node
         for key in keys:
-            node = self._find(key)
-            if node >= 0 and self._where[node] >= B1:
+            if self._is_ghost(self._find(key)):
                 ghost_hit = True
                 break
         if (
@@ -358,23 +404,16 @@ cdef class ARCLists:
             and not ((b1n or b2n) and t1n + m + t2n + b1n + b2n > 2 * c)
         ):
             for key, block in zip(keys, blocks, strict=True):
-                self._new_node(key, block, T1)
+                self._add_to_t1(key, block)
                 resident[key] = block
-            if incoming:
-                if len(incoming) == m and list(incoming) == list(keys):  # as a tier does
-                    incoming.clear()
-                    self._inc_list = []
-                    self._inc_start = self._inc_done = 0
-                else:
-                    for key in keys:
-                        incoming.pop(key, None)
             return
         p = self.p
         adapted_all = self.incoming_adapted
         for key, block in zip(keys, blocks, strict=True):
-            adapted = incoming.pop(key, False) is None and adapted_all
             node = self._find(key)
+            adapted = node >= 0 and self._incoming[node] and adapted_all
             if node >= 0 and self._where[node] == B1:
+                self._unannounce(node)
                 if not adapted:
                     p = min(p + (1.0 if b1n >= b2n else <double> b2n / b1n), <double> c)
                 self._move(node, T2)
@@ -382,6 +421,7 @@ cdef class ARCLists:
                 b1n -= 1
                 t2n += 1
             elif node >= 0 and self._where[node] == B2:
+                self._unannounce(node)
                 if not adapted:
                     p = max(p - (1.0 if b2n >= b1n else <double> b1n / b2n), 0.0)
                 self._move(node, T2)
@@ -389,7 +429,7 @@ cdef class ARCLists:
                 b2n -= 1
                 t2n += 1
             else:
-                self._new_node(key, block, T1)
+                self._add_to_t1(key, block)
                 t1n += 1
             resident[key] = block
             if (b1n and t1n + b1n > c) or ((b1n or b2n) and t1n + t2n + b1n + b2n > 2 * c):
@@ -401,9 +441,7 @@ cdef class ARCLists:
         """arc.py's `remove` but for the hints (the caller's)."""
         if self.resident.pop(key, None) is None:
             raise BlockStateError(f"arc: key {key!r} is not resident")
-        self._drop(self._find(key))
-        self._sync()
-        self.incoming.pop(key, None)
+        self._drop(self._find(key))  # resident: never an announced key
 
     def touch(self, keys):
         cdef int node, where
@@ -423,14 +461,36 @@ cdef class ARCLists:
                     self._move(node, T1)
 
     def on_store_miss(self, keys):
-        resident = self.resident
-        if resident.keys().isdisjoint(keys):
-            self.incoming = dict.fromkeys(keys)
-        else:
-            self.incoming = {key: None for key in keys if key not in resident}
+        """arc.py's: the keys that are not resident become the announced ones, in order and
+        each once. Each is one dict operation: its node if it has one (a ghost's), else a
+        new PENDING node registered for it."""
+        cdef Py_ssize_t m = len(keys)
+        cdef int node, where
+        for key in keys:
+            hash(key)  # an unhashable key fails here, before anything changed (as in arc.py)
+        self._release_announced()
+        if m > self._ann_cap:
+            self._ann = <int *> _resized(self._ann, m * sizeof(int))
+            self._ann_cap = m
+        for key in keys:
+            if self._free < 0:
+                self._grow(self._allocated)
+            node = self._free
+            ident = self._ids[node]
+            found = <object> PyDict_SetDefault(self._node, key, ident)
+            if found is ident:
+                self._free = self._next[node]
+                self._keys[node] = key
+                self._where[node] = PENDING
+            else:
+                node = <int> found
+                where = self._where[node]
+                if where == T1 or where == T2 or self._incoming[node]:
+                    continue  # resident, or announced already
+            self._incoming[node] = 1
+            self._ann[self._nann] = node
+            self._nann += 1
         self.incoming_adapted = False
-        self._inc_list = list(self.incoming)
-        self._inc_start = self._inc_done = 0
 
     # -- evict: arc.py's _plan_evictions, then the plan applied --------------------------------
 
@@ -487,24 +547,21 @@ cdef class ARCLists:
         cdef double fc = <double> c, p = self.p
         cdef Py_ssize_t t1n = self._size[T1], t2n = self._size[T2]
         cdef Py_ssize_t b1n = self._size[B1], b2n = self._size[B2]
-        self._sync()
-        cdef list incoming = list(self.incoming)
-        cdef list paying
-        cdef Py_ssize_t k, i, free_slots
+        cdef Py_ssize_t k = self._compact_announced(), i, free_slots, unannounced
+        cdef int *incoming = self._ann  # the announced keys' nodes, in order
         cdef int t1_cur = self._head[T1], t2_cur = self._head[T2]
         cdef int b1_cur = self._head[B1], b2_cur = self._head[B2]
         cdef int node, victim, origin
         cdef bint steady, from_t1, is_key
-        k = len(incoming)
+        # arc.py's free-slot keys (the first k - n announced) and paying keys (the last n,
+        # led by `unannounced` keys that no announcement named when k < n)
         if k >= n:
-            free_slots = k - n
-            paying = incoming[free_slots:]
+            free_slots, unannounced = k - n, 0
         else:
-            free_slots = 0
-            paying = [None] * (n - k) + incoming
+            free_slots, unannounced = 0, n - k
         # keys served by free slots
         for i in range(free_slots):
-            node = self._find(incoming[i])
+            node = incoming[i]
             if b1n > 0 and node >= 0 and self._where[node] == B1 and not self._gone[node]:
                 p = min(p + (1.0 if b1n >= b2n else <double> b2n / b1n), fc)
                 t2n += 1
@@ -521,9 +578,9 @@ cdef class ARCLists:
                 t1n += 1
             self._trim(t1n, t2n, &b1n, &b2n, &b1_cur, &b2_cur)
         steady = b1n > 0 and p < t1n and t1n < c and c <= t1n + b1n
-        for key in paying:
-            is_key = key is not None
-            node = self._find(key) if is_key else -1
+        for i in range(n):
+            is_key = i >= unannounced
+            node = incoming[free_slots + i - unannounced] if is_key else -1
             origin = NEW
             if node >= 0 and not self._gone[node]:
                 if b1n > 0 and self._where[node] == B1:
@@ -595,6 +652,19 @@ cdef class ARCLists:
             self._trim(t1n, t2n, &b1n, &b2n, &b1_cur, &b2_cur)
             steady = b1n > 0 and p < t1n and t1n < c and c <= t1n + b1n
         return self._apply(p)
+
+    cdef Py_ssize_t _compact_announced(self):
+        """Leave in `_ann` only the keys still announced (in order) and return how many."""
+        cdef Py_ssize_t i, k = 0
+        cdef int node
+        for i in range(self._nann):
+            node = self._ann[i]
+            if self._incoming[node]:
+                self._ann[k] = node
+                k += 1
+        self._nann = k
+        self._ann_pos = 0
+        return k
 
     cdef inline void _trim(
         self,
