@@ -220,19 +220,28 @@ cdef class ARCLists:
         self._unlink(node)
         self._link(node, where)
 
-    cdef int _add_to_t1(self, object key, object block) except -1:
-        """`key` (not resident, not a ghost) joins T1 with `block`: its announced node
-        (taken out of the announced keys), or a new node registered in `_node`."""
+    cdef inline int _node_of(self, object key, bint *created) except -1:
+        """The node of `key`, or a free node registered for it (`created[0]` then says so;
+        it is on no list, NOWHERE): one dict operation."""
         if self._free < 0:
             self._grow(self._allocated)
         cdef int node = self._free
-        found = <object> PyDict_SetDefault(self._node, key, self._ids[node])
-        if found is self._ids[node]:
+        ident = self._ids[node]
+        found = <object> PyDict_SetDefault(self._node, key, ident)
+        if found is ident:
             self._free = self._next[node]
             self._keys[node] = key
-        else:
-            node = <int> found
-            self._unannounce(node)
+            created[0] = True
+            return node
+        created[0] = False
+        return <int> found
+
+    cdef int _add_to_t1(self, object key, object block) except -1:
+        """`key` (not resident, not a ghost) joins T1 with `block`: its announced node
+        (taken out of the announced keys), or a new node registered in `_node`."""
+        cdef bint created
+        cdef int node = self._node_of(key, &created)
+        self._unannounce(node)
         self._blocks[node] = block
         self._link(node, T1)
         return 0
@@ -340,26 +349,14 @@ cdef class ARCLists:
     def insert(self, key, block):
         cdef Py_ssize_t c, t1n, b1n, b2n, rn, a, b
         cdef int node, where
+        cdef bint created
         if self._ann_pos < self._nann and self._keys[self._ann[self._ann_pos]] is key:
             # the next key announced, as a tier inserts them: its node is at hand
             node = self._ann[self._ann_pos]
-            where = self._where[node]
             self._ann_pos += 1
         else:
-            # the key's node if it has one, else a free node registered for it (NOWHERE):
-            # one dict operation
-            if self._free < 0:
-                self._grow(self._allocated)
-            node = self._free
-            ident = self._ids[node]
-            found = <object> PyDict_SetDefault(self._node, key, ident)
-            if found is ident:
-                self._free = self._next[node]
-                self._keys[node] = key
-                where = NOWHERE
-            else:
-                node = <int> found
-                where = self._where[node]
+            node = self._node_of(key, &created)
+        where = self._where[node]
         if where == PENDING or where == NOWHERE:
             self._unannounce(node)
             self._blocks[node] = block
@@ -466,6 +463,7 @@ cdef class ARCLists:
         new PENDING node registered for it."""
         cdef Py_ssize_t m = len(keys)
         cdef int node, where
+        cdef bint created
         for key in keys:
             hash(key)  # an unhashable key fails here, before anything changed (as in arc.py)
         self._release_announced()
@@ -473,20 +471,12 @@ cdef class ARCLists:
             self._ann = <int *> _resized(self._ann, m * sizeof(int))
             self._ann_cap = m
         for key in keys:
-            if self._free < 0:
-                self._grow(self._allocated)
-            node = self._free
-            ident = self._ids[node]
-            found = <object> PyDict_SetDefault(self._node, key, ident)
-            if found is ident:
-                self._free = self._next[node]
-                self._keys[node] = key
+            node = self._node_of(key, &created)
+            where = self._where[node]
+            if created:
                 self._where[node] = PENDING
-            else:
-                node = <int> found
-                where = self._where[node]
-                if where == T1 or where == T2 or self._incoming[node]:
-                    continue  # resident, or announced already
+            elif where == T1 or where == T2 or self._incoming[node]:
+                continue  # resident, or announced already
             self._incoming[node] = 1
             self._ann[self._nann] = node
             self._nann += 1
