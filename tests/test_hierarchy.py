@@ -245,6 +245,14 @@ async def test_concurrent_gets_of_one_block_share_one_promotion(tmp_path: Path) 
         stats = h.stats()
         assert stats.chain.promotions == 1
         assert stats.jobs["promote"] == 1
+        # Each get is one lookup: a hit of the disk for the get that started the promotion
+        # and for those that joined it (served by it), of the top for any that came later.
+        chain = stats.chain
+        assert chain.lookups == 64
+        assert chain.misses == 0
+        assert sum(chain.hits) == 64
+        assert chain.hits[-1] >= 1
+        assert [tier.hits for tier in stats.activity] == chain.hits
         verify_all(h)
 
 

@@ -163,6 +163,32 @@ def test_a_promotion_hold_pins_what_arrives_for_its_reader() -> None:
     model.verify()
 
 
+def test_a_joined_promotion_is_counted_once_per_reader_in_the_tier_it_reads() -> None:
+    """A reader whose look-up started the promotion has it counted there (and in its
+    ledger); a reader that joins it is counted by `count_joined_hits`, a hit of the tier
+    the promotion reads from: hits + misses = lookups for both."""
+    model = Model(chain(2, 4))
+    manager = model.manager
+    for i in range(4):
+        model.put(ks(i))
+    before = (manager.counters.lookups, list(manager.counters.hits))
+    ledger: set[bytes] = set()
+    assert manager.lookup_many(ks(0, 1), counted=ledger) == [None, None]
+    assert ledger == set(ks(0, 1))
+    (job,) = manager.take_jobs()
+    assert manager.lookup_many(ks(0, 1), counted=set()) == [None, None]  # "ask again"
+    assert manager.counters.lookups == before[0] + 2  # the second asked, counted nothing
+    hold = manager.hold_promotion(ks(0, 1))
+    assert hold is not None and hold.source == 1
+    model.run(job)
+    manager.count_joined_hits(hold, ks(0, 1))
+    assert manager.counters.lookups == before[0] + 4
+    assert manager.counters.hits == [before[1][0], before[1][1] + 4]
+    assert manager.counters.lookups == manager.counters.misses + sum(manager.counters.hits)
+    manager.release_hold(hold)
+    model.verify()
+
+
 def test_a_released_hold_before_completion_pins_nothing() -> None:
     model = Model(chain(2, 4))
     for i in range(4):

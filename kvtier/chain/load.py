@@ -5,7 +5,10 @@ A get, batch by batch (a batch is at most a quarter of the top tier), head first
 - blocks ready at the top are pinned and copied out (`read_pinned`);
 - blocks found below start a promotion (`TieredManager.lookup_many`); the reader claims them
   (`hold_promotion`), waits until the promotion gave its blocks to the top (not for its
-  victims' writes below), and copies them out pinned;
+  victims' writes below), and copies them out pinned; a block another get's promotion is
+  bringing up is claimed and served the same way, and counted a hit of the tier that
+  promotion reads from (`TieredManager.count_joined_hits`: the get keeps a ledger of the
+  blocks its own look-ups counted);
 - a block on its way to a slow tier (a demotion's snapshot in the staging arena) is copied
   out of that snapshot, and counted a hit of the tier it is being written to
   (`TieredManager.count_staged_hits`; `staged_reads` counts them apart);
@@ -58,9 +61,11 @@ async def serve(chain: Chain, keys: list[OffloadKey], into: Destination) -> int:
     started = time.perf_counter()
     chunk = max(1, chain.manager.top.num_blocks // 4)
     served = 0
+    counted: set[OffloadKey] = set()  # blocks this get's look-ups counted (as hits below)
     chain.calls.get_blocks += len(keys)
     while served < len(keys):
-        got, go_on = await _serve_batch(chain, keys[served : served + chunk], into, served)
+        batch = keys[served : served + chunk]
+        got, go_on = await _serve_batch(chain, batch, into, served, counted)
         served += got
         if not go_on:
             break
@@ -70,12 +75,16 @@ async def serve(chain: Chain, keys: list[OffloadKey], into: Destination) -> int:
 
 
 async def _serve_batch(
-    chain: Chain, batch: list[OffloadKey], into: Destination, first: int
+    chain: Chain,
+    batch: list[OffloadKey],
+    into: Destination,
+    first: int,
+    counted: set[OffloadKey],
 ) -> tuple[int, bool]:
     """Serve the head of `batch` (the keys from position `first` on): (blocks served,
-    whether to go on with the next)."""
+    whether to go on with the next). `counted`: the get's ledger (see `_serve_promoted`)."""
     manager = chain.manager
-    answers = manager.lookup_many(batch)
+    answers = manager.lookup_many(batch, counted=counted)
     chain.spawn_planned()
     ready = _leading(answers, [True] * len(answers))
     if ready:
@@ -96,7 +105,7 @@ async def _serve_batch(
         if staged:  # on its way to a slow tier: served from its snapshot, not after it
             return staged, True
         return 0, await _wait(chain, into.deadline)
-    return await _serve_promoted(chain, hold, into, first)
+    return await _serve_promoted(chain, hold, into, first, counted)
 
 
 async def _serve_staged(
@@ -114,10 +123,16 @@ async def _serve_staged(
 
 
 async def _serve_promoted(
-    chain: Chain, hold: PromotionHold, into: Destination, first: int
+    chain: Chain,
+    hold: PromotionHold,
+    into: Destination,
+    first: int,
+    counted: set[OffloadKey],
 ) -> tuple[int, bool]:
     """Wait until the promotion `hold` claims gave its blocks to the top, then read the
-    leading ones it brought (pinned for this reader): (blocks served, whether to go on)."""
+    leading ones it brought (pinned for this reader): (blocks served, whether to go on).
+    Those this get's look-ups did not count (`counted`: another get started the promotion)
+    are counted hits of the tier it read them from, before the copy."""
     released = False
     try:
         staged = chain.staged_of(hold.job_id)
@@ -131,6 +146,9 @@ async def _serve_promoted(
         lead = _leading(granted, hold.keys)
         if not lead:
             return 0, False  # the promotion brought none of them: a miss (recompute)
+        joined = [key for key in granted[:lead] if key not in counted]
+        chain.manager.count_joined_hits(hold, joined)
+        counted.update(joined)
         chain.manager.touch(granted[:lead])
         assert hold.slots is not None  # set with `granted` by complete_job
         released = True  # the read gives the hold back when it is over

@@ -66,6 +66,7 @@ class TransferJob:
     `drain`: (tier, blocks) evicted by a background demotion whose slots stay out of the free
     list until the job has read them (`TieredManager.release_sources`).
     `background`: a demotion planned to keep a tier's reserve of free slots (no caller waits).
+    `source`: a PROMOTE job's tier it reads its blocks from.
     """
 
     kind: JobKind
@@ -75,6 +76,7 @@ class TransferJob:
     promoted: tuple[OffloadKey, ...] = ()
     drain: list[tuple[int, list[BlockStatus]]] = field(default_factory=list)
     background: bool = False
+    source: int | None = None
     sources_released: bool = False
     """Set once the job no longer reads its sources: pins and drained slots given back."""
     id: int = field(default_factory=lambda: next(_job_ids))
@@ -108,6 +110,8 @@ class PromotionHold:
     """None while the job runs; then the keys pinned for the reader."""
     slots: npt.NDArray[np.int64] | None = None
     """The top-tier slots of `granted`, in the same order."""
+    source: int | None = None
+    """The tier the job reads its blocks from: where a reader that joined it found them."""
 
 
 def failed_pairs_of(

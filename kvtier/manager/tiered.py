@@ -201,11 +201,17 @@ class TieredManager(OffloadingManager):
         return self.lookup_many([key], req_context)[0]
 
     def lookup_many(
-        self, keys: Sequence[OffloadKey], req_context: ReqContext | None = None
+        self,
+        keys: Sequence[OffloadKey],
+        req_context: ReqContext | None = None,
+        *,
+        counted: set[OffloadKey] | None = None,
     ) -> list[bool | None]:
         """`lookup` of a request's prefix, head first, stopping at the first miss (the answer
         list then ends with that False and is shorter than `keys`). Blocks found below the top
-        are promoted together, one PROMOTE job per source tier, so their reads are batched."""
+        are promoted together, one PROMOTE job per source tier, so their reads are batched;
+        each is counted a hit of the tier it was found in and added to `counted` (a reader's
+        ledger: see `count_joined_hits`)."""
         self._check_open()
         answers: list[bool | None] = []
         # Source tier -> positions in answers. Each found block is pinned at once: planning
@@ -222,12 +228,7 @@ class TieredManager(OffloadingManager):
             if state is None or key in self._promoting or key in found:
                 answers.append(None)
                 continue
-            source = None
-            for index in range(1, len(self.tiers)):
-                state = self.tiers[index].lookup(key)
-                if state is not False:
-                    source = index
-                    break
+            source, state = self._lookup_below(key)
             if source is None:
                 self.counters.lookups += 1
                 self.counters.misses += 1
@@ -238,6 +239,8 @@ class TieredManager(OffloadingManager):
                 continue
             self.counters.lookups += 1
             self.counters.hits[source] += 1
+            if counted is not None:
+                counted.add(key)
             self.tiers[source].prepare_load([key])
             found.add(key)
             found_below.setdefault(source, []).append(len(answers))
@@ -261,6 +264,15 @@ class TieredManager(OffloadingManager):
             if answer is False:
                 return answers[: position + 1]
         return answers
+
+    def _lookup_below(self, key: OffloadKey) -> tuple[int | None, bool | None]:
+        """(the first tier below the top whose `lookup` of `key` is not False, that answer:
+        True readable, None being written), or (None, False) when no tier below holds it."""
+        for index in range(1, len(self.tiers)):
+            state = self.tiers[index].lookup(key)
+            if state is not False:
+                return index, state
+        return None, False
 
     def locate(self, key: OffloadKey) -> tuple[int, bool] | None:
         """(index of the highest tier holding `key`, whether it is readable there), or None.
@@ -287,6 +299,17 @@ class TieredManager(OffloadingManager):
             if index is not None:
                 self.counters.lookups += 1
                 self.counters.hits[index] += 1
+
+    def count_joined_hits(self, hold: PromotionHold, keys: Sequence[OffloadKey]) -> None:
+        """A get was served `keys` by a promotion another get started (`hold_promotion`),
+        `lookup_many` having answered them "ask again" while they were on their way up:
+        count each as a lookup and a hit of the tier the promotion read them from, as the
+        get that started it was counted, so that hits + misses = lookups holds for every
+        get. The caller passes only keys its own `lookup_many` calls did not count."""
+        if hold.source is None or not keys:
+            return
+        self.counters.lookups += len(keys)
+        self.counters.hits[hold.source] += len(keys)
 
     def held_prefix(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading `keys` some tier holds (readable or being written); starts
@@ -531,7 +554,7 @@ class TieredManager(OffloadingManager):
             if self._promoting.get(key) is not job:
                 break
             claimed.append(key)
-        hold = PromotionHold(job.id, tuple(claimed))
+        hold = PromotionHold(job.id, tuple(claimed), source=job.source)
         self._holds.setdefault(job.id, []).append(hold)
         return hold
 
@@ -698,7 +721,7 @@ class TieredManager(OffloadingManager):
         takes over the pins) up to the top; returns the keys that will reach it. The climb
         stops at a tier that cannot make room (the job still brings the blocks as high as they
         got, and they are misses for now)."""
-        job = TransferJob(JobKind.PROMOTE)
+        job = TransferJob(JobKind.PROMOTE, source=source)
         spec = self.tiers[source].spec_of(keys)
         job.pins.append((source, tuple(keys)))
         climbing, src, src_ids = list(keys), source, slot_ids(spec)
