@@ -236,14 +236,18 @@ cdef class ARCLists:
         created[0] = False
         return <int> found
 
-    cdef int _add_to_t1(self, object key, object block) except -1:
-        """`key` (not resident, not a ghost) joins T1 with `block`: its announced node
-        (taken out of the announced keys), or a new node registered in `_node`."""
-        cdef bint created
-        cdef int node = self._node_of(key, &created)
+    cdef inline void _join_t1(self, int node, object block):
+        """`node` (on no list: new or announced) joins T1 with `block`, out of the announced
+        keys."""
         self._unannounce(node)
         self._blocks[node] = block
         self._link(node, T1)
+
+    cdef int _add_to_t1(self, object key, object block) except -1:
+        """`key` (not resident, not a ghost) joins T1 with `block`: its announced node, or a
+        new node registered in `_node`."""
+        cdef bint created
+        self._join_t1(self._node_of(key, &created), block)
         return 0
 
     cdef inline void _unannounce(self, int node):
@@ -358,9 +362,7 @@ cdef class ARCLists:
             node = self._node_of(key, &created)
         where = self._where[node]
         if where == PENDING or where == NOWHERE:
-            self._unannounce(node)
-            self._blocks[node] = block
-            self._link(node, T1)
+            self._join_t1(node, block)
         elif where == B1 or where == B2:
             self.insert_many((key,), (block,))
             return
@@ -409,8 +411,9 @@ cdef class ARCLists:
         for key, block in zip(keys, blocks, strict=True):
             node = self._find(key)
             adapted = node >= 0 and self._incoming[node] and adapted_all
+            if node >= 0:
+                self._unannounce(node)  # whichever list it joins below
             if node >= 0 and self._where[node] == B1:
-                self._unannounce(node)
                 if not adapted:
                     p = min(p + (1.0 if b1n >= b2n else <double> b2n / b1n), <double> c)
                 self._move(node, T2)
@@ -418,7 +421,6 @@ cdef class ARCLists:
                 b1n -= 1
                 t2n += 1
             elif node >= 0 and self._where[node] == B2:
-                self._unannounce(node)
                 if not adapted:
                     p = max(p - (1.0 if b2n >= b1n else <double> b1n / b2n), 0.0)
                 self._move(node, T2)
@@ -551,14 +553,14 @@ cdef class ARCLists:
             free_slots, unannounced = 0, n - k
         # keys served by free slots
         for i in range(free_slots):
-            node = incoming[i]
-            if b1n > 0 and node >= 0 and self._where[node] == B1 and not self._gone[node]:
+            node = incoming[i]  # an announced key always has a node
+            if b1n > 0 and self._where[node] == B1 and not self._gone[node]:
                 p = min(p + (1.0 if b1n >= b2n else <double> b2n / b1n), fc)
                 t2n += 1
                 b1n -= 1
                 self._gone[node] = 1
                 self._mark(node)
-            elif b2n > 0 and node >= 0 and self._where[node] == B2 and not self._gone[node]:
+            elif b2n > 0 and self._where[node] == B2 and not self._gone[node]:
                 p = max(p - (1.0 if b2n >= b1n else <double> b1n / b2n), 0.0)
                 t2n += 1
                 b2n -= 1
