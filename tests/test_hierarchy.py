@@ -435,7 +435,7 @@ _CHILD = textwrap.dedent(
         async with Hierarchy.from_config(config) as h:
             for i in range({count}):
                 await h.put([key(i)], blocks_of([key(i)]))
-                if {drain}:
+                if {drain} or i == {durable_at}:
                     await h.drain()
                 print(i, flush=True)
             if {kill_self}:
@@ -446,9 +446,21 @@ _CHILD = textwrap.dedent(
 )
 
 
-def run_child(tmp_path: Path, count: int, *, drain: bool, kill_self: bool) -> subprocess.Popen[str]:
+def run_child(
+    tmp_path: Path, count: int, *, drain: bool, kill_self: bool, durable_at: int = -1
+) -> subprocess.Popen[str]:
+    """Start a process that puts ``count`` blocks, one per line it prints.
+
+    It drains after every put when ``drain`` is set, and once after put ``durable_at``
+    otherwise, so a reader that has seen that line knows blocks are on disk, whatever the pace.
+    """
     code = _CHILD.format(
-        tests=str(ROOT / "tests"), tmp=str(tmp_path), count=count, drain=drain, kill_self=kill_self
+        tests=str(ROOT / "tests"),
+        tmp=str(tmp_path),
+        count=count,
+        drain=drain,
+        kill_self=kill_self,
+        durable_at=durable_at,
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
@@ -472,10 +484,11 @@ async def test_blocks_stored_by_one_process_are_read_by_the_next(tmp_path: Path)
 async def test_a_process_killed_mid_burst_leaves_no_readable_corrupt_block(
     tmp_path: Path,
 ) -> None:
-    child = run_child(tmp_path, 400, drain=False, kill_self=False)
+    child = run_child(tmp_path, 400, drain=False, kill_self=False, durable_at=9)
     assert child.stdout is not None
-    for _ in range(30):  # let it get well into its burst
-        child.stdout.readline()
+    # Line 9 comes after a drain (blocks 0-9 durable); 30 more put it well into its burst.
+    for _ in range(40):
+        assert child.stdout.readline(), "the child ended before its burst"
     child.send_signal(signal.SIGKILL)
     child.communicate(timeout=120)
     config = chain_config(tmp_path, gpu=None, cpu=4, disk=64, write_policy="write-through")
