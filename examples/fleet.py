@@ -70,7 +70,9 @@ def key_file(directory: str) -> str:
     return str(path)
 
 
-def chain(shared: str, directory: str, auth_key_file: str) -> dict[str, Any]:
+def chain(
+    shared: str, directory: str, auth_key_file: str, timeout_ms: int | None = None
+) -> dict[str, Any]:
     if shared == "redis":
         tier: dict[str, Any] = {
             "name": "fleet",
@@ -79,6 +81,8 @@ def chain(shared: str, directory: str, auth_key_file: str) -> dict[str, Any]:
             "url": os.environ.get("KVTIER_REDIS_URL", "redis://127.0.0.1:6390/0"),
             "password_env": "KVTIER_REDIS_PASSWORD",
         }
+        if timeout_ms is not None:
+            tier["timeout_ms"] = timeout_ms
     else:
         tier = {"name": "fleet", "medium": "shared-fs", "capacity": 65536, "path": directory}
     tier["auth_key_file"] = auth_key_file  # the values' key: never the key itself
@@ -95,6 +99,7 @@ async def serve(config: dict[str, Any], requests: list[list[int]]) -> dict[str, 
     shared tier is asked, and answers, within `get`), verify it, compute and store the rest.
     A block served that this node never computed came from the other node."""
     counts = {"requests": 0, "blocks": 0, "loaded": 0, "from_other": 0, "stored": 0, "wrong": 0}
+    counts["failed"] = 0  # copies that failed (a shared tier's timeout, an error): misses
     mine: set[OffloadKey] = set()
     async with Hierarchy.from_config(config) as h:
         for blocks in requests:
@@ -113,6 +118,7 @@ async def serve(config: dict[str, Any], requests: list[list[int]]) -> dict[str, 
             counts["requests"] += 1
             counts["blocks"] += len(keys)
         await h.flush()
+        counts["failed"] = h.stats().failed_blocks
     return counts
 
 
@@ -125,13 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", choices=["redis", "shared-fs"], default="redis")
     parser.add_argument("--dir", help="the shared directory (shared-fs; default: a temp dir)")
     parser.add_argument("--requests", type=int, default=600, help="requests of the trace")
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        help="the Redis tier's deadline of each call (default: the tier's, 500 ms); a call "
+        "past it is a miss or a failed store, so a slower machine shares fewer blocks",
+    )
     args = parser.parse_args(argv)
     directory = args.dir or tempfile.mkdtemp(prefix="kvtier-fleet-")
     requests = [
         list(r.hash_ids) for r, _ in zip(read_mooncake(), range(args.requests), strict=False)
     ]
     half = len(requests) // 2
-    config = chain(args.shared, directory, key_file(directory))
+    config = chain(args.shared, directory, key_file(directory), args.timeout_ms)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     counts: dict[str, dict[str, int]] = {}
@@ -147,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shared tier: {args.shared}" + ("" if args.shared == "redis" else f" at {directory}"))
     print(
         f"{'node':<6}{'requests':>9}{'blocks':>8}{'loaded':>8}{'computed by the other':>23}"
-        f"{'stored':>8}{'wrong':>7}"
+        f"{'stored':>8}{'wrong':>7}{'failed':>8}"
     )
     for name, c in counts.items():
         print(
             f"{name:<6}{c['requests']:>9}{c['blocks']:>8}{c['loaded']:>8}"
-            f"{c['from_other']:>23}{c['stored']:>8}{c['wrong']:>7}"
+            f"{c['from_other']:>23}{c['stored']:>8}{c['wrong']:>7}{c['failed']:>8}"
         )
     wrong = sum(c["wrong"] for c in counts.values())
     shared_hits = counts["B"]["from_other"]
