@@ -14,7 +14,10 @@ compiling arc.py and lct.py left their cost in ordered-dict and tuple operations
 `LCTCachePolicy` when they are selected and their own pure-Python classes otherwise, and
 `tests/test_compiled_core.py` checks that both decide alike. And `kvtier/_blocks_core.pyx`,
 `BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
-is made for every block stored; checked alike).
+is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
+write group's batches of system calls made without the GIL, which
+`kvtier.tiers.disk.ops` runs when it is selected (the same outcomes as its Python loop;
+`tests/test_disk_io_batch.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -48,12 +51,15 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies.lct",
     "kvtier.policies._lct_core",
     "kvtier.manager.tier",
+    "kvtier.tiers.disk._io_core",
 )
 """The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
 class; and, with no `.py`, `BlockStatus`'s constructor and ARC's and lct's cores in C
 (`_blocks_core.pyx`, `_arc_core.pyx`, `_lct_core.pyx`: when one is not selected,
 `kvtier.blocks` keeps the Python constructor and `kvtier.policies.arc` /
-`kvtier.policies.lct` runs its pure-Python class)."""
+`kvtier.policies.lct` runs its pure-Python class); and a disk write group's system calls
+without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
+them one Python call at a time)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

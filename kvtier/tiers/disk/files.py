@@ -49,12 +49,11 @@ from kvtier.tiers.disk.layout import (
     slab_file_name,
     unpack_file_header,
 )
+from kvtier.tiers.disk.ops import Op, StatOp, SyncOp, WriteOp, run_batch
 from kvtier.tiers.disk.safety import (
     FILE_MODE,
     FileId,
     create_or_open,
-    file_moved,
-    path_moved,
     preallocate,
 )
 
@@ -64,6 +63,55 @@ if TYPE_CHECKING:
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+
+
+_GONE = (errno.ENOENT, errno.ENOTDIR)
+"""A path's stat errors that mean its file was removed (or its directory)."""
+
+
+class GroundCheck:
+    """The stat ops of `StoreFiles.ground_check`, in order, and what they say once run.
+
+    Each check is one of: "lock", a file held open whose path must still be it (an fstat of
+    the descriptor, a stat of the path); "index", a path that must still be the file
+    `index_file` identifies (a stat); "open", a descriptor whose file must not be unlinked
+    (an fstat)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ops: list[StatOp] = []
+        self.index_file: FileId | None = None
+        self._checks: list[tuple[str, str, StatOp | None, StatOp | None]] = []
+
+    def add(self, kind: str, name: str, path: str | None, fd: int = -1) -> None:
+        held = StatOp(fd) if fd >= 0 else None
+        at = StatOp(path=path) if path is not None else None
+        self.ops += [op for op in (held, at) if op is not None]
+        self._checks.append((kind, name, held, at))
+
+    def problem(self) -> str | None:
+        """Why a file is no longer the store's (the first check that fails, in order), or
+        None; a file that could not be examined counts as lost too."""
+        for kind, name, held, at in self._checks:
+            if held is not None and held.error is not None:
+                return f"the files in {self.root} cannot be examined: {held.error}"
+            if at is not None and at.error is not None:
+                if at.error.errno in _GONE:
+                    return f"{name} was removed"
+                return f"the files in {self.root} cannot be examined: {at.error}"
+            held_stat = None if held is None else held.stat
+            at_stat = None if at is None else at.stat
+            if kind == "lock" and held_stat is not None and at_stat is not None:
+                if held_stat[:2] != at_stat[:2]:
+                    return f"{name} was replaced by another file"
+                if held_stat[2] == 0:
+                    return f"{name} was removed"
+            elif kind == "index" and at_stat is not None:
+                if at_stat[:2] != self.index_file:
+                    return f"{name} was replaced by another file"
+            elif kind == "open" and held_stat is not None and held_stat[2] == 0:
+                return f"{name} was removed"
+        return None
 
 
 class StoreFiles:
@@ -210,35 +258,72 @@ class StoreFiles:
 
     # -- slots --------------------------------------------------------------------------------
 
-    def write_run(self, run: Run, stored: Sequence[Stored], lengths: Sequence[int]) -> None:
-        """Write one run of consecutive slots (`stored[member]`, `lengths[member]` bytes, for
-        each member) with one pwritev, more after a partial write.
+    def write_runs(
+        self,
+        runs: Sequence[Run],
+        stored: Sequence[Stored],
+        lengths: Sequence[int],
+        *,
+        before: Sequence[Op] = (),
+    ) -> list[tuple[Run, OSError | None]]:
+        """Write `runs` of consecutive slots (`stored[member]`, `lengths[member]` bytes, for
+        each member), one pwritev each (more after a partial write), in one batch (ops.py)
+        after the ops `before`; each run with the OSError that failed it, or None.
 
         Under O_DIRECT, a zstd frame (always the last block of its run) is copied, zero-padded
         to whole pages, into page-aligned staging memory, and raw blocks are written straight
         from the caller's buffers. O_DIRECT refuses (EINVAL, before writing anything) memory
-        that is not page-aligned; the run is then written again from staging memory. That
+        that is not page-aligned; such a run is then written again from staging memory. That
         costs one failed system call for the rare unaligned buffer, instead of an address
         check of every block of every batch."""
-        fd = self.slab_fds[run.file]
-        members = run.members
-        payloads: list[IOBuffer] = [stored[member] for member in members]
-        nbytes = sum(lengths[member] for member in members)
-        if not self.direct_io:
-            pwritev_all(fd, payloads, run.offset, io=self.io, nbytes=nbytes)
-            return
-        last = members[-1]
-        if lengths[last] % ALIGNMENT:
-            padded = self._staged([last], stored, lengths)
-            payloads[-1] = padded
-            nbytes += padded.nbytes - lengths[last]
-        try:
-            pwritev_all(fd, payloads, run.offset, io=self.io, nbytes=nbytes)
-        except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
-            staged = self._staged(list(members), stored, lengths)
-            pwritev_all(fd, [staged], run.offset, io=self.io, nbytes=staged.nbytes)
+        padded = (
+            self._padded(
+                [r.members[-1] for r in runs if lengths[r.members[-1]] % ALIGNMENT], stored, lengths
+            )
+            if self.direct_io
+            else {}
+        )
+        ops: list[WriteOp] = []
+        for run in runs:
+            members = run.members
+            payloads: list[IOBuffer] = [stored[member] for member in members]
+            nbytes = sum(lengths[member] for member in members)
+            pad = padded.get(members[-1])
+            if pad is not None:
+                payloads[-1] = pad
+                nbytes += pad.nbytes - lengths[members[-1]]
+            ops.append(WriteOp(self.slab_fds[run.file], payloads, run.offset, nbytes))
+        run_batch(self.io, [*before, *ops])
+        outcomes: list[tuple[Run, OSError | None]] = []
+        for run, op in zip(runs, ops, strict=True):
+            error = op.error
+            if error is not None and error.errno == errno.EINVAL and self.direct_io:
+                staged = self._staged(list(run.members), stored, lengths)
+                try:
+                    pwritev_all(op.fd, [staged], run.offset, io=self.io, nbytes=staged.nbytes)
+                except OSError as again:
+                    error = again
+                else:
+                    error = None
+            outcomes.append((run, error))
+        return outcomes
+
+    @classmethod
+    def _padded(
+        cls, members: list[int], stored: Sequence[Stored], lengths: Sequence[int]
+    ) -> dict[int, memoryview]:
+        """The stored bytes of each of `members`, zero-padded to whole pages, in one piece of
+        this thread's staging memory (valid until the thread stages again)."""
+        if not members:
+            return {}
+        staged = cls._staged(members, stored, lengths)
+        pieces: dict[int, memoryview] = {}
+        start = 0
+        for member in members:
+            size = round_up(lengths[member], ALIGNMENT)
+            pieces[member] = staged[start : start + size]
+            start += size
+        return pieces
 
     @staticmethod
     def _staged(members: list[int], stored: Sequence[Stored], lengths: Sequence[int]) -> memoryview:
@@ -264,22 +349,22 @@ class StoreFiles:
         """The length of slab file `file` now; OSError when it cannot be examined."""
         return self.io.size(self.slab_fds[file])
 
-    def sync_slab(self, file: int) -> None:
-        """Make the bytes written to slab file `file` durable (OSError when that fails)."""
-        self.io.fsync(self.slab_fds[file])
+    def sync_slab_op(self, file: int) -> SyncOp:
+        """The op that makes the bytes written to slab file `file` durable."""
+        return SyncOp(self.slab_fds[file])
 
     # -- slot headers -------------------------------------------------------------------------
 
-    def write_entries(
+    def entry_ops(
         self, chosen: dict[int, tuple[int | None, bytes | memoryview]]
-    ) -> list[tuple[list[int], OSError]]:
-        """Write header entries (`chosen`: slot -> (owner, entry)), one pwrite per run of
-        consecutive slots; each failed run's slots with its error."""
+    ) -> list[tuple[list[int], WriteOp]]:
+        """The writes of header entries (`chosen`: slot -> (owner, entry)): one per run of
+        consecutive slots, each with its slots; none without a header file."""
         fd = self.headers_fd
-        failed: list[tuple[list[int], OSError]] = []
         if fd is None:
-            return failed
+            return []
         order = sorted(chosen)
+        writes: list[tuple[list[int], WriteOp]] = []
         first = 0
         while first < len(order):
             end = first + 1
@@ -287,12 +372,18 @@ class StoreFiles:
                 end += 1
             run = order[first:end]
             payload = b"".join(chosen[slot][1] for slot in run)  # one buffer: no IOV_MAX
-            try:
-                pwritev_all(fd, [payload], entry_offset(run[0]))
-            except OSError as error:
-                failed.append((run, error))
+            writes.append((run, WriteOp(fd, [payload], entry_offset(run[0]), len(payload), True)))
             first = end
-        return failed
+        return writes
+
+    def write_entries(
+        self, chosen: dict[int, tuple[int | None, bytes | memoryview]]
+    ) -> list[tuple[list[int], OSError]]:
+        """Write header entries (`chosen`: slot -> (owner, entry)), one pwrite per run of
+        consecutive slots; each failed run's slots with its error."""
+        writes = self.entry_ops(chosen)
+        run_batch(self.io, [op for _, op in writes])
+        return [(run, op.error) for run, op in writes if op.error is not None]
 
     def read_entries(self, first: int, count: int) -> bytes:
         """The raw header entries of slots [first, first + count) (fewer at the file's end)."""
@@ -313,31 +404,39 @@ class StoreFiles:
         if self.headers_fd is not None:
             os.fdatasync(self.headers_fd)
 
+    def sync_headers_op(self) -> SyncOp | None:
+        """The op that makes the header entries written durable (None without a header
+        file)."""
+        return None if self.headers_fd is None else SyncOp(self.headers_fd, plain=True)
+
     # -- the ground it stands on --------------------------------------------------------------
 
+    def ground_check(self, files: Iterable[int], index_file: FileId | None) -> GroundCheck:
+        """The check that the files this store holds open are still its files on disk: the
+        lock file not removed or replaced (its path against the descriptor held), the index's
+        data file (`index_file`) not removed or replaced, none of the slab `files` (numbers)
+        nor the header file unlinked. Its stat ops run in a batch, then `problem()` says."""
+        check = GroundCheck(self.root)
+        if self.lock_fd is not None:
+            check.add("lock", f"the lock file {self._lock_path}", self._lock_path, self.lock_fd)
+        if index_file is not None:
+            check.add("index", f"the index file {self._index_data_path}", self._index_data_path)
+            check.index_file = index_file
+        for file in sorted(set(files)):
+            name = f"the slab file {self.root / slab_file_name(file)}"
+            check.add("open", name, None, self.slab_fds[file])
+        if self.headers_fd is not None:
+            name = f"the header file {self.root / HEADERS_FILE}"
+            check.add("open", name, None, self.headers_fd)
+        return check
+
     def ground_problem(self, files: Iterable[int], index_file: FileId | None) -> str | None:
-        """Why the files this store holds open are no longer its files on disk, or None
-        while they are: the lock file removed or replaced (its path against the descriptor
-        held), the index's data file (`index_file`) removed or replaced, or one of the slab
-        `files` (numbers) or the header file unlinked. One or two stat calls per file; a file
-        that cannot be examined (EACCES, EIO) counts as lost too."""
-        try:
-            if self.lock_fd is not None:
-                moved = file_moved(self._lock_path, self.lock_fd)
-                if moved is not None:
-                    return f"the lock file {self._lock_path} {moved}"
-            if index_file is not None:
-                moved = path_moved(self._index_data_path, index_file)
-                if moved is not None:
-                    return f"the index file {self._index_data_path} {moved}"
-            for file in sorted(set(files)):
-                if os.fstat(self.slab_fds[file]).st_nlink == 0:
-                    return f"the slab file {self.root / slab_file_name(file)} was removed"
-            if self.headers_fd is not None and os.fstat(self.headers_fd).st_nlink == 0:
-                return f"the header file {self.root / HEADERS_FILE} was removed"
-        except OSError as error:
-            return f"the files in {self.root} cannot be examined: {error}"
-        return None
+        """Why the files this store holds open are no longer its files on disk
+        (`ground_check`), or None while they are. A file that cannot be examined (EACCES,
+        EIO) counts as lost too."""
+        check = self.ground_check(files, index_file)
+        run_batch(self.io, check.ops)
+        return check.problem()
 
     # -- closing ------------------------------------------------------------------------------
 

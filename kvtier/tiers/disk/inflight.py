@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from kvtier.tiers.disk.io import pwritev_all
+from kvtier.tiers.disk.ops import WriteOp
 
 _MAGIC = b"kvtinfl1"
 _HEADER = struct.Struct("<8sQ")
@@ -74,9 +75,14 @@ class InflightLog:
     def record(self, slots: Sequence[int]) -> None:
         """Replace the log with `slots` (a short write resumed); raises OSError if it cannot be
         written whole."""
+        op = self.record_op(slots)
+        pwritev_all(op.fd, op.buffers, op.offset, nbytes=op.nbytes)
+
+    def record_op(self, slots: Sequence[int]) -> WriteOp:
+        """The write that replaces the log with `slots`, to run first in a batch (ops.py)."""
         body = _HEADER.pack(_MAGIC, len(slots)) + np.asarray(slots, dtype="<u8").tobytes()
         data = body + _TRAILER.pack(xxhash.xxh3_64_intdigest(body))
-        pwritev_all(self._fd, [data], 0)
+        return WriteOp(self._fd, [data], 0, len(data), plain=True)
 
     def clear(self) -> None:
         """Empty the log (once the records it covers have been checked)."""

@@ -9,13 +9,19 @@ touches waits for the next group). A group:
    overlaps the rewrite re-checks its record, see reader.py);
 2. notes its slots in the in-flight log (inflight.py), then writes the bytes: one `pwritev`
    per run of consecutive slots across the whole group (a large group's runs are spread over
-   helper threads, so the disk sees several at once), then their slot headers;
-3. makes them durable: one `fdatasync` per slab file the group touched, and the header file;
-4. commits ONE index transaction that deletes the stale records (overwritten slots,
+   helper threads, so the disk sees several at once);
+3. writes their slot headers and makes everything durable: one `fdatasync` per slab file the
+   group touched, and the header file;
+4. checks that the files it wrote are still the store's files (guard.py), disabling the
+   store (and committing nothing) if not;
+5. commits ONE index transaction that deletes the stale records (overwritten slots,
    forgotten keys) and puts the records of the blocks that made it;
-5. checks that the files it wrote are still the store's files (guard.py), disabling the
-   store if not;
 6. resolves every call with its own per-block results.
+
+Steps 2 and 3-4 are each one batch of system calls (ops.py): with the compiled core, one call
+that makes them all without the GIL, so that the lane thread takes the GIL back twice, not
+some fifteen times, each of which costs up to the switch interval (5 ms) while the serving
+process's own thread runs Python.
 
 A new block counts as stored only once its group's fdatasync and commit are done, so a
 process killed at any point loses no block reported stored, and an indexed block is never one
@@ -62,6 +68,8 @@ from kvtier.tiers.disk.layout import (
     Run,
     StoreLayout,
 )
+from kvtier.tiers.disk.ops import Op, SyncOp, run_batch
+from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer
 
@@ -312,14 +320,17 @@ class WriteLane:
             index = catalog.index
             before = catalog.drop_for_group(slots, forgotten)  # 1.
             seqs = catalog.take_seqs(count)
-            written, fsyncs = self._write_group(keys, slots, seqs, buffers, before)  # 2., 3.
-            new, commits, forget_error = self._commit(index, keys, slots, seqs, written, before)
-            problem = self.files.ground_problem(written.files, catalog.index_file)  # 5.
-            results = written.results
-            if problem is not None:
+            written, fsyncs, problem = self._write_group(  # 2., 3., 4.
+                keys, slots, seqs, buffers, before, catalog.index_file
+            )
+            if problem is None:
+                new, commits, forget_error = self._commit(  # 5.
+                    index, keys, slots, seqs, written, before
+                )
+                results = written.results
+            else:  # a disabled store holds no block, forgotten or not: nothing to commit
                 results = [self.lost_error(problem)] * count
-                new = []
-                forget_error = None  # a disabled store holds no block, forgotten or not
+                new, commits, forget_error = [], 0, None
             catalog.remember(new)
             self.counters.count_group(
                 writes=len(writes),
@@ -342,33 +353,50 @@ class WriteLane:
         seqs: range,
         buffers: list[HostBuffer],
         before: dict[OffloadKey, IndexRecord],
-    ) -> tuple[_Written, int]:
-        """Steps 2 and 3: the slots noted in the in-flight log, the bytes and headers written
-        (and the headers of forgotten blocks whose slots this group does not rewrite
-        cleared), then synced; what was written, and how many slab files were synced."""
-        inflight = self.files.inflight
-        if slots and inflight is not None:
-            with contextlib.suppress(OSError):  # see inflight.py: only weakens cleanup
-                inflight.record(slots)
-        written = self._write_data(keys, slots, seqs, buffers)
+        index_file: FileId | None,
+    ) -> tuple[_Written, int, str | None]:
+        """Steps 2 to 4, in two batches of system calls (ops.py): the slots noted in the
+        in-flight log and the bytes written; then the header entries written (and those of
+        forgotten blocks whose slots this group does not rewrite cleared), the slab files and
+        the header file synced and the ground checked. What was written, how many slab files
+        were synced, and why the store's files are no longer its own (None: they are)."""
+        files = self.files
+        inflight = files.inflight
+        # The log's own outcome is not looked at: see inflight.py (a lost log only weakens
+        # the cleanup after a crash).
+        log: list[Op] = [inflight.record_op(slots)] if slots and inflight is not None else []
+        written = self._write_data(keys, slots, seqs, buffers, log)
         rewritten = set(slots)
         cleared = [record.slot for record in before.values() if record.slot not in rewritten]
-        headers_written = self._write_headers(written.entries, slots, written.results, cleared)
-        if not self.fsync:
-            return written, 0
+        chosen = self._chosen_entries(written.entries, slots, written.results, cleared)
+        entry_writes = files.entry_ops(chosen)
+        slab_syncs: list[tuple[list[int], SyncOp]] = []
+        header_sync: SyncOp | None = None
+        if self.fsync:
+            slab_syncs = [
+                (members, files.sync_slab_op(file)) for file, members in written.files.items()
+            ]
+            header_sync = files.sync_headers_op() if entry_writes else None
+        ground = files.ground_check(written.files, index_file)
+        ops: list[Op] = [op for _, op in entry_writes]
+        ops += [op for _, op in slab_syncs]
+        ops += [header_sync] if header_sync is not None else []
+        run_batch(files.io, [*ops, *ground.ops])
         results = written.results
-        for file, members in written.files.items():
-            try:
-                self.files.sync_slab(file)
-            except OSError as error:
+        for run, write in entry_writes:
+            if write.error is not None:
+                for slot in run:
+                    owner = chosen[slot][0]
+                    if owner is not None:
+                        results[owner] = write.error
+        for members, sync in slab_syncs:
+            if sync.error is not None:
                 for member in members:
-                    results[member] = error
-        if headers_written:
-            try:
-                self.files.sync_headers()
-            except OSError as error:
-                results[:] = [error if result is None else result for result in results]
-        return written, len(written.files)
+                    results[member] = sync.error
+        if header_sync is not None and header_sync.error is not None:
+            error = header_sync.error
+            results[:] = [error if result is None else result for result in results]
+        return written, len(slab_syncs), ground.problem()
 
     def _commit(
         self,
@@ -379,7 +407,7 @@ class WriteLane:
         written: _Written,
         before: dict[OffloadKey, IndexRecord],
     ) -> tuple[Records, int, DiskTierError | None]:
-        """Step 4: one transaction, the stale records out and the new ones in. The records
+        """Step 5: one transaction, the stale records out and the new ones in. The records
         committed, the commits made and the forgets' error (None when committed)."""
         results = written.results
         pack = IndexRecord.FORMAT.pack
@@ -439,10 +467,12 @@ class WriteLane:
         slots: list[int],
         seqs: Sequence[int],
         buffers: list[HostBuffer],
+        log: list[Op],
     ) -> _Written:
-        """Encode and write the blocks of a group. A large group's runs are cut into parts
-        written in parallel (the lane thread writes one, helpers the others), and the
-        checksums of all but a small group are taken in a helper meanwhile."""
+        """Encode and write the blocks of a group, after the ops `log` (the in-flight log's
+        write). A group's runs are one batch; a large group's runs are cut into parts written
+        in parallel (the lane thread writes one, helpers the others, once the log is written),
+        and the checksums of all but a small group are taken in a helper meanwhile."""
         count = len(slots)
         if not count:
             return _Written([], [], [], np.zeros(0, dtype=ENTRY_DTYPE), {})
@@ -467,10 +497,12 @@ class WriteLane:
         try:
             if total >= HASH_ASIDE_BYTES:
                 hashing = self._helpers.submit(hash_all)
-            pending = [
-                self._helpers.submit(self._write_runs, p, stored, lengths) for p in parts[1:]
-            ]
-            outcomes = self._write_runs(parts[0], stored, lengths)
+            if len(parts) > 1:
+                run_batch(self.files.io, log)
+                log = []
+            write_runs = self.files.write_runs
+            pending = [self._helpers.submit(write_runs, p, stored, lengths) for p in parts[1:]]
+            outcomes = write_runs(parts[0], stored, lengths, before=log)
             for part in pending:
                 outcomes += part.result()
             entries = hash_all() if hashing is None else hashing.result()
@@ -517,30 +549,27 @@ class WriteLane:
         encode = self.codec.encode
         return [encode(buffer) for buffer in buffers]
 
-    def _write_runs(
-        self, runs: list[Run], stored: list[Stored], lengths: list[int]
-    ) -> list[tuple[Run, OSError | None]]:
-        """Write `runs`, one after another; each with the OSError that failed it, or None."""
-        outcomes: list[tuple[Run, OSError | None]] = []
-        for run in runs:
-            try:
-                self.files.write_run(run, stored, lengths)
-            except OSError as error:
-                outcomes.append((run, error))
-            else:
-                outcomes.append((run, None))
-        return outcomes
-
     def _write_headers(
         self, entries: Entries, slots: list[int], results: Results, cleared: list[int]
-    ) -> bool:
-        """Write the header entries of the group's written blocks (`entries[member]` for
-        the block in `slots[member]`) and clear those of `cleared` slots. A failed run fails
-        its blocks (in `results`); a failed clear is left (its block stays verifiable, and an
-        index rebuild may bring a forgotten block back: right bytes, never wrong ones).
-        Whether anything was to be written."""
+    ) -> None:
+        """Write the header entries of `_chosen_entries` now. A failed run fails its blocks
+        (in `results`); a failed clear is left (its block stays verifiable, and an index
+        rebuild may bring a forgotten block back: right bytes, never wrong ones)."""
+        chosen = self._chosen_entries(entries, slots, results, cleared)
+        for run, error in self.files.write_entries(chosen):
+            for slot in run:
+                owner = chosen[slot][0]
+                if owner is not None:
+                    results[owner] = error
+
+    def _chosen_entries(
+        self, entries: Entries, slots: list[int], results: Results, cleared: list[int]
+    ) -> dict[int, tuple[int | None, bytes | memoryview]]:
+        """The header entries to write, slot -> (owner, entry): those of the group's written
+        blocks (`entries[member]` for the block in `slots[member]`, owner `member`) and the
+        empty entry of each `cleared` slot (owner None). None without a header file."""
         if self.files.headers_fd is None:
-            return False
+            return {}
         raw = entries.view(np.uint8).data
         chosen: dict[int, tuple[int | None, bytes | memoryview]] = {}
         for slot in cleared:
@@ -549,11 +578,4 @@ class WriteLane:
             if result is None:
                 start = member * ENTRY_BYTES
                 chosen[slots[member]] = (member, raw[start : start + ENTRY_BYTES])
-        if not chosen:
-            return False
-        for run, error in self.files.write_entries(chosen):
-            for slot in run:
-                owner = chosen[slot][0]
-                if owner is not None:
-                    results[owner] = error
-        return True
+        return chosen

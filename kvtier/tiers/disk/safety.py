@@ -19,8 +19,9 @@ how much space it needs, and how a failed open leaves the file system as it foun
 - **The ground it stands on.** An open store holds its files open; if they are removed (the
   directory `rm -rf`ed, a file unlinked) or replaced (a new lock file, so another process
   could open the same directory), the writes it still makes land in files nobody will ever
-  read. `file_moved` / `path_moved` tell, with a few `stat` calls, whether a held file is
-  still the one at its path, so the store can stop reporting such writes as stored.
+  read. `FileId` is what identifies a file (`file_id`); `StoreFiles.ground_check` (files.py)
+  tells, with a few `stat` calls, whether a held file is still the one at its path, so the
+  store can stop reporting such writes as stored.
 """
 
 from __future__ import annotations
@@ -94,29 +95,6 @@ def file_id(path: str | os.PathLike[str]) -> FileId:
     """The identity of the file at `path` (not following a symlink); raises OSError."""
     info = os.stat(path, follow_symlinks=False)
     return info.st_dev, info.st_ino
-
-
-def path_moved(path: str | os.PathLike[str], held: FileId) -> str | None:
-    """Why the file at `path` is no longer the file `held` identifies ("was removed": no file
-    there, or its directory is gone; "was replaced by another file"), or None while it is.
-    Raises OSError when `path` cannot be examined for another reason (EACCES, EIO)."""
-    try:
-        now = file_id(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return "was removed"
-    return None if now == held else "was replaced by another file"
-
-
-def file_moved(path: str | os.PathLike[str], fd: int) -> str | None:
-    """Why the file open as `fd` is no longer the file at `path`: "was removed" (unlinked,
-    so the bytes written through `fd` are lost once it is closed, or its path gone) or "was
-    replaced by another file", or None while it still is. Two stat calls; raises OSError
-    when `fd` or `path` cannot be examined."""
-    held = os.fstat(fd)
-    moved = path_moved(path, (held.st_dev, held.st_ino))
-    if moved is None and held.st_nlink == 0:
-        return "was removed"
-    return moved
 
 
 def _owner_problem(path: Path, info: os.stat_result, *, allow_root: bool) -> str | None:
