@@ -5,11 +5,12 @@
 Writes the extensions (of each `.py`, and of `_blocks_core.pyx`, `_arc_core.pyx`,
 `_lct_core.pyx` and `tiers/disk/_io_core.pyx`; compiled in parallel on every CPU) and a
 manifest (each source's SHA-256, this interpreter's extension suffix) into
-`kvtier/_compiled/`, replacing an older build only once the new one is complete. Needs Cython and setuptools (kvtier's `test` and `core`
-extras) and a C compiler; when any is missing or the build fails it prints one line saying
-so and exits 1, and kvtier keeps running its pure-Python bookkeeping (the same `.py`
-files, arc.py's and lct.py's own classes, `BlockStatus`'s Python constructor and the disk
-lane's system calls one Python call at a time).
+`kvtier/_compiled/`, replacing an older build only once the new one is complete. Needs
+Cython and setuptools (kvtier's `test` and `core` extras) and a C compiler; when any is
+missing or the build fails it prints one line saying so and exits 1, and kvtier keeps
+running its pure-Python bookkeeping (the same `.py` files, arc.py's and lct.py's own
+classes, `BlockStatus`'s Python constructor and the disk lane's system calls one Python
+call at a time).
 `--if-needed`: do nothing when a build of the current sources is already there.
 `scripts/setup.sh` runs it so; `scripts/build-core` runs it.
 """
