@@ -4,9 +4,10 @@
 files (through the store's `FileIO`, so tests count and fault those calls), the header file
 and the in-flight log (plain system calls: small metadata beside the slabs). It writes and
 reads runs of slots (O_DIRECT staging included), writes and reads slot header entries, syncs,
-tells whether its files are still the ones at their paths (`ground_problem`), and closes
-everything in the right order. Where bytes go is layout.py's; when they go is the lane's,
-the reader's and recovery's.
+tells whether its files are still the ones at their paths (`ground_check`, `GroundCheck`), and
+closes everything in the right order. The lane's writes, syncs and checks are ops it runs in
+batches (ops.py); the methods named `*_op(s)` and `ground_check` make them. Where bytes go
+is layout.py's; when they go is the lane's, the reader's and recovery's.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 A store's files can be taken from under it while it is open (the directory `rm -rf`ed, a file
 unlinked, the lock file removed or replaced). Writes through the descriptors it holds would
-still succeed, into files nobody will ever read; so after each write group the lane asks
-`StoreFiles.ground_problem`, and on a problem disables the store through its `Guard`: from then
-on no read starts, every write fails, and the reads in flight finish before the files close.
+still succeed, into files nobody will ever read; so before each write group commits its index
+records the lane runs `StoreFiles.ground_check` (in the group's last batch of system calls,
+after its syncs), and on a problem commits nothing and disables the store through its `Guard`:
+from then on no read starts, every write fails, and the reads in flight finish before the
+files close.
 
 The same count of reads in flight lets a write group wait, briefly, for the reads on the
 device before it starts (reads first: a write in flight slows a read down).
