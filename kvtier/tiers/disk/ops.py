@@ -71,7 +71,7 @@ class StatOp:
 Op = WriteOp | SyncOp | StatOp
 
 try:  # the compiled batch, present only when kvtier.compiled selected it
-    from kvtier.tiers.disk import _io_core
+    import kvtier.tiers.disk._io_core as _io_core
 except ImportError:
     _io_core = None  # type: ignore[assignment]
 
