@@ -27,7 +27,6 @@ import os
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.errno cimport EINTR, EIO, errno
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
 from posix.stat cimport fstat, lstat, struct_stat
 from posix.types cimport off_t
 from posix.uio cimport iovec, pwritev
@@ -132,7 +131,7 @@ def run_batch(list ops, Py_ssize_t iov_max):
     for op in ops:
         if op.KIND == _WRITE:
             nviews += len(op.buffers)
-    cops = <_Op *> calloc(nops, sizeof(_Op))
+    cops = <_Op *> calloc(nops, sizeof(_Op))  # zeroed: every outcome 0 until run
     views = <Py_buffer *> calloc(nviews + 1, sizeof(Py_buffer))
     iovs = <iovec *> calloc(nviews + 1, sizeof(iovec))
     try:
@@ -140,7 +139,6 @@ def run_batch(list ops, Py_ssize_t iov_max):
             raise MemoryError()
         for i in range(nops):
             op = ops[i]
-            memset(&cops[i], 0, sizeof(_Op))
             cops[i].kind = op.KIND
             cops[i].first = held
             if cops[i].kind == _WRITE:

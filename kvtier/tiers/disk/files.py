@@ -73,27 +73,32 @@ _GONE = (errno.ENOENT, errno.ENOTDIR)
 class GroundCheck:
     """The stat ops of `StoreFiles.ground_check`, in order, and what they say once run.
 
-    Each check is one of: "lock", a file held open whose path must still be it (an fstat of
-    the descriptor, a stat of the path); "index", a path that must still be the file
-    `index_file` identifies (a stat); "open", a descriptor whose file must not be unlinked
-    (an fstat)."""
+    Each check names a file and has one or two stat ops: `held`, an fstat of the descriptor
+    the store holds (its file must not be unlinked), and `at`, a stat of its path, which must
+    still be that file (or, for a file the store does not hold open, the file `expected`)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.ops: list[StatOp] = []
-        self.index_file: FileId | None = None
-        self._checks: list[tuple[str, str, StatOp | None, StatOp | None]] = []
+        self._checks: list[tuple[str, StatOp | None, StatOp | None, FileId | None]] = []
 
-    def add(self, kind: str, name: str, path: str | None, fd: int = -1) -> None:
-        held = StatOp(fd) if fd >= 0 else None
-        at = StatOp(path=path) if path is not None else None
+    def add(
+        self,
+        name: str,
+        *,
+        fd: int | None = None,
+        path: str | None = None,
+        expected: FileId | None = None,
+    ) -> None:
+        held = None if fd is None else StatOp(fd)
+        at = None if path is None else StatOp(path=path)
         self.ops += [op for op in (held, at) if op is not None]
-        self._checks.append((kind, name, held, at))
+        self._checks.append((name, held, at, expected))
 
     def problem(self) -> str | None:
         """Why a file is no longer the store's (the first check that fails, in order), or
         None; a file that could not be examined counts as lost too."""
-        for kind, name, held, at in self._checks:
+        for name, held, at, expected in self._checks:
             if held is not None and held.error is not None:
                 return f"the files in {self.root} cannot be examined: {held.error}"
             if at is not None and at.error is not None:
@@ -102,15 +107,11 @@ class GroundCheck:
                 return f"the files in {self.root} cannot be examined: {at.error}"
             held_stat = None if held is None else held.stat
             at_stat = None if at is None else at.stat
-            if kind == "lock" and held_stat is not None and at_stat is not None:
-                if held_stat[:2] != at_stat[:2]:
+            if at_stat is not None:
+                identity = expected if held_stat is None else held_stat[:2]
+                if at_stat[:2] != identity:
                     return f"{name} was replaced by another file"
-                if held_stat[2] == 0:
-                    return f"{name} was removed"
-            elif kind == "index" and at_stat is not None:
-                if at_stat[:2] != self.index_file:
-                    return f"{name} was replaced by another file"
-            elif kind == "open" and held_stat is not None and held_stat[2] == 0:
+            if held_stat is not None and held_stat[2] == 0:
                 return f"{name} was removed"
         return None
 
@@ -416,28 +417,20 @@ class StoreFiles:
         """The check that the files this store holds open are still its files on disk: the
         lock file not removed or replaced (its path against the descriptor held), the index's
         data file (`index_file`) not removed or replaced, none of the slab `files` (numbers)
-        nor the header file unlinked. Its stat ops run in a batch, then `problem()` says."""
+        nor the header file unlinked. Its stat ops run in a batch (the lane's last of a
+        group), then `problem()` says; a file that cannot be examined (EACCES, EIO) counts as
+        lost too."""
         check = GroundCheck(self.root)
         if self.lock_fd is not None:
-            check.add("lock", f"the lock file {self._lock_path}", self._lock_path, self.lock_fd)
+            check.add(f"the lock file {self._lock_path}", fd=self.lock_fd, path=self._lock_path)
         if index_file is not None:
-            check.add("index", f"the index file {self._index_data_path}", self._index_data_path)
-            check.index_file = index_file
+            name = f"the index file {self._index_data_path}"
+            check.add(name, path=self._index_data_path, expected=index_file)
         for file in sorted(set(files)):
-            name = f"the slab file {self.root / slab_file_name(file)}"
-            check.add("open", name, None, self.slab_fds[file])
+            check.add(f"the slab file {self.root / slab_file_name(file)}", fd=self.slab_fds[file])
         if self.headers_fd is not None:
-            name = f"the header file {self.root / HEADERS_FILE}"
-            check.add("open", name, None, self.headers_fd)
+            check.add(f"the header file {self.root / HEADERS_FILE}", fd=self.headers_fd)
         return check
-
-    def ground_problem(self, files: Iterable[int], index_file: FileId | None) -> str | None:
-        """Why the files this store holds open are no longer its files on disk
-        (`ground_check`), or None while they are. A file that cannot be examined (EACCES,
-        EIO) counts as lost too."""
-        check = self.ground_check(files, index_file)
-        run_batch(self.io, check.ops)
-        return check.problem()
 
     # -- closing ------------------------------------------------------------------------------
 

@@ -432,7 +432,7 @@ class WriteLane:
             results[:] = [failure if result is None else result for result in results]
             # Their headers go too (best effort): a block reported failed is not brought
             # back by a rebuild, nor reported lost by `check`.
-            self._write_headers(written.entries[:0], [], [], [record.slot for _, record in new])
+            self.files.write_entries({record.slot: (None, EMPTY_ENTRY) for _, record in new})
             # The index still holds the records dropped from memory in step 1; try once more
             # to drop them there too, so that the two agree (if this fails as well, those
             # records point at rewritten bytes, and a read after a reopen finds their
@@ -548,19 +548,6 @@ class WriteLane:
     def _encode_some(self, buffers: list[HostBuffer]) -> list[tuple[Codec, Stored]]:
         encode = self.codec.encode
         return [encode(buffer) for buffer in buffers]
-
-    def _write_headers(
-        self, entries: Entries, slots: list[int], results: Results, cleared: list[int]
-    ) -> None:
-        """Write the header entries of `_chosen_entries` now. A failed run fails its blocks
-        (in `results`); a failed clear is left (its block stays verifiable, and an index
-        rebuild may bring a forgotten block back: right bytes, never wrong ones)."""
-        chosen = self._chosen_entries(entries, slots, results, cleared)
-        for run, error in self.files.write_entries(chosen):
-            for slot in run:
-                owner = chosen[slot][0]
-                if owner is not None:
-                    results[owner] = error
 
     def _chosen_entries(
         self, entries: Entries, slots: list[int], results: Results, cleared: list[int]
