@@ -30,10 +30,12 @@ class GatedIO(FileIO):
         self.gate = threading.Event()
         self.gate.set()
         self.writes_waiting = 0
+        self.a_write_waits = threading.Event()
 
     def pwritev(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
         if not self.gate.is_set():
             self.writes_waiting += 1
+            self.a_write_waits.set()
             self.gate.wait(30)
         return super().pwritev(fd, buffers, offset)
 
@@ -63,6 +65,9 @@ async def test_a_put_returns_while_its_victims_disk_write_is_blocked(tmp_path: P
         out = await asyncio.wait_for(h.get(first[:1], timeout_s=0.2), 5)
         assert torch.equal(out.cpu(), blocks_of(first[:1]))
         assert h.where(first[0]) == "disk"
+        # The write lane reaches the closed gate in its own time (on a busy machine, after
+        # all of the above): wait for it, so the write is known to have been held back.
+        assert await asyncio.to_thread(io.a_write_waits.wait, 30)
         io.gate.set()
         await h.drain()
         assert io.writes_waiting >= 1
