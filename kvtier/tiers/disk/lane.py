@@ -62,13 +62,12 @@ from kvtier.tiers.disk.index import BlockIndex
 from kvtier.tiers.disk.layout import (
     EMPTY_ENTRY,
     ENTRY_BYTES,
-    ENTRY_DTYPE,
     Entries,
     IndexRecord,
     Run,
     StoreLayout,
 )
-from kvtier.tiers.disk.ops import Op, SyncOp, run_batch
+from kvtier.tiers.disk.ops import Op, SyncOp, WriteOp, run_batch
 from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer
@@ -84,9 +83,10 @@ its own): bounds the latency of one group, so that a call queued behind it waits
 WRITE_SPLIT_BYTES = 4 << 20
 """A write group of at least twice this many bytes spreads its runs over helper threads."""
 
-HASH_ASIDE_BYTES = 1 << 20
-"""A write group of at least this many bytes takes its checksums in a helper thread while
-the disk is busy (xxh3 holds the GIL, pwritev does not); a smaller one after its writes."""
+PLAN_ASIDE_BYTES = 1 << 20
+"""A write group of at least this many bytes plans its bookkeeping (checksums, header
+entries, index records: `_Plan`) in a helper thread while its data is written (that holds
+the GIL, the data batch does not); a smaller one after its writes."""
 
 _log = logging.getLogger("kvtier.disk")
 Results = list[OSError | None]
@@ -144,15 +144,38 @@ def split_runs(runs: list[Run], lengths: list[int], ways: int) -> list[list[Run]
 
 
 @dataclass(slots=True)
+class _Plan:
+    """A group's bookkeeping as if every block is written (the common case), made while its
+    data is: the header entries (with the bound checksums), the entries to write (slot ->
+    (owner, entry), the `cleared` slots' empty entries included) and their writes, and the
+    index records to commit, also packed."""
+
+    entries: Entries
+    chosen: dict[int, tuple[int | None, bytes | memoryview]]
+    entry_writes: list[tuple[list[int], WriteOp]]
+    new: Records
+    packed: list[tuple[OffloadKey, bytes]]
+
+
+@dataclass(slots=True)
 class _Written:
     """What writing a group's data left: per block its codec, stored length and error (None:
-    written), the header entries (with the bound checksums), and the blocks per slab file."""
+    written), the group's plan, and the blocks per slab file."""
 
     codecs: list[int]
     lengths: list[int]
     results: Results
-    entries: Entries
+    plan: _Plan
     files: dict[int, list[int]]
+
+    @property
+    def entries(self) -> Entries:
+        return self.plan.entries
+
+    @property
+    def whole(self) -> bool:
+        """Whether every block's data was written (the plan holds as made)."""
+        return all(result is None for result in self.results)
 
 
 class WriteLane:
@@ -365,11 +388,14 @@ class WriteLane:
         # The log's own outcome is not looked at: see inflight.py (a lost log only weakens
         # the cleanup after a crash).
         log: list[Op] = [inflight.record_op(slots)] if slots and inflight is not None else []
-        written = self._write_data(keys, slots, seqs, buffers, log)
         rewritten = set(slots)
         cleared = [record.slot for record in before.values() if record.slot not in rewritten]
-        chosen = self._chosen_entries(written.entries, slots, written.results, cleared)
-        entry_writes = files.entry_ops(chosen)
+        written = self._write_data(keys, slots, seqs, buffers, cleared, log)
+        if written.whole:
+            chosen, entry_writes = written.plan.chosen, written.plan.entry_writes
+        else:
+            chosen = self._chosen_entries(written.entries, slots, written.results, cleared)
+            entry_writes = files.entry_ops(chosen)
         slab_syncs: list[tuple[list[int], SyncOp]] = []
         header_sync: SyncOp | None = None
         if self.fsync:
@@ -410,16 +436,14 @@ class WriteLane:
         """Step 5: one transaction, the stale records out and the new ones in. The records
         committed, the commits made and the forgets' error (None when committed)."""
         results = written.results
-        pack = IndexRecord.FORMAT.pack
-        checksums = written.entries["checksum"].tolist()
-        new: Records = []
-        packed: list[tuple[OffloadKey, bytes]] = []
-        for key, slot, length, codec, checksum, seq, result in zip(
-            keys, slots, written.lengths, written.codecs, checksums, seqs, results, strict=True
-        ):
-            if result is None:
-                new.append((key, IndexRecord(slot, length, codec, checksum, seq)))
-                packed.append((key, pack(slot, length, codec, checksum, seq)))
+        if all(result is None for result in results):  # as planned
+            new, packed = written.plan.new, written.plan.packed
+        else:
+            new, packed = [], []
+            for member, result in enumerate(results):
+                if result is None:
+                    new.append(written.plan.new[member])
+                    packed.append(written.plan.packed[member])
         stored_keys = {key for key, _ in new}
         dropped = list(before)
         deleted = [key for key in dropped if key not in stored_keys]
@@ -467,17 +491,19 @@ class WriteLane:
         slots: list[int],
         seqs: Sequence[int],
         buffers: list[HostBuffer],
+        cleared: list[int],
         log: list[Op],
     ) -> _Written:
         """Encode and write the blocks of a group, after the ops `log` (the in-flight log's
         write). A group's runs are one batch; a large group's runs are cut into parts written
         in parallel (the lane thread writes one, helpers the others, once the log is written),
-        and the checksums of all but a small group are taken in a helper meanwhile."""
+        and all but a small group make their plan (`_plan`) in a helper meanwhile."""
         count = len(slots)
-        if not count:
-            return _Written([], [], [], np.zeros(0, dtype=ENTRY_DTYPE), {})
         block_size = self.layout.block_size
         codecs, stored, lengths = self._encode(buffers)
+        plan = functools.partial(self._plan, keys, slots, lengths, codecs, seqs, stored, cleared)
+        if not count:
+            return _Written([], [], [], plan(), {})
         total = sum(lengths)
         ways = (
             min(self.max_workers, total // WRITE_SPLIT_BYTES)
@@ -489,14 +515,11 @@ class WriteLane:
             range(count), slots, ends_run=(lambda m: lengths[m] < block_size) if short else None
         )
         parts = split_runs(runs, lengths, ways)
-        hash_all = functools.partial(
-            self.layout.entries, keys, slots, lengths, codecs, seqs, stored
-        )
         pending: list[Future[list[tuple[Run, OSError | None]]]] = []
-        hashing: Future[Entries] | None = None
+        planning: Future[_Plan] | None = None
         try:
-            if total >= HASH_ASIDE_BYTES:
-                hashing = self._helpers.submit(hash_all)
+            if total >= PLAN_ASIDE_BYTES:
+                planning = self._helpers.submit(plan)
             if len(parts) > 1:
                 run_batch(self.files.io, log)
                 log = []
@@ -505,12 +528,12 @@ class WriteLane:
             outcomes = write_runs(parts[0], stored, lengths, before=log)
             for part in pending:
                 outcomes += part.result()
-            entries = hash_all() if hashing is None else hashing.result()
+            made = plan() if planning is None else planning.result()
         finally:
             # Also on an unexpected error: the buffers are not touched once we return.
             wait_all(pending)
-            if hashing is not None:
-                wait_all([hashing])
+            if planning is not None:
+                wait_all([planning])
         results: Results = [None] * count
         files: dict[int, list[int]] = {}
         for run, error in outcomes:
@@ -519,7 +542,31 @@ class WriteLane:
             else:
                 for member in run.members:
                     results[member] = error
-        return _Written(codecs, lengths, results, entries, files)
+        return _Written(codecs, lengths, results, made, files)
+
+    def _plan(
+        self,
+        keys: list[OffloadKey],
+        slots: list[int],
+        lengths: list[int],
+        codecs: list[int],
+        seqs: Sequence[int],
+        stored: list[Stored],
+        cleared: list[int],
+    ) -> _Plan:
+        """The group's bookkeeping as if every block is written (`_Plan`)."""
+        entries = self.layout.entries(keys, slots, lengths, codecs, seqs, stored)
+        chosen = self._chosen_entries(entries, slots, [None] * len(slots), cleared)
+        pack = IndexRecord.FORMAT.pack
+        new: Records = []
+        packed: list[tuple[OffloadKey, bytes]] = []
+        checksums = entries["checksum"].tolist()
+        for key, slot, length, codec, checksum, seq in zip(
+            keys, slots, lengths, codecs, checksums, seqs, strict=True
+        ):
+            new.append((key, IndexRecord(slot, length, codec, checksum, seq)))
+            packed.append((key, pack(slot, length, codec, checksum, seq)))
+        return _Plan(entries, chosen, self.files.entry_ops(chosen), new, packed)
 
     def _encode(self, buffers: list[HostBuffer]) -> tuple[list[int], list[Stored], list[int]]:
         """(codec, bytes to store, their length) per block; zstd work is spread over the
