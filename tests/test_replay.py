@@ -8,6 +8,7 @@ exit 2), and Ctrl-C (a partial report, exit 130).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ from kvtier.workloads.replay import (
     BlockContents,
     Replayer,
     ReplayResult,
+    freeze_heap,
     load_replay_trace,
     prepare_disk_dirs,
     replay,
@@ -618,3 +620,40 @@ async def test_a_ctrl_c_stops_the_replay_at_the_next_request_with_a_partial_resu
     assert result.to_dict()["partial"] is True
     assert result.counters.mismatches == 0
     assert signal.getsignal(signal.SIGINT) is before
+
+
+async def test_the_replay_freezes_the_set_up_heap_while_it_serves_and_thaws_it_after() -> None:
+    """While requests are served, what the set-up made (interpreter, torch, trace, the open
+    hierarchy) is frozen out of the collector's sight; afterwards the heap is as before."""
+    config = parse_config(
+        {
+            "block_size": 4096,
+            "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
+        }
+    )
+    assert gc.get_freeze_count() == 0
+    frozen_while_serving: list[int] = []
+    result = await replay(
+        config,
+        load_replay_trace(None, 20),
+        progress=lambda _: frozen_while_serving.append(gc.get_freeze_count()),
+    )
+    assert result.counters.requests == 20 and result.counters.mismatches == 0
+    assert len(frozen_while_serving) == 20 and min(frozen_while_serving) > 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_freeze_heap_leaves_a_heap_the_process_froze_itself_alone() -> None:
+    assert gc.get_freeze_count() == 0
+    assert freeze_heap() is True
+    try:
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    gc.freeze()  # as a serving engine does after its own start-up
+    try:
+        count = gc.get_freeze_count()
+        assert freeze_heap() is False
+        assert gc.get_freeze_count() == count
+    finally:
+        gc.unfreeze()
