@@ -34,7 +34,6 @@ from kvtier.workloads.replay import (
     BlockContents,
     Replayer,
     ReplayResult,
-    freeze_heap,
     load_replay_trace,
     prepare_disk_dirs,
     replay,
@@ -622,38 +621,56 @@ async def test_a_ctrl_c_stops_the_replay_at_the_next_request_with_a_partial_resu
     assert signal.getsignal(signal.SIGINT) is before
 
 
-async def test_the_replay_freezes_the_set_up_heap_while_it_serves_and_thaws_it_after() -> None:
-    """While requests are served, what the set-up made (interpreter, torch, trace, the open
-    hierarchy) is frozen out of the collector's sight; afterwards the heap is as before."""
+@pytest.mark.parametrize("freeze_gc", [True, False])
+async def test_a_replay_freezes_the_set_up_heap_only_when_asked(freeze_gc: bool) -> None:
+    """With `freeze_gc`, what the set-up made (interpreter, torch, trace, the open hierarchy)
+    is frozen out of the collector's sight while requests are served, and thawed after;
+    without it the collector's state is left alone."""
     config = parse_config(
         {
             "block_size": 4096,
             "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
         }
     )
-    assert gc.get_freeze_count() == 0
-    frozen_while_serving: list[int] = []
+    gc.unfreeze()  # Python 3.12 starts with a few hundred objects frozen
+    seen: list[int] = []
     result = await replay(
         config,
         load_replay_trace(None, 20),
-        progress=lambda _: frozen_while_serving.append(gc.get_freeze_count()),
+        progress=lambda _: seen.append(gc.get_freeze_count()),
+        freeze_gc=freeze_gc,
     )
     assert result.counters.requests == 20 and result.counters.mismatches == 0
-    assert len(frozen_while_serving) == 20 and min(frozen_while_serving) > 0
+    assert len(seen) == 20
+    if freeze_gc:
+        assert min(seen) > 10_000  # torch alone brings more than that
+    else:
+        assert max(seen) == 0
     assert gc.get_freeze_count() == 0
 
 
-def test_freeze_heap_leaves_a_heap_the_process_froze_itself_alone() -> None:
+def test_the_replay_command_freezes_its_own_heap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvtier.workloads.replay as module
+
+    asked: list[bool] = []
+    real = module.replay
+
+    async def spy(*args: Any, **kwargs: Any) -> ReplayResult:
+        asked.append(kwargs.get("freeze_gc", False))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "replay", spy)
+    config = tmp_path / "cpu.toml"
+    config.write_text(
+        'block_size = 4096\n[[tiers]]\nname = "cpu"\nmedium = "cpu"\ncapacity = 64\n'
+        "pin_memory = false\n"
+    )
+    run = CliRunner().invoke(
+        main,
+        ["replay", "--config", str(config), "--limit", "5", "--no-plot", "--out", str(tmp_path)],
+    )
+    assert run.exit_code == 0, run.output
+    assert asked == [True]
     assert gc.get_freeze_count() == 0
-    assert freeze_heap() is True
-    try:
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-    gc.freeze()  # as a serving engine does after its own start-up
-    try:
-        count = gc.get_freeze_count()
-        assert freeze_heap() is False
-        assert gc.get_freeze_count() == count
-    finally:
-        gc.unfreeze()

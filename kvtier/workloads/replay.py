@@ -724,20 +724,6 @@ class _StopOnInterrupt:
             self._installed = False
 
 
-def freeze_heap() -> bool:
-    """Move every object alive now (the interpreter's, torch's, the trace's, the open
-    hierarchy's) out of the cyclic garbage collector's sight, as a serving engine does once
-    it is set up (vLLM's `gc.freeze()` after start-up): a full collection then visits only
-    what the replay made since, not the ~300,000 objects of the set-up, which took ~140 ms
-    each time on the 2-core VM (10 times in the default replay, stalling whatever copy was
-    in flight). Whether it froze them (not when the process had frozen a heap of its own,
-    which `gc.unfreeze` would also thaw)."""
-    if gc.get_freeze_count():
-        return False
-    gc.freeze()
-    return True
-
-
 async def replay(
     config: HierarchyConfig,
     trace: ReplayTrace,
@@ -749,11 +735,21 @@ async def replay(
     disk_dirs: Sequence[Path] = (),
     load_trace_s: float = 0.0,
     metrics: CollectorRegistry | None = None,
+    freeze_gc: bool = False,
 ) -> ReplayResult:
     """Replay `trace` through a hierarchy opened from `config` (the replayed configuration;
     `given` is the user's, for the report) and return what it measured. `metrics`: a
     prometheus_client registry to export the hierarchy's metrics on while it runs
     (`hierarchy="replay"`).
+
+    `freeze_gc` (for a process that is the replay's own, as `kvtier replay`'s): once the
+    hierarchy is open, every object alive (the interpreter's, torch's, the trace's, the
+    hierarchy's) is moved out of the cyclic collector's sight (`gc.freeze()`), as a serving
+    engine does once it is set up (vLLM freezes its heap after start-up), and thawed at the
+    end (`gc.unfreeze()`, which also thaws what the process froze before). A full
+    collection then visits only what the replay made since, not the ~330,000 objects of
+    the set-up, which took ~140 ms each time on the 2-core VM (10 times in 8,000 requests
+    of the default replay), stalling whatever copy was in flight.
 
     Ctrl-C (SIGINT, where the loop runs in the main thread) stops the replay at the next
     request, and a cancellation (a second Ctrl-C under `asyncio.run`) at once; either way the
@@ -778,7 +774,8 @@ async def replay(
         replayer = Replayer(h, contents)
         lengths = trace.input_lengths
         stop = _StopOnInterrupt()
-        frozen = freeze_heap()
+        if freeze_gc:
+            gc.freeze()
         try:
             for index, request in enumerate(requests):
                 if stop.requested:
@@ -798,7 +795,7 @@ async def replay(
                 task.uncancel()
         finally:
             stop.remove()
-            if frozen:
+            if freeze_gc:
                 gc.unfreeze()
         if interrupted and (not series or series[-1].requests != replayer.counters.requests):
             series.append(_point(replayer, opened))

@@ -323,6 +323,7 @@ def replay(
                     disk_dirs=disk_dirs,
                     load_trace_s=load_trace_s,
                     metrics=registry,
+                    freeze_gc=True,  # this process is the replay's: see `replay`
                 )
             )
     finally:
