@@ -174,7 +174,8 @@ class _Written:
 
     @property
     def whole(self) -> bool:
-        """Whether every block's data was written (the plan holds as made)."""
+        """Whether every block is written so far (the plan holds as made); `results` are
+        updated as later steps fail blocks."""
         return all(result is None for result in self.results)
 
 
@@ -436,7 +437,7 @@ class WriteLane:
         """Step 5: one transaction, the stale records out and the new ones in. The records
         committed, the commits made and the forgets' error (None when committed)."""
         results = written.results
-        if all(result is None for result in results):  # as planned
+        if written.whole:  # as planned (no run, header write or sync failed)
             new, packed = written.plan.new, written.plan.packed
         else:
             new, packed = [], []
