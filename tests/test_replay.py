@@ -94,6 +94,12 @@ capacity = 2000
 fsync = false
 """
 
+ONE_CPU_TIER = {
+    "block_size": 4096,
+    "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
+}
+"""A one-tier chain small enough to replay a few hundred requests in a second."""
+
 
 # -- the command's happy path -----------------------------------------------------------------
 
@@ -597,12 +603,7 @@ async def test_a_ctrl_c_stops_the_replay_at_the_next_request_with_a_partial_resu
     """The first SIGINT is a flag the replay reads between requests (not a cancellation that
     an await along the data path could swallow): the replay stops within a request or two,
     closes its hierarchy and says it was interrupted; asyncio.run's handler comes back."""
-    config = parse_config(
-        {
-            "block_size": 4096,
-            "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
-        }
-    )
+    config = parse_config(ONE_CPU_TIER)
     trace = load_replay_trace(None, 400)
     before = signal.getsignal(signal.SIGINT)
     served = 0
@@ -626,12 +627,7 @@ async def test_a_replay_freezes_the_set_up_heap_only_when_asked(freeze_gc: bool)
     """With `freeze_gc`, what the set-up made (interpreter, torch, trace, the open hierarchy)
     is frozen out of the collector's sight while requests are served, and thawed after;
     without it the collector's state is left alone."""
-    config = parse_config(
-        {
-            "block_size": 4096,
-            "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
-        }
-    )
+    config = parse_config(ONE_CPU_TIER)
     gc.unfreeze()  # Python 3.12 starts with a few hundred objects frozen
     seen: list[int] = []
     result = await replay(
@@ -662,15 +658,14 @@ def test_the_replay_command_freezes_its_own_heap(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(module, "replay", spy)
-    config = tmp_path / "cpu.toml"
-    config.write_text(
+    config = write_config(
+        tmp_path / "cpu.toml",
         'block_size = 4096\n[[tiers]]\nname = "cpu"\nmedium = "cpu"\ncapacity = 64\n'
-        "pin_memory = false\n"
+        "pin_memory = false\n",
     )
-    run = CliRunner().invoke(
-        main,
-        ["replay", "--config", str(config), "--limit", "5", "--no-plot", "--out", str(tmp_path)],
+    code, stdout, stderr = run(
+        "replay", "--config", str(config), "--limit", "5", "--no-plot", "--out", str(tmp_path)
     )
-    assert run.exit_code == 0, run.output
+    assert code == 0, stdout + stderr
     assert asked == [True]
     assert gc.get_freeze_count() == 0
