@@ -198,11 +198,19 @@ cluster)
         for p in "${cluster_ports[@]}"; do nodes+=("127.0.0.1:$p"); done
         REDISCLI_AUTH=$(password) redis-cli --cluster create "${nodes[@]}" \
             --cluster-replicas 0 --cluster-yes >&2
-        for _ in $(seq 100); do
-            cli "${cluster_ports[0]}" cluster info | grep -q "cluster_state:ok" && break
+    fi
+    # Every node, not only the first, must see all slots served before a client writes:
+    # a node that has not heard the others yet answers CLUSTERDOWN (a failed store).
+    for p in "${cluster_ports[@]}"; do
+        for _ in $(seq 300); do
+            cli "$p" cluster info 2>/dev/null | grep -q "cluster_state:ok" && break
             sleep 0.1
         done
-    fi
+        if ! cli "$p" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
+            say "cluster node 127.0.0.1:$p is not ok after 30 s; see $dir/cluster-$p/redis.log"
+            exit 1
+        fi
+    done
     say "cluster running on 127.0.0.1:${cluster_ports[*]}"
     ;;
 cluster-stop)
