@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -336,15 +337,27 @@ async def test_a_put_whose_top_tier_write_fails_stores_nothing(tmp_path: Path) -
         verify_all(h)
 
 
-def slow_reads(storage: BlockStorage, delay_s: float) -> None:
-    """Make a storage's reads take `delay_s` longer (a slow lower tier)."""
-    read = storage.read
+@dataclass
+class HeldReads:
+    """A storage's reads held at a gate (a lower tier hung): `entered` is set once a read
+    waits there, `release` lets every read through."""
 
-    async def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(delay_s)
+    entered: asyncio.Event
+    release: asyncio.Event
+
+
+def held_reads(storage: BlockStorage) -> HeldReads:
+    """Hold a storage's reads until `release` is set, so a test knows where they are."""
+    read = storage.read
+    held = HeldReads(asyncio.Event(), asyncio.Event())
+
+    async def gated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        held.entered.set()
+        await held.release.wait()
         return await read(*args, **kwargs)
 
-    storage.read = slow  # type: ignore[method-assign]
+    storage.read = gated  # type: ignore[method-assign]
+    return held
 
 
 async def test_a_load_past_its_deadline_is_a_miss(tmp_path: Path) -> None:
@@ -353,11 +366,11 @@ async def test_a_load_past_its_deadline_is_a_miss(tmp_path: Path) -> None:
         for k in ks:
             await h.put([k], blocks_of([k]))
         await h.drain()  # on disk, read from there (not from its snapshot on the way)
-        slow_reads(h.storages[-1], 0.5)
-        started = time.perf_counter()
+        held = held_reads(h.storages[-1])
         out = await h.get([ks[0]], timeout_s=0.05)
-        assert out.shape[0] == 0 and time.perf_counter() - started < 0.4
+        assert out.shape[0] == 0  # at its deadline: the read is held until released below
         assert h.stats().calls.get_timeouts == 1
+        held.release.set()
         await h.drain()  # the promotion itself went on
         assert h.where(ks[0]) == "cpu"
         out = await h.get([ks[0]])
@@ -371,12 +384,13 @@ async def test_a_cancelled_get_releases_its_pins(tmp_path: Path) -> None:
         for k in ks:
             await h.put([k], blocks_of([k]))
         await h.drain()  # on disk, read from there (not from its snapshot on the way)
-        slow_reads(h.storages[-1], 0.2)
+        held = held_reads(h.storages[-1])
         task = asyncio.ensure_future(h.get([ks[0], ks[1]]))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(held.entered.wait(), 60)  # the get waits for its read
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        held.release.set()
         await h.drain()
         verify_all(h)
         out = await h.get([ks[0]])

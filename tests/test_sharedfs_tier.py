@@ -251,8 +251,13 @@ async def test_the_background_sweeper_runs_in_a_chain(tmp_path: Path) -> None:
     config = chain(tmp_path / "nfs", sweep_interval_s=0.05, max_size=8 * (BLOCK + 200))
     async with Hierarchy.from_config(config) as h:
         await fill(h, range(40))
-        await asyncio.sleep(0.3)
+        storage = h.storages[-1]
+        assert isinstance(storage, SharedFSStorage)
+        after = storage.stats.sweeps + 2  # one whole sweep begun after the last write
+        for _ in range(6000):  # sweeps run every 0.05 s; a busy machine may slow them
+            if storage.stats.sweeps >= after:
+                break
+            await asyncio.sleep(0.01)
         on_disk = sum(p.stat().st_size for p in (tmp_path / "nfs").rglob("*.kv"))
         assert on_disk <= 8 * (BLOCK + 200)
-        storage = h.storages[-1]
-        assert isinstance(storage, SharedFSStorage) and storage.stats.sweeps > 0
+        assert storage.stats.sweeps > 0

@@ -176,10 +176,11 @@ async def test_a_get_from_a_hung_lower_tier_returns_at_its_deadline(tmp_path: Pa
         out = await h.get(ks[:2], timeout_s=0.3)
         elapsed = time.monotonic() - started
         assert out.shape[0] == 0
-        assert 0.25 <= elapsed <= 0.3 + 1.0  # it waited for the promotion, until its deadline
+        assert elapsed >= 0.25  # it waited for the promotion, until its deadline (never early)
+        # ... and not for the read, which is still held (it is only released below).
         assert hang.waiting == 1 and h.stats().calls.get_timeouts == 1
-        # The rest of the hierarchy does not wait for the hung tier.
-        out = await asyncio.wait_for(h.get(on_top[-1:]), 1)
+        # The rest of the hierarchy does not wait for the hung tier (hung until released).
+        out = await asyncio.wait_for(h.get(on_top[-1:]), 60)
         assert out.shape[0] == 1
         assert_prefix(out, on_top[-1:])
         hang.release()
@@ -201,12 +202,9 @@ async def test_a_get_from_a_hung_top_tier_returns_at_its_deadline(tmp_path: Path
         assert await h.put(ks, blocks_of(ks)) == 2
         flaky = install(h, 0)
         hang = flaky.block("read")
-        asyncio.get_running_loop().call_later(3.0, hang.release)  # unblocks it either way
-        started = time.monotonic()
-        out = await h.get(ks, timeout_s=0.3)
-        elapsed = time.monotonic() - started
-        assert elapsed <= 0.3 + 1.0, f"get(timeout_s=0.3) returned after {elapsed:.2f} s"
+        out = await h.get(ks, timeout_s=0.3)  # the read is held until released below
         assert out.shape[0] == 0 and h.stats().calls.get_timeouts == 1
+        assert hang.waiting == 1  # the get returned at its deadline, not after the read
         assert h.stats().tiers[0].pinned == 2  # the late read still reads those slots
         hang.release()
         await asyncio.wait_for(h.drain(), 2)
@@ -231,14 +229,13 @@ async def test_a_get_whose_promotion_fails_returns_the_miss_without_retrying(
         flaky = install(h, 1)
         rule = flaky.fail("read", Boom)
         started_jobs = h.stats().supervisor.jobs_started
-        started = time.monotonic()
         out = await h.get(ks[:1], timeout_s=2.0)
-        elapsed = time.monotonic() - started
         await h.drain()
         promotions = h.stats().supervisor.jobs_started - started_jobs
         settled(h)
         assert out.shape[0] == 0 and rule.fired >= 1
-        assert elapsed < 1.0 and promotions < 4, (elapsed, promotions)
+        # A miss at once: the get did not wait out its deadline, nor promote again and again.
+        assert h.stats().calls.get_timeouts == 0 and promotions < 4, promotions
 
 
 # -- cancellation ----------------------------------------------------------------------------

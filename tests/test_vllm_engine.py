@@ -253,7 +253,6 @@ def test_a_prefix_served_again_comes_back_from_kvtier(model: Path, tmp_path: Pat
         assert engine.prefix_is_intact("again")
         calls = engine.tier.hierarchy.stats().calls
         assert calls.get_served == FULL // BLOCK  # promoted from kvtier's disk tier
-        assert max(engine.tier.call_seconds.values()) < 1.0
     finally:
         engine.shutdown()
 

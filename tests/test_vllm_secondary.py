@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hierarchy_helpers import HeldWrites
 from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
@@ -109,7 +110,35 @@ def test_cascades_reach_kvtier_and_promotions_bring_back_the_same_bytes(tiering:
             manager.on_request_finished(context)
     driver.settle()
     assert_reported_once(driver, tier)
-    assert max(tier.call_seconds.values()) < 1.0  # no call into kvtier waits for I/O
+
+
+def test_no_call_into_kvtier_waits_for_its_disk(tiering: Make) -> None:
+    """vLLM's scheduler calls the tier under its lock: with every disk write of kvtier held,
+    a store, the finished jobs, a look-up kvtier answers and has_pending_work all return;
+    the held stores are reported (once) when the writes go through."""
+    io = HeldWrites()
+    manager, driver, tier = tiering(hierarchy_options={"tier_options": {"disk": {"io": io}}})
+    keys = [key(i) for i in range(PRIMARY)]
+    never = key(900)
+    context = driver.context()
+    try:
+        driver.store(keys, 0)  # vLLM's CPU tier hands the chunks to kvtier: to its disk
+        with manager.lock:
+            manager._process_finished_jobs()
+            manager.on_new_request(context)
+        assert tier.lookup(never, context) is LookupResult.RETRY  # asked of kvtier's thread
+        tier.hierarchy.call(lambda hierarchy: None)  # its loop answers meanwhile
+        assert tier.lookup(never, context) is LookupResult.MISS
+        assert tier.has_pending_work()
+        assert io.completed == 0  # every call above returned while the writes were held
+    finally:
+        io.release.set()
+    with manager.lock:
+        manager.on_request_finished(context)
+    driver.settle()
+    assert_reported_once(driver, tier)
+    assert io.completed > 0
+    assert tier.hierarchy.call(lambda h: [h.where(k) for k in keys]) == ["disk"] * PRIMARY
 
 
 def test_a_key_kvtier_never_stored_is_a_miss_after_one_retry(tiering: Make) -> None:
