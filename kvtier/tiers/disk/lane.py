@@ -159,11 +159,9 @@ class _Plan:
 
 @dataclass(slots=True)
 class _Written:
-    """What writing a group's data left: per block its codec, stored length and error (None:
-    written), the group's plan, and the blocks per slab file."""
+    """What writing a group's data left: per block its error (None: written), the group's
+    plan (which holds the codecs and stored lengths), and the blocks per slab file."""
 
-    codecs: list[int]
-    lengths: list[int]
     results: Results
     plan: _Plan
     files: dict[int, list[int]]
@@ -504,7 +502,7 @@ class WriteLane:
         codecs, stored, lengths = self._encode(buffers)
         plan = functools.partial(self._plan, keys, slots, lengths, codecs, seqs, stored, cleared)
         if not count:
-            return _Written([], [], [], plan(), {})
+            return _Written([], plan(), {})
         total = sum(lengths)
         ways = (
             min(self.max_workers, total // WRITE_SPLIT_BYTES)
@@ -543,7 +541,7 @@ class WriteLane:
             else:
                 for member in run.members:
                     results[member] = error
-        return _Written(codecs, lengths, results, made, files)
+        return _Written(results, made, files)
 
     def _plan(
         self,
