@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,17 @@ capacity = 2000
 fsync = false
 """
 
-ONE_CPU_TIER = {
-    "block_size": 4096,
-    "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 64, "pin_memory": False}],
-}
+ONE_CPU_TIER_TOML = """
+block_size = 4096
+[[tiers]]
+name = "cpu"
+medium = "cpu"
+capacity = 64
+pin_memory = false
+"""
 """A one-tier chain small enough to replay a few hundred requests in a second."""
+
+ONE_CPU_TIER = tomllib.loads(ONE_CPU_TIER_TOML)
 
 
 # -- the command's happy path -----------------------------------------------------------------
@@ -658,11 +665,7 @@ def test_the_replay_command_freezes_its_own_heap(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(module, "replay", spy)
-    config = write_config(
-        tmp_path / "cpu.toml",
-        'block_size = 4096\n[[tiers]]\nname = "cpu"\nmedium = "cpu"\ncapacity = 64\n'
-        "pin_memory = false\n",
-    )
+    config = write_config(tmp_path / "cpu.toml", ONE_CPU_TIER_TOML)
     code, stdout, stderr = run(
         "replay", "--config", str(config), "--limit", "5", "--no-plot", "--out", str(tmp_path)
     )
