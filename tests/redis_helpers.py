@@ -1,10 +1,12 @@
-"""A real Redis for tests, started by `scripts/redis.sh` on loopback with a password (on a
-port of its own, so a user's test server is left alone); skipped with the script's reason
-where Redis cannot be installed."""
+"""A real Redis for tests, started by `scripts/redis.sh` on loopback with a password (on
+ports chosen free at run time, so a user's server and another test run are left alone);
+skipped with the script's reason where Redis cannot be installed."""
 
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +16,41 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "redis.sh"
-# Ports of their own, so a user's server is left alone; two test runs on one machine (two
-# clones, say) each set their own with these variables.
-PORT = int(os.environ.get("KVTIER_TEST_REDIS_PORT", "6391"))
-CLUSTER_PORT = int(os.environ.get("KVTIER_TEST_REDIS_CLUSTER_PORT", "7491"))  # and the 2 after
-TLS_PORT = int(os.environ.get("KVTIER_TEST_REDIS_TLS_PORT", "6492"))
+
+
+def _free(port: int) -> bool:
+    """Whether nothing listens on, or holds, 127.0.0.1:`port` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, *, cluster_bus: bool = False) -> int:
+    """The first of `count` consecutive free ports on loopback, chosen at random below
+    Linux's ephemeral range (32768 on), so an outgoing connection cannot take one between
+    this choice and the server's bind. `cluster_bus`: Redis Cluster's bus ports (each port +
+    10000) are free too, and stay below that range."""
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        base = rng.randrange(10_000, 22_000 - count)
+        wanted = [base + i for i in range(count)]
+        if cluster_bus:
+            wanted += [port + 10_000 for port in wanted]
+        if all(_free(port) for port in wanted):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1 in 1000 tries")
+
+
+# Ports chosen free when this run starts (five in a row: standalone, TLS, and the cluster's
+# three), or given with these variables, so that a user's server is left alone and two test
+# runs on one machine (two clones, two CI jobs) never meet.
+_BASE = free_ports(5, cluster_bus=True)
+PORT = int(os.environ.get("KVTIER_TEST_REDIS_PORT") or _BASE)
+TLS_PORT = int(os.environ.get("KVTIER_TEST_REDIS_TLS_PORT") or _BASE + 1)
+CLUSTER_PORT = int(os.environ.get("KVTIER_TEST_REDIS_CLUSTER_PORT") or _BASE + 2)  # and 2 after
 PASSWORD_ENV = "KVTIER_TEST_REDIS_PASSWORD"
 
 
