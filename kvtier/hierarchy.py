@@ -278,7 +278,9 @@ class Hierarchy:
         be taken straight from an engine's buffer) in the top tier, demoting what it evicts.
         Returns how many were newly stored: keys already held by a tier are skipped, and a
         store that cannot get room (every block pinned) or fails to write stores nothing.
-        A batch larger than the top tier is stored in parts, so it spills down the chain.
+        A batch larger than the top tier is stored in parts, so it spills down the chain;
+        one larger than the whole chain keeps its first blocks, as many as the chain holds,
+        and refuses the rest at once (counted and logged).
 
         `partial_last`: the last key is a prompt's partial block (fewer tokens than a block
         holds). No later prompt repeats its tokens exactly, so it is never stored (counted

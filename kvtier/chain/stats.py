@@ -37,8 +37,9 @@ class HierarchyCounters:
     put_present: int = 0
     """Blocks a tier already held (not stored again)."""
     put_refused: int = 0
-    """Blocks not stored: the top tier had no room (every block pinned) or its policy did not
-    admit them (`CachePolicy.admit`)."""
+    """Blocks not stored: the top tier had no room (every block pinned), its policy did not
+    admit them (`CachePolicy.admit`), or they came past the whole chain's capacity in one
+    put (only its first blocks are kept)."""
     put_partial: int = 0
     """Partial blocks (`put(partial_last=True)`) not stored."""
     put_failed: int = 0

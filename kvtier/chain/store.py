@@ -51,6 +51,9 @@ async def put(
     cascade a block hinted "never"."""
     started = time.perf_counter()
     chain.calls.put_blocks += len(keys)
+    held = chain_capacity(chain)
+    if len(keys) > held:
+        keys, rows, partial_last = _past_capacity(chain, keys, rows, partial_last, held)
     partial = keys[-1] if partial_last and keys else None
     chunk = max(1, chain.manager.top.num_blocks // 4)
     stored = 0
@@ -63,6 +66,42 @@ async def put(
         )
     chain.calls.put_latency.observe(time.perf_counter() - started)
     return stored
+
+
+def chain_capacity(chain: Chain) -> int:
+    """The most distinct blocks the chain holds at once: every tier's blocks (a block lives
+    in one tier), or the largest tier's with write-through (every tier below the top keeps
+    a copy)."""
+    sizes = [tier.num_blocks for tier in chain.manager.tiers]
+    return max(sizes) if chain.manager.write_policy == "write-through" else sum(sizes)
+
+
+def _past_capacity(
+    chain: Chain,
+    keys: list[OffloadKey],
+    rows: npt.NDArray[np.int64],
+    partial_last: bool,
+    held: int,
+) -> tuple[list[OffloadKey], npt.NDArray[np.int64], bool]:
+    """A put of more blocks than the whole chain holds keeps its first `held` (a prefix):
+    storing the rest would only evict the put's own head (and everything else), leaving a
+    tail no lookup reaches, since a prefix is served from its first block. The rest is
+    refused at once (counted, logged), never churned through the chain."""
+    dropped = len(keys) - held
+    partial = int(partial_last)  # the partial block is the last, among those dropped
+    chain.calls.put_partial += partial
+    chain.calls.put_refused += dropped - partial
+    log.warning(
+        "put: %d blocks, more than the whole chain holds (%d): the first %d are stored and "
+        "the other %d refused (they would evict the put's own first blocks); put a prefix "
+        "of at most %d blocks, or give the chain more capacity",
+        len(keys),
+        held,
+        held,
+        dropped,
+        held,
+    )
+    return keys[:held], rows[:held], False
 
 
 def give_hint(chain: Chain, keys: list[OffloadKey], hint: ReuseHint) -> None:
