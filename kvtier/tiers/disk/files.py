@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtier.errors import DirectIOError, DiskLockedError
-from kvtier.tiers.disk.codec import Stored
+from kvtier.tiers.codec import Stored
 from kvtier.tiers.disk.index_check import DATA_FILE
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import (

@@ -54,8 +54,8 @@ import numpy as np
 
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.keys import OffloadKey
+from kvtier.tiers.codec import BlockCodec, Codec, Stored
 from kvtier.tiers.disk.catalog import Catalog, Records
-from kvtier.tiers.disk.codec import BlockCodec, Codec, Stored
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.index import BlockIndex

@@ -34,8 +34,8 @@ import numpy as np
 
 from kvtier.errors import DiskLayoutError, DiskTierError, KvtierError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.disk.cold import RECORD_DTYPE, ColdRecords, settle
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.fsck import CheckProblem

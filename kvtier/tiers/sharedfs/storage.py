@@ -82,7 +82,7 @@ from kvtier.config_fields import parse_size
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.namespaces import namespace_fingerprint
-from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.registry import TierContext
 from kvtier.tiers.shared.auth import ValueAuth, auth_from_config
