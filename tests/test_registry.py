@@ -23,9 +23,9 @@ from kvtier.cli import main
 from kvtier.config import parse_config
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import key_from_int
+from kvtier.manager.backend import SlotPoolBackend
 from kvtier.manager.tier import make_tier_manager
 from kvtier.specs import Medium, SlotLoadStoreSpec, slot_spec_type
-from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.pool.kind import CPUTierConfig, GPUTierConfig
@@ -159,12 +159,16 @@ def test_an_unknown_medium_names_the_registered_ones() -> None:
 
 
 def test_validating_a_config_imports_no_opener() -> None:
-    # The openers' modules import torch or a client library; a config must validate without.
+    # The openers' modules import torch, a client library or a storage library (the disk
+    # store's lmdb and zstandard); a config must validate without any of them.
     code = (
-        "import sys; from kvtier.config import load_default_config; load_default_config(); "
+        "import sys; from kvtier.config import load_default_config; "
+        "config = load_default_config(); "
+        "assert 'disk' in [tier.medium for tier in config.tiers]; "
         "import kvtier.tiers.registry; "
-        "print(sorted(m for m in ('torch', 'redis', 'kvtier.tiers.pool.storage', "
-        "'kvtier.tiers.redis.storage', 'kvtier.tiers.sharedfs.storage') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'redis', 'lmdb', 'zstandard', "
+        "'kvtier.tiers.pool.storage', 'kvtier.tiers.disk.store', 'kvtier.tiers.redis.storage', "
+        "'kvtier.tiers.sharedfs.storage') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
