@@ -10,7 +10,7 @@ hands every call to one of its parts, each a module with one job and its own tes
                  slot headers, the in-flight log (inflight.py), records settled (`Recovery`)
     catalog.py   what the store holds: records in memory over the LMDB index (index.py)
     files.py     the open files and the bytes moved through them (`StoreFiles`)
-    lane.py      the write lane: every write and forget merged into group commits
+    lane.py      the write lane: every write and forget (jobs.py) merged into group commits
     reader.py    the read path: runs read and every block verified (`BlockReader`)
     fsck.py      `check`: every record against its slot, lost records, stray files
     guard.py     failing closed: a store whose files were taken disables itself
@@ -45,8 +45,9 @@ from kvtier.tiers.disk.catalog import RestoredBlocks
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport, StoreChecker
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import FileIO
+from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
 from kvtier.tiers.disk.kind import DiskTierConfig
-from kvtier.tiers.disk.lane import ForgetJob, WriteJob, WriteLane
+from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts
 from kvtier.tiers.disk.recovery import Recovery
