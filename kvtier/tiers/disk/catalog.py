@@ -32,9 +32,9 @@ from kvtier.tiers.disk.cold import ColdRecords
 from kvtier.tiers.disk.index import DAMAGE_ERRORS, BlockIndex, IndexHome
 from kvtier.tiers.disk.index_check import write_clean_stamp
 from kvtier.tiers.disk.layout import IndexRecord
-from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import RestoredBlock
+from kvtier.tiers.trusted import FileId
 
 Records = list[tuple[OffloadKey, IndexRecord]]
 

@@ -68,9 +68,9 @@ from kvtier.tiers.disk.layout import (
     StoreLayout,
 )
 from kvtier.tiers.disk.ops import Op, SyncOp, WriteOp, run_batch
-from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer
+from kvtier.tiers.trusted import FileId
 
 READS_FIRST_WAIT_S = 0.01
 """Longest a write group waits, before it starts, for the reads in flight to finish: on one

@@ -69,11 +69,9 @@ from kvtier.tiers.disk.safety import (
     check_free_space,
     check_parent_dir,
     check_store_dir,
-    create_or_open,
-    make_dirs,
-    refuse_symlink,
 )
 from kvtier.tiers.disk.stats import StoreCounters
+from kvtier.tiers.trusted import create_or_open, make_dirs, refuse_symlink
 
 PROBED_RECORDS = "records.probed"
 """Where the probe of an index not closed cleanly writes its records (read, then removed)."""

@@ -95,6 +95,7 @@ from kvtier.tiers.shared.value import (
 )
 from kvtier.tiers.sharedfs.kind import SharedFSTierConfig
 from kvtier.tiers.storage import HostBuffer, ReadFailure
+from kvtier.tiers.trusted import FileVersion, directory_problem, file_version
 
 log = logging.getLogger("kvtier.tiers.sharedfs")
 
@@ -132,10 +133,6 @@ _NOT_A_DIRECTORY = (errno.ENOTDIR, errno.ELOOP)
 """What `open(O_DIRECTORY | O_NOFOLLOW)` says of a symlink or a file where a directory should
 be."""
 
-FileId = tuple[int, int, int, int, int]
-"""A file's identity and version: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns); a new
-file at a path (a rename over it) or a change to it (ctime) makes another."""
-
 
 class FileProblem(enum.StrEnum):
     """Why a file at a block's path was not read (counted in `stats.problems`; each a miss).
@@ -159,10 +156,6 @@ def _allocation(nbytes: int) -> int:
     return -(-nbytes // ALLOCATION_UNIT) * ALLOCATION_UNIT
 
 
-def _file_id(info: os.stat_result) -> FileId:
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
-
-
 def _name_of(key: OffloadKey) -> str:
     """The 32 hex characters naming `key`'s file (its first two name its directory)."""
     return xxhash.xxh3_128_hexdigest(key)
@@ -182,28 +175,6 @@ def resolve_group(group: str | int | None) -> int | None:
     return gid
 
 
-def directory_problem(info: os.stat_result, gid: int | None) -> str | None:
-    """What makes a directory (its `fstat`/`lstat`) unsafe to keep blocks in, or None: it must
-    be a real directory owned by this user or the configured group `gid`, writable by nobody
-    else (group-writable only with that group)."""
-    if stat.S_ISLNK(info.st_mode):
-        return "is a symlink"
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
-    uid = os.geteuid()
-    ours = info.st_uid == uid or (gid is not None and info.st_gid == gid)
-    if not ours:
-        owners = f"this user (uid {uid})" + ("" if gid is None else f" or group {gid}")
-        return f"is owned by uid {info.st_uid} and group {info.st_gid}, not by {owners}"
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & stat.S_IWOTH:
-        return f"is writable by every user (mode {mode:o})"
-    if mode & stat.S_IWGRP and (gid is None or info.st_gid != gid):
-        configured = "no group is configured" if gid is None else f"not group {gid}"
-        return f"is writable by its group {info.st_gid} (mode {mode:o}), {configured}"
-    return None
-
-
 def _claim(fd: int, mode: int, gid: int | None) -> None:
     """Give a directory kvtier just created its group and exact mode (a umask narrows or, at
     000, would leave what mkdir was given: set it whole)."""
@@ -215,7 +186,8 @@ def _claim(fd: int, mode: int, gid: int | None) -> None:
 def open_namespace_dir(root: Path, gid: int | None = None) -> int:
     """Create the namespace directory `root` if missing (its missing ancestors PARENT_MODE,
     it 0700, or 2770 of group `gid`), open it without following a symlink and check it
-    (`directory_problem`): its descriptor. DiskTierError naming the path and what is wrong."""
+    (`kvtier.tiers.trusted.directory_problem`): its descriptor. DiskTierError naming the
+    path and what is wrong."""
     mode = DIR_MODE if gid is None else GROUP_DIR_MODE
     created = False
     try:
@@ -242,7 +214,7 @@ def open_namespace_dir(root: Path, gid: int | None = None) -> int:
     try:
         if created:
             _claim(fd, mode, gid)
-        problem = directory_problem(os.fstat(fd), gid)
+        problem = directory_problem(os.fstat(fd), gid=gid)
     except OSError as error:
         os.close(fd)
         raise DiskTierError(f"cannot set up {root}: {error.strerror or error}") from None
@@ -309,7 +281,7 @@ class _Entry(NamedTuple):
 class _ReadOutcome(NamedTuple):
     failure: ReadFailure | None
     problem: Problem | None = None
-    bad: FileId | None = None
+    bad: FileVersion | None = None
     """The file found bad (not to be read again while it is at the path)."""
 
 
@@ -438,7 +410,7 @@ class SharedFSStorage(KeyedStorage):
         self._temp_ids = itertools.count(time.monotonic_ns())
         self.touch_after_s = 60.0
         """A read marks its file used (mtime) when the mark is older than this."""
-        self._forgotten: OrderedDict[OffloadKey, FileId] = OrderedDict()
+        self._forgotten: OrderedDict[OffloadKey, FileVersion] = OrderedDict()
         """Files found bad, by key: not read again while they are at the key's path."""
         self._forgotten_lock = threading.Lock()
         self._gates: set[_CopyGate] = set()
@@ -515,7 +487,7 @@ class SharedFSStorage(KeyedStorage):
         try:
             if created:
                 _claim(fd, self._dir_mode, self.group)
-            problem = directory_problem(os.fstat(fd), self.group)
+            problem = directory_problem(os.fstat(fd), gid=self.group)
         except BaseException:
             os.close(fd)
             raise
@@ -571,11 +543,11 @@ class SharedFSStorage(KeyedStorage):
         if info.st_size > self.values.max_value_bytes(len(key)):
             return ValueProblem.OVERSIZED
         with self._forgotten_lock:
-            if self._forgotten.get(key) == _file_id(info):
+            if self._forgotten.get(key) == file_version(info):
                 return FileProblem.FORGOTTEN
         return None
 
-    def _forget_file(self, key: OffloadKey, file: FileId) -> None:
+    def _forget_file(self, key: OffloadKey, file: FileVersion) -> None:
         with self._forgotten_lock:
             self._forgotten[key] = file
             self._forgotten.move_to_end(key)
@@ -725,7 +697,7 @@ class SharedFSStorage(KeyedStorage):
             info = os.fstat(fd)
             problem = self._file_problem(key, info)
             if problem is not None:
-                bad = None if problem is FileProblem.FORGOTTEN else _file_id(info)
+                bad = None if problem is FileProblem.FORGOTTEN else file_version(info)
                 return _ReadOutcome(ReadFailure.NOT_INDEXED, problem, bad)
             value = _read_up_to(fd, info.st_size)  # at most one value: checked above
             if not gate.enter():
@@ -739,7 +711,7 @@ class SharedFSStorage(KeyedStorage):
                 # write per read is costly on a network filesystem).
                 with contextlib.suppress(OSError):
                     os.utime(fd)
-            bad = None if found in (None, ValueProblem.MISSING) else _file_id(info)
+            bad = None if found in (None, ValueProblem.MISSING) else file_version(info)
             return _ReadOutcome(failure, found, bad)
         except OSError:
             return _ReadOutcome(ReadFailure.IO_ERROR)
@@ -796,7 +768,7 @@ class SharedFSStorage(KeyedStorage):
         found, _ = await self._run(self._stat_keys, keys)
         for key, info in zip(keys, found, strict=True):
             if info is not None:
-                self._forget_file(key, _file_id(info))
+                self._forget_file(key, file_version(info))
 
     # -- the sweeper -------------------------------------------------------------------------
 
