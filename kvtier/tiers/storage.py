@@ -153,3 +153,6 @@ class TensorStorage(BlockStorage):
     """The blocks, one row per slot."""
     device: torch.device
     """Where the blocks live."""
+    fallback: str | None = None
+    """Why the blocks do not live where the tier asked (a GPU pool in host memory when CUDA
+    is missing), or None."""

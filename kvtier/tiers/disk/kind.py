@@ -54,6 +54,7 @@ KIND = TierKind(
     volatile=False,
     access=TierAccess.HOST_BUFFERS,
     opener="kvtier.tiers.disk.store:open_disk_tier",
+    options_keyword="disk_options",
 )
 """A local disk: persistent, slots read and written through host buffers, kvtier's
 bookkeeping deciding what it holds."""
