@@ -68,7 +68,7 @@ from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import OffloadKey, check_key
 from kvtier.manager import OffloadingEvent, TieredManager, TieredStoreOutput
 from kvtier.metrics import register_metrics, unregister_metrics
-from kvtier.tiers.registry import registered_media
+from kvtier.tiers.registry import options_keywords, registered_media
 from kvtier.tiers.storage import BlockStorage, TensorStorage
 
 if TYPE_CHECKING:
@@ -145,7 +145,9 @@ class Hierarchy:
             raise InvalidValueError(
                 f"flush_on_close must be a bool or None, got {flush_on_close!r}"
             )
-        options = checks.check_tier_options(tier_options, disk_options, registered_media())
+        options = checks.check_tier_options(
+            tier_options, {"disk_options": disk_options}, registered_media(), options_keywords()
+        )
         self.config = config
         self.block_size = config.block_size
         self.flush_on_close = flush_on_close

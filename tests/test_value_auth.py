@@ -32,7 +32,7 @@ from kvtier.errors import ConfigError, KvtierError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import block_namespace
 from kvtier.testing.keyed import fixed_key, fixed_key_hex, forgeries, keyed_auth, v1_value
-from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError
+from kvtier.tiers.codec import BlockCodec, Codec, CodecError
 from kvtier.tiers.shared.auth import (
     ValueAuth,
     ValueKey,

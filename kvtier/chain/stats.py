@@ -13,8 +13,8 @@ import copy
 from dataclasses import dataclass, field
 
 from kvtier.engine import SupervisorCounters, TransferEngine
+from kvtier.latency import LatencyHistogram
 from kvtier.manager import ChainCounters, TieredManager, TierStats
-from kvtier.metrics.latency import LatencyHistogram
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,13 @@
 """Bookkeeping, synchronous and I/O-free: per-tier managers and the chained manager.
 
-- `tier.py`: `TierManager`, a slot pool (a `Backend` plus a `CachePolicy`);
+- `tier.py`: `TierManager`, a slot pool (a `Backend`, `backend.py`, plus a `CachePolicy`);
   `keyed.py`: `KeyedTierManager`, a tier that owns its index; both are `ChainTier`s
   (`chain_tier.py`), what the chained manager drives.
 - `tiered.py`: `TieredManager`, the chain's decisions (stores, demotions, promotions,
   cascades) as `TransferJob`s (`jobs.py`), and `slot_ids`, the slots a spec names.
 """
 
+from kvtier.manager.backend import Backend, SlotPoolBackend
 from kvtier.manager.base import (
     OffloadingEvent,
     OffloadingManager,
@@ -20,6 +21,7 @@ from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
 from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput, slot_ids
 
 __all__ = [
+    "Backend",
     "ChainCounters",
     "ChainTier",
     "CopyStep",
@@ -30,6 +32,7 @@ __all__ = [
     "PrepareStoreOutput",
     "PromotionHold",
     "ReqContext",
+    "SlotPoolBackend",
     "TierManager",
     "TierStats",
     "TieredManager",

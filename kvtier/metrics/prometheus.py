@@ -29,8 +29,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvtier.errors import InvalidValueError, KvtierError
+from kvtier.latency import EXPORTED_BOUNDS_S, LatencyHistogram
 from kvtier.metrics.catalog import METRICS, StatsSource
-from kvtier.metrics.latency import EXPORTED_BOUNDS_S, LatencyHistogram
 
 if TYPE_CHECKING:
     from kvtier.chain.stats import HierarchyStats

@@ -41,7 +41,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.namespaces import block_namespace
 from kvtier.testing.storage import empty_buffers, make_blocks
-from kvtier.tiers.disk.codec import BlockCodec, Codec
+from kvtier.tiers.codec import BlockCodec, Codec
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.shared.auth import (
     NamespaceKey,

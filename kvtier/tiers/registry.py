@@ -83,6 +83,7 @@ __all__ = [
     "TierContext",
     "TierKind",
     "open_storage",
+    "options_keywords",
     "register_tier",
     "registered_media",
     "tier_kind",
@@ -348,6 +349,10 @@ class TierKind:
     """Many nodes (and possibly other tenants) write the store: the chain must name its model
     (`model_id`), so blocks of models whose KV differs never meet, and what is read back is
     authenticated with a secret key (a node that can write the store is not trusted)."""
+    options_keyword: str | None = None
+    """A keyword argument of `Hierarchy` whose options also go to this medium's opener,
+    merged over `tier_options[<medium>]` (the disk's `disk_options`, older than
+    `tier_options`), or None."""
 
     def __post_init__(self) -> None:
         if isinstance(self.medium, str):
@@ -379,6 +384,12 @@ class TierKind:
             raise InvalidValueError(
                 f"tier medium {self.medium!r}: opener must be an import path like "
                 f'"package.module:function", got {self.opener!r}'
+            )
+        keyword = self.options_keyword
+        if keyword is not None and (not isinstance(keyword, str) or not keyword.isidentifier()):
+            raise InvalidValueError(
+                f"tier medium {self.medium!r}: options_keyword must be an identifier or None, "
+                f"got {keyword!r}"
             )
 
 
@@ -468,6 +479,12 @@ def registered_media() -> list[str]:
     """The registered media, in registration order (the built-ins first)."""
     _load_kinds()
     return list(_KINDS)
+
+
+def options_keywords() -> dict[str, str]:
+    """The `options_keyword` of each kind that declares one, to its medium."""
+    _load_kinds()
+    return {kind.options_keyword: kind.medium for kind in _KINDS.values() if kind.options_keyword}
 
 
 async def open_storage(config: BaseTierConfig, context: TierContext) -> BlockStorage:

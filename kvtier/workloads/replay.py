@@ -257,7 +257,7 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
     alone and raises InvalidValueError (it is not a replay's own)."""
     import shutil
 
-    from kvtier.tiers.disk.safety import make_dirs
+    from kvtier.tiers.trusted import make_dirs
 
     dirs: list[Path] = []
     for tier in config.active_tiers():

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtier.errors import DirectIOError, DiskLockedError
-from kvtier.tiers.disk.codec import Stored
+from kvtier.tiers.codec import Stored
 from kvtier.tiers.disk.index_check import DATA_FILE
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import (
@@ -51,12 +51,8 @@ from kvtier.tiers.disk.layout import (
     unpack_file_header,
 )
 from kvtier.tiers.disk.ops import Op, StatOp, SyncOp, WriteOp, run_batch
-from kvtier.tiers.disk.safety import (
-    FILE_MODE,
-    FileId,
-    create_or_open,
-    preallocate,
-)
+from kvtier.tiers.disk.safety import preallocate
+from kvtier.tiers.trusted import FILE_MODE, FileId, create_or_open
 
 if TYPE_CHECKING:
     from kvtier.tiers.disk.catalog import Catalog

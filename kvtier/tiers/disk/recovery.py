@@ -34,8 +34,8 @@ import numpy as np
 
 from kvtier.errors import DiskLayoutError, DiskTierError, KvtierError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.disk.cold import RECORD_DTYPE, ColdRecords, settle
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.fsck import CheckProblem
@@ -69,11 +69,9 @@ from kvtier.tiers.disk.safety import (
     check_free_space,
     check_parent_dir,
     check_store_dir,
-    create_or_open,
-    make_dirs,
-    refuse_symlink,
 )
 from kvtier.tiers.disk.stats import StoreCounters
+from kvtier.tiers.trusted import create_or_open, make_dirs, refuse_symlink
 
 PROBED_RECORDS = "records.probed"
 """Where the probe of an index not closed cleanly writes its records (read, then removed)."""

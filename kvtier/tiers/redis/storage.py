@@ -40,7 +40,7 @@ from kvtier.config_fields import hide_userinfo
 from kvtier.errors import InvalidValueError, TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import namespace_fingerprint
-from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.redis.kind import RedisTierConfig
 from kvtier.tiers.registry import TierContext

@@ -56,7 +56,7 @@ import xxhash
 
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.codec import BlockCodec, CodecError
+from kvtier.tiers.codec import BlockCodec, CodecError
 from kvtier.tiers.shared.auth import NamespaceKey, ValueAuth, require_encryption
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
