@@ -242,7 +242,8 @@ def _bookkeeping(
 def describe_storage(storage: BlockStorage) -> str:
     """Where a tier's bytes live, for `Hierarchy.tiers` and reports (fixed for the tier's
     lifetime): the storage's own `describe()` where it has one, else its files and I/O
-    mode ("files in DIR (O_DIRECT|buffered[, codec])"), else its class."""
+    mode ("files in DIR (O_DIRECT|buffered[, codec][, N other stores beside it])"), else
+    its class."""
     describe = getattr(storage, "describe", None)
     if callable(describe):
         return str(describe())
@@ -251,6 +252,11 @@ def describe_storage(storage: BlockStorage) -> str:
     compression = getattr(storage, "compression", "none")
     mode = "O_DIRECT" if direct else "buffered"
     codec = "" if compression == "none" else f", {compression}"
+    # Stores of another block size or model in the same directory (a disk store's
+    # `other_stores`): not read by this tier, their space still taken.
+    others = len(getattr(storage, "other_stores", None) or ())
+    if others:
+        codec += f", {others} other store{'s' if others > 1 else ''} beside it"
     return f"files in {path} ({mode}{codec})" if path is not None else type(storage).__name__
 
 

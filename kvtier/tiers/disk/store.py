@@ -15,6 +15,7 @@ hands every call to one of its parts, each a module with one job and its own tes
     fsck.py      `check`: every record against its slot, lost records, stray files
     guard.py     failing closed: a store whose files were taken disables itself
     io.py        the system calls (`FileIO`, `FaultyIO`) and the short-I/O resume loops
+    neighbours.py  the other stores in its directory (a changed block size), said at open
 
 Reads never wait behind writes: they run in their own thread pool, and the write lane is one
 thread (with helpers) that always makes progress. Every read verifies its blocks' checksums,
@@ -48,6 +49,7 @@ from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.lane import ForgetJob, WriteJob, WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
+from kvtier.tiers.disk.neighbours import say_other_stores
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
@@ -169,6 +171,9 @@ class DiskStore(BlockStorage):
         self.directory = Path(directory)
         self.path = layout.store_dir(self.directory)
         """The store's own directory."""
+        self.other_stores = [] if inspect else say_other_stores(self.directory, layout)
+        """The stores beside this one in `directory` (another block size or model id: what a
+        changed config leaves behind), each said in the log at open (neighbours.py)."""
         self._max_workers = max_workers
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
