@@ -307,9 +307,14 @@ class Hierarchy:
 
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing; the first
-        key no tier holds is counted as a miss of every tier."""
+        key no tier holds is counted as a miss of every tier, and every key in
+        `stats().calls.lookup_blocks` (the held ones in `lookup_held`)."""
         chain = self._open()
-        return chain.manager.held_prefix(checks.check_keys(keys, "lookup", distinct=False))
+        keys = checks.check_keys(keys, "lookup", distinct=False)
+        held = chain.manager.held_prefix(keys)
+        chain.calls.lookup_blocks += len(keys)
+        chain.calls.lookup_held += held
+        return held
 
     async def get(
         self, keys: Sequence[OffloadKey], *, timeout_s: float | None = None

@@ -306,3 +306,36 @@ def test_lost_records_are_found_and_repair_brings_every_block_back(
         assert sorted(store.record(key_from_int(i)).slot for i in range(BLOCKS)) == slots  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_replays_out_directory_is_searched_for_its_stores(tmp_path: Path) -> None:
+    """`kvtier check kvtier-out` after a replay: its stores are OUT/disk/<tier>/kvtier-<fp>,
+    three levels down; each is found and checked, named as the user can give it."""
+    out = tmp_path / "kvtier-out"
+    stores = []
+    for tier, block in (("disk", BLOCK), ("ssd", 2 * BLOCK)):
+        store = DiskStore(out / "disk" / tier, block_size=block, num_blocks=4, direct_io=False)
+        store.close()
+        stores.append(store.path)
+    (out / "report.json").write_text("{}")
+    (out / "charts" / "kvtier-notastore").mkdir(parents=True)  # no headers, not a store name
+    code, stdout, _ = run("check", str(out))
+    assert code == 0, stdout
+    assert [line for line in stdout.splitlines() if line.startswith("store ")] == [
+        f"store {path}:" for path in sorted(stores)
+    ]
+    assert stdout.count("0 index records checked") == 2
+
+
+def test_a_directory_without_stores_near_it_says_how_deep_it_looked(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e"
+    store = DiskStore(deep, block_size=BLOCK, num_blocks=4, direct_io=False)
+    store.close()  # five levels down (its store six): out of reach
+    code, stdout, _ = run("check", str(tmp_path))
+    assert code == 0
+    assert (
+        stdout.strip()
+        == f"{tmp_path}: no kvtier store here or up to 4 levels below, nothing to check"
+    )
+    code, stdout, _ = run("check", str(deep.parent.parent))  # within reach from here
+    assert code == 0 and f"store {store.path}:" in stdout

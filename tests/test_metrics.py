@@ -40,12 +40,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier import Hierarchy
 from kvtier.errors import InvalidValueError
+from kvtier.keys import OffloadKey
 from kvtier.metrics import METRICS, serve_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def keys_(*ids: int) -> list[bytes]:
+def keys_(*ids: int) -> list[OffloadKey]:
     return [key(i) for i in ids]
 
 
@@ -98,6 +99,37 @@ async def test_metrics_on_a_chosen_registry_equal_stats(tmp_path: Path) -> None:
     labels = {"hierarchy": "default", "tier": "disk"}
     assert REGISTRY.get_sample_value("kvtier_tier_hits_total", labels) is None
     assert value(registry, "kvtier_tier_hits_total", tier="disk") is None
+
+
+async def test_per_block_lookup_counts_give_the_replays_hit_ratio(tmp_path: Path) -> None:
+    """A lookup-then-get workload, as `kvtier replay` runs it: the blocks after a miss are
+    counted missed block by block (the chain's misses count one per lookup), so the tiers'
+    hits over the blocks given to lookup is the hit ratio the replay reports."""
+    registry = CollectorRegistry()
+    config = chain_config(tmp_path, gpu=None, cpu=16, disk=16, reserve=False)
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        stored = keys_(*range(8))
+        await h.put(stored, blocks_of(stored))  # all in the cpu tier
+        await h.drain()
+        served = 0
+        for request in (
+            keys_(0, 1, 2, 90, 91),  # 3 hits, then 2 blocks missed
+            keys_(6, 7, 5, 4),  # 4 hits
+            keys_(92, 0, 1, 2, 3, 4),  # a miss at the head: 6 blocks missed
+            keys_(7, 93),  # 1 hit, 1 missed
+        ):
+            held = h.lookup(request)
+            served += (await h.get(request[:held])).shape[0]
+            await h.drain()
+        stats = h.stats()
+        assert value(registry, "kvtier_lookup_blocks_total", outcome="held") == 8
+        assert value(registry, "kvtier_lookup_blocks_total", outcome="missed") == 9
+    assert served == 8
+    assert (stats.calls.lookup_blocks, stats.calls.lookup_held) == (17, 8)
+    assert stats.calls.lookup_missed == 9
+    assert [(tier.name, tier.hits) for tier in stats.activity] == [("cpu", 8), ("disk", 0)]
+    assert stats.block_hit_ratio() == 8 / 17
+    assert stats.activity[-1].misses == 3  # per lookup: one for each request that missed
 
 
 async def test_corrupt_blocks_and_refusals_are_exported(tmp_path: Path) -> None:

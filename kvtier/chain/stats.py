@@ -62,6 +62,24 @@ class HierarchyCounters:
     put_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of `put` calls, backpressure included."""
 
+    # -- per-block lookups ----------------------------------------------------------------
+    # A lookup's miss is counted once per call by the chain (`ChainCounters.misses`, the
+    # tiers' `misses`): the first key no tier holds. These count every block, so that the
+    # hit ratio of a lookup-then-get workload (kvtier replay's) is read from the counters:
+    # the tiers' hits (per block, counted by the gets) over `lookup_blocks`.
+    lookup_blocks: int = 0
+    """Keys given to `lookup` (every one, also those after the first miss)."""
+    lookup_held: int = 0
+    """Of those, the leading ones some tier held: `lookup`'s answers summed. The others
+    (`lookup_missed`) are the first key no tier held and every key after it, which the
+    caller recomputes."""
+
+    @property
+    def lookup_missed(self) -> int:
+        """Keys given to `lookup` that it did not count as held (`lookup_blocks` -
+        `lookup_held`)."""
+        return self.lookup_blocks - self.lookup_held
+
     def copy(self) -> HierarchyCounters:
         """A snapshot (the histograms copied too)."""
         snapshot = copy.copy(self)
@@ -166,6 +184,13 @@ class HierarchyStats:
     block_size: int = 0
     """Bytes of one block, in every tier (a tier's capacity in bytes is its `num_blocks`
     times this)."""
+
+    def block_hit_ratio(self) -> float:
+        """Blocks served by some tier over the blocks given to `lookup` (0 when none were):
+        the hit ratio of a lookup-then-get workload such as `kvtier replay`, per block. The
+        tiers' `activity[i].hits` over `calls.lookup_blocks` is each tier's share."""
+        blocks = self.calls.lookup_blocks
+        return sum(tier.hits for tier in self.activity) / blocks if blocks else 0.0
 
     def latency_percentile(self, q: float) -> float:
         """The q-th percentile (0..100) of `get` latencies, in seconds (0 if none),

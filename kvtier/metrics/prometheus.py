@@ -121,6 +121,8 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
     add("kvtier_get_blocks_total", [name, "served"], calls.get_served)
     add("kvtier_get_blocks_total", [name, "missed"], calls.get_blocks - calls.get_served)
     add("kvtier_get_timeouts_total", [name], calls.get_timeouts)
+    add("kvtier_lookup_blocks_total", [name, "held"], calls.lookup_held)
+    add("kvtier_lookup_blocks_total", [name, "missed"], calls.lookup_missed)
     add("kvtier_put_store_timeouts_total", [name], calls.put_store_timeouts)
     for kind, value in (
         ("put", calls.put_backpressure_waits),

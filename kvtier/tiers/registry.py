@@ -152,9 +152,21 @@ class BaseTierConfig(FrozenModel):
         return tier_kind(self.medium)
 
     def options(self) -> dict[str, object]:
-        """The medium-specific settings, by key (for display)."""
+        """The medium-specific settings worth showing, by key (for display: a tier's line of
+        `HierarchyConfig.describe`): those the config sets or that differ from their
+        defaults, and those whose default is computed where the config is loaded (a disk
+        tier's path); never one left unset (None). A tier with many optional settings
+        (redis) would otherwise fill its line with `=None` and defaults."""
         common = set(BaseTierConfig.model_fields)
-        return {key: getattr(self, key) for key in type(self).model_fields if key not in common}
+        shown: dict[str, object] = {}
+        for key, info in type(self).model_fields.items():
+            value = getattr(self, key)
+            if key in common or value is None:
+                continue
+            computed = info.default_factory is not None
+            if key in self.model_fields_set or computed or value != info.default:
+                shown[key] = value
+        return shown
 
     @classmethod
     def check_capacity_bytes(cls, size: int) -> None:

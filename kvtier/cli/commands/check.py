@@ -1,8 +1,9 @@
 """`kvtier check`: verify every block of a disk store; `--repair` fixes what can be fixed.
 
 A store is named by its directory (`kvtier check PATH`: a store directory `kvtier-<fp>`, or
-a tier directory holding such stores, as `kvtier replay` leaves under `--out/disk/<tier>`) or
-by a config's disk tiers (`--config FILE`). The store's own header file says how it was built
+a directory with stores up to SEARCH_DEPTH levels below it, such as `kvtier replay`'s
+`--out`, whose stores are under `OUT/disk/<tier>/`) or by a config's disk tiers (`--config
+FILE`). The store's own header file says how it was built
 (block size, model id, capacity), so it is always checked as built, whatever a config says.
 
 Without `--repair` nothing is changed or created: the store is opened to inspect
@@ -23,6 +24,7 @@ stores: the first of 4, 1, 3, 0 that applies.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,15 +108,40 @@ def store_shape(store_dir: Path) -> StoreShape | None:
     return StoreShape(block_size, model_id, slots)
 
 
-def store_dirs_at(path: Path) -> list[Path]:
-    """The stores at `path`: the store directory itself, or those directly inside it."""
+SEARCH_DEPTH = 4
+"""How many directory levels below PATH `kvtier check PATH` looks for stores: enough for
+`kvtier replay --out OUT` (its stores are OUT/disk/<tier>/kvtier-<fingerprint>, three levels
+down) and a directory of such outputs."""
+
+_STORE_NAME = re.compile(r"kvtier-[0-9a-f]{20}")
+
+
+def store_dirs_at(path: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+    """The stores at `path`: the store directory itself, or the store directories below it,
+    up to `depth` levels down (a store's own subdirectories are not searched, nor symbolic
+    links). A store directory holds a `headers.bin` or is named `kvtier-<fingerprint>`."""
     from kvtier.tiers.disk.layout import HEADERS_FILE
 
     if (path / HEADERS_FILE).exists():
         return [path]
-    return sorted(
-        child for child in path.glob("kvtier-*") if child.is_dir() and not child.is_symlink()
-    )
+    found: list[Path] = []
+    level = [path]
+    for _ in range(depth):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                children = sorted(folder.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                if child.is_symlink() or not child.is_dir():
+                    continue
+                if _STORE_NAME.fullmatch(child.name) or (child / HEADERS_FILE).exists():
+                    found.append(child)
+                else:
+                    below.append(child)
+        level = below
+    return sorted(found)
 
 
 def check_store(
@@ -211,6 +238,11 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
     return check_store(tier.name, store_dir, repair, expected)
 
 
+def _shown(store: Path, path: Path) -> str:
+    """A store found under PATH, as the user can name it: PATH/relative/kvtier-<fp>."""
+    return store.name if store == path else str(path / store.relative_to(path))
+
+
 def _print(title: str, result: TierCheck) -> None:
     out.print(title, markup=False)
     for line in result.lines:
@@ -270,9 +302,10 @@ def _config_tiers(config_path: Path, repair: bool) -> list[tuple[str, TierCheck]
 def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
     """Verify every block of a disk store, named by its directory (PATH) or by a config.
 
-    PATH is a store directory (kvtier-<fingerprint>) or a directory holding stores, such
-    as a disk tier's directory under `kvtier replay`'s --out (OUT/disk/<tier>). The store's
-    header file says how it was built, so it is always checked as built.
+    PATH is a store directory (kvtier-<fingerprint>) or a directory with stores up to 4
+    levels below it, such as `kvtier replay`'s --out (its stores are under OUT/disk/<tier>):
+    each store found is checked. The store's header file says how it was built, so it is
+    always checked as built.
 
     For each store: every index record against its slot's header and bytes (slot in range
     and not claimed twice, the same key and sequence number, a possible length and codec,
@@ -298,6 +331,7 @@ def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
 
     \b
     Examples:
+      kvtier check kvtier-out
       kvtier check kvtier-out/disk/disk
       kvtier check --config configs/default.toml
       kvtier check --config my-chain.toml --repair
@@ -321,9 +355,16 @@ def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
             raise InvalidValueError(f"{path} is not a directory (a store directory is)")
         stores = store_dirs_at(path)
         if not stores:
-            out.print(f"{path}: no kvtier store here, nothing to check", markup=False)
+            out.print(
+                f"{path}: no kvtier store here or up to {SEARCH_DEPTH} levels below, nothing "
+                "to check",
+                markup=False,
+            )
             return
-        checked = [(f"store {s.name}:", check_store(s.name, s, repair)) for s in stores]
+        checked = [
+            (f"store {_shown(store, path)}:", check_store(store.name, store, repair))
+            for store in stores
+        ]
         again = [path]
     else:
         raise InvalidValueError(

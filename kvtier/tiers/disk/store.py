@@ -15,6 +15,7 @@ hands every call to one of its parts, each a module with one job and its own tes
     fsck.py      `check`: every record against its slot, lost records, stray files
     guard.py     failing closed: a store whose files were taken disables itself
     io.py        the system calls (`FileIO`, `FaultyIO`) and the short-I/O resume loops
+    neighbours.py  the other stores in its directory (a changed block size), said at open
 
 Reads never wait behind writes: they run in their own thread pool, and the write lane is one
 thread (with helpers) that always makes progress. Every read verifies its blocks' checksums,
@@ -49,6 +50,7 @@ from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
 from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
+from kvtier.tiers.disk.neighbours import say_other_stores
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
@@ -144,6 +146,9 @@ class DiskStore(BlockStorage):
         self.directory = Path(directory)
         self.path = layout.store_dir(self.directory)
         """The store's own directory."""
+        self.other_stores = [] if inspect else say_other_stores(self.directory, layout)
+        """The stores beside this one in `directory` (another block size or model id: what a
+        changed config leaves behind), each said in the log at open (neighbours.py)."""
         self._max_workers = max_workers
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
@@ -284,9 +289,14 @@ class DiskStore(BlockStorage):
         return self._codec.compression
 
     def describe(self) -> str:
-        """Where the bytes live: "files in DIR (O_DIRECT|buffered[, codec])"."""
+        """Where the bytes live: "files in DIR (O_DIRECT|buffered[, codec][, N other stores
+        beside it])": stores of another block size or model in the same directory, not read
+        by this tier, their space still taken (`other_stores`)."""
         mode = "O_DIRECT" if self.direct_io_active else "buffered"
         codec = "" if self.compression == "none" else f", {self.compression}"
+        others = len(self.other_stores)
+        if others:
+            codec += f", {others} other store{'s' if others > 1 else ''} beside it"
         return f"files in {self.path} ({mode}{codec})"
 
     @property
