@@ -4,7 +4,8 @@
   `keyed.py`: `KeyedTierManager`, a tier that owns its index; both are `ChainTier`s
   (`chain_tier.py`), what the chained manager drives.
 - `tiered.py`: `TieredManager`, the chain's decisions (stores, demotions, promotions,
-  cascades) as `TransferJob`s (`jobs.py`), and `slot_ids`, the slots a spec names.
+  cascades) as `TransferJob`s (`jobs.py`, with `slot_ids`, the slots a spec names);
+  `counters.py`: `ChainCounters`, what the chain did.
 """
 
 from kvtier.manager.base import (
@@ -14,10 +15,11 @@ from kvtier.manager.base import (
     ReqContext,
 )
 from kvtier.manager.chain_tier import ChainTier
-from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
+from kvtier.manager.counters import ChainCounters
+from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob, slot_ids
 from kvtier.manager.keyed import KeyedTierManager
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
-from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput, slot_ids
+from kvtier.manager.tiered import TieredManager, TieredStoreOutput
 
 __all__ = [
     "ChainCounters",

@@ -31,11 +31,10 @@ and its destinations are pending until it completes.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
 from kvtier.hints import HeldHint
@@ -47,15 +46,17 @@ from kvtier.manager.base import (
     ReqContext,
 )
 from kvtier.manager.chain_tier import ChainTier
+from kvtier.manager.counters import ChainCounters
 from kvtier.manager.jobs import (
     CopyStep,
     JobKind,
     PromotionHold,
     TransferJob,
     failed_pairs_of,
+    slot_ids,
 )
 from kvtier.manager.tier import TierStats
-from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
+from kvtier.specs import LoadStoreSpec
 
 WritePolicy = Literal["write-back", "write-through"]
 
@@ -87,51 +88,6 @@ class TieredStoreOutput(PrepareStoreOutput):
     copy) that must complete before anything is written into `store_spec`."""
 
     demotion: TransferJob | None = None
-
-
-@dataclass(slots=True)
-class ChainCounters:
-    """What the chain did since it was built (block counts)."""
-
-    lookups: int = 0
-    """Keys answered: each a hit of one tier or a miss of the chain (`lookups` = `misses` +
-    sum of `hits`). A key answered "ask again" (being written, already being promoted) is
-    counted when it is answered, or when a get serves it from its in-flight copy
-    (`count_staged_hits`)."""
-    hits: list[int] = field(default_factory=list)
-    """Lookups answered from each tier: index 0 ready at the top, i > 0 found in tier i
-    (a promotion started) or served from its copy on its way into tier i (a demotion's
-    snapshot in the staging arena: `count_staged_hits`)."""
-    misses: int = 0
-    """Keys asked of every tier and held by none (`lookup_many`, `held_prefix`): a miss of
-    each tier. Tier i's misses are these plus the hits of the tiers below it."""
-    promotions: int = 0
-    promotions_refused: int = 0
-    partial_refused: int = 0
-    """Partial blocks (`prepare_store(partial=...)`) not stored."""
-    demoted: int = 0
-    demotions_dropped: int = 0
-    demotions_refused: int = 0
-    """Victims the tier below did not admit (its admission filter or policy): dropped."""
-    dropped_at_bottom: int = 0
-    hint_dropped: int = 0
-    """Victims hinted "never": dropped instead of demoted to the tier below."""
-    hint_not_cascaded: int = 0
-    """Blocks hinted "never" that a cascade did not copy down the chain: write-through as
-    they were stored, or a flush (`plan_flush`)."""
-    cascaded: int = 0
-    cascades_dropped: int = 0
-    copy_failures: int = 0
-    corrupt_dropped: int = 0
-    reserve_evicted: int = 0
-    """Blocks evicted in the background to keep a tier's reserve of free slots."""
-
-
-def slot_ids(spec: LoadStoreSpec) -> npt.NDArray[np.int64]:
-    """The slot ids of a slot-addressed spec (every tier kvtier builds has one)."""
-    if not isinstance(spec, BlockIDsLoadStoreSpec):
-        raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
-    return spec.block_ids
 
 
 def _copy_step(
