@@ -4,8 +4,9 @@
   `keyed.py`: `KeyedTierManager`, a tier that owns its index; both are `ChainTier`s
   (`chain_tier.py`), what the chained manager drives.
 - `tiered.py`: `TieredManager`, the chain's decisions (stores, demotions, promotions,
-  cascades) as `TransferJob`s (`jobs.py`, with `slot_ids`, the slots a spec names);
-  `counters.py`: `ChainCounters`, what the chain did.
+  cascades) as `TransferJob`s (`jobs.py`, with `slot_ids`, the slots a spec names),
+  tracked from emitted to settled by `ledger.py` (`JobLedger`); `counters.py`:
+  `ChainCounters`, what the chain did.
 """
 
 from kvtier.manager.base import (

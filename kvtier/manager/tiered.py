@@ -52,9 +52,9 @@ from kvtier.manager.jobs import (
     JobKind,
     PromotionHold,
     TransferJob,
-    failed_pairs_of,
     slot_ids,
 )
+from kvtier.manager.ledger import JobLedger
 from kvtier.manager.tier import TierStats
 from kvtier.specs import LoadStoreSpec
 
@@ -141,10 +141,7 @@ class TieredManager(OffloadingManager):
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size
         self.counters = ChainCounters(hits=[0] * len(tiers))
-        self._jobs: list[TransferJob] = []
-        self._promoting: dict[OffloadKey, TransferJob] = {}
-        self._open_jobs: dict[int, TransferJob] = {}
-        self._holds: dict[int, list[PromotionHold]] = {}
+        self.ledger = JobLedger(self.tiers, self.counters)
         self._closed = False
 
     @property
@@ -181,7 +178,7 @@ class TieredManager(OffloadingManager):
                 self.counters.hits[0] += 1
                 answers.append(True)
                 continue
-            if state is None or key in self._promoting or key in found:
+            if state is None or self.ledger.promotion_of(key) is not None or key in found:
                 answers.append(None)
                 continue
             source, state = self._lookup_below(key)
@@ -334,7 +331,7 @@ class TieredManager(OffloadingManager):
         out = self._store_into(0, candidates, job)
         if out is None:
             return None
-        demotion = self._emit(job, queue=False)
+        demotion = self.ledger.emit(job, queue=False)
         self._plan_reserves()
         return TieredStoreOutput(
             out.keys_to_store,
@@ -380,14 +377,13 @@ class TieredManager(OffloadingManager):
         for tier in self.tiers:
             tier.hint(keys, hint)
 
-    # -- jobs ------------------------------------------------------------------------------
+    # -- jobs: tracked by the ledger -------------------------------------------------------
 
     def take_jobs(self) -> list[TransferJob]:
         """Jobs decided since the last call (promotions, cascades, background demotions that
         keep the reserves), oldest first. The DEMOTE job of a store that had to evict is
         returned by `prepare_store` itself, not here."""
-        jobs, self._jobs = self._jobs, []
-        return jobs
+        return self.ledger.take_jobs()
 
     def complete_job(
         self,
@@ -395,45 +391,11 @@ class TieredManager(OffloadingManager):
         failed: Iterable[tuple[int, OffloadKey]] = (),
         corrupt: Iterable[tuple[int, OffloadKey]] = (),
     ) -> None:
-        """Settle a job's bookkeeping once the engine is done with it (or gave up on it).
-
-        `failed`: (tier, key) copies that did not arrive intact; those blocks are dropped from
-        that tier (and any copy that read from them is taken to have failed too). `corrupt`:
-        (tier, key) sources whose stored bytes were bad; they are dropped from that tier once
-        unpinned. Every pin and pending block of the job is released exactly once.
-        """
-        self._check_job_open(job)
-        self.release_sources(job)
-        del self._open_jobs[job.id]
-        self._settle_pending(job, job.pending, failed_pairs_of(job, set(failed)))
-        job.pending = []
-        self._discard_corrupt(corrupt)
-        self._finish_promotion(job)
-
-    def discard_corrupt(self, tier: int, keys: Iterable[OffloadKey]) -> None:
-        """Drop blocks of tier `tier` whose stored bytes a read found bad (once unpinned;
-        counted in `corrupt_dropped`)."""
+        """Settle a job once the engine is done with it (or gave up on it): `failed` copies
+        and `corrupt` sources are dropped, every pin and pending block released exactly once
+        (`JobLedger.complete_job`)."""
         self._check_open()
-        self._discard_corrupt((tier, key) for key in keys)
-
-    def _discard_corrupt(self, corrupt: Iterable[tuple[int, OffloadKey]]) -> None:
-        """Drop blocks whose stored bytes were found bad (once unpinned; idempotent)."""
-        by_tier: dict[int, list[OffloadKey]] = {}
-        for index, key in corrupt:
-            by_tier.setdefault(index, []).append(key)
-        for index, keys in by_tier.items():
-            self.counters.corrupt_dropped += len(self.tiers[index].discard(keys))
-
-    def _finish_promotion(self, job: TransferJob) -> None:
-        """The job's blocks at the top are settled: it promotes them no more, and each
-        reader holding a claim on them gets the ones that arrived, pinned. Idempotent."""
-        for key in job.promoted:
-            if self._promoting.get(key) is job:
-                del self._promoting[key]
-        for hold in self._holds.pop(job.id, []):
-            hold.granted = [key for key in hold.keys if self.top.has(key) is True]
-            if hold.granted:
-                hold.slots = slot_ids(self.top.prepare_load(hold.granted))
+        self.ledger.complete_job(job, failed, corrupt)
 
     def settle_tiers(
         self,
@@ -442,108 +404,47 @@ class TieredManager(OffloadingManager):
         failed: Iterable[tuple[int, OffloadKey]] = (),
         corrupt: Iterable[tuple[int, OffloadKey]] = (),
     ) -> None:
-        """Settle early the blocks `job` writes into `tiers`, whose copies are all done
-        (`failed`: as in `complete_job`): they become readable (or are dropped) now, while
-        the job's other copies (to slow tiers) go on. `complete_job` settles the rest.
-        Settling the top tier of a promotion also hands its blocks to the waiting readers."""
-        self._check_job_open(job)
-        now = [(index, keys) for index, keys in job.pending if index in tiers]
-        job.pending = [(index, keys) for index, keys in job.pending if index not in tiers]
-        self._settle_pending(job, now, failed_pairs_of(job, set(failed)))
-        self._discard_corrupt(corrupt)  # before any reader looks them up again
-        if 0 in tiers:
-            self._finish_promotion(job)
-
-    def _settle_pending(
-        self,
-        job: TransferJob,
-        entries: Sequence[tuple[int, tuple[OffloadKey, ...]]],
-        bad: set[tuple[int, OffloadKey]],
-    ) -> None:
-        for index, keys in entries:
-            tier = self.tiers[index]
-            lost = [key for key in keys if (index, key) in bad]
-            kept = [key for key in keys if (index, key) not in bad]
-            if kept:
-                tier.complete_store(kept)
-            if lost:
-                tier.complete_store(lost, success=False)
-                if job.kind is JobKind.CASCADE:
-                    self.counters.cascades_dropped += len(lost)
-                else:
-                    self.counters.copy_failures += len(lost)
+        """Settle early the blocks `job` writes into `tiers`, whose copies are all done; a
+        promotion's blocks reach their readers here (`JobLedger.settle_tiers`)."""
+        self._check_open()
+        self.ledger.settle_tiers(job, tiers, failed, corrupt)
 
     def release_sources(self, job: TransferJob) -> None:
-        """The job no longer reads its sources (every copy is done or has its own snapshot of
-        the bytes): unpin them and free the slots it drained, so a store may reuse them while
-        the copies to slow tiers go on. Idempotent; `complete_job` calls it too."""
-        self._check_job_open(job)
-        if job.sources_released:
-            return
-        job.sources_released = True
-        for index, keys in job.pins:
-            self.tiers[index].complete_load(keys)
-        for index, blocks in job.drain:
-            self.tiers[index].release_drained(blocks)
-
-    def _check_job_open(self, job: TransferJob) -> None:
+        """The job no longer reads its sources: unpin them and free the slots it drained
+        (`JobLedger.release_sources`; idempotent)."""
         self._check_open()
-        if job.id not in self._open_jobs:
-            raise BlockStateError(f"{job!r} is not open (completed already, or never emitted)")
+        self.ledger.release_sources(job)
+
+    def discard_corrupt(self, tier: int, keys: Iterable[OffloadKey]) -> None:
+        """Drop blocks of tier `tier` whose stored bytes a read found bad (once unpinned;
+        counted in `corrupt_dropped`)."""
+        self._check_open()
+        self.ledger.discard_corrupt((tier, key) for key in keys)
 
     def is_open(self, job: TransferJob) -> bool:
         """Whether `job` was emitted and is not completed yet."""
-        return job.id in self._open_jobs
+        return self.ledger.is_open(job)
+
+    def open_jobs(self) -> list[TransferJob]:
+        """Jobs emitted and not yet completed."""
+        return self.ledger.open_jobs()
+
+    def promotion_of(self, key: OffloadKey) -> TransferJob | None:
+        """The PROMOTE job bringing `key` to the top tier, while it is open."""
+        return self.ledger.promotion_of(key)
 
     def hold_promotion(self, keys: Sequence[OffloadKey]) -> PromotionHold | None:
-        """Claim the leading `keys` that one open PROMOTE job is bringing to the top (those of
-        the job promoting `keys[0]`); None if `keys[0]` is not being promoted. See
-        `PromotionHold`; give it back with `release_hold` if the reader stops waiting."""
+        """Claim the leading `keys` one open PROMOTE job is bringing to the top (None: `keys[0]`
+        is not being promoted); see `PromotionHold` and `JobLedger.hold_promotion`."""
         self._check_open()
-        if not keys:
-            return None
-        job = self._promoting.get(keys[0])
-        if job is None:
-            return None
-        claimed: list[OffloadKey] = []
-        for key in keys:
-            if self._promoting.get(key) is not job:
-                break
-            claimed.append(key)
-        hold = PromotionHold(job.id, tuple(claimed), source=job.source)
-        self._holds.setdefault(job.id, []).append(hold)
-        return hold
+        return self.ledger.hold_promotion(keys)
 
     def release_hold(self, hold: PromotionHold) -> None:
         """The reader stopped waiting: drop the claim, or unpin what it was granted."""
         self._check_open()
-        if hold.granted is None:
-            holds = self._holds.get(hold.job_id, [])
-            if hold in holds:
-                holds.remove(hold)
-            return
-        if hold.granted:
-            self.top.complete_load(hold.granted)
-        hold.granted = []
-
-    def open_jobs(self) -> list[TransferJob]:
-        """Jobs emitted and not yet completed."""
-        return list(self._open_jobs.values())
-
-    def promotion_of(self, key: OffloadKey) -> TransferJob | None:
-        """The PROMOTE job bringing `key` to the top tier, while it is open."""
-        return self._promoting.get(key)
+        self.ledger.release_hold(hold)
 
     # -- planning --------------------------------------------------------------------------
-
-    def _emit(self, job: TransferJob, *, queue: bool = True) -> TransferJob | None:
-        """Register a job (None if it has nothing to do), optionally into the outbox."""
-        if not job.steps and not job.pending and not job.pins:
-            return None
-        self._open_jobs[job.id] = job
-        if queue:
-            self._jobs.append(job)
-        return job
 
     def _store_into(
         self, index: int, keys: Sequence[OffloadKey], job: TransferJob, *, moved: bool = False
@@ -595,7 +496,7 @@ class TieredManager(OffloadingManager):
             self._demote(index, keys, slots, job)
             if job.steps:
                 job.drain.append((index, blocks))
-                self._emit(job)
+                self.ledger.emit(job)
             else:  # every victim is held below already (or dropped): nothing to read
                 tier.release_drained(blocks)
 
@@ -695,13 +596,11 @@ class TieredManager(OffloadingManager):
             climbing, src, src_ids = list(stored), index, dst_ids
         promoted = set(climbing) if src == 0 else set()
         if promoted:
-            job.promoted = tuple(climbing)
-            for key in climbing:
-                self._promoting[key] = job
+            job.promoted = tuple(climbing)  # on their way up once the ledger opens the job
             self.counters.promotions += len(promoted)
         self.counters.promotions_refused += len(keys) - len(promoted)
         if job.steps:
-            self._emit(job)
+            self.ledger.emit(job)
         else:
             self.tiers[source].complete_load(keys)
         return promoted
@@ -744,7 +643,7 @@ class TieredManager(OffloadingManager):
         if not job.steps:
             self.tiers[start].complete_load(keys)
             return None
-        return self._emit(job, queue=queue)
+        return self.ledger.emit(job, queue=queue)
 
     def plan_flush(self) -> list[TransferJob]:
         """Copy every readable block that only the tiers above the bottom hold down to the
