@@ -30,8 +30,8 @@ from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredManager, TransferJob, make_tier_manager
 from kvtier.manager.jobs import JobKind, slot_ids
+from kvtier.manager.planner import Watermarks, WritePolicy
 from kvtier.manager.tier import TierManager
-from kvtier.manager.tiered import Watermarks, WritePolicy
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyCounters, FlakyStorage
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.pool.storage import TorchPool
