@@ -68,6 +68,7 @@ class JobLedger:
         return self._promoting.get(key)
 
     def check_job_open(self, job: TransferJob) -> None:
+        """Raise BlockStateError unless `job` is open (a job is settled exactly once)."""
         if job.id not in self._open_jobs:
             raise BlockStateError(f"{job!r} is not open (completed already, or never emitted)")
 
