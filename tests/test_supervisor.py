@@ -26,8 +26,7 @@ from kvtier.engine.supervisor import JobSupervisor
 from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredManager, TransferJob, make_tier_manager
-from kvtier.manager.jobs import JobKind
-from kvtier.manager.tiered import slot_ids
+from kvtier.manager.jobs import JobKind, slot_ids
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyStorage, install, uninstall
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.pool.storage import TorchPool
