@@ -52,6 +52,7 @@ from kvtier.config_fields import (
     config_error,
     default_cache_dir,
     hide_userinfo,
+    is_secret_field,
     parse_size,
     physical_memory,
     readable_size,
@@ -474,7 +475,7 @@ def _problem_lines(detail: ErrorDetails, data: Mapping[str, Any]) -> list[str]:
     else:
         message = _MESSAGES.get(kind, detail["msg"])
     line = f"{_path(loc)}: {message}"
-    if kind not in _NO_VALUE_SHOWN:
+    if kind not in _NO_VALUE_SHOWN and not is_secret_field(loc[-1] if loc else None):
         line += f", got {show_value(value)}"
     return [line]
 

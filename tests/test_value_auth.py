@@ -342,7 +342,7 @@ def sharedfs_chain(path: Path, **options: Any) -> dict[str, Any]:
         ({"auth_previous_key_env": "K"}, "needs a current one"),
         ({"authenticate": False, "auth_key_env": "K"}, "authenticate = false uses no key"),
         ({"authenticate": False, "encrypt": True}, "encrypt = true needs a key"),
-        ({"auth_key_env": "abc def"}, "NAME of an environment variable"),
+        ({"auth_key_env": "abc def"}, "must name an environment variable"),
         ({"auth_key": fixed_key_hex()}, "auth_key"),  # no field holds a key itself
     ],
 )

@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import stat
 from collections.abc import Sequence
@@ -146,13 +147,25 @@ def load_key_file(path: Path) -> ValueKey:
     return parse_key(text, source)
 
 
+_CONVENTIONAL_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def shown_env_name(name: str) -> str:
+    """How a message names the variable `name` that a `*_env` field gives: `$NAME` when it is
+    an UPPER_CASE name as variables are named, else not shown at all, for a value such as
+    "hunter2" is likelier the secret itself pasted into the wrong field than a name."""
+    if _CONVENTIONAL_ENV_NAME.fullmatch(name) is not None:
+        return f"${name}"
+    return "the variable it names (not printed: not an UPPER_CASE name, perhaps the secret)"
+
+
 def load_key_env(name: str) -> ValueKey:
     """The key in the environment variable `name` (hex); ConfigError naming the variable
-    when it is unset or not a key."""
-    source = f"${name}"
+    (`shown_env_name`) when it is unset or not a key."""
+    source = shown_env_name(name)
     value = os.environ.get(name)
     if value is None:
-        raise ConfigError([f"{source} (auth_key_env) is not set"])
+        raise ConfigError([f"auth_key_env: {source} is not set"])
     return parse_key(value.encode("utf-8", "replace"), source)
 
 
