@@ -612,3 +612,30 @@ def test_a_key_file_from_kvtier_keys_opens_a_tier(tmp_path: Path) -> None:
             assert not h.disabled_tiers
 
     asyncio.run(run())
+
+
+def test_a_key_file_of_another_owner_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, item 12.2: a key file another user owns could be swapped or read by them."""
+    path = tmp_path / "other.key"
+    write_key_file(path, bytes(range(32)))
+    secret = bytes(range(32)).hex()
+    user = os.geteuid()
+    other = 4242 if user != 4242 else 4243
+    if user != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(path, other, -1)
+    with pytest.raises(ConfigError) as caught:
+        load_key_file(path)
+    message = str(caught.value)
+    assert f"owned by uid {other}" in message and f"chown {user} {path}" in message
+    assert secret[:16] not in message
+    # Owned by root, mode 0600, read by a node of another user: accepted.
+    os.chown(path, 0, -1)
+    monkeypatch.setattr(os, "geteuid", lambda: other)
+    assert load_key_file(path).key_id == ValueKey(bytes(range(32)), "k").key_id
+    # Root's file readable by its group: the mode rule is the one that fails, and says so.
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match=r"readable or writable by others.*chmod 600"):
+        load_key_file(path)

@@ -7,8 +7,8 @@ value carries a keyed MAC that only nodes holding the tier's key can make
 
 - A **key** is at least 32 random bytes kept in a file (hex; `kvtier keys new PATH` writes
   one) or in an environment variable (hex). The config names the file or the variable, never
-  the key; a key file must be a regular file, not a symlink, readable by its owner only. No
-  repr, log line or error message shows key bytes.
+  the key; a key file must be a regular file, not a symlink, owned by this user or root,
+  readable by its owner only. No repr, log line or error message shows key bytes.
 - A **key id** (8 bytes, derived from the key with HKDF, not the key) is written in every
   value, so a reader picks the key a value was made with: the current one, or the previous
   one during a rotation (`auth_previous_key_*`: read, never written).
@@ -110,8 +110,10 @@ def parse_key(text: bytes, source: str) -> ValueKey:
 
 
 def load_key_file(path: Path) -> ValueKey:
-    """The key in `path`: a regular file (not a symlink), readable by its owner only.
-    ConfigError naming the file and the fix otherwise."""
+    """The key in `path`: a regular file (not a symlink), owned by the user running this
+    node or by root (any other owner could replace the key, or read it, at will), and
+    neither readable nor writable by its group or others. ConfigError naming the file, the
+    rule it breaks and the fix otherwise (never the key)."""
     source = f"key file {path}"
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
     try:
@@ -130,6 +132,14 @@ def load_key_file(path: Path) -> ValueKey:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError([f"{source} is not a regular file"])
+        user = os.geteuid()
+        if info.st_uid not in (user, 0):
+            raise ConfigError(
+                [
+                    f"{source} is owned by uid {info.st_uid}, neither this user (uid {user}) "
+                    f"nor root: its owner could swap the key; chown {user} {path}"
+                ]
+            )
         if info.st_mode & 0o077:
             raise ConfigError(
                 [

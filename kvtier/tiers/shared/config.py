@@ -84,7 +84,8 @@ class SharedTierConfig(BaseTierConfig):
     of a namespace (1 PiB of 256 KiB blocks; a day and a half at 8 GB/s of writes)."""
     auth_key_file: Path | None = None
     """File holding the key (hex, at least 32 bytes; `kvtier keys new PATH`): a regular file,
-    not a symlink, readable by its owner only (chmod 600)."""
+    not a symlink, owned by the user running the node or root, readable by its owner only
+    (chmod 600)."""
     auth_key_env: str | None = None
     """NAME of the environment variable holding the key (hex), instead of a file."""
     auth_previous_key_file: Path | None = None
