@@ -10,11 +10,13 @@ copies each mutable container in one step, so a scrape may take it from another 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvtier.engine import SupervisorCounters, TransferEngine
 from kvtier.manager import ChainCounters, TieredManager, TierStats
 from kvtier.metrics.latency import LatencyHistogram
+from kvtier.tiers.storage import BlockStorage
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,10 @@ class TierActivity:
     blocks of events dropped because nobody took them (`take_events`) before its event log
     was full; `gone`: blocks read from it (a shared store) that it no longer held, having
     evicted them itself, or could not be asked for: misses, not damage (they are among the
-    `failed` blocks of its transfers, never among `corrupt`)."""
+    `failed` blocks of its transfers, never among `corrupt`); `problems`: values read from
+    it (a shared store) and not served, by reason (forged, foreign, damaged, oversized, and
+    a shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten:
+    `BlockStorage.value_problems`), each a miss."""
 
     name: str
     hits: int
@@ -95,6 +100,7 @@ class TierActivity:
     corrupt: int
     events_dropped: int
     gone: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +221,14 @@ def _transfers(engine: TransferEngine, names: list[str]) -> tuple[list[TransferS
 
 
 def _activity(
-    manager: TieredManager, chain: ChainCounters, per_tier: _PerTier
+    manager: TieredManager,
+    chain: ChainCounters,
+    per_tier: _PerTier,
+    storages: Sequence[BlockStorage],
 ) -> list[TierActivity]:
     """What each tier did. A tier's misses are the keys asked of it and not found there:
-    the lookups that got past it to a lower tier's hit, and the misses of the chain."""
+    the lookups that got past it to a lower tier's hit, and the misses of the chain. Its
+    problems are what its storage counts (`storages`, one per tier; none given, none)."""
     activity = []
     below = chain.misses + sum(chain.hits)  # lookups that got past the tiers above
     for position, tier in enumerate(manager.tiers):
@@ -236,6 +246,7 @@ def _activity(
                 per_tier.corrupt[position],
                 tier.events_dropped,
                 per_tier.gone[position],
+                storages[position].value_problems() if position < len(storages) else {},
             )
         )
     return activity
@@ -248,6 +259,7 @@ def snapshot(
     calls: HierarchyCounters,
     info: list[TierInfo],
     disabled: dict[str, str],
+    storages: Sequence[BlockStorage] = (),
 ) -> HierarchyStats:
     """One `HierarchyStats` of a running chain: O(tiers + pairs + latency buckets)."""
     chain = copy.copy(manager.counters)
@@ -255,7 +267,7 @@ def snapshot(
     supervised = copy.copy(supervisor)
     supervised.error_types = dict(supervised.error_types)
     transfers, per_tier = _transfers(engine, [tier.name for tier in manager.tiers])
-    activity = _activity(manager, chain, per_tier)
+    activity = _activity(manager, chain, per_tier, storages)
     counters = engine.counters
     return HierarchyStats(
         tiers=manager.stats(),

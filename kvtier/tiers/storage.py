@@ -84,6 +84,14 @@ class BlockStorage(ABC):
         """Blocks stored by an earlier process, oldest first; [] for a volatile tier."""
         return []
 
+    def value_problems(self) -> dict[str, int]:
+        """Values this storage read and did not serve since it opened, by reason (a shared
+        store's forged, foreign, damaged, oversized values, ...): what `stats()` and the
+        metrics export per tier, so a fleet can alert on forgery attempts. {} for a storage
+        that checks no such thing (the default); an absent key is not a problem. It may be
+        called from another thread: it returns a copy."""
+        return {}
+
     @property
     def disabled_reason(self) -> str | None:
         """Why the storage disabled itself while open (its ground moved: a disk store whose

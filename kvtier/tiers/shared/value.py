@@ -162,6 +162,16 @@ def record_problem(
         problem_log.note(where, problem, key)
 
 
+def reported_problems(problems: dict[str, int]) -> dict[str, int]:
+    """A copy of a shared tier's problem counters (`record_problem`) without the missing
+    values (absent keys, not problems): what its `value_problems()` exports."""
+    return {
+        str(reason): count
+        for reason, count in dict(problems).items()
+        if reason != ValueProblem.MISSING
+    }
+
+
 def namespace_digest(namespace: str) -> bytes:
     """The 16 bytes of a namespace that every value carries."""
     return xxhash.xxh3_128_digest(namespace.encode())

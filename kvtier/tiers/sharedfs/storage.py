@@ -92,6 +92,7 @@ from kvtier.tiers.shared.value import (
     ValueProblem,
     check_block_buffers,
     record_problem,
+    reported_problems,
 )
 from kvtier.tiers.sharedfs.kind import SharedFSTierConfig
 from kvtier.tiers.storage import HostBuffer, ReadFailure
@@ -990,6 +991,11 @@ class SharedFSStorage(KeyedStorage):
             for fd in directories.values():
                 os.close(fd)
             os.close(lock)  # releases the flock
+
+    def value_problems(self) -> dict[str, int]:
+        """Values and files read and not served, by `ValueProblem` / `FileProblem` (see
+        `BlockStorage`)."""
+        return reported_problems(self.stats.problems)
 
     async def aclose(self) -> None:
         """Stop the sweeper and the lookups, wait for file I/O under way at most
