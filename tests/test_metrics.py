@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 try:
     import prometheus_client  # noqa: F401
@@ -352,3 +353,33 @@ async def test_forged_values_of_a_shared_tier_are_in_stats_and_metrics(tmp_path:
         assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) == 5
         labels["tier"] = "cpu"
         assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) is None
+
+
+async def test_unencrypted_values_served_or_refused_are_in_stats_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 12.5: a node with `encrypt = true` reading values another holder of the
+    key wrote unencrypted counts them served, or with `require_encrypted` refuses them."""
+    writer = sharedfs_chain(tmp_path / "nfs")
+    async with Hierarchy.from_config(writer) as h:
+        keys = await fill(h, range(12))
+        shared = [k for k in keys if h.where(k) == "shared"][:3]
+    assert len(shared) == 3
+    registry = CollectorRegistry()
+    labels = {"hierarchy": "n", "tier": "shared"}
+    reader = sharedfs_chain(tmp_path / "nfs", encrypt=True)
+    async with Hierarchy.from_config(reader, metrics=registry, metrics_name="n") as h:
+        assert torch.equal(await h.get(shared), blocks_of(shared))
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 3 and activity.problems == {}
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 3
+    registry = CollectorRegistry()
+    strict = sharedfs_chain(tmp_path / "nfs", encrypt=True, require_encrypted=True)
+    async with Hierarchy.from_config(strict, metrics=registry, metrics_name="n") as h:
+        for k in shared:
+            assert len(await h.get([k])) == 0  # a miss
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 0 and activity.problems == {"unencrypted": 3}
+        refused = {**labels, "reason": "unencrypted"}
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", refused) == 3
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 0

@@ -51,6 +51,7 @@ from kvtier.tiers.shared.value import (
     ValueProblem,
 )
 from kvtier.tiers.sharedfs.storage import SharedFSStorage
+from kvtier.tiers.storage import ReadFailure
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -639,3 +640,28 @@ def test_a_key_file_of_another_owner_is_refused(
     path.chmod(0o640)
     with pytest.raises(ConfigError, match=r"readable or writable by others.*chmod 600"):
         load_key_file(path)
+
+
+def test_an_encrypting_reader_counts_or_refuses_unencrypted_values() -> None:
+    """Issue 31, item 12.5: an `encrypt = true` node served a key holder's MAC-only value
+    uncounted; now it counts it, and `require_encrypted` makes it a miss."""
+    value = codec(keyed_auth(NS)).encode(key(1), block(3))
+    reader = codec(keyed_auth(NS, encrypt=True))
+    failure, problem, out = decode(reader, key(1), value)
+    assert (failure, problem, out) == (None, None, block(3).tobytes())
+    assert reader.unencrypted_served == 1
+    strict_auth = ValueAuth.for_namespace(NS, fixed_key(0), encrypt=True, require_encrypted=True)
+    strict = codec(strict_auth)
+    assert decode(strict, key(1), value)[:2] == (ReadFailure.NOT_INDEXED, ValueProblem.UNENCRYPTED)
+    encrypted = reader.encode(key(2), block(4))
+    assert decode(strict, key(2), encrypted)[:2] == (None, None)
+    assert decode(reader, key(2), encrypted)[:2] == (None, None)
+    assert strict.unencrypted_served == 0 and reader.unencrypted_served == 1
+
+
+def test_require_encrypted_needs_encrypt(tmp_path: Path) -> None:
+    config = sharedfs_chain(tmp_path, auth_key_env="K", require_encrypted=True)
+    with pytest.raises(ConfigError, match=r"tiers\[1\]: require_encrypted = true .*encrypt = true"):
+        parse_config(config)
+    config["tiers"][1]["encrypt"] = True
+    assert parse_config(config).tiers[1].require_encrypted  # type: ignore[attr-defined]

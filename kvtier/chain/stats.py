@@ -86,8 +86,10 @@ class TierActivity:
     evicted them itself, or could not be asked for: misses, not damage (they are among the
     `failed` blocks of its transfers, never among `corrupt`); `problems`: values read from
     it (a shared store) and not served, by reason (forged, foreign, damaged, oversized, and
-    a shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten:
-    `BlockStorage.value_problems`), each a miss."""
+    a shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten, and unencrypted
+    where `require_encrypted = true`: `BlockStorage.value_problems`), each a miss;
+    `unencrypted_served`: values a key holder wrote without encryption that this `encrypt =
+    true` tier served (`BlockStorage.unencrypted_served`)."""
 
     name: str
     hits: int
@@ -101,6 +103,7 @@ class TierActivity:
     events_dropped: int
     gone: int = 0
     problems: dict[str, int] = field(default_factory=dict)
+    unencrypted_served: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,7 @@ def _activity(
                 tier.events_dropped,
                 per_tier.gone[position],
                 storages[position].value_problems() if position < len(storages) else {},
+                storages[position].unencrypted_served() if position < len(storages) else 0,
             )
         )
     return activity

@@ -103,6 +103,7 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         add("kvtier_tier_events_dropped_total", labels, activity.events_dropped)
         for reason, count in sorted(activity.problems.items()):
             add("kvtier_tier_value_problems_total", [*labels, reason], count)
+        add("kvtier_tier_unencrypted_served_total", labels, activity.unencrypted_served)
     for lane, depth in stats.queue_depths.items():
         add("kvtier_tier_queue_depth", [name, lane], depth)
     for transfer in stats.transfers:

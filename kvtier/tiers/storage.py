@@ -92,6 +92,12 @@ class BlockStorage(ABC):
         called from another thread: it returns a copy."""
         return {}
 
+    def unencrypted_served(self) -> int:
+        """Values served unencrypted by a storage whose own are encrypted (a shared store
+        with `encrypt = true` reading a key holder's MAC-only value), since it opened; 0 for
+        a storage that encrypts nothing (the default)."""
+        return 0
+
     @property
     def disabled_reason(self) -> str | None:
         """Why the storage disabled itself while open (its ground moved: a disk store whose

@@ -423,6 +423,10 @@ class RedisStorage(KeyedStorage):
         """Values read and not served, by `ValueProblem` (see `BlockStorage`)."""
         return reported_problems(self.stats.problems)
 
+    def unencrypted_served(self) -> int:
+        """MAC-only values served by this `encrypt = true` tier (see `BlockStorage`)."""
+        return self.values.unencrypted_served
+
     async def forget(self, keys: Sequence[OffloadKey]) -> None:
         """Keys whose values a read found bad. Never deleted from Redis: other nodes and
         tenants share it and kvtier cannot tell who wrote a value, so deleting what it cannot

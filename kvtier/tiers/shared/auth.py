@@ -234,6 +234,8 @@ class ValueAuth:
     current: NamespaceKey
     accepted: dict[bytes, NamespaceKey] = field(default_factory=dict)
     encrypt: bool = False
+    require_encrypted: bool = False
+    """With `encrypt`: a key holder's MAC-only value is refused (a miss), not served."""
 
     @classmethod
     def for_namespace(
@@ -243,6 +245,7 @@ class ValueAuth:
         previous: Sequence[ValueKey] = (),
         *,
         encrypt: bool = False,
+        require_encrypted: bool = False,
     ) -> ValueAuth:
         """The derived keys of `namespace` (which names model, block size and tenant)."""
         keys = [current, *previous]
@@ -255,7 +258,7 @@ class ValueAuth:
         accepted: dict[bytes, NamespaceKey] = {}
         for key in reversed(derived):  # the current key wins a (1 in 2**64) id collision
             accepted[key.key_id] = key
-        return cls(derived[0], accepted, encrypt)
+        return cls(derived[0], accepted, encrypt, require_encrypted)
 
     def key_ids(self) -> list[str]:
         """The accepted key ids, hex, current first (for messages)."""
@@ -270,6 +273,7 @@ class _AuthConfig(Protocol):
     name: str
     authenticate: bool
     encrypt: bool
+    require_encrypted: bool
     auth_key_file: Path | None
     auth_key_env: str | None
     auth_previous_key_file: Path | None
@@ -312,7 +316,11 @@ def auth_from_config(config: _AuthConfig, namespace: str) -> ValueAuth | None:
     if config.encrypt:
         require_encryption()
     return ValueAuth.for_namespace(
-        namespace, current, [] if previous is None else [previous], encrypt=config.encrypt
+        namespace,
+        current,
+        [] if previous is None else [previous],
+        encrypt=config.encrypt,
+        require_encrypted=config.require_encrypted,
     )
 
 

@@ -82,6 +82,10 @@ class SharedTierConfig(BaseTierConfig):
     """Values are AES-256-GCM encrypted (`pip install 'kvtier[encrypt]'`): the store sees
     no KV bytes. A random 96-bit nonce per value: rotate the key before about 2**32 values
     of a namespace (1 PiB of 256 KiB blocks; a day and a half at 8 GB/s of writes)."""
+    require_encrypted: bool = False
+    """With `encrypt = true`: a value a key holder wrote without encryption (`encrypt =
+    false` on its node) is a miss, counted `unencrypted`, instead of being served (and
+    counted in `unencrypted_served`)."""
     auth_key_file: Path | None = None
     """File holding the key (hex, at least 32 bytes; `kvtier keys new PATH`): a regular file,
     not a symlink, owned by the user running the node or root, readable by its owner only
@@ -128,5 +132,11 @@ class SharedTierConfig(BaseTierConfig):
         if self.encrypt and not self.authenticate:
             raise config_error(
                 "encrypt", "encrypt = true needs a key: set authenticate = true (the default)"
+            )
+        if self.require_encrypted and not self.encrypt:
+            raise config_error(
+                "require_encrypted",
+                "require_encrypted = true refuses unencrypted values: it needs encrypt = true "
+                "(else this node could not read its own)",
             )
         return self

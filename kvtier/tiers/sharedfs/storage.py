@@ -997,6 +997,10 @@ class SharedFSStorage(KeyedStorage):
         `BlockStorage`)."""
         return reported_problems(self.stats.problems)
 
+    def unencrypted_served(self) -> int:
+        """MAC-only values served by this `encrypt = true` tier (see `BlockStorage`)."""
+        return self.values.unencrypted_served
+
     async def aclose(self) -> None:
         """Stop the sweeper and the lookups, wait for file I/O under way at most
         `close_timeout_s` (a read stuck on a hung mount is left to its thread: it copies
