@@ -303,9 +303,11 @@ class Hierarchy:
 
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing; the first
-        key no tier holds is counted as a miss of every tier."""
+        key no tier holds is counted as a miss of every tier. A key given twice is an
+        InvalidValueError, as in `get`: `lookup([k, k])` counting 2 would promise a `get`
+        of those keys that refuses them."""
         chain = self._open()
-        return chain.manager.held_prefix(checks.check_keys(keys, "lookup", distinct=False))
+        return chain.manager.held_prefix(checks.check_keys(keys, "lookup"))
 
     async def get(
         self, keys: Sequence[OffloadKey], *, timeout_s: float | None = None
