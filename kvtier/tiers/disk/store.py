@@ -205,6 +205,7 @@ class DiskStore(BlockStorage):
             guard,
             open_problems=recovery.problems,
             inspect=self.inspect,
+            interrupted=recovery.interrupted,
         )
         self._reader = BlockReader(layout, files, catalog, codec, counters, guard)
         self._lane = WriteLane(
