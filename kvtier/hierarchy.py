@@ -308,9 +308,11 @@ class Hierarchy:
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing; the first
         key no tier holds is counted as a miss of every tier, and every key in
-        `stats().calls.lookup_blocks` (the held ones in `lookup_held`)."""
+        `stats().calls.lookup_blocks` (the held ones in `lookup_held`). A key given twice is
+        an InvalidValueError, as in `get`: `lookup([k, k])` counting 2 would promise a `get`
+        of those keys that refuses them."""
         chain = self._open()
-        keys = checks.check_keys(keys, "lookup", distinct=False)
+        keys = checks.check_keys(keys, "lookup")
         held = chain.manager.held_prefix(keys)
         chain.calls.lookup_blocks += len(keys)
         chain.calls.lookup_held += held

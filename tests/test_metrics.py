@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 try:
     import prometheus_client  # noqa: F401
@@ -34,14 +35,22 @@ except ImportError:
         allow_module_level=True,
     )
 
-from hierarchy_helpers import blocks_of, chain_config, key
+import numpy as np
+from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from test_sharedfs_tier import chain as sharedfs_chain
+from test_sharedfs_tier import fill
 
 from kvtier import Hierarchy
+from kvtier.config import parse_config
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.metrics import METRICS, serve_metrics
+from kvtier.testing.keyed import keyed_auth
+from kvtier.tiers.codec import BlockCodec
+from kvtier.tiers.shared.value import ValueCodec
+from kvtier.tiers.sharedfs.storage import SharedFSStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -350,3 +359,59 @@ async def test_blocks_hinted_never_are_exported_by_fate(tmp_path: Path, write_po
             assert not_copied == 2  # never cascaded to the disk
         admission = value(registry, "kvtier_backpressure_waits_total", kind="admission")
         assert admission == h.stats().calls.put_admission_waits
+
+
+async def test_forged_values_of_a_shared_tier_are_in_stats_and_metrics(tmp_path: Path) -> None:
+    """Issue 31, item 12.4: a shared tier's problem counters reach `stats()` and a scrape, by
+    tier and reason, so a fleet can alert on forgery attempts."""
+    config = sharedfs_chain(tmp_path / "nfs")
+    namespace = parse_config(config).namespace
+    forger = ValueCodec(namespace, BLOCK, BlockCodec("none"), keyed_auth(namespace, seed=9))
+    registry = CollectorRegistry()
+    async with Hierarchy.from_config(config, metrics=registry, metrics_name="n") as h:
+        keys = await fill(h, range(12))
+        storage = h.storages[-1]
+        assert isinstance(storage, SharedFSStorage)
+        forged = [k for k in keys if h.where(k) == "shared"][:5]
+        assert len(forged) == 5
+        for k in forged:
+            storage.path_of(k).write_bytes(forger.encode(k, np.zeros(BLOCK, dtype=np.uint8)))
+        for k in forged:
+            assert len(await h.get([k])) == 0  # a miss
+        activity = h.stats().activity
+        assert activity[0].problems == {}
+        assert activity[1].problems == {"forged": len(forged)}
+        labels = {"hierarchy": "n", "tier": "shared", "reason": "forged"}
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) == 5
+        labels["tier"] = "cpu"
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) is None
+
+
+async def test_unencrypted_values_served_or_refused_are_in_stats_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 12.5: a node with `encrypt = true` reading values another holder of the
+    key wrote unencrypted counts them served, or with `require_encrypted` refuses them."""
+    writer = sharedfs_chain(tmp_path / "nfs")
+    async with Hierarchy.from_config(writer) as h:
+        keys = await fill(h, range(12))
+        shared = [k for k in keys if h.where(k) == "shared"][:3]
+    assert len(shared) == 3
+    registry = CollectorRegistry()
+    labels = {"hierarchy": "n", "tier": "shared"}
+    reader = sharedfs_chain(tmp_path / "nfs", encrypt=True)
+    async with Hierarchy.from_config(reader, metrics=registry, metrics_name="n") as h:
+        assert torch.equal(await h.get(shared), blocks_of(shared))
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 3 and activity.problems == {}
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 3
+    registry = CollectorRegistry()
+    strict = sharedfs_chain(tmp_path / "nfs", encrypt=True, require_encrypted=True)
+    async with Hierarchy.from_config(strict, metrics=registry, metrics_name="n") as h:
+        for k in shared:
+            assert len(await h.get([k])) == 0  # a miss
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 0 and activity.problems == {"unencrypted": 3}
+        refused = {**labels, "reason": "unencrypted"}
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", refused) == 3
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 0

@@ -10,11 +10,13 @@ copies each mutable container in one step, so a scrape may take it from another 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvtier.engine import SupervisorCounters, TransferEngine
 from kvtier.latency import LatencyHistogram
 from kvtier.manager import ChainCounters, TieredManager, TierStats
+from kvtier.tiers.storage import BlockStorage
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,12 @@ class TierActivity:
     blocks of events dropped because nobody took them (`take_events`) before its event log
     was full; `gone`: blocks read from it (a shared store) that it no longer held, having
     evicted them itself, or could not be asked for: misses, not damage (they are among the
-    `failed` blocks of its transfers, never among `corrupt`)."""
+    `failed` blocks of its transfers, never among `corrupt`); `problems`: values read from
+    it (a shared store) and not served, by reason (forged, foreign, damaged, oversized, and
+    a shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten, and unencrypted
+    where `require_encrypted = true`: `BlockStorage.value_problems`), each a miss;
+    `unencrypted_served`: values a key holder wrote without encryption that this `encrypt =
+    true` tier served (`BlockStorage.unencrypted_served`)."""
 
     name: str
     hits: int
@@ -114,6 +121,8 @@ class TierActivity:
     corrupt: int
     events_dropped: int
     gone: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+    unencrypted_served: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,10 +250,14 @@ def _transfers(engine: TransferEngine, names: list[str]) -> tuple[list[TransferS
 
 
 def _activity(
-    manager: TieredManager, chain: ChainCounters, per_tier: _PerTier
+    manager: TieredManager,
+    chain: ChainCounters,
+    per_tier: _PerTier,
+    storages: Sequence[BlockStorage],
 ) -> list[TierActivity]:
     """What each tier did. A tier's misses are the keys asked of it and not found there:
-    the lookups that got past it to a lower tier's hit, and the misses of the chain."""
+    the lookups that got past it to a lower tier's hit, and the misses of the chain. Its
+    problems are what its storage counts (`storages`, one per tier; none given, none)."""
     activity = []
     below = chain.misses + sum(chain.hits)  # lookups that got past the tiers above
     for position, tier in enumerate(manager.tiers):
@@ -262,6 +275,8 @@ def _activity(
                 per_tier.corrupt[position],
                 tier.events_dropped,
                 per_tier.gone[position],
+                storages[position].value_problems() if position < len(storages) else {},
+                storages[position].unencrypted_served() if position < len(storages) else 0,
             )
         )
     return activity
@@ -274,6 +289,7 @@ def snapshot(
     calls: HierarchyCounters,
     info: list[TierInfo],
     disabled: dict[str, str],
+    storages: Sequence[BlockStorage] = (),
 ) -> HierarchyStats:
     """One `HierarchyStats` of a running chain: O(tiers + pairs + latency buckets)."""
     chain = copy.copy(manager.counters)
@@ -281,7 +297,7 @@ def snapshot(
     supervised = copy.copy(supervisor)
     supervised.error_types = dict(supervised.error_types)
     transfers, per_tier = _transfers(engine, [tier.name for tier in manager.tiers])
-    activity = _activity(manager, chain, per_tier)
+    activity = _activity(manager, chain, per_tier, storages)
     counters = engine.counters
     return HierarchyStats(
         tiers=manager.stats(),

@@ -126,6 +126,22 @@ METRICS: tuple[MetricInfo, ...] = (
         "them itself, or could not be asked for: a miss, not damage.",
     ),
     MetricInfo(
+        "kvtier_tier_value_problems_total",
+        "counter",
+        ("tier", "reason"),
+        "Values read from the tier (a shared store) and not served, by reason: forged (not "
+        "made with a key this node holds: alert on it), foreign, damaged, oversized, and a "
+        "shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten, and unencrypted "
+        "(require_encrypted = true). Each a miss.",
+    ),
+    MetricInfo(
+        "kvtier_tier_unencrypted_served_total",
+        "counter",
+        ("tier",),
+        "Values a key holder wrote without encryption that the tier (a shared store with "
+        "encrypt = true) served; require_encrypted = true makes them misses instead.",
+    ),
+    MetricInfo(
         "kvtier_tier_queue_depth",
         "gauge",
         ("tier",),

@@ -101,6 +101,9 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         add("kvtier_tier_corrupt_blocks_total", labels, activity.corrupt)
         add("kvtier_tier_gone_blocks_total", labels, activity.gone)
         add("kvtier_tier_events_dropped_total", labels, activity.events_dropped)
+        for reason, count in sorted(activity.problems.items()):
+            add("kvtier_tier_value_problems_total", [*labels, reason], count)
+        add("kvtier_tier_unencrypted_served_total", labels, activity.unencrypted_served)
     for lane, depth in stats.queue_depths.items():
         add("kvtier_tier_queue_depth", [name, lane], depth)
     for transfer in stats.transfers:

@@ -113,6 +113,20 @@ class BlockStorage(ABC):
         lifetime, never with credentials); by default the class's name."""
         return type(self).__name__
 
+    def value_problems(self) -> dict[str, int]:
+        """Values this storage read and did not serve since it opened, by reason (a shared
+        store's forged, foreign, damaged, oversized values, ...): what `stats()` and the
+        metrics export per tier, so a fleet can alert on forgery attempts. {} for a storage
+        that checks no such thing (the default); an absent key is not a problem. It may be
+        called from another thread: it returns a copy."""
+        return {}
+
+    def unencrypted_served(self) -> int:
+        """Values served unencrypted by a storage whose own are encrypted (a shared store
+        with `encrypt = true` reading a key holder's MAC-only value), since it opened; 0 for
+        a storage that encrypts nothing (the default)."""
+        return 0
+
     @property
     def disabled_reason(self) -> str | None:
         """Why the storage disabled itself while open (its ground moved: a disk store whose

@@ -70,7 +70,8 @@ class BlockVerifier:
             return impossible
         file, offset = self.layout.locate(record.slot)
         if self.files.slab_fds[file] < 0:
-            return f"its slab file {slab_file_name(file)} is missing"
+            why = self.files.slab_problems.get(file, "is missing")
+            return f"its slab file {slab_file_name(file)} {why}"
         try:
             size = self.files.slab_size(file)
         except OSError as error:

@@ -185,6 +185,7 @@ class DiskStore(BlockStorage):
             guard,
             open_problems=recovery.problems,
             inspect=self.inspect,
+            interrupted=recovery.interrupted,
         )
         self._reader = BlockReader(layout, files, catalog, codec, counters, guard)
         self._lane = WriteLane(

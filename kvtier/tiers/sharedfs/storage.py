@@ -72,6 +72,7 @@ from kvtier.tiers.shared.value import (
     ValueProblem,
     check_block_buffers,
     record_problem,
+    reported_problems,
 )
 from kvtier.tiers.sharedfs.kind import SharedFSTierConfig
 from kvtier.tiers.sharedfs.sweeper import Sweeper, SweepReport, allocation
@@ -493,6 +494,15 @@ class SharedFSStorage(KeyedStorage):
         for key, info in zip(keys, found, strict=True):
             if info is not None:
                 self._forget_file(key, file_version(info))
+
+    def value_problems(self) -> dict[str, int]:
+        """Values and files read and not served, by `ValueProblem` / `FileProblem` (see
+        `BlockStorage`)."""
+        return reported_problems(self.stats.problems)
+
+    def unencrypted_served(self) -> int:
+        """MAC-only values served by this `encrypt = true` tier (see `BlockStorage`)."""
+        return self.values.unencrypted_served
 
     async def aclose(self) -> None:
         """Stop the sweeper and the lookups, wait for file I/O under way at most
