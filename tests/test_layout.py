@@ -345,7 +345,6 @@ MAX_MODULE_LINES = 600
 """A module longer than this does more than one job: split it."""
 
 LONG_MODULES = {
-    "kvtier/manager/tiered.py": "TieredManager: being split on its own branch (issue 31)",
     "kvtier/bench/datapath.py": "a benchmark: another issue moves the benchmarks out",
     "kvtier/bench/writepath.py": "a benchmark: another issue moves the benchmarks out",
     "kvtier/bench/bookkeeping.py": "a benchmark: another issue moves the benchmarks out",
