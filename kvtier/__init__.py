@@ -43,10 +43,12 @@ from kvtier.keys import (
     split_offload_key,
 )
 from kvtier.manager import (
+    Backend,
     OffloadingEvent,
     OffloadingManager,
     PrepareStoreOutput,
     ReqContext,
+    SlotPoolBackend,
     TieredManager,
     TierManager,
     TierStats,
@@ -70,7 +72,6 @@ from kvtier.specs import (
     LoadStoreSpec,
     Medium,
 )
-from kvtier.tiers import Backend, SlotPoolBackend
 
 if TYPE_CHECKING:  # the data path imports torch: loaded on first use (see __getattr__)
     from kvtier.hierarchy import Hierarchy, HierarchyStats

@@ -102,12 +102,17 @@ def check_staging_bytes(value: object) -> int:
 
 
 def check_tier_options(
-    tier_options: object, disk_options: object, media: Sequence[str]
+    tier_options: object,
+    by_keyword: Mapping[str, object],
+    media: Sequence[str],
+    keywords: Mapping[str, str],
 ) -> dict[str, dict[str, Any]]:
-    """Per medium, the options for its opener (`disk_options` merged into the disk
-    medium's): mappings of identifiers, for registered media only (options for a medium no
-    tier can have would be silently ignored)."""
-    for name, options in (("tier_options", tier_options), ("disk_options", disk_options)):
+    """Per medium, the options for its opener: `tier_options[medium]`, with the options
+    given by a keyword of its own (`by_keyword`: keyword -> options; `keywords`: keyword ->
+    medium, what the kinds declare, e.g. `disk_options`) merged over them. Mappings of
+    identifiers, for registered media only (options for a medium no tier can have would be
+    silently ignored)."""
+    for name, options in (("tier_options", tier_options), *by_keyword.items()):
         if options is not None and not isinstance(options, Mapping):
             raise InvalidValueError(f"{name} must be a mapping, got {type(options).__name__}")
     by_medium: Mapping[Any, Any] = tier_options or {}  # type: ignore[assignment]
@@ -123,11 +128,16 @@ def check_tier_options(
                 f"{type(options).__name__}"
             )
         check_option_keys(options, f"tier_options[{medium!r}]")
-    disk: Mapping[Any, Any] = disk_options or {}  # type: ignore[assignment]
-    check_option_keys(disk, "disk_options")
     merged = {medium: dict(options) for medium, options in by_medium.items()}
-    if disk:
-        merged.setdefault("disk", {}).update(disk)
+    for keyword, given in by_keyword.items():
+        extra: Mapping[Any, Any] = given or {}  # type: ignore[assignment]
+        check_option_keys(extra, keyword)
+        if not extra:
+            continue
+        medium = keywords.get(keyword)
+        if medium is None:
+            raise InvalidValueError(f"{keyword}: no registered tier medium takes these options")
+        merged.setdefault(medium, {}).update(extra)
     return merged
 
 

@@ -52,6 +52,7 @@ from kvtier.config_fields import (
     config_error,
     default_cache_dir,
     hide_userinfo,
+    is_secret_field,
     parse_size,
     physical_memory,
     readable_size,
@@ -68,6 +69,7 @@ __all__ = [
     "MAX_TIERS",
     "MAX_TIER_BLOCKS",
     "MAX_TIER_BYTES",
+    "MIN_BLOCK_SIZE",
     "BaseTierConfig",
     "HierarchyConfig",
     "TierConfig",
@@ -87,6 +89,13 @@ MAX_TIERS = 8
 """The most tiers one chain may have."""
 MAX_BLOCK_SIZE = 1 << 30
 """The largest block_size (1 GiB): a KV block is KiBs to MiBs; more is a typo."""
+MIN_BLOCK_SIZE = 512
+"""The smallest block_size (512 bytes). A block holds K and V of every layer for the tokens
+of one block: even one layer of one 64-wide fp8 KV head is 128 bytes a token, and engines
+page 16 tokens or more, so a real block is KiBs; 512 is also the sector a disk tier's
+O_DIRECT I/O is done in. Less is a typo (a token count given for bytes), and each byte of
+`staging_bytes` would become a row of the staging arena (block_size 1: 10 GiB to open a
+16-block chain)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +223,12 @@ class HierarchyConfig(FrozenModel):
             raise config_error("block_size", error.reason) from None
         if size > MAX_BLOCK_SIZE:
             raise config_error("block_size", f"at most {readable_size(MAX_BLOCK_SIZE)}")
+        if size < MIN_BLOCK_SIZE:
+            raise config_error(
+                "block_size",
+                f"must be at least {MIN_BLOCK_SIZE} bytes (all layers' K and V of one block "
+                "of tokens; a token count is not a block size)",
+            )
         return size
 
     @field_validator("tiers", mode="before")
@@ -290,7 +305,7 @@ def _peek_block_size(data: object) -> int | None:
         size, _ = size_in_bytes(data.get("block_size"))
     except SizeError:
         return None
-    return size if size <= MAX_BLOCK_SIZE else None
+    return size if MIN_BLOCK_SIZE <= size <= MAX_BLOCK_SIZE else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,7 +489,7 @@ def _problem_lines(detail: ErrorDetails, data: Mapping[str, Any]) -> list[str]:
     else:
         message = _MESSAGES.get(kind, detail["msg"])
     line = f"{_path(loc)}: {message}"
-    if kind not in _NO_VALUE_SHOWN:
+    if kind not in _NO_VALUE_SHOWN and not is_secret_field(loc[-1] if loc else None):
         line += f", got {show_value(value)}"
     return [line]
 

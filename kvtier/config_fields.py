@@ -36,6 +36,8 @@ __all__ = [
     "default_cache_dir",
     "expand_path",
     "hide_userinfo",
+    "is_secret_field",
+    "looks_like_key",
     "parse_size",
     "physical_memory",
     "readable_size",
@@ -175,12 +177,30 @@ def hide_userinfo(text: str) -> str:
     return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
+_SECRET_FIELD = re.compile(r"(_env|_file)$|password|secret|token|auth_key")
+_KEY_TEXT = re.compile(r"\s*[0-9A-Fa-f]{32,}\s*")
+
+
+def is_secret_field(name: object) -> bool:
+    """Whether a config key names where a secret is, or might hold one by a slip: a `*_env`
+    (a variable's name), a `*_file`, or a password-ish key. A report never shows the value
+    given for such a key: a key or password pasted into the wrong field would be printed."""
+    return isinstance(name, str) and _SECRET_FIELD.search(name) is not None
+
+
+def looks_like_key(text: str) -> bool:
+    """Whether `text` looks like key material rather than a name or a path: 32 or more hex
+    digits and nothing else (`kvtier keys new` writes 64). No variable or file is named so."""
+    return _KEY_TEXT.fullmatch(text) is not None
+
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def show_value(value: object, limit: int | None = 80) -> str:
-    """`value` as TOML would write it (strings in double quotes, a URL's credentials hidden),
-    cut to `limit` characters: how a config's report shows what it got."""
+    """`value` as TOML would write it (strings in double quotes, a URL's credentials hidden,
+    the values of a table's secret fields (`is_secret_field`) as ***), cut to `limit`
+    characters: how a config's report shows what it got."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, str):
@@ -189,7 +209,8 @@ def show_value(value: object, limit: int | None = 80) -> str:
         text = json.dumps(str(value), ensure_ascii=False)
     elif isinstance(value, Mapping):
         items = ", ".join(
-            f"{toml_key(str(key))} = {show_value(item)}" for key, item in value.items()
+            f"{toml_key(str(key))} = {'***' if is_secret_field(key) else show_value(item)}"
+            for key, item in value.items()
         )
         text = "{ " + items + " }" if items else "{}"
     elif isinstance(value, list | tuple):

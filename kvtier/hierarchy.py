@@ -68,7 +68,7 @@ from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import OffloadKey, check_key
 from kvtier.manager import OffloadingEvent, TieredManager, TieredStoreOutput
 from kvtier.metrics import register_metrics, unregister_metrics
-from kvtier.tiers.registry import registered_media
+from kvtier.tiers.registry import options_keywords, registered_media
 from kvtier.tiers.storage import BlockStorage, TensorStorage
 
 if TYPE_CHECKING:
@@ -145,7 +145,9 @@ class Hierarchy:
             raise InvalidValueError(
                 f"flush_on_close must be a bool or None, got {flush_on_close!r}"
             )
-        options = checks.check_tier_options(tier_options, disk_options, registered_media())
+        options = checks.check_tier_options(
+            tier_options, {"disk_options": disk_options}, registered_media(), options_keywords()
+        )
         self.config = config
         self.block_size = config.block_size
         self.flush_on_close = flush_on_close
@@ -305,9 +307,16 @@ class Hierarchy:
 
     def lookup(self, keys: Sequence[OffloadKey]) -> int:
         """How many leading keys some tier holds (or is receiving). Starts nothing; the first
-        key no tier holds is counted as a miss of every tier."""
+        key no tier holds is counted as a miss of every tier, and every key in
+        `stats().calls.lookup_blocks` (the held ones in `lookup_held`). A key given twice is
+        an InvalidValueError, as in `get`: `lookup([k, k])` counting 2 would promise a `get`
+        of those keys that refuses them."""
         chain = self._open()
-        return chain.manager.held_prefix(checks.check_keys(keys, "lookup", distinct=False))
+        keys = checks.check_keys(keys, "lookup")
+        held = chain.manager.held_prefix(keys)
+        chain.calls.lookup_blocks += len(keys)
+        chain.calls.lookup_held += held
+        return held
 
     async def get(
         self, keys: Sequence[OffloadKey], *, timeout_s: float | None = None

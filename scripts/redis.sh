@@ -4,7 +4,8 @@
 #
 #   scripts/redis.sh start      # a standalone server on 127.0.0.1:$KVTIER_REDIS_PORT (6390)
 #   scripts/redis.sh stop
-#   scripts/redis.sh status     # exit 0 when it answers
+#   scripts/redis.sh status     # one line (running on 127.0.0.1:PORT, pid, or not
+#                               # running); exit 0 when it answers
 #   scripts/redis.sh env        # export lines: KVTIER_REDIS_URL, KVTIER_REDIS_PASSWORD,
 #                               # KVTIER_AUTH_KEY_FILE
 #   scripts/redis.sh cluster    # a 3-master Redis Cluster on 127.0.0.1:$KVTIER_REDIS_CLUSTER_PORT
@@ -178,7 +179,17 @@ stop)
     stop_one standalone "$port"
     ;;
 status)
-    command -v redis-cli >/dev/null 2>&1 && cli "$port" ping >/dev/null 2>&1
+    # One line on stdout; exit 0 only when the server answers.
+    if ! command -v redis-cli >/dev/null 2>&1; then
+        echo "not running on 127.0.0.1:$port (redis-cli is not installed)"
+        exit 1
+    fi
+    if ! cli "$port" ping >/dev/null 2>&1; then
+        echo "not running on 127.0.0.1:$port"
+        exit 1
+    fi
+    pid=$(cli "$port" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')
+    echo "running on 127.0.0.1:$port, pid ${pid:-unknown} (files in $dir)"
     ;;
 env)
     echo "export KVTIER_REDIS_URL=redis://127.0.0.1:$port/0"

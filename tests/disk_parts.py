@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec, Compression
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.fsck import StoreChecker
 from kvtier.tiers.disk.guard import Guard

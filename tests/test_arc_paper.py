@@ -134,9 +134,9 @@ def replay_both(requests: list[list[bytes]], capacity: int) -> None:
     """A tier over ARCCachePolicy driven as the bookkeeping benchmark drives it, and the
     paper's ARC served the same requests one at a time: the same evictions at every request,
     the same lists and p at the end."""
+    from kvtier.manager import SlotPoolBackend
     from kvtier.manager.tier import TierManager
     from kvtier.specs import Medium
-    from kvtier.tiers import SlotPoolBackend
 
     policy = ARCCachePolicy(capacity)
     tier = TierManager(SlotPoolBackend(capacity, 16, Medium.CPU), policy)

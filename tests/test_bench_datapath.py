@@ -24,7 +24,7 @@ from kvtier.cli import main
 from kvtier.keys import key_from_int
 from kvtier.tiers import tensor_copy
 from kvtier.tiers.disk import DiskStore
-from kvtier.tiers.disk import store as disk_store
+from kvtier.tiers.disk import reader as disk_reader
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
 
@@ -172,7 +172,7 @@ async def test_scattered_gpu_host_copies_of_every_shape_land_every_row(
 async def test_a_large_disk_read_is_split_over_the_workers_and_stays_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(disk_store, "READ_SPLIT_BYTES", 4 * 4096)
+    monkeypatch.setattr(disk_reader, "READ_SPLIT_BYTES", 4 * 4096)
     store = await DiskStore.open_async(
         tmp_path, block_size=4096, num_blocks=100, max_workers=3, direct_io=False
     )
@@ -182,7 +182,7 @@ async def test_a_large_disk_read_is_split_over_the_workers_and_stays_exact(
         keys = [key_from_int(i) for i in range(40)]
         blocks = rng.integers(0, 256, (40, 4096), dtype=np.uint8)
         assert not any(await store.write(keys, slots, list(blocks)))
-        assert len(store._read_parts(slots)) == 3
+        assert len(disk_reader.read_parts(slots, 4096, 3)) == 3
         # Rot one stored block and ask for one key that was never stored.
         slab, offset = store.slot_location(slots[7])
         with open(slab, "r+b") as file:

@@ -306,3 +306,128 @@ def test_lost_records_are_found_and_repair_brings_every_block_back(
         assert sorted(store.record(key_from_int(i)).slot for i in range(BLOCKS)) == slots  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_replays_out_directory_is_searched_for_its_stores(tmp_path: Path) -> None:
+    """`kvtier check kvtier-out` after a replay: its stores are OUT/disk/<tier>/kvtier-<fp>,
+    three levels down; each is found and checked, named as the user can give it."""
+    out = tmp_path / "kvtier-out"
+    stores = []
+    for tier, block in (("disk", BLOCK), ("ssd", 2 * BLOCK)):
+        store = DiskStore(out / "disk" / tier, block_size=block, num_blocks=4, direct_io=False)
+        store.close()
+        stores.append(store.path)
+    (out / "report.json").write_text("{}")
+    (out / "charts" / "kvtier-notastore").mkdir(parents=True)  # no headers, not a store name
+    code, stdout, _ = run("check", str(out))
+    assert code == 0, stdout
+    assert [line for line in stdout.splitlines() if line.startswith("store ")] == [
+        f"store {path}:" for path in sorted(stores)
+    ]
+    assert stdout.count("0 index records checked") == 2
+
+
+def test_a_directory_without_stores_near_it_says_how_deep_it_looked(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e"
+    store = DiskStore(deep, block_size=BLOCK, num_blocks=4, direct_io=False)
+    store.close()  # five levels down (its store six): out of reach
+    code, stdout, _ = run("check", str(tmp_path))
+    assert code == 0
+    assert (
+        stdout.strip()
+        == f"{tmp_path}: no kvtier store here or up to 4 levels below, nothing to check"
+    )
+    code, stdout, _ = run("check", str(deep.parent.parent))  # within reach from here
+    assert code == 0 and f"store {store.path}:" in stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 31, item 12.6: what --repair reports is what it did, and it leaves an openable store
+# --------------------------------------------------------------------------------------------
+
+
+def served(config: Path) -> list[int]:
+    """The keys (of 0..19) the store serves: a record, and a read that verifies."""
+    store = open_store(config)
+    found = []
+    try:
+        for i in range(20):
+            record = store.record(key_from_int(i))
+            if record is None:
+                continue
+            out = np.zeros(BLOCK, np.uint8)
+            if asyncio.run(store.read([key_from_int(i)], [record.slot], [out])) == [None]:
+                found.append(i)
+    finally:
+        store.close()
+    return found
+
+
+def test_a_slab_file_replaced_by_a_directory_is_named_and_repaired_to_an_openable_store(
+    stored: tuple[Path, list[int]],
+) -> None:
+    config, _ = stored
+    slab = store_dir_of(config) / "slab-00000.bin"
+    slab.unlink()
+    slab.mkdir()
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 1, stdout
+    assert "slab-00000.bin is a directory, not a regular file" in stdout
+    assert "ends at byte" not in stdout  # not taken for a short file
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout  # repaired, not "cannot check"
+    assert "moved aside" in stdout and "the blocks of its slots are lost" in stdout
+    assert run("check", "--config", str(config))[0] == 0
+    assert slab.is_file() and served(config) == []  # opens; its blocks are gone
+
+
+def test_an_interrupted_write_groups_blocks_are_reported_as_what_repair_clears(
+    stored: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A write group killed after its slot headers, before its index commit: check called
+    its blocks lost records, --repair cleared them instead and still exited 3."""
+    from kvtier.tiers.disk.inflight import InflightLog
+
+    config, _ = stored
+    store_dir = store_dir_of(config)
+    shutil.copytree(store_dir / "index", tmp_path / "index-before")
+    store = open_store(config)
+    rng = np.random.default_rng(7)
+    try:  # key 7 into a free slot, key 8 over key 1's block (slot 11)
+        blocks = list(rng.integers(0, 256, (2, BLOCK), dtype=np.uint8))
+        assert not any(
+            asyncio.run(store.write([key_from_int(7), key_from_int(8)], [2, 11], blocks))
+        )
+    finally:
+        store.close()
+    shutil.rmtree(store_dir / "index")
+    shutil.copytree(tmp_path / "index-before", store_dir / "index")  # the commit never was
+    log = InflightLog(store_dir / "inflight", 0o600)
+    log.record([2, 11])
+    log.close()
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 1, stdout
+    assert "lost record" not in stdout  # nothing a repair would not restore
+    assert stdout.count("did not finish (never reported stored)") == 2
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout
+    assert "cleared the headers of 2 slots" in stdout and "dropped when the store opened" in stdout
+    assert run("check", "--config", str(config))[0] == 0
+    assert served(config) == [0, 2, 3, 4, 5]  # key 1's block was overwritten: gone
+
+
+def test_a_cut_header_file_never_shrinks_the_store_nor_drops_its_blocks(
+    stored: tuple[Path, list[int]],
+) -> None:
+    config, _ = stored
+    headers = store_dir_of(config) / "headers.bin"
+    size = headers.stat().st_size
+    headers.write_bytes(headers.read_bytes()[: size - 1])  # the last slot's entry cut
+    code, stdout, _ = run("check", "--config", str(config))
+    assert code == 1, stdout
+    assert "headers.bin is cut short: entries for 15 of the store's 16 slots" in stdout
+    assert "capacity 16 blocks" in stdout and "slot beyond" not in stdout
+    code, stdout, _ = run("check", "--config", str(config), "--repair")
+    assert code == 3, stdout
+    assert run("check", "--config", str(config))[0] == 0
+    assert headers.stat().st_size == size and served(config) == list(range(BLOCKS))

@@ -277,6 +277,40 @@ def test_describe_renders_one_line_per_tier() -> None:
     assert str(config) == text
 
 
+def test_a_tier_line_shows_only_what_is_set_or_not_a_default() -> None:
+    """A redis tier has twenty settings, most unset: its line names the ones the config
+    gives or that differ from their defaults, never `=None`, and no secret."""
+    data = {
+        "block_size": "64KiB",
+        "model_id": "m",
+        "tiers": [
+            {"name": "cpu", "medium": "cpu", "capacity": 8},
+            {
+                "name": "fleet",
+                "medium": "redis",
+                "capacity": 100,
+                "url": "redis://10.0.0.5:6379/0",
+                "password_env": "REDIS_PASSWORD",
+                "timeout_ms": 500,  # given, though the default: shown
+                "ttl_s": 3600,
+            },
+        ],
+    }
+    line = parse_config(data).describe().splitlines()[2]
+    options = line.split("lru", 1)[1].split()
+    assert options == [
+        'url="redis://10.0.0.5:6379/0"',
+        'password_env="REDIS_PASSWORD"',
+        "timeout_ms=500",
+        "ttl_s=3600",
+    ]
+    assert "None" not in line and len(line) < 160, line
+    # A disk tier's path is computed where the config loads: shown although not given.
+    disk = parse_config(minimal()).describe().splitlines()[3]
+    default_path = DiskTierConfig(name="d", medium=Medium.DISK, capacity=1).path
+    assert disk.split("lru", 1)[1].split() == [f"path={show_value(default_path)}"]
+
+
 def test_hierarchy_built_in_code_checks_the_same_rules() -> None:
     tier = CPUTierConfig(name="c", medium=Medium.CPU, capacity=10)
     assert tier.num_blocks == 10
@@ -513,7 +547,7 @@ def test_watermarks_are_read_and_shown_when_set() -> None:
     assert (cpu.high_watermark, cpu.low_watermark) == (1.0, 0.5)
     assert isinstance(cpu.high_watermark, float)
     line = config.describe().splitlines()[2]
-    assert "high_watermark=1.0 low_watermark=0.5 pin_memory=true" in line
+    assert line.endswith("high_watermark=1.0 low_watermark=0.5")  # pin_memory: its default
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtier import Hierarchy
 from kvtier.config import (
     MAX_BLOCK_SIZE,
     MAX_TIER_BLOCKS,
+    MIN_BLOCK_SIZE,
     HierarchyConfig,
     parse_config,
     physical_memory,
 )
+from kvtier.engine.staging import DEFAULT_STAGING_BYTES
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.workloads.simulation.chain import chain_tiers_from_config
 
@@ -33,6 +37,8 @@ def cpu_config(**tier: Any) -> dict[str, Any]:
     [
         ({"block_size": 2**62}, "block_size", "at most 1 GiB"),
         ({"block_size": MAX_BLOCK_SIZE + 1}, "block_size", "at most 1 GiB"),
+        ({"block_size": 1}, "block_size", f"at least {MIN_BLOCK_SIZE} bytes"),
+        ({"block_size": MIN_BLOCK_SIZE - 1}, "block_size", f"at least {MIN_BLOCK_SIZE} bytes"),
         ({"capacity": 2**63 - 1}, "tiers[0].capacity", "at most 1,099,511,627,776 blocks"),
         ({"capacity": 10**15}, "tiers[0].capacity", "at most 1,099,511,627,776 blocks"),
         ({"capacity": MAX_TIER_BLOCKS + 1}, "tiers[0].capacity", "blocks (2**40)"),
@@ -51,6 +57,30 @@ def test_sizes_beyond_any_machine_are_one_line_errors(
     text = str(caught.value)
     assert text.count("\n") == 0, text  # one problem, on one line
     assert text.startswith(f"{key}: ") and message in text
+
+
+async def test_a_chain_of_the_smallest_blocks_opens_in_memory_of_its_rows(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 12.3: the staging arena has staging_bytes // block_size rows (512K at
+    the smallest block size); its free list costs 8 bytes a row, not a Python int each
+    (block_size 512 took 21.5 MiB of Python objects to open, block_size 1 10 GiB)."""
+    config = {
+        "block_size": MIN_BLOCK_SIZE,
+        "tiers": [
+            {"name": "c", "medium": "cpu", "capacity": 8},
+            {"name": "d", "medium": "disk", "capacity": 8, "path": str(tmp_path / "d")},
+        ],
+    }
+    rows = DEFAULT_STAGING_BYTES // MIN_BLOCK_SIZE
+    tracemalloc.start()
+    try:
+        async with Hierarchy.from_config(config) as h:
+            _, peak = tracemalloc.get_traced_memory()
+            assert h.stats().tiers[1].name == "d"
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * rows + (4 << 20)  # 8 bytes a row, and the chain's own few MiB
 
 
 def test_a_disk_tier_beyond_a_pebibyte_is_refused() -> None:

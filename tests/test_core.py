@@ -25,6 +25,7 @@ from kvtier.keys import (
     make_offload_key,
     split_offload_key,
 )
+from kvtier.manager import SlotPoolBackend
 from kvtier.specs import (
     CPULoadStoreSpec,
     DiskLoadStoreSpec,
@@ -32,7 +33,6 @@ from kvtier.specs import (
     LoadStoreSpec,
     Medium,
 )
-from kvtier.tiers import SlotPoolBackend
 
 # -- keys --------------------------------------------------------------------------------------
 

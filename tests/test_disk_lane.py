@@ -16,7 +16,8 @@ from disk_parts import BLOCK, blocks, k, open_parts
 
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.tiers.disk.io import FaultyIO
-from kvtier.tiers.disk.lane import ForgetJob, WriteJob, split_runs
+from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
+from kvtier.tiers.disk.lane import split_runs
 from kvtier.tiers.disk.layout import IndexRecord, Run, entry_offset, slab_file_name, unpack_entry
 from kvtier.tiers.storage import ReadFailure
 

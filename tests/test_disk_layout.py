@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.errors import DiskLayoutError, InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.codec import Codec
+from kvtier.tiers.codec import Codec
 from kvtier.tiers.disk.layout import (
     ENTRY_BYTES,
     FILE_HEADER_BYTES,

@@ -29,9 +29,9 @@ from kvtier.engine.supervisor import JobSupervisor
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredManager, TransferJob, make_tier_manager
-from kvtier.manager.jobs import JobKind
+from kvtier.manager.jobs import JobKind, slot_ids
+from kvtier.manager.planner import Watermarks, WritePolicy
 from kvtier.manager.tier import TierManager
-from kvtier.manager.tiered import Watermarks, WritePolicy, slot_ids
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyCounters, FlakyStorage
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.pool.storage import TorchPool

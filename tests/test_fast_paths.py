@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from kvtier.blocks import BlockStatus, pending_blocks
 from kvtier.errors import BlockStateError, DoubleFreeError, InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.manager import SlotPoolBackend
+from kvtier.manager.backend import Backend
 from kvtier.manager.tier import make_tier_manager
 from kvtier.policies import POLICIES, CachePolicy
 from kvtier.specs import (
@@ -29,8 +31,6 @@ from kvtier.specs import (
     Medium,
 )
 from kvtier.testing.policy import ready_block
-from kvtier.tiers import SlotPoolBackend
-from kvtier.tiers.backend import Backend
 
 SPEC_TYPES = [CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec]
 

@@ -63,7 +63,17 @@ async def test_lookup_and_where_check_their_keys(tmp_path: Path) -> None:
             h.where("abc")  # type: ignore[arg-type]
         with pytest.raises(KeyFormatError, match="where: key must have 1 to 255 bytes"):
             h.where(b"k" * 300)
-        assert h.lookup([key(1), key(1)]) == 0  # repeating a key is fine for a question
+
+
+async def test_lookup_refuses_duplicate_keys_as_get_does(tmp_path: Path) -> None:
+    """Issue 31, item 12.7: `lookup([k, k])` counted 2 (a prefix `get` then refused)."""
+    async with Hierarchy.from_config(chain_config(tmp_path, gpu=None, disk=None)) as h:
+        await h.put([key(1)], blocks_of([key(1)]))
+        with pytest.raises(InvalidValueError, match=r"lookup: duplicate key .* at keys\[1\]"):
+            h.lookup([key(1), key(1)])
+        with pytest.raises(InvalidValueError, match=r"get: duplicate key .* at keys\[1\]"):
+            await h.get([key(1), key(1)])
+        assert h.lookup([key(1), key(2)]) == 1
 
 
 @pytest.mark.parametrize("timeout", [-1, 0, -0.5, math.nan, math.inf, "1", True, [1]])

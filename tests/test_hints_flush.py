@@ -75,8 +75,8 @@ async def test_a_flush_from_a_middle_tier_honours_its_hint(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("write_policy", ["write-back", "write-through"])
 async def test_a_reserve_refill_drops_never_blocks(tmp_path: Path, write_policy: str) -> None:
-    """A tier keeping a reserve evicts in the background (`_plan_reserves`): a "never"
-    victim is dropped there too, not demoted."""
+    """A tier keeping a reserve evicts in the background (`ChainPlanner._plan_reserves`): a
+    "never" victim is dropped there too, not demoted."""
     config = three_tiers(tmp_path, write_policy)
     config["tiers"][0].update(high_watermark=0.75, low_watermark=0.5)
     async with Hierarchy.from_config(config, flush_on_close=False) as h:

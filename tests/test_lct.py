@@ -16,6 +16,7 @@ import pytest
 from kvtier.blocks import BlockStatus
 from kvtier.errors import InvalidValueError
 from kvtier.keys import key_from_int
+from kvtier.manager import SlotPoolBackend
 from kvtier.manager.tier import TierManager
 from kvtier.policies import (
     ARCCachePolicy,
@@ -26,7 +27,6 @@ from kvtier.policies import (
 )
 from kvtier.specs import Medium
 from kvtier.testing import PolicyTests
-from kvtier.tiers import SlotPoolBackend
 from kvtier.workloads.traces import read_mooncake
 
 UNIQUE_BLOCKS = 182_790

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 try:
     import prometheus_client  # noqa: F401
@@ -34,18 +35,27 @@ except ImportError:
         allow_module_level=True,
     )
 
-from hierarchy_helpers import blocks_of, chain_config, key
+import numpy as np
+from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from test_sharedfs_tier import chain as sharedfs_chain
+from test_sharedfs_tier import fill
 
 from kvtier import Hierarchy
+from kvtier.config import parse_config
 from kvtier.errors import InvalidValueError
+from kvtier.keys import OffloadKey
 from kvtier.metrics import METRICS, serve_metrics
+from kvtier.testing.keyed import keyed_auth
+from kvtier.tiers.codec import BlockCodec
+from kvtier.tiers.shared.value import ValueCodec
+from kvtier.tiers.sharedfs.storage import SharedFSStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def keys_(*ids: int) -> list[bytes]:
+def keys_(*ids: int) -> list[OffloadKey]:
     return [key(i) for i in ids]
 
 
@@ -98,6 +108,37 @@ async def test_metrics_on_a_chosen_registry_equal_stats(tmp_path: Path) -> None:
     labels = {"hierarchy": "default", "tier": "disk"}
     assert REGISTRY.get_sample_value("kvtier_tier_hits_total", labels) is None
     assert value(registry, "kvtier_tier_hits_total", tier="disk") is None
+
+
+async def test_per_block_lookup_counts_give_the_replays_hit_ratio(tmp_path: Path) -> None:
+    """A lookup-then-get workload, as `kvtier replay` runs it: the blocks after a miss are
+    counted missed block by block (the chain's misses count one per lookup), so the tiers'
+    hits over the blocks given to lookup is the hit ratio the replay reports."""
+    registry = CollectorRegistry()
+    config = chain_config(tmp_path, gpu=None, cpu=16, disk=16, reserve=False)
+    async with Hierarchy.from_config(config, metrics=registry) as h:
+        stored = keys_(*range(8))
+        await h.put(stored, blocks_of(stored))  # all in the cpu tier
+        await h.drain()
+        served = 0
+        for request in (
+            keys_(0, 1, 2, 90, 91),  # 3 hits, then 2 blocks missed
+            keys_(6, 7, 5, 4),  # 4 hits
+            keys_(92, 0, 1, 2, 3, 4),  # a miss at the head: 6 blocks missed
+            keys_(7, 93),  # 1 hit, 1 missed
+        ):
+            held = h.lookup(request)
+            served += (await h.get(request[:held])).shape[0]
+            await h.drain()
+        stats = h.stats()
+        assert value(registry, "kvtier_lookup_blocks_total", outcome="held") == 8
+        assert value(registry, "kvtier_lookup_blocks_total", outcome="missed") == 9
+    assert served == 8
+    assert (stats.calls.lookup_blocks, stats.calls.lookup_held) == (17, 8)
+    assert stats.calls.lookup_missed == 9
+    assert [(tier.name, tier.hits) for tier in stats.activity] == [("cpu", 8), ("disk", 0)]
+    assert stats.block_hit_ratio() == 8 / 17
+    assert stats.activity[-1].misses == 3  # per lookup: one for each request that missed
 
 
 async def test_corrupt_blocks_and_refusals_are_exported(tmp_path: Path) -> None:
@@ -318,3 +359,59 @@ async def test_blocks_hinted_never_are_exported_by_fate(tmp_path: Path, write_po
             assert not_copied == 2  # never cascaded to the disk
         admission = value(registry, "kvtier_backpressure_waits_total", kind="admission")
         assert admission == h.stats().calls.put_admission_waits
+
+
+async def test_forged_values_of_a_shared_tier_are_in_stats_and_metrics(tmp_path: Path) -> None:
+    """Issue 31, item 12.4: a shared tier's problem counters reach `stats()` and a scrape, by
+    tier and reason, so a fleet can alert on forgery attempts."""
+    config = sharedfs_chain(tmp_path / "nfs")
+    namespace = parse_config(config).namespace
+    forger = ValueCodec(namespace, BLOCK, BlockCodec("none"), keyed_auth(namespace, seed=9))
+    registry = CollectorRegistry()
+    async with Hierarchy.from_config(config, metrics=registry, metrics_name="n") as h:
+        keys = await fill(h, range(12))
+        storage = h.storages[-1]
+        assert isinstance(storage, SharedFSStorage)
+        forged = [k for k in keys if h.where(k) == "shared"][:5]
+        assert len(forged) == 5
+        for k in forged:
+            storage.path_of(k).write_bytes(forger.encode(k, np.zeros(BLOCK, dtype=np.uint8)))
+        for k in forged:
+            assert len(await h.get([k])) == 0  # a miss
+        activity = h.stats().activity
+        assert activity[0].problems == {}
+        assert activity[1].problems == {"forged": len(forged)}
+        labels = {"hierarchy": "n", "tier": "shared", "reason": "forged"}
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) == 5
+        labels["tier"] = "cpu"
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", labels) is None
+
+
+async def test_unencrypted_values_served_or_refused_are_in_stats_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 12.5: a node with `encrypt = true` reading values another holder of the
+    key wrote unencrypted counts them served, or with `require_encrypted` refuses them."""
+    writer = sharedfs_chain(tmp_path / "nfs")
+    async with Hierarchy.from_config(writer) as h:
+        keys = await fill(h, range(12))
+        shared = [k for k in keys if h.where(k) == "shared"][:3]
+    assert len(shared) == 3
+    registry = CollectorRegistry()
+    labels = {"hierarchy": "n", "tier": "shared"}
+    reader = sharedfs_chain(tmp_path / "nfs", encrypt=True)
+    async with Hierarchy.from_config(reader, metrics=registry, metrics_name="n") as h:
+        assert torch.equal(await h.get(shared), blocks_of(shared))
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 3 and activity.problems == {}
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 3
+    registry = CollectorRegistry()
+    strict = sharedfs_chain(tmp_path / "nfs", encrypt=True, require_encrypted=True)
+    async with Hierarchy.from_config(strict, metrics=registry, metrics_name="n") as h:
+        for k in shared:
+            assert len(await h.get([k])) == 0  # a miss
+        activity = h.stats().activity[1]
+        assert activity.unencrypted_served == 0 and activity.problems == {"unencrypted": 3}
+        refused = {**labels, "reason": "unencrypted"}
+        assert registry.get_sample_value("kvtier_tier_value_problems_total", refused) == 3
+        assert registry.get_sample_value("kvtier_tier_unencrypted_served_total", labels) == 0

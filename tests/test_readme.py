@@ -166,8 +166,11 @@ def readme_problems(readme: str) -> list[str]:
     for line, _ in lines:
         for words in _invocations(line):
             problems += _invocation_problems(cli, words, f"`{line.strip()}`")
+        problems += _script_problems(line)
     for span, section in spans:
         problems += _span_problems(cli, span, section, every_option)
+        problems += _script_problems(span)
+    problems += command_problems(readme)
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme):
         if "://" not in target and not (ROOT / target).exists():
             problems.append(f"link ({target}): no such path in the repository")
@@ -226,6 +229,237 @@ def test_every_command_option_and_path_the_readme_names_exists() -> None:
     assert readme_problems(README) == []
 
 
+# -- every file, module and script a command of README.md or docs/ names exists -------------
+
+DOCS = {path: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
+"""docs/*.md, checked for what their commands name (their option spans belong to the
+benchmarks' modules, whose options `test_every_module_option_the_docs_name_is_in_its_help`
+checks where a command line names them)."""
+
+FILE_SUFFIXES = (".py", ".pyx", ".pyi", ".toml", ".sh", ".md", ".json", ".jsonl", ".zst", ".txt")
+"""A word with a "/" ending in one of these names a file (of the repository, unless it is
+one of NOT_SHIPPED)."""
+
+NOT_SHIPPED = (".venv", "kvtier-out/", "OUT/", "out/", "FAST25-release/")
+"""What the set-up and the commands make (environments, outputs), and the paths of other
+repositories (Mooncake's traces): not in a clone."""
+
+
+def _command_texts(text: str) -> list[str]:
+    """The command lines and inline code spans of a Markdown text (see `_code`)."""
+    lines, spans = _code(text)
+    return [line for line, _ in lines] + [span for span, _ in spans]
+
+
+def _until_shell_end(words: list[str]) -> list[str]:
+    """`words` up to a shell operator or a comment."""
+    kept: list[str] = []
+    for word in words:
+        if word in _SHELL_END or word.startswith("#"):
+            break
+        kept.append(word)
+    return kept
+
+
+def _file_problems(text: str) -> list[str]:
+    """The repository files named in one command or span that do not exist."""
+    problems: list[str] = []
+    for raw in text.split("#", 1)[0].split():  # every command of a pipeline or `&&` list
+        word = raw.strip("'\"`(),;:").split("#", 1)[0]
+        if (
+            "/" not in word
+            or "://" in word
+            or word.startswith(("/", "~", "-", *NOT_SHIPPED))
+            or any(char in word for char in "<>${}=")
+            or not (word.endswith(FILE_SUFFIXES) or word.startswith(REPO_DIRS))
+        ):
+            continue
+        # docs/ARCHITECTURE.md names the package's modules from inside it (`tiers/disk/...`).
+        found = any(ROOT.glob(word.rstrip("/"))) or any((ROOT / "kvtier").glob(word))
+        if not found and not _built(word):
+            problems.append(f"`{text.strip()}`: no such path {word} in the repository")
+    return problems
+
+
+def module_invocations(text: str) -> list[tuple[str, list[str]]]:
+    """The `python -m kvtier...` invocations of a Markdown text's commands: (module, the
+    options given to it)."""
+    found = []
+    for command in _command_texts(text):
+        for match in re.finditer(r"python3? -m (kvtier[\w.]*)((?:[ \t]+\S+)*)", command):
+            module = match.group(1)
+            if module.endswith("."):  # `python -m kvtier.bench.<name>`: a pattern
+                continue
+            words = _until_shell_end(match.group(2).split())
+            options = [word.split("=", 1)[0] for word in words if word.startswith("--")]
+            found.append((module, options))
+    return found
+
+
+def _script_problems(line: str) -> list[str]:
+    """A `scripts/NAME ...` command line: the option it gives must be in the script, and a
+    script that dispatches on its first argument (`case "${1:-}" in`) must have a branch
+    for the one given. (scripts/kvtier is the CLI: `_invocations` checks it.)"""
+    words = _until_shell_end(line.split())
+    while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value
+        words = words[1:]
+    if not words or not re.fullmatch(r"scripts/[\w.-]+", words[0]) or words[0] == "scripts/kvtier":
+        return []
+    script = ROOT / words[0]
+    if not script.is_file():
+        return []  # `_file_problems` names it
+    source = script.read_text()
+    problems = []
+    for position, word in enumerate(words[1:]):
+        if word.startswith("--"):
+            if re.search(rf"(?<![\w-]){re.escape(word.split('=', 1)[0])}(?![\w-])", source) is None:
+                problems.append(f"`{line.strip()}`: {words[0]} has no option {word}")
+        elif position == 0 and not word.startswith("-") and 'case "${1:-}" in' in source:
+            branch = rf"^\s*(?:[\w-]+\|)*{re.escape(word)}(?:\|[\w-]+)*\)"
+            if re.search(branch, source, re.M) is None:
+                problems.append(f"`{line.strip()}`: {words[0]} has no command {word}")
+    return problems
+
+
+def command_problems(text: str) -> list[str]:
+    """What the commands and spans of a Markdown text name that does not exist: repository
+    files, `python -m kvtier...` modules, a script's options and commands."""
+    problems: list[str] = []
+    for command in _command_texts(text):
+        problems += _file_problems(command)
+    for module, _ in module_invocations(text):
+        if not _resolves(module):
+            problems.append(f"`python -m {module}`: no such module")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(DOCS), ids=lambda path: path.name)
+def test_every_file_module_kvtier_command_and_link_the_docs_name_exists(name: Path) -> None:
+    from kvtier.cli.app import main as cli
+
+    text = DOCS[name]
+    problems = command_problems(text)
+    lines, _ = _code(text)
+    for line, _ in lines:
+        for words in _invocations(line):
+            problems += _invocation_problems(cli, words, f"`{line.strip()}`")
+    for command in _command_texts(text):
+        problems += _script_problems(command)
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" not in target and not (name.parent / target).exists():
+            problems.append(f"link ({target}): no such path from {name.parent.name}/")
+    assert problems == []
+
+
+def _command_paths(text: str) -> set[tuple[str, ...]]:
+    """The kvtier (sub)commands a Markdown text's commands invoke, as word paths."""
+    from kvtier.cli.app import main as cli
+
+    paths = set()
+    for command in _command_texts(text):
+        for words in _invocations(" " + command):
+            group: click.Command = cli
+            path: list[str] = []
+            for word in words:
+                if not isinstance(group, click.Group) or word.startswith("-"):
+                    break
+                sub = group.commands.get(word)
+                if sub is None:
+                    break
+                group = sub
+                path.append(word)
+            if path:
+                paths.add(tuple(path))
+    return paths
+
+
+def test_every_kvtier_command_named_answers_help() -> None:
+    """`kvtier X --help` for every command README.md and docs/ name (parses and prints)."""
+    from click.testing import CliRunner
+
+    from kvtier.cli.app import main as cli
+
+    named = set().union(*(_command_paths(text) for text in [README, *DOCS.values()]))
+    assert {("replay",), ("simulate",), ("check",), ("bench",), ("keys", "new")} <= named
+    for path in sorted(named):
+        result = CliRunner().invoke(cli, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "Usage: " in result.output, (path, result.output)
+
+
+HELP_OF_MODULES = """
+import contextlib, io, json, runpy, sys
+helps = {}
+for module in sys.argv[1:]:
+    sys.argv = [module, "--help"]
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        helps[module] = text.getvalue() if done.code in (0, None) else f"exit {done.code}"
+    except ModuleNotFoundError as error:
+        helps[module] = None if not (error.name or "").startswith("kvtier") else repr(error)
+    else:
+        helps[module] = text.getvalue()
+print(json.dumps(helps))
+"""
+
+
+def module_option_problems(texts: list[str]) -> list[str]:
+    """`python -m kvtier.X --help` of every module the commands of `texts` run, in one
+    subprocess: a module whose help fails, or that does not name an option a command gives
+    it, is a problem (a module whose import needs a package that is not installed, vLLM,
+    is skipped)."""
+    import json
+    import subprocess
+    import sys
+
+    invoked = [pair for text in texts for pair in module_invocations(text)]
+    modules = sorted({module for module, _ in invoked})
+    run = subprocess.run(
+        [sys.executable, "-c", HELP_OF_MODULES, *modules],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "VLLM_TARGET_DEVICE": "cpu"},
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    helps: dict[str, str | None] = json.loads(run.stdout.splitlines()[-1])
+    problems = []
+    for module, options in invoked:
+        shown = helps[module]
+        if shown is None:
+            continue
+        if "usage:" not in shown:
+            problems.append(f"python -m {module} --help: {shown[:200]!r}")
+            continue
+        problems += [
+            f"python -m {module} has no option {option}"
+            for option in options
+            if re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", shown) is None
+        ]
+    return problems
+
+
+@pytest.mark.timeout(300)
+def test_every_module_option_the_docs_name_is_in_its_help() -> None:
+    """Every `python -m kvtier...` README.md and docs/ run answers --help and has the
+    options they give it."""
+    texts = [README, *DOCS.values()]
+    modules = {module for text in texts for module, _ in module_invocations(text)}
+    assert {"kvtier.bench.engine_ttft", "kvtier.bench.policy_traces"} <= modules
+    assert module_option_problems(texts) == []
+
+
+def test_a_module_option_that_does_not_exist_is_named() -> None:
+    problems = module_option_problems(
+        ["`python -m kvtier.bench.policy_speed --limit 3000 --fraction 0.05`"]
+    )
+    assert problems == ["python -m kvtier.bench.policy_speed has no option --fraction"]
+
+
 def test_the_readme_checks_see_what_the_readme_names() -> None:
     lines, spans = _code(README)
     texts = [line for line, _ in lines] + [" " + span for span, _ in spans]
@@ -272,6 +506,17 @@ def test_the_readme_checks_see_what_the_readme_names() -> None:
          "no such module or name kvtier.traces.read_mooncake"),
         ("`kvtier.tiers.registry.register_tier`", "`kvtier.tiers.registry.register`",
          "no such module or name kvtier.tiers.registry.register"),
+        # A file a command runs, a module run with -m, a script's option or command.
+        ("`python -m kvtier.bench.engine_ttft`, the vLLM", "`benchmarks/engine_ttft.py`, the vLLM",
+         "no such path benchmarks/engine_ttft.py"),
+        ("bin/python -m kvtier.bench.engine_ttft`):", "bin/python benchmarks/engine_ttft.py`):",
+         "no such path benchmarks/engine_ttft.py"),
+        ("`python -m kvtier.bench.vllm_tiers`", "`python -m kvtier.bench.vllm_tier`",
+         "`python -m kvtier.bench.vllm_tier`: no such module"),
+        ("`scripts/setup.sh --engine`: vLLM", "`scripts/setup.sh --engines`: vLLM",
+         "scripts/setup.sh has no option --engines"),
+        ("`scripts/redis.sh tls` a TLS-only", "`scripts/redis.sh tsl` a TLS-only",
+         "scripts/redis.sh has no command tsl"),
     ],
 )  # fmt: skip
 def test_the_readme_check_fails_on_what_does_not_exist(old: str, new: str, named: str) -> None:

@@ -41,7 +41,7 @@ from kvtier.config import hide_userinfo, parse_config
 from kvtier.errors import ConfigError, TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.testing.keyed import keyed_auth
-from kvtier.tiers.disk.codec import BlockCodec, Codec, Compression
+from kvtier.tiers.codec import BlockCodec, Codec, Compression
 from kvtier.tiers.redis.kind import RedisTierConfig
 from kvtier.tiers.redis.storage import CircuitBreaker, RedisStorage
 from kvtier.tiers.storage import ReadFailure

@@ -21,7 +21,7 @@ from kvtier import Hierarchy
 from kvtier.errors import TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
-from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.redis.storage import CircuitBreaker, RedisStorage, key_prefix
 from kvtier.tiers.shared.auth import ValueAuth

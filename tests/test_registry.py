@@ -23,9 +23,9 @@ from kvtier.cli import main
 from kvtier.config import parse_config
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import key_from_int
+from kvtier.manager.backend import SlotPoolBackend
 from kvtier.manager.tier import make_tier_manager
 from kvtier.specs import Medium, SlotLoadStoreSpec, slot_spec_type
-from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.pool.kind import CPUTierConfig, GPUTierConfig
@@ -159,12 +159,16 @@ def test_an_unknown_medium_names_the_registered_ones() -> None:
 
 
 def test_validating_a_config_imports_no_opener() -> None:
-    # The openers' modules import torch or a client library; a config must validate without.
+    # The openers' modules import torch, a client library or a storage library (the disk
+    # store's lmdb and zstandard); a config must validate without any of them.
     code = (
-        "import sys; from kvtier.config import load_default_config; load_default_config(); "
+        "import sys; from kvtier.config import load_default_config; "
+        "config = load_default_config(); "
+        "assert 'disk' in [tier.medium for tier in config.tiers]; "
         "import kvtier.tiers.registry; "
-        "print(sorted(m for m in ('torch', 'redis', 'kvtier.tiers.pool.storage', "
-        "'kvtier.tiers.redis.storage', 'kvtier.tiers.sharedfs.storage') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'redis', 'lmdb', 'zstandard', "
+        "'kvtier.tiers.pool.storage', 'kvtier.tiers.disk.store', 'kvtier.tiers.redis.storage', "
+        "'kvtier.tiers.sharedfs.storage') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -244,9 +248,13 @@ def test_a_plugin_that_is_not_a_kind_is_named(tmp_path: Path, value: str, why: s
 # The modules that decide for every tier: none of them may name a medium (each tier's package
 # declares its own; `BUILTIN_TIERS` lists the packages).
 MEDIUM_FREE = [
+    "kvtier/checks.py",
     "kvtier/config.py",
     "kvtier/config_fields.py",
     "kvtier/hierarchy.py",
+    "kvtier/sync.py",
+    "kvtier/embed",
+    "kvtier/metrics",
     "kvtier/tiers/registry.py",
     "kvtier/tiers/storage.py",
     "kvtier/tiers/keyed.py",
@@ -370,6 +378,7 @@ def test_a_medium_is_registered_once_unless_replaced(shelf: TierKind) -> None:
         ("shelf", dict, {}, "config_class must be a BaseTierConfig subclass"),
         ("shelf", ShelfTierConfig, {"opener": "test_registry.open_shelf_tier"}, "import path"),
         ("shelf", ShelfTierConfig, {"access": "client"}, "access must be a TierAccess"),
+        ("shelf", ShelfTierConfig, {"options_keyword": "shelf options"}, "an identifier"),
     ],
 )
 def test_a_kind_that_contradicts_itself_is_refused(
@@ -609,3 +618,22 @@ def test_replay_prepares_the_directory_of_every_persistent_tier(
     config = parse_config(chain(CPU, {**SHELF, "path": str(store)}))
     assert prepare_disk_dirs(config) == [store]
     assert not any(store.iterdir())  # emptied of the earlier run's store
+
+
+def test_a_kinds_options_keyword_feeds_its_opener() -> None:
+    """The disk kind declares `disk_options`: what the hierarchy merges over its
+    `tier_options`; a keyword no kind declares is refused, naming it."""
+    from kvtier.checks import check_tier_options
+    from kvtier.tiers.registry import options_keywords
+
+    keywords = options_keywords()
+    assert keywords == {"disk_options": "disk"}
+    merged = check_tier_options(
+        {"disk": {"max_workers": 2, "fsync": True}},
+        {"disk_options": {"max_workers": 8}},
+        registered_media(),
+        keywords,
+    )
+    assert merged == {"disk": {"max_workers": 8, "fsync": True}}
+    with pytest.raises(InvalidValueError, match="tape_options: no registered tier medium"):
+        check_tier_options(None, {"tape_options": {"x": 1}}, registered_media(), keywords)

@@ -535,7 +535,6 @@ def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
 
 def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
     """The replay table shortens `Hierarchy.tiers[i].where`; both sides of that contract."""
-    from kvtier.chain.assembly import describe_storage as _describe
     from kvtier.cli.commands.replay import _where
     from kvtier.tiers.disk import DiskStore
 
@@ -552,8 +551,8 @@ def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
         def compression(self) -> str:  # type: ignore[override]
             return self._compression
 
-    assert _where("disk", _describe(Fake(True, "none"))) == "files, O_DIRECT"
-    assert _where("disk", _describe(Fake(False, "zstd"))) == "files, buffered, zstd"
+    assert _where("disk", Fake(True, "none").describe()) == "files, O_DIRECT"
+    assert _where("disk", Fake(False, "zstd").describe()) == "files, buffered, zstd"
     assert _where("cpu", "cpu (fallback: ...)") == "cpu (fallback: ...)"
 
 

@@ -258,8 +258,8 @@ async def test_two_writers_keep_the_directory_within_1_2x_of_max_size(tmp_path: 
 
         await asyncio.gather(writer(a, 20_000), writer(b, 30_000))
         for storage in (a, b):
-            if storage._sweep_task is not None:
-                await asyncio.wait([storage._sweep_task])
+            if storage.sweeper.task is not None:
+                await asyncio.wait([storage.sweeper.task])
         assert allocated(root) <= 1.2 * bound
         assert a.stats.sweeps > 0 and b.stats.sweeps > 0
         assert a.stats.swept_files + b.stats.swept_files > 500

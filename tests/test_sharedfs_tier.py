@@ -24,7 +24,8 @@ from kvtier.namespaces import namespace_fingerprint
 from kvtier.testing.keyed import AUTH_KEY_ENV, KeyedStorageTests, fixed_key_hex, keyed_auth
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.shared.auth import ValueAuth
-from kvtier.tiers.sharedfs.storage import LOCK_FILE, STALE_TEMP_S, SharedFSStorage
+from kvtier.tiers.sharedfs.storage import SharedFSStorage
+from kvtier.tiers.sharedfs.sweeper import LOCK_FILE, STALE_TEMP_S
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,8 +26,7 @@ from kvtier.engine.supervisor import JobSupervisor
 from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredManager, TransferJob, make_tier_manager
-from kvtier.manager.jobs import JobKind
-from kvtier.manager.tiered import slot_ids
+from kvtier.manager.jobs import JobKind, slot_ids
 from kvtier.testing.faults import CallKind, ErrorSpec, FlakyStorage, install, uninstall
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.pool.storage import TorchPool
@@ -57,13 +56,18 @@ def assert_prefix(out: torch.Tensor, keys: list[OffloadKey]) -> None:
         assert torch.equal(row.cpu(), content(k)), k
 
 
+HEALED_TIMEOUT_S = 60.0
+"""The get deadline once the faults are gone: a loaded machine's promotion may take longer
+than a test's short `load_timeout_s`, which is for the gets that meet the faults."""
+
+
 async def assert_serves_everything_it_holds(h: Hierarchy, keys: list[OffloadKey]) -> int:
     """Every key some tier holds reads back whole and bit-exact; how many did."""
     served = 0
     for k in keys:
         if h.where(k) is None:
             continue
-        out = await h.get([k])
+        out = await h.get([k], timeout_s=HEALED_TIMEOUT_S)
         assert out.shape[0] == 1, (k, h.where(k))
         assert torch.equal(out[0].cpu(), content(k)), k
         served += 1
@@ -75,7 +79,7 @@ async def assert_works_again(h: Hierarchy, first: int) -> None:
     fresh = keys_(*range(first, first + 6))
     for k in fresh:
         assert await h.put([k], blocks_of([k])) == 1
-    out = await h.get(fresh)
+    out = await h.get(fresh, timeout_s=HEALED_TIMEOUT_S)
     assert out.shape[0] == len(fresh)
     assert_prefix(out, fresh)
 

@@ -6,12 +6,11 @@ import pytest
 from hypothesis import settings
 
 from kvtier.errors import BlockStateError
-from kvtier.manager import OffloadingManager, TierManager, make_tier_manager
+from kvtier.manager import OffloadingManager, SlotPoolBackend, TierManager, make_tier_manager
 from kvtier.policies import LRUCachePolicy
 from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.testing import make_tier_manager_machine
 from kvtier.testing.manager import TierManagerTests, keys
-from kvtier.tiers import SlotPoolBackend
 
 
 class TestTierManagerLRU(TierManagerTests):

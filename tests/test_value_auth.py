@@ -32,7 +32,7 @@ from kvtier.errors import ConfigError, KvtierError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import block_namespace
 from kvtier.testing.keyed import fixed_key, fixed_key_hex, forgeries, keyed_auth, v1_value
-from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError
+from kvtier.tiers.codec import BlockCodec, Codec, CodecError
 from kvtier.tiers.shared.auth import (
     ValueAuth,
     ValueKey,
@@ -51,6 +51,7 @@ from kvtier.tiers.shared.value import (
     ValueProblem,
 )
 from kvtier.tiers.sharedfs.storage import SharedFSStorage
+from kvtier.tiers.storage import ReadFailure
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -342,7 +343,7 @@ def sharedfs_chain(path: Path, **options: Any) -> dict[str, Any]:
         ({"auth_previous_key_env": "K"}, "needs a current one"),
         ({"authenticate": False, "auth_key_env": "K"}, "authenticate = false uses no key"),
         ({"authenticate": False, "encrypt": True}, "encrypt = true needs a key"),
-        ({"auth_key_env": "abc def"}, "NAME of an environment variable"),
+        ({"auth_key_env": "abc def"}, "must name an environment variable"),
         ({"auth_key": fixed_key_hex()}, "auth_key"),  # no field holds a key itself
     ],
 )
@@ -612,3 +613,55 @@ def test_a_key_file_from_kvtier_keys_opens_a_tier(tmp_path: Path) -> None:
             assert not h.disabled_tiers
 
     asyncio.run(run())
+
+
+def test_a_key_file_of_another_owner_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31, item 12.2: a key file another user owns could be swapped or read by them."""
+    path = tmp_path / "other.key"
+    write_key_file(path, bytes(range(32)))
+    secret = bytes(range(32)).hex()
+    user = os.geteuid()
+    other = 4242 if user != 4242 else 4243
+    if user != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(path, other, -1)
+    with pytest.raises(ConfigError) as caught:
+        load_key_file(path)
+    message = str(caught.value)
+    assert f"owned by uid {other}" in message and f"chown {user} {path}" in message
+    assert secret[:16] not in message
+    # Owned by root, mode 0600, read by a node of another user: accepted.
+    os.chown(path, 0, -1)
+    monkeypatch.setattr(os, "geteuid", lambda: other)
+    assert load_key_file(path).key_id == ValueKey(bytes(range(32)), "k").key_id
+    # Root's file readable by its group: the mode rule is the one that fails, and says so.
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match=r"readable or writable by others.*chmod 600"):
+        load_key_file(path)
+
+
+def test_an_encrypting_reader_counts_or_refuses_unencrypted_values() -> None:
+    """Issue 31, item 12.5: an `encrypt = true` node served a key holder's MAC-only value
+    uncounted; now it counts it, and `require_encrypted` makes it a miss."""
+    value = codec(keyed_auth(NS)).encode(key(1), block(3))
+    reader = codec(keyed_auth(NS, encrypt=True))
+    failure, problem, out = decode(reader, key(1), value)
+    assert (failure, problem, out) == (None, None, block(3).tobytes())
+    assert reader.unencrypted_served == 1
+    strict_auth = ValueAuth.for_namespace(NS, fixed_key(0), encrypt=True, require_encrypted=True)
+    strict = codec(strict_auth)
+    assert decode(strict, key(1), value)[:2] == (ReadFailure.NOT_INDEXED, ValueProblem.UNENCRYPTED)
+    encrypted = reader.encode(key(2), block(4))
+    assert decode(strict, key(2), encrypted)[:2] == (None, None)
+    assert decode(reader, key(2), encrypted)[:2] == (None, None)
+    assert strict.unencrypted_served == 0 and reader.unencrypted_served == 1
+
+
+def test_require_encrypted_needs_encrypt(tmp_path: Path) -> None:
+    config = sharedfs_chain(tmp_path, auth_key_env="K", require_encrypted=True)
+    with pytest.raises(ConfigError, match=r"tiers\[1\]: require_encrypted = true .*encrypt = true"):
+        parse_config(config)
+    config["tiers"][1]["encrypt"] = True
+    assert parse_config(config).tiers[1].require_encrypted  # type: ignore[attr-defined]

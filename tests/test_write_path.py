@@ -15,7 +15,8 @@ from hierarchy_helpers import blocks_of, chain_config, content, key
 
 from kvtier import Hierarchy, SyncHierarchy
 from kvtier.manager import make_tier_manager
-from kvtier.manager.tiered import TieredManager, reserve_slots
+from kvtier.manager.planner import reserve_slots
+from kvtier.manager.tiered import TieredManager
 from kvtier.tiers.disk.io import FileIO, IOBuffer
 
 

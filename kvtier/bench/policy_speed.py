@@ -60,8 +60,8 @@ from kvtier.blocks import BlockStatus
 from kvtier.compiled import core_status
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import TierManager
+from kvtier.manager.backend import SlotPoolBackend
 from kvtier.policies import CachePolicy, get_policy_class
-from kvtier.tiers.backend import SlotPoolBackend
 from kvtier.workloads.traces import read_mooncake
 
 Requests = list[list[OffloadKey]]  # each request's keys, head first

@@ -176,7 +176,7 @@ async def _open_tier(
     opened.storages.append(storage)
     opened.tiers.append(bookkeeping)
     policy = "own" if tier.kind.owns_index else tier.policy
-    where = describe_storage(storage)
+    where = storage.describe()
     opened.info.append(TierInfo(tier.name, str(tier.medium), policy, tier.num_blocks, where))
 
 
@@ -228,8 +228,7 @@ def _bookkeeping(
         name=tier.name,
         admission=tier.admission,
     )
-    restore_cold = getattr(storage, "restore_cold", None)
-    cold = restore_cold() if callable(restore_cold) else None
+    cold = storage.restore_cold()
     if cold is not None:  # held compactly, outside the policy (kvtier.manager.cold)
         manager.restore_cold(cold)
         return manager
@@ -237,21 +236,6 @@ def _bookkeeping(
     if restored:
         manager.restore([(block.key, block.slot) for block in restored])
     return manager
-
-
-def describe_storage(storage: BlockStorage) -> str:
-    """Where a tier's bytes live, for `Hierarchy.tiers` and reports (fixed for the tier's
-    lifetime): the storage's own `describe()` where it has one, else its files and I/O
-    mode ("files in DIR (O_DIRECT|buffered[, codec])"), else its class."""
-    describe = getattr(storage, "describe", None)
-    if callable(describe):
-        return str(describe())
-    path = getattr(storage, "path", None)
-    direct = getattr(storage, "direct_io_active", False)
-    compression = getattr(storage, "compression", "none")
-    mode = "O_DIRECT" if direct else "buffered"
-    codec = "" if compression == "none" else f", {compression}"
-    return f"files in {path} ({mode}{codec})" if path is not None else type(storage).__name__
 
 
 def open_failure(tier: BaseTierConfig, error: Exception) -> KvtierError:
@@ -287,9 +271,9 @@ async def close_storages(storages: Sequence[BlockStorage], *, reraise: bool = Fa
 
 
 def _safe_describe(storage: BlockStorage) -> str:
-    """`describe_storage` for a log line about a storage that may be broken."""
+    """`storage.describe()` for a log line about a storage that may be broken."""
     try:
-        return describe_storage(storage)
+        return storage.describe()
     except Exception:
         return type(storage).__name__
 
@@ -298,7 +282,6 @@ __all__ = [
     "ChainOptions",
     "close_chain",
     "close_storages",
-    "describe_storage",
     "open_chain",
     "open_failure",
 ]

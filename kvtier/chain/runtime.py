@@ -314,6 +314,7 @@ class Chain:
             self.calls,
             self.info,
             self.disabled_now(),
+            self.storages,
         )
 
     def __repr__(self) -> str:

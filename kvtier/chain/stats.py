@@ -10,11 +10,13 @@ copies each mutable container in one step, so a scrape may take it from another 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvtier.engine import SupervisorCounters, TransferEngine
+from kvtier.latency import LatencyHistogram
 from kvtier.manager import ChainCounters, TieredManager, TierStats
-from kvtier.metrics.latency import LatencyHistogram
+from kvtier.tiers.storage import BlockStorage
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,24 @@ class HierarchyCounters:
     put_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Latency of `put` calls, backpressure included."""
 
+    # -- per-block lookups ----------------------------------------------------------------
+    # A lookup's miss is counted once per call by the chain (`ChainCounters.misses`, the
+    # tiers' `misses`): the first key no tier holds. These count every block, so that the
+    # hit ratio of a lookup-then-get workload (kvtier replay's) is read from the counters:
+    # the tiers' hits (per block, counted by the gets) over `lookup_blocks`.
+    lookup_blocks: int = 0
+    """Keys given to `lookup` (every one, also those after the first miss)."""
+    lookup_held: int = 0
+    """Of those, the leading ones some tier held: `lookup`'s answers summed. The others
+    (`lookup_missed`) are the first key no tier held and every key after it, which the
+    caller recomputes."""
+
+    @property
+    def lookup_missed(self) -> int:
+        """Keys given to `lookup` that it did not count as held (`lookup_blocks` -
+        `lookup_held`)."""
+        return self.lookup_blocks - self.lookup_held
+
     def copy(self) -> HierarchyCounters:
         """A snapshot (the histograms copied too)."""
         snapshot = copy.copy(self)
@@ -83,7 +103,12 @@ class TierActivity:
     blocks of events dropped because nobody took them (`take_events`) before its event log
     was full; `gone`: blocks read from it (a shared store) that it no longer held, having
     evicted them itself, or could not be asked for: misses, not damage (they are among the
-    `failed` blocks of its transfers, never among `corrupt`)."""
+    `failed` blocks of its transfers, never among `corrupt`); `problems`: values read from
+    it (a shared store) and not served, by reason (forged, foreign, damaged, oversized, and
+    a shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten, and unencrypted
+    where `require_encrypted = true`: `BlockStorage.value_problems`), each a miss;
+    `unencrypted_served`: values a key holder wrote without encryption that this `encrypt =
+    true` tier served (`BlockStorage.unencrypted_served`)."""
 
     name: str
     hits: int
@@ -96,6 +121,8 @@ class TierActivity:
     corrupt: int
     events_dropped: int
     gone: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+    unencrypted_served: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +194,13 @@ class HierarchyStats:
     """Bytes of one block, in every tier (a tier's capacity in bytes is its `num_blocks`
     times this)."""
 
+    def block_hit_ratio(self) -> float:
+        """Blocks served by some tier over the blocks given to `lookup` (0 when none were):
+        the hit ratio of a lookup-then-get workload such as `kvtier replay`, per block. The
+        tiers' `activity[i].hits` over `calls.lookup_blocks` is each tier's share."""
+        blocks = self.calls.lookup_blocks
+        return sum(tier.hits for tier in self.activity) / blocks if blocks else 0.0
+
     def latency_percentile(self, q: float) -> float:
         """The q-th percentile (0..100) of `get` latencies, in seconds (0 if none),
         estimated from `calls.get_latency`'s buckets (within a bucket's width: 25 %)."""
@@ -216,10 +250,14 @@ def _transfers(engine: TransferEngine, names: list[str]) -> tuple[list[TransferS
 
 
 def _activity(
-    manager: TieredManager, chain: ChainCounters, per_tier: _PerTier
+    manager: TieredManager,
+    chain: ChainCounters,
+    per_tier: _PerTier,
+    storages: Sequence[BlockStorage],
 ) -> list[TierActivity]:
     """What each tier did. A tier's misses are the keys asked of it and not found there:
-    the lookups that got past it to a lower tier's hit, and the misses of the chain."""
+    the lookups that got past it to a lower tier's hit, and the misses of the chain. Its
+    problems are what its storage counts (`storages`, one per tier; none given, none)."""
     activity = []
     below = chain.misses + sum(chain.hits)  # lookups that got past the tiers above
     for position, tier in enumerate(manager.tiers):
@@ -237,6 +275,8 @@ def _activity(
                 per_tier.corrupt[position],
                 tier.events_dropped,
                 per_tier.gone[position],
+                storages[position].value_problems() if position < len(storages) else {},
+                storages[position].unencrypted_served() if position < len(storages) else 0,
             )
         )
     return activity
@@ -249,6 +289,7 @@ def snapshot(
     calls: HierarchyCounters,
     info: list[TierInfo],
     disabled: dict[str, str],
+    storages: Sequence[BlockStorage] = (),
 ) -> HierarchyStats:
     """One `HierarchyStats` of a running chain: O(tiers + pairs + latency buckets)."""
     chain = copy.copy(manager.counters)
@@ -256,7 +297,7 @@ def snapshot(
     supervised = copy.copy(supervisor)
     supervised.error_types = dict(supervised.error_types)
     transfers, per_tier = _transfers(engine, [tier.name for tier in manager.tiers])
-    activity = _activity(manager, chain, per_tier)
+    activity = _activity(manager, chain, per_tier, storages)
     counters = engine.counters
     return HierarchyStats(
         tiers=manager.stats(),

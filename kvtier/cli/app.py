@@ -29,7 +29,7 @@ from kvtier.errors import KvtierError
 
 if TYPE_CHECKING:
     from kvtier.config import HierarchyConfig
-    from kvtier.manager.tiered import WritePolicy
+    from kvtier.manager.planner import WritePolicy
     from kvtier.workloads.simulation import CapacitySpec, ChainTier, SimTrace
     from kvtier.workloads.simulation.hints import HintNoise
 

@@ -83,11 +83,11 @@ class OffloadingSpec:
         if blocks_per_chunk < 1:
             raise SpecError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
         top = hierarchy.storages[0]
-        medium = hierarchy.tiers[0].medium
-        if medium != "cpu" or not isinstance(top, TensorStorage) or top.device.type != "cpu":
+        if not isinstance(top, TensorStorage) or top.device.type != "cpu" or top.fallback:
             raise SpecError(
                 f"the hierarchy's top tier {hierarchy.tiers[0].name!r} must be host memory "
-                f"(medium 'cpu', not {medium!r}): GPU blocks are offloaded to it"
+                f"(a tensor pool asked on the CPU, not a {hierarchy.tiers[0].medium} tier): "
+                "GPU blocks are offloaded to it"
             )
         self.hierarchy = hierarchy
         self.blocks_per_chunk = blocks_per_chunk

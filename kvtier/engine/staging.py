@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+from array import array
 from collections import deque
 
 import numpy as np
@@ -48,7 +49,9 @@ class StagingArena:
             self._mapping = mmap.mmap(-1, num_blocks * block_size)
             flat = torch.frombuffer(self._mapping, dtype=torch.uint8)
             self.tensor = flat.view(num_blocks, block_size)
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free row ids as 8-byte machine ints, not a list of Python ints (about 36 bytes a
+        # row): the arena has staging_bytes // block_size rows, 512K at 512-byte blocks.
+        self._free = array("q", range(num_blocks - 1, -1, -1))
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._reserved = 0  # rows promised to woken waiters that have not taken them yet
         self._readers: dict[int, int] = {}  # row -> readers copying out of it now

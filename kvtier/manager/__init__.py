@@ -1,12 +1,16 @@
 """Bookkeeping, synchronous and I/O-free: per-tier managers and the chained manager.
 
-- `tier.py`: `TierManager`, a slot pool (a `Backend` plus a `CachePolicy`);
+- `tier.py`: `TierManager`, a slot pool (a `Backend`, `backend.py`, plus a `CachePolicy`);
   `keyed.py`: `KeyedTierManager`, a tier that owns its index; both are `ChainTier`s
   (`chain_tier.py`), what the chained manager drives.
-- `tiered.py`: `TieredManager`, the chain's decisions (stores, demotions, promotions,
-  cascades) as `TransferJob`s (`jobs.py`), and `slot_ids`, the slots a spec names.
+- `tiered.py`: `TieredManager`, the chained manager, composed of `planner.py`
+  (`ChainPlanner`: the chain's decisions, stores, demotions, promotions, cascades, as
+  `TransferJob`s, `jobs.py`, with `slot_ids`, the slots a spec names) and `ledger.py`
+  (`JobLedger`: those jobs tracked from emitted to settled); `counters.py`:
+  `ChainCounters`, what the chain did.
 """
 
+from kvtier.manager.backend import Backend, SlotPoolBackend
 from kvtier.manager.base import (
     OffloadingEvent,
     OffloadingManager,
@@ -14,12 +18,15 @@ from kvtier.manager.base import (
     ReqContext,
 )
 from kvtier.manager.chain_tier import ChainTier
-from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob
+from kvtier.manager.counters import ChainCounters
+from kvtier.manager.jobs import CopyStep, JobKind, PromotionHold, TransferJob, slot_ids
 from kvtier.manager.keyed import KeyedTierManager
+from kvtier.manager.planner import TieredStoreOutput
 from kvtier.manager.tier import TierManager, TierStats, make_tier_manager
-from kvtier.manager.tiered import ChainCounters, TieredManager, TieredStoreOutput, slot_ids
+from kvtier.manager.tiered import TieredManager
 
 __all__ = [
+    "Backend",
     "ChainCounters",
     "ChainTier",
     "CopyStep",
@@ -30,6 +37,7 @@ __all__ = [
     "PrepareStoreOutput",
     "PromotionHold",
     "ReqContext",
+    "SlotPoolBackend",
     "TierManager",
     "TierStats",
     "TieredManager",

@@ -3,7 +3,8 @@
 A tier of 10^6 restored blocks entered into its policy one by one costs seconds and hundreds
 of bytes per block (a `BlockStatus` and a policy entry each). Instead `TierManager.restore_cold`
 keeps them here: their slots oldest first (an int64 array), a flag per slot, and the storage's
-own look-ups (`ColdSource`: a key's slot, a slot's key). The policy does not know them:
+own look-ups (`ColdSource`, `kvtier.tiers.storage`: a key's slot, a slot's key). The policy
+does not know them:
 
 - a block of the cold set that is asked for (`TierManager` looks a key up in the cold set when
   its policy does not hold it) leaves the set and enters the policy as a ready block, as if it
@@ -16,28 +17,10 @@ own look-ups (`ColdSource`: a key's slot, a slot's key). The policy does not kno
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
 from kvtier.keys import OffloadKey
-
-
-class ColdSource(Protocol):
-    """What a persistent storage answers about the blocks it restored (`DiskStore`'s
-    `restore_cold()` returns one)."""
-
-    def slots(self) -> np.ndarray:
-        """The slots of the restored blocks, oldest first."""
-        ...
-
-    def slot_of(self, key: OffloadKey) -> int | None:
-        """The slot of restored block `key` while the storage holds it, or None."""
-        ...
-
-    def key_of(self, slot: int) -> OffloadKey | None:
-        """The key of the restored block in `slot`, or None (none, or not known yet)."""
-        ...
+from kvtier.tiers.storage import ColdSource
 
 
 class ColdSet:

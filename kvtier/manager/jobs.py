@@ -5,6 +5,7 @@ decision: a block evicted from a tier is copied down (demoted) *before* the slot
 rewritten, so a job that demotes a victim and then writes into its old slot lists the demotion
 first. The engine runs the steps of one job in order and reports which (tier, key) pairs
 failed; the manager then completes the bookkeeping in one call (`complete_job`).
+`slot_ids` reads the slots a tier's spec names, as the steps hold them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ import numpy.typing as npt
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
+from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
 
 _job_ids = itertools.count(1)
+
+
+def slot_ids(spec: LoadStoreSpec) -> npt.NDArray[np.int64]:
+    """The slot ids of a slot-addressed spec (every tier kvtier builds has one)."""
+    if not isinstance(spec, BlockIDsLoadStoreSpec):
+        raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
+    return spec.block_ids
 
 
 class JobKind(enum.Enum):

@@ -14,6 +14,7 @@ from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, ManagerClosedError
 from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
+from kvtier.manager.backend import Backend, SlotPoolBackend
 from kvtier.manager.base import (
     EventLog,
     OffloadingEvent,
@@ -21,10 +22,10 @@ from kvtier.manager.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvtier.manager.cold import ColdSet, ColdSource
+from kvtier.manager.cold import ColdSet
 from kvtier.policies import CachePolicy, get_policy_class, with_admission
 from kvtier.specs import LoadStoreSpec
-from kvtier.tiers.backend import Backend, SlotPoolBackend
+from kvtier.tiers.storage import ColdSource
 
 # C-level field readers for map() over batches of blocks and (key, block) pairs.
 _key_of = itemgetter(0)

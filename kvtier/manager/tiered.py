@@ -1,25 +1,18 @@
-"""`TieredManager`: the bookkeeping of a chain of tiers, which decides promotions and demotions.
+"""`TieredManager`: the bookkeeping of a chain of tiers, an `OffloadingManager` of its own.
 
-It is itself an `OffloadingManager`, so an engine that drives one tier can drive the chain:
+An engine that drives one tier can drive the chain: `lookup` / `prepare_store` / ... behave
+as a single tier's, at the top, while lower tiers hold what the top evicted. The manager is
+a composition of two parts with one job each:
 
-- **Stores** go to the top tier. A block that is already in some tier is not stored again.
-- **Demotion**: when a tier must evict, each victim that the next tier down does not hold yet
-  is copied there (write-back); the bottom tier drops its victims. The copy is a DEMOTE job
-  that must run before the evicted slots are rewritten (`TieredStoreOutput.demotion`).
-- **Write-through** (`write_policy="write-through"`): when a store completes, the new blocks
-  are cascaded down the whole chain (a CASCADE job), so a later eviction finds them below and
-  costs no copy. Cascades are the one kind of job the engine may drop under load.
-- **Promotion**: `lookup` of a block that only a lower tier holds starts a PROMOTE job that
-  copies it up through every tier above (each of which may demote its own victims on the way)
-  and answers None ("ask again"); once the job completes, `lookup` answers True. Promotion
-  that cannot get space is a miss (False), not an error.
-- **Reuse hints** (`kvtier.hints`, `hint`): each tier holding a block gives its policy the
-  hint. A demoted block carries its hint to the tier below, except a `"never"` block, which
-  is dropped instead of demoted (the application said it will not be read again: copying it
-  down would cost a slow tier a write for nothing; counted `hint_dropped`). With
-  write-through, a block hinted "never" when its store completes is not cascaded either,
-  nor copied down by a flush (`plan_flush`; both counted `hint_not_cascaded`), and a
-  cascaded block's copies hold the hint it holds.
+- `ChainPlanner` (`planner.py`) decides: stores at the top, demotions of their victims,
+  promotions of what only a lower tier holds, write-through cascades, flushes and the
+  background refills of a tier's reserve of free slots, each as a `TransferJob`; its
+  docstring gives the rules.
+- `JobLedger` (`ledger.py`) tracks those jobs: queued, in flight, the readers waiting for a
+  promotion, and their settling once the engine is done (failed copies, corrupt blocks).
+
+The manager itself answers the reads (which tier holds a key, the hits and misses it counts
+in `ChainCounters`), checks that it is open, and hands the rest to its parts.
 
 Nothing here does I/O or waits: decisions go out as `TransferJob`s (`take_jobs`), the engine
 moves the bytes, and `complete_job` settles the bookkeeping, including failures (a block that
@@ -31,120 +24,18 @@ and its destinations are pending until it completes.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
-import numpy as np
-import numpy.typing as npt
-
-from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
+from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
-from kvtier.manager.base import (
-    OffloadingEvent,
-    OffloadingManager,
-    PrepareStoreOutput,
-    ReqContext,
-)
+from kvtier.manager.base import OffloadingEvent, OffloadingManager, ReqContext
 from kvtier.manager.chain_tier import ChainTier
-from kvtier.manager.jobs import (
-    CopyStep,
-    JobKind,
-    PromotionHold,
-    TransferJob,
-    failed_pairs_of,
-)
+from kvtier.manager.counters import ChainCounters
+from kvtier.manager.jobs import PromotionHold, TransferJob
+from kvtier.manager.ledger import JobLedger
+from kvtier.manager.planner import ChainPlanner, TieredStoreOutput, Watermarks, WritePolicy
 from kvtier.manager.tier import TierStats
-from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec
-
-WritePolicy = Literal["write-back", "write-through"]
-
-Watermarks = tuple[float, float]
-"""(low, high) occupancy fractions of a tier: fuller than `high`, it is demoted in the
-background down to `low`, so that a store finds free slots at once."""
-
-
-RESERVE_GROWTH_DIVISOR = 8
-"""A top tier's reserve grows (`TieredManager.reserve_for`) to at most 1/8 of the tier."""
-
-
-def reserve_slots(num_blocks: int, watermarks: Watermarks) -> tuple[int, int]:
-    """(free slots below which a refill starts, free slots a refill aims for) of a tier of
-    `num_blocks` with these watermarks; (0, 0) when they keep no reserve."""
-    low, high = watermarks
-    if not 0 < low < high <= 1:
-        raise InvalidValueError(
-            f"watermarks must satisfy 0 < low < high <= 1, got low={low}, high={high}"
-        )
-    trigger = num_blocks - int(high * num_blocks)
-    target = num_blocks - int(low * num_blocks)
-    return (trigger, max(trigger, target)) if trigger > 0 else (0, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class TieredStoreOutput(PrepareStoreOutput):
-    """`PrepareStoreOutput` of the top tier, plus the DEMOTE job (None if no victim needs a
-    copy) that must complete before anything is written into `store_spec`."""
-
-    demotion: TransferJob | None = None
-
-
-@dataclass(slots=True)
-class ChainCounters:
-    """What the chain did since it was built (block counts)."""
-
-    lookups: int = 0
-    """Keys answered: each a hit of one tier or a miss of the chain (`lookups` = `misses` +
-    sum of `hits`). A key answered "ask again" (being written, already being promoted) is
-    counted when it is answered, or when a get serves it from its in-flight copy
-    (`count_staged_hits`)."""
-    hits: list[int] = field(default_factory=list)
-    """Lookups answered from each tier: index 0 ready at the top, i > 0 found in tier i
-    (a promotion started) or served from its copy on its way into tier i (a demotion's
-    snapshot in the staging arena: `count_staged_hits`)."""
-    misses: int = 0
-    """Keys asked of every tier and held by none (`lookup_many`, `held_prefix`): a miss of
-    each tier. Tier i's misses are these plus the hits of the tiers below it."""
-    promotions: int = 0
-    promotions_refused: int = 0
-    partial_refused: int = 0
-    """Partial blocks (`prepare_store(partial=...)`) not stored."""
-    demoted: int = 0
-    demotions_dropped: int = 0
-    demotions_refused: int = 0
-    """Victims the tier below did not admit (its admission filter or policy): dropped."""
-    dropped_at_bottom: int = 0
-    hint_dropped: int = 0
-    """Victims hinted "never": dropped instead of demoted to the tier below."""
-    hint_not_cascaded: int = 0
-    """Blocks hinted "never" that a cascade did not copy down the chain: write-through as
-    they were stored, or a flush (`plan_flush`)."""
-    cascaded: int = 0
-    cascades_dropped: int = 0
-    copy_failures: int = 0
-    corrupt_dropped: int = 0
-    reserve_evicted: int = 0
-    """Blocks evicted in the background to keep a tier's reserve of free slots."""
-
-
-def slot_ids(spec: LoadStoreSpec) -> npt.NDArray[np.int64]:
-    """The slot ids of a slot-addressed spec (every tier kvtier builds has one)."""
-    if not isinstance(spec, BlockIDsLoadStoreSpec):
-        raise BlockStateError(f"expected a slot-addressed spec, got {type(spec).__name__}")
-    return spec.block_ids
-
-
-def _copy_step(
-    stored: Sequence[OffloadKey],
-    source_slot: dict[OffloadKey, Any],
-    src: int,
-    dst: int,
-    dst_ids: np.ndarray,
-) -> CopyStep:
-    """The copy of `stored` (a tier's keys_to_store, in call order) from their slots in tier
-    `src` to the slots `dst_ids` that tier `dst` gave them."""
-    src_ids = np.asarray([source_slot[key] for key in stored], dtype=np.int64)
-    return CopyStep(tuple(stored), src, src_ids, dst, dst_ids)
+from kvtier.specs import LoadStoreSpec
 
 
 class TieredManager(OffloadingManager):
@@ -176,19 +67,17 @@ class TieredManager(OffloadingManager):
         self.tiers: tuple[ChainTier, ...] = tuple(tiers)
         if watermarks is not None and len(watermarks) != len(tiers):
             raise InvalidValueError(f"{len(watermarks)} watermarks for {len(tiers)} tiers")
-        self._reserves: list[tuple[int, int]] = [
-            (0, 0)
-            if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
-            else reserve_slots(tier.num_blocks, watermarks[index])  # type: ignore[arg-type]
-            for index, tier in enumerate(tiers)
-        ]
+        self.counters = ChainCounters(hits=[0] * len(tiers))
+        self.ledger = JobLedger(self.tiers, self.counters)
+        self.planner = ChainPlanner(
+            self.tiers,
+            self.counters,
+            self.ledger,
+            write_policy=write_policy,
+            watermarks=watermarks,
+        )
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size
-        self.counters = ChainCounters(hits=[0] * len(tiers))
-        self._jobs: list[TransferJob] = []
-        self._promoting: dict[OffloadKey, TransferJob] = {}
-        self._open_jobs: dict[int, TransferJob] = {}
-        self._holds: dict[int, list[PromotionHold]] = {}
         self._closed = False
 
     @property
@@ -225,7 +114,7 @@ class TieredManager(OffloadingManager):
                 self.counters.hits[0] += 1
                 answers.append(True)
                 continue
-            if state is None or key in self._promoting or key in found:
+            if state is None or self.ledger.promotion_of(key) is not None or key in found:
                 answers.append(None)
                 continue
             source, state = self._lookup_below(key)
@@ -252,7 +141,7 @@ class TieredManager(OffloadingManager):
             self.top.prepare_load(at_top)
         try:
             for source, positions in found_below.items():
-                promoted = self._start_promotion([keys[i] for i in positions], source)
+                promoted = self.planner.start_promotion([keys[i] for i in positions], source)
                 for position in positions:
                     if keys[position] not in promoted:
                         answers[position] = False
@@ -358,36 +247,7 @@ class TieredManager(OffloadingManager):
         stores it; an absent one is reported in `refused_keys` (counted `partial_refused`)
         and no policy hears of it."""
         self._check_open()
-        self.reserve_for(len(keys))  # the next store of this size finds its room free
-        unique = list(dict.fromkeys(keys))
-        skipped: list[OffloadKey] = []
-        if partial:
-            absent = {key for key in partial if all(tier.has(key) is False for tier in self.tiers)}
-            skipped = [key for key in unique if key in absent]
-            if skipped:
-                unique = [key for key in unique if key not in absent]
-                self.counters.partial_refused += len(skipped)
-        below = self.tiers[1:]
-        # Keys held only by a lower tier are not stored again; keys at the top stay protected.
-        candidates = [
-            key
-            for key in unique
-            if self.top.has(key) is not False or all(tier.has(key) is False for tier in below)
-        ]
-        job = TransferJob(JobKind.DEMOTE)
-        out = self._store_into(0, candidates, job)
-        if out is None:
-            return None
-        demotion = self._emit(job, queue=False)
-        self._plan_reserves()
-        return TieredStoreOutput(
-            out.keys_to_store,
-            out.store_spec,
-            out.evicted_keys,
-            out.evicted_spec,
-            refused_keys=[*out.refused_keys, *skipped],
-            demotion=demotion,
-        )
+        return self.planner.plan_store(keys, partial)
 
     def complete_store(
         self,
@@ -400,22 +260,23 @@ class TieredManager(OffloadingManager):
         self._check_open()
         newly_ready = [key for key in dict.fromkeys(keys) if self.top.has(key) is None]
         self.top.complete_store(keys, success, req_context)
-        if success and newly_ready and self.write_policy == "write-through":
-            self._plan_cascade(newly_ready)
+        if success and newly_ready:
+            self.planner.on_stored(newly_ready)
+
+    def reserve_for(self, count: int) -> None:
+        """Grow the top tier's reserve to cover stores of `count` blocks (`prepare_store`
+        does it too; see `ChainPlanner.reserve_for`)."""
+        self.planner.reserve_for(count)
+
+    def plan_flush(self) -> list[TransferJob]:
+        """CASCADE jobs that copy every readable block only the tiers above the bottom hold
+        down to the bottom tier, returned, not queued (see `ChainPlanner.plan_flush`)."""
+        self._check_open()
+        return self.planner.plan_flush()
 
     def hinted_never(self, index: int, key: OffloadKey) -> bool:
-        """Whether tier `index` holds `key` hinted "never" (it is not copied down: see
-        `_not_never`)."""
-        held = self.tiers[index].hint_of(key)
-        return held is not None and held.reuse == "never"
-
-    def _not_never(self, index: int, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
-        """The keys tier `index` does not hold hinted "never". Those are never copied down by
-        a cascade (write-through, flush): evicted first and dropped, they would cost the
-        tiers below a write nobody reads. Counted `hint_not_cascaded`."""
-        kept = [key for key in keys if not self.hinted_never(index, key)]
-        self.counters.hint_not_cascaded += len(keys) - len(kept)
-        return kept
+        """Whether tier `index` holds `key` hinted "never" (no cascade copies it down)."""
+        return self.planner.hinted_never(index, key)
 
     def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
         """Give every tier holding some of `keys` an application's reuse hint on them (None:
@@ -424,14 +285,13 @@ class TieredManager(OffloadingManager):
         for tier in self.tiers:
             tier.hint(keys, hint)
 
-    # -- jobs ------------------------------------------------------------------------------
+    # -- jobs: tracked by the ledger -------------------------------------------------------
 
     def take_jobs(self) -> list[TransferJob]:
         """Jobs decided since the last call (promotions, cascades, background demotions that
         keep the reserves), oldest first. The DEMOTE job of a store that had to evict is
         returned by `prepare_store` itself, not here."""
-        jobs, self._jobs = self._jobs, []
-        return jobs
+        return self.ledger.take_jobs()
 
     def complete_job(
         self,
@@ -439,45 +299,11 @@ class TieredManager(OffloadingManager):
         failed: Iterable[tuple[int, OffloadKey]] = (),
         corrupt: Iterable[tuple[int, OffloadKey]] = (),
     ) -> None:
-        """Settle a job's bookkeeping once the engine is done with it (or gave up on it).
-
-        `failed`: (tier, key) copies that did not arrive intact; those blocks are dropped from
-        that tier (and any copy that read from them is taken to have failed too). `corrupt`:
-        (tier, key) sources whose stored bytes were bad; they are dropped from that tier once
-        unpinned. Every pin and pending block of the job is released exactly once.
-        """
-        self._check_job_open(job)
-        self.release_sources(job)
-        del self._open_jobs[job.id]
-        self._settle_pending(job, job.pending, failed_pairs_of(job, set(failed)))
-        job.pending = []
-        self._discard_corrupt(corrupt)
-        self._finish_promotion(job)
-
-    def discard_corrupt(self, tier: int, keys: Iterable[OffloadKey]) -> None:
-        """Drop blocks of tier `tier` whose stored bytes a read found bad (once unpinned;
-        counted in `corrupt_dropped`)."""
+        """Settle a job once the engine is done with it (or gave up on it): `failed` copies
+        and `corrupt` sources are dropped, every pin and pending block released exactly once
+        (`JobLedger.complete_job`)."""
         self._check_open()
-        self._discard_corrupt((tier, key) for key in keys)
-
-    def _discard_corrupt(self, corrupt: Iterable[tuple[int, OffloadKey]]) -> None:
-        """Drop blocks whose stored bytes were found bad (once unpinned; idempotent)."""
-        by_tier: dict[int, list[OffloadKey]] = {}
-        for index, key in corrupt:
-            by_tier.setdefault(index, []).append(key)
-        for index, keys in by_tier.items():
-            self.counters.corrupt_dropped += len(self.tiers[index].discard(keys))
-
-    def _finish_promotion(self, job: TransferJob) -> None:
-        """The job's blocks at the top are settled: it promotes them no more, and each
-        reader holding a claim on them gets the ones that arrived, pinned. Idempotent."""
-        for key in job.promoted:
-            if self._promoting.get(key) is job:
-                del self._promoting[key]
-        for hold in self._holds.pop(job.id, []):
-            hold.granted = [key for key in hold.keys if self.top.has(key) is True]
-            if hold.granted:
-                hold.slots = slot_ids(self.top.prepare_load(hold.granted))
+        self.ledger.complete_job(job, failed, corrupt)
 
     def settle_tiers(
         self,
@@ -486,328 +312,45 @@ class TieredManager(OffloadingManager):
         failed: Iterable[tuple[int, OffloadKey]] = (),
         corrupt: Iterable[tuple[int, OffloadKey]] = (),
     ) -> None:
-        """Settle early the blocks `job` writes into `tiers`, whose copies are all done
-        (`failed`: as in `complete_job`): they become readable (or are dropped) now, while
-        the job's other copies (to slow tiers) go on. `complete_job` settles the rest.
-        Settling the top tier of a promotion also hands its blocks to the waiting readers."""
-        self._check_job_open(job)
-        now = [(index, keys) for index, keys in job.pending if index in tiers]
-        job.pending = [(index, keys) for index, keys in job.pending if index not in tiers]
-        self._settle_pending(job, now, failed_pairs_of(job, set(failed)))
-        self._discard_corrupt(corrupt)  # before any reader looks them up again
-        if 0 in tiers:
-            self._finish_promotion(job)
-
-    def _settle_pending(
-        self,
-        job: TransferJob,
-        entries: Sequence[tuple[int, tuple[OffloadKey, ...]]],
-        bad: set[tuple[int, OffloadKey]],
-    ) -> None:
-        for index, keys in entries:
-            tier = self.tiers[index]
-            lost = [key for key in keys if (index, key) in bad]
-            kept = [key for key in keys if (index, key) not in bad]
-            if kept:
-                tier.complete_store(kept)
-            if lost:
-                tier.complete_store(lost, success=False)
-                if job.kind is JobKind.CASCADE:
-                    self.counters.cascades_dropped += len(lost)
-                else:
-                    self.counters.copy_failures += len(lost)
+        """Settle early the blocks `job` writes into `tiers`, whose copies are all done; a
+        promotion's blocks reach their readers here (`JobLedger.settle_tiers`)."""
+        self._check_open()
+        self.ledger.settle_tiers(job, tiers, failed, corrupt)
 
     def release_sources(self, job: TransferJob) -> None:
-        """The job no longer reads its sources (every copy is done or has its own snapshot of
-        the bytes): unpin them and free the slots it drained, so a store may reuse them while
-        the copies to slow tiers go on. Idempotent; `complete_job` calls it too."""
-        self._check_job_open(job)
-        if job.sources_released:
-            return
-        job.sources_released = True
-        for index, keys in job.pins:
-            self.tiers[index].complete_load(keys)
-        for index, blocks in job.drain:
-            self.tiers[index].release_drained(blocks)
-
-    def _check_job_open(self, job: TransferJob) -> None:
+        """The job no longer reads its sources: unpin them and free the slots it drained
+        (`JobLedger.release_sources`; idempotent)."""
         self._check_open()
-        if job.id not in self._open_jobs:
-            raise BlockStateError(f"{job!r} is not open (completed already, or never emitted)")
+        self.ledger.release_sources(job)
+
+    def discard_corrupt(self, tier: int, keys: Iterable[OffloadKey]) -> None:
+        """Drop blocks of tier `tier` whose stored bytes a read found bad (once unpinned;
+        counted in `corrupt_dropped`)."""
+        self._check_open()
+        self.ledger.discard_corrupt((tier, key) for key in keys)
 
     def is_open(self, job: TransferJob) -> bool:
         """Whether `job` was emitted and is not completed yet."""
-        return job.id in self._open_jobs
+        return self.ledger.is_open(job)
+
+    def open_jobs(self) -> list[TransferJob]:
+        """Jobs emitted and not yet completed."""
+        return self.ledger.open_jobs()
+
+    def promotion_of(self, key: OffloadKey) -> TransferJob | None:
+        """The PROMOTE job bringing `key` to the top tier, while it is open."""
+        return self.ledger.promotion_of(key)
 
     def hold_promotion(self, keys: Sequence[OffloadKey]) -> PromotionHold | None:
-        """Claim the leading `keys` that one open PROMOTE job is bringing to the top (those of
-        the job promoting `keys[0]`); None if `keys[0]` is not being promoted. See
-        `PromotionHold`; give it back with `release_hold` if the reader stops waiting."""
+        """Claim the leading `keys` one open PROMOTE job is bringing to the top (None: `keys[0]`
+        is not being promoted); see `PromotionHold` and `JobLedger.hold_promotion`."""
         self._check_open()
-        if not keys:
-            return None
-        job = self._promoting.get(keys[0])
-        if job is None:
-            return None
-        claimed: list[OffloadKey] = []
-        for key in keys:
-            if self._promoting.get(key) is not job:
-                break
-            claimed.append(key)
-        hold = PromotionHold(job.id, tuple(claimed), source=job.source)
-        self._holds.setdefault(job.id, []).append(hold)
-        return hold
+        return self.ledger.hold_promotion(keys)
 
     def release_hold(self, hold: PromotionHold) -> None:
         """The reader stopped waiting: drop the claim, or unpin what it was granted."""
         self._check_open()
-        if hold.granted is None:
-            holds = self._holds.get(hold.job_id, [])
-            if hold in holds:
-                holds.remove(hold)
-            return
-        if hold.granted:
-            self.top.complete_load(hold.granted)
-        hold.granted = []
-
-    def open_jobs(self) -> list[TransferJob]:
-        """Jobs emitted and not yet completed."""
-        return list(self._open_jobs.values())
-
-    def promotion_of(self, key: OffloadKey) -> TransferJob | None:
-        """The PROMOTE job bringing `key` to the top tier, while it is open."""
-        return self._promoting.get(key)
-
-    # -- planning --------------------------------------------------------------------------
-
-    def _emit(self, job: TransferJob, *, queue: bool = True) -> TransferJob | None:
-        """Register a job (None if it has nothing to do), optionally into the outbox."""
-        if not job.steps and not job.pending and not job.pins:
-            return None
-        self._open_jobs[job.id] = job
-        if queue:
-            self._jobs.append(job)
-        return job
-
-    def _store_into(
-        self, index: int, keys: Sequence[OffloadKey], job: TransferJob, *, moved: bool = False
-    ) -> PrepareStoreOutput | None:
-        """prepare_store on one tier; its victims are demoted by steps added to `job` (the
-        deeper demotions first), and its new keys recorded as pending in `job`. `moved`: see
-        `TierManager.prepare_store`."""
-        out = self.tiers[index].prepare_store(keys, moved=moved)
-        if out is None:
-            return None
-        if out.keys_to_store and index > 0:
-            job.pending.append((index, tuple(out.keys_to_store)))
-        if out.evicted_keys:
-            if out.evicted_spec is None:
-                raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
-            self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
-        return out
-
-    def reserve_for(self, count: int) -> None:
-        """Grow the top tier's reserve to cover stores of `count` blocks (`prepare_store`
-        calls it): its refill then starts below `count` free slots and aims for twice that,
-        at most 1/8 of the tier. Only a reserve the watermarks keep grows. So a stream of
-        stores larger than the watermarks' reserve finds its slots freed in the background
-        instead of evicting, and waiting for its victims' snapshot, on the store's path."""
-        trigger, target = self._reserves[0]
-        if trigger == 0 or count <= trigger:
-            return
-        cap = self.top.num_blocks // RESERVE_GROWTH_DIVISOR
-        self._reserves[0] = (max(trigger, min(count, cap)), max(target, min(2 * count, cap)))
-
-    def _plan_reserves(self) -> None:
-        """Queue background DEMOTE jobs for every tier whose free slots (counting those
-        already draining) fell below its reserve: the policy's victims are evicted at once
-        (their slots drain until the job has read them) and copied to the tier below where it
-        lacks them. Top first, so a tier's refill can use the reserve of the tier below."""
-        for index, (trigger, target) in enumerate(self._reserves):
-            if trigger == 0:
-                continue
-            tier = self.tiers[index]
-            eventual = tier.num_free + tier.num_draining
-            if eventual >= trigger:
-                continue
-            keys, blocks = tier.evict_to_drain(target - eventual)
-            if not keys:
-                continue
-            self.counters.reserve_evicted += len(keys)
-            job = TransferJob(JobKind.DEMOTE, background=True)
-            slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
-            self._demote(index, keys, slots, job)
-            if job.steps:
-                job.drain.append((index, blocks))
-                self._emit(job)
-            else:  # every victim is held below already (or dropped): nothing to read
-                tier.release_drained(blocks)
-
-    def _demote(
-        self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
-    ) -> None:
-        """Copy victims of tier `index` that the tier below lacks down to it, with their
-        reuse hints; a victim hinted "never" is dropped instead."""
-        hints = self.tiers[index].take_evicted_hints()
-        if hints:
-            victims, slots = self._drop_never(victims, slots, hints)
-        if index + 1 == len(self.tiers):
-            self.counters.dropped_at_bottom += len(victims)
-            return
-        below = self.tiers[index + 1]
-        states = [below.has(key) for key in victims]
-        held = [key for key, state in zip(victims, states, strict=True) if state is True]
-        if held:
-            below.touch(held)
-        if hints:
-            self._carry_hints(below, held, hints)
-        missing = [
-            (key, slot)
-            for key, slot, state in zip(victims, slots, states, strict=True)
-            if state is False
-        ]
-        if not missing:
-            return
-        keys = [key for key, _ in missing]
-        deeper = TransferJob(job.kind)
-        # Write-through told the tier below of these blocks when they missed (the cascade);
-        # their eviction from this tier is not another access. Write-back's demotion is the
-        # first the tier below hears of them, so it stands for their accesses up here.
-        out = self._store_into(index + 1, keys, deeper, moved=self.write_policy == "write-through")
-        if out is None:
-            self.counters.demotions_dropped += len(keys)
-            return
-        job.steps.extend(deeper.steps)
-        job.pending.extend(deeper.pending)
-        # The tier below may admit fewer than it was offered (its admission, its policy):
-        # copy exactly the blocks it took, each into the slot it gave that block.
-        stored = out.keys_to_store
-        self.counters.demotions_refused += len(keys) - len(stored)
-        if stored:
-            job.steps.append(
-                _copy_step(stored, dict(missing), index, index + 1, slot_ids(out.store_spec))
-            )
-            if hints:
-                self._carry_hints(below, stored, hints)
-        self.counters.demoted += len(stored)
-
-    def _drop_never(
-        self, victims: Sequence[OffloadKey], slots: np.ndarray, hints: dict[OffloadKey, HeldHint]
-    ) -> tuple[list[OffloadKey], np.ndarray]:
-        """The victims (and their slots) not hinted "never"; the others are dropped."""
-        kept = [
-            i
-            for i, key in enumerate(victims)
-            if (h := hints.get(key)) is None or h.reuse != "never"
-        ]
-        self.counters.hint_dropped += len(victims) - len(kept)
-        return [victims[i] for i in kept], slots[kept]
-
-    @staticmethod
-    def _carry_hints(
-        below: ChainTier, keys: Sequence[OffloadKey], hints: dict[OffloadKey, HeldHint]
-    ) -> None:
-        """Give the tier below the hints its new (or already held) blocks had above."""
-        by_hint: dict[HeldHint, list[OffloadKey]] = {}
-        for key in keys:
-            hint = hints.get(key)
-            if hint is not None:
-                by_hint.setdefault(hint, []).append(key)
-        for hint, hinted in by_hint.items():
-            below.hint(hinted, hint)
-
-    def _start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
-        """Plan one PROMOTE job for `keys` (pinned in tier `source` by the caller; the job
-        takes over the pins) up to the top; returns the keys that will reach it. The climb
-        stops at a tier that cannot make room (the job still brings the blocks as high as they
-        got, and they are misses for now)."""
-        job = TransferJob(JobKind.PROMOTE, source=source)
-        spec = self.tiers[source].spec_of(keys)
-        job.pins.append((source, tuple(keys)))
-        climbing, src, src_ids = list(keys), source, slot_ids(spec)
-        for index in range(source - 1, -1, -1):
-            out = self._store_into(index, climbing, job)
-            if out is None or not out.keys_to_store:
-                break
-            stored = out.keys_to_store  # call order, minus keys this tier already had
-            dst_ids = slot_ids(out.store_spec)
-            job.steps.append(
-                _copy_step(stored, dict(zip(climbing, src_ids, strict=True)), src, index, dst_ids)
-            )
-            if index == 0:
-                job.pending.append((0, tuple(stored)))
-            climbing, src, src_ids = list(stored), index, dst_ids
-        promoted = set(climbing) if src == 0 else set()
-        if promoted:
-            job.promoted = tuple(climbing)
-            for key in climbing:
-                self._promoting[key] = job
-            self.counters.promotions += len(promoted)
-        self.counters.promotions_refused += len(keys) - len(promoted)
-        if job.steps:
-            self._emit(job)
-        else:
-            self.tiers[source].complete_load(keys)
-        return promoted
-
-    def _plan_cascade(
-        self, keys: Sequence[OffloadKey], start: int = 0, *, queue: bool = True
-    ) -> TransferJob | None:
-        """Copy ready blocks of tier `start` down every tier below that lacks them (a CASCADE
-        job, into the outbox unless `queue` is False). Blocks hinted "never" there are left
-        out (`_not_never`): no path copies such a block down."""
-        if start + 1 >= len(self.tiers) or not keys:
-            return None
-        keys = self._not_never(start, keys)
-        if not keys:
-            return None
-        job = TransferJob(JobKind.CASCADE)
-        spec = self.tiers[start].prepare_load(keys)
-        job.pins.append((start, tuple(keys)))
-        hint_of = self.tiers[start].hint_of
-        hints = {key: hint for key in keys if (hint := hint_of(key)) is not None}
-        src_keys, src_ids, src = list(keys), slot_ids(spec), start
-        for index in range(start + 1, len(self.tiers)):
-            tier = self.tiers[index]
-            wanted = [
-                (k, s) for k, s in zip(src_keys, src_ids, strict=True) if tier.has(k) is False
-            ]
-            if not wanted:
-                break
-            out = self._store_into(index, [k for k, _ in wanted], job)
-            if out is None:
-                self.counters.cascades_dropped += len(wanted)
-                break
-            stored = out.keys_to_store
-            dst_ids = slot_ids(out.store_spec)
-            job.steps.append(_copy_step(stored, dict(wanted), src, index, dst_ids))
-            if hints:  # the copies below hold the hints their source holds
-                self._carry_hints(tier, stored, hints)
-            self.counters.cascaded += len(stored)
-            src_keys, src_ids, src = list(stored), dst_ids, index
-        if not job.steps:
-            self.tiers[start].complete_load(keys)
-            return None
-        return self._emit(job, queue=queue)
-
-    def plan_flush(self) -> list[TransferJob]:
-        """Copy every readable block that only the tiers above the bottom hold down to the
-        bottom tier (e.g. before a clean shutdown, so that a persistent bottom tier keeps
-        them), as CASCADE jobs, top tier first, returned (not queued for `take_jobs`).
-        Blocks may evict older ones below, as any store does; blocks pinned or being written
-        are skipped, and so are blocks hinted "never" (counted `hint_not_cascaded`, as
-        write-through counts those it does not cascade)."""
-        self._check_open()
-        bottom = self.tiers[-1]
-        jobs: list[TransferJob] = []
-        for start in range(len(self.tiers) - 1):
-            tier = self.tiers[start]
-            keys = [key for key in tier.idle_keys() if bottom.has(key) is False]
-            if keys:
-                job = self._plan_cascade(keys, start, queue=False)
-                if job is not None:
-                    jobs.append(job)
-        return jobs
+        self.ledger.release_hold(hold)
 
     # -- housekeeping ----------------------------------------------------------------------
 

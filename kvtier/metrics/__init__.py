@@ -18,8 +18,8 @@ import threading
 from typing import Any
 
 from kvtier.errors import KvtierError
+from kvtier.latency import EXPORTED_BOUNDS_S, LATENCY_BOUNDS_S, LatencyHistogram
 from kvtier.metrics.catalog import METRICS, MetricInfo, StatsSource
-from kvtier.metrics.latency import EXPORTED_BOUNDS_S, LATENCY_BOUNDS_S, LatencyHistogram
 
 METRICS_EXTRA_HINT = "pip install 'kvtier[metrics]'"
 """How to get what the metrics need; every error about a missing prometheus_client says it."""

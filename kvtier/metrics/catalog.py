@@ -78,7 +78,9 @@ METRICS: tuple[MetricInfo, ...] = (
         ("tier",),
         "Keys asked of the tier and not found there (by lookup, get or a serving engine's "
         "lookups): hits of the tiers below it and misses of the chain, so the bottom tier "
-        "counts every miss of the chain.",
+        "counts every miss of the chain. A miss of the chain is one per lookup that missed "
+        "(its first key no tier holds; the keys after it are not asked): for misses per "
+        "block see kvtier_lookup_blocks_total.",
     ),
     MetricInfo(
         "kvtier_tier_stored_blocks_total",
@@ -122,6 +124,22 @@ METRICS: tuple[MetricInfo, ...] = (
         ("tier",),
         "Blocks read from the tier (a shared store) that it no longer held, having evicted "
         "them itself, or could not be asked for: a miss, not damage.",
+    ),
+    MetricInfo(
+        "kvtier_tier_value_problems_total",
+        "counter",
+        ("tier", "reason"),
+        "Values read from the tier (a shared store) and not served, by reason: forged (not "
+        "made with a key this node holds: alert on it), foreign, damaged, oversized, and a "
+        "shared-fs file's symlink, not_regular, linked, unsafe_dir, forgotten, and unencrypted "
+        "(require_encrypted = true). Each a miss.",
+    ),
+    MetricInfo(
+        "kvtier_tier_unencrypted_served_total",
+        "counter",
+        ("tier",),
+        "Values a key holder wrote without encryption that the tier (a shared store with "
+        "encrypt = true) served; require_encrypted = true makes them misses instead.",
     ),
     MetricInfo(
         "kvtier_tier_queue_depth",
@@ -207,6 +225,16 @@ METRICS: tuple[MetricInfo, ...] = (
         "counter",
         ("error",),
         "Copies that raised, by exception class (each is a miss or a failed store).",
+    ),
+    # -- per-block lookups (kvtier.chain.stats.HierarchyCounters.lookup_blocks) -----------
+    MetricInfo(
+        "kvtier_lookup_blocks_total",
+        "counter",
+        ("outcome",),
+        "Keys given to lookup, by outcome: held (the leading keys some tier holds: its "
+        "answers summed), missed (the first key no tier holds and every key after it). The "
+        "sum of kvtier_tier_hits_total over all keys given to lookup is the per-block hit "
+        "ratio of a lookup-then-get workload (kvtier replay's).",
     ),
     MetricInfo(
         "kvtier_get_seconds",

@@ -29,8 +29,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvtier.errors import InvalidValueError, KvtierError
+from kvtier.latency import EXPORTED_BOUNDS_S, LatencyHistogram
 from kvtier.metrics.catalog import METRICS, StatsSource
-from kvtier.metrics.latency import EXPORTED_BOUNDS_S, LatencyHistogram
 
 if TYPE_CHECKING:
     from kvtier.chain.stats import HierarchyStats
@@ -101,6 +101,9 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
         add("kvtier_tier_corrupt_blocks_total", labels, activity.corrupt)
         add("kvtier_tier_gone_blocks_total", labels, activity.gone)
         add("kvtier_tier_events_dropped_total", labels, activity.events_dropped)
+        for reason, count in sorted(activity.problems.items()):
+            add("kvtier_tier_value_problems_total", [*labels, reason], count)
+        add("kvtier_tier_unencrypted_served_total", labels, activity.unencrypted_served)
     for lane, depth in stats.queue_depths.items():
         add("kvtier_tier_queue_depth", [name, lane], depth)
     for transfer in stats.transfers:
@@ -121,6 +124,8 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
     add("kvtier_get_blocks_total", [name, "served"], calls.get_served)
     add("kvtier_get_blocks_total", [name, "missed"], calls.get_blocks - calls.get_served)
     add("kvtier_get_timeouts_total", [name], calls.get_timeouts)
+    add("kvtier_lookup_blocks_total", [name, "held"], calls.lookup_held)
+    add("kvtier_lookup_blocks_total", [name, "missed"], calls.lookup_missed)
     add("kvtier_put_store_timeouts_total", [name], calls.put_store_timeouts)
     for kind, value in (
         ("put", calls.put_backpressure_waits),

@@ -12,7 +12,9 @@ from kvtier.specs.base import (
     LoadStoreSpec,
     Medium,
     SlotLoadStoreSpec,
+    as_medium,
     slot_spec_type,
+    spec_type_of,
 )
 
 __all__ = [
@@ -23,5 +25,7 @@ __all__ = [
     "LoadStoreSpec",
     "Medium",
     "SlotLoadStoreSpec",
+    "as_medium",
     "slot_spec_type",
+    "spec_type_of",
 ]

@@ -207,3 +207,22 @@ def slot_spec_type(medium: str) -> type[SlotLoadStoreSpec]:
     return type(
         f"SlotLoadStoreSpec[{medium}]", (SlotLoadStoreSpec,), {"__slots__": (), "_medium": medium}
     )
+
+
+_BUILT_IN_SPECS: dict[str, type[BlockIDsLoadStoreSpec]] = {
+    Medium.GPU: GPULoadStoreSpec,
+    Medium.CPU: CPULoadStoreSpec,
+    Medium.DISK: DiskLoadStoreSpec,
+}
+
+
+def as_medium(medium: str) -> str:
+    """`medium` as a spec and a backend carry it: the `Medium` member for a built-in name (so
+    that `Medium.GPU` and "gpu" are one medium), else the name itself."""
+    return Medium(medium) if medium in Medium._value2member_map_ else medium
+
+
+def spec_type_of(medium: str) -> type[BlockIDsLoadStoreSpec]:
+    """The spec type that addresses `medium`'s slots: vLLM's class for a built-in medium,
+    else the medium's own `slot_spec_type`."""
+    return _BUILT_IN_SPECS.get(medium) or slot_spec_type(medium)

@@ -72,7 +72,9 @@ class BlockAllocatorTests:
         assert (block.content_hash, block.prev_block) == (None, None)
         block.append_token_ids([7])
         assert block.token_ids == (7,) and block.num_empty_slots == self.block_size - 1
-        assert block.num_tokens_total == 1
+        assert block.num_tokens_total == 1, (
+            f"block.num_tokens_total: got {block.num_tokens_total!r}, expected {1!r}"
+        )
         block.append_token_ids(list(range(self.block_size - 1)))
         assert block.is_full and block.num_empty_slots == 0
         assert block.content_hash == hash_block_tokens(None, block.token_ids)
@@ -84,7 +86,9 @@ class BlockAllocatorTests:
         second = allocator.allocate_mutable_block(first)
         second.append_token_ids([1, 2])
         assert second.prev_block is first
-        assert second.num_tokens_total == self.block_size + 2
+        assert second.num_tokens_total == self.block_size + 2, (
+            f"num_tokens_total: got {second.num_tokens_total!r}, expected {self.block_size + 2!r}"
+        )
 
     def test_append_rejects_bad_token_ids_and_changes_nothing(self) -> None:
         allocator = self.new()
@@ -299,7 +303,9 @@ class BlockAllocatorTests:
     def test_ids_and_physical_indices(self) -> None:
         allocator = self.new(3)
         assert allocator.get_num_total_blocks() == 3
-        assert allocator.all_block_ids == frozenset(range(3))
+        assert allocator.all_block_ids == frozenset(range(3)), (
+            f"all_block_ids: got {allocator.all_block_ids!r}, expected {frozenset(range(3))!r}"
+        )
         assert [allocator.get_physical_block_id(i) for i in range(3)] == [0, 1, 2]
         with pytest.raises(InvalidValueError, match="not in this pool"):
             allocator.get_physical_block_id(3)
@@ -498,7 +504,9 @@ class PrefixCachingAllocatorMachine(RuleBasedStateMachine):
             prev = hash_block_tokens(prev, token_ids[start : start + size])
             hashes.append(prev)
         found = self.allocator.find_cached_blocks_prefix(hashes)
-        assert found == hashes[: len(found)]
+        assert found == hashes[: len(found)], (
+            f"found: got {found!r}, expected {hashes[: len(found)]!r}"
+        )
         for content_hash in found:
             block_id = self.allocator.cached_block_id(content_hash)
             assert block_id is not None and self.allocator.block_is_computed(block_id)
@@ -539,6 +547,8 @@ class PrefixCachingAllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def hashes_are_right_and_cached(self) -> None:
         for block in self.live_blocks():
-            assert block.content_hash == expected_hash(block)
+            assert block.content_hash == expected_hash(block), (
+                f"block.content_hash: got {block.content_hash!r}, expected {expected_hash(block)!r}"
+            )
             if block.content_hash is not None and block.block_id is not None:
                 assert self.allocator.cached_block_id(block.content_hash) == block.block_id

@@ -41,7 +41,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.namespaces import block_namespace
 from kvtier.testing.storage import empty_buffers, make_blocks
-from kvtier.tiers.disk.codec import BlockCodec, Codec
+from kvtier.tiers.codec import BlockCodec, Codec
 from kvtier.tiers.keyed import KeyedStorage
 from kvtier.tiers.shared.auth import (
     NamespaceKey,
@@ -241,7 +241,9 @@ class KeyedStorageTests:
         blocks = make_blocks(len(ids), self.block_size, seed)
         # Handles chosen to collide and to differ from the keys: a keyed store ignores them.
         results = await storage.write([k(i) for i in ids], [0] * len(ids), blocks)
-        assert results == [None] * len(ids)
+        assert results == [None] * len(ids), (
+            f"results: got {results!r}, expected {[None] * len(ids)!r}"
+        )
         return blocks
 
     async def read(
@@ -267,7 +269,9 @@ class KeyedStorageTests:
 
     async def test_volatility_is_declared(self, storage: KeyedStorage) -> None:
         assert isinstance(storage.persistent, bool)
-        assert storage.block_size == self.block_size
+        assert storage.block_size == self.block_size, (
+            f"storage.block_size: got {storage.block_size!r}, expected {self.block_size!r}"
+        )
 
     async def test_empty_batches(self, storage: KeyedStorage) -> None:
         assert await storage.write([], [], []) == []
@@ -330,7 +334,9 @@ class KeyedStorageTests:
         blocks = await asyncio.gather(*writes)
         reads = await asyncio.gather(*(self.read(storage, b) for b in ids))
         for written, (results, buffers) in zip(blocks, reads, strict=True):
-            assert results == [None] * len(buffers)
+            assert results == [None] * len(buffers), (
+                f"results: got {results!r}, expected {[None] * len(buffers)!r}"
+            )
             assert [b.tobytes() for b in buffers] == [w.tobytes() for w in written]
 
     async def test_rows_of_one_array_as_buffers(self, storage: KeyedStorage) -> None:

@@ -111,7 +111,7 @@ class PolicyTests:
         assert len(set(keys)) == 3
         for key, block in evicted:
             assert policy.get(key) is None
-            assert block.ref_cnt == 0
+            assert block.ref_cnt == 0, f"block.ref_cnt: got {block.ref_cnt!r}, expected {0!r}"
         assert len(policy) == 5
 
     def test_evict_never_takes_pinned_pending_or_protected(self) -> None:
@@ -133,7 +133,7 @@ class PolicyTests:
         assert policy.evict(4) is None
         assert policy.evict(3, protected={k(0)}) is None
         after = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
-        assert before == after
+        assert before == after, f"before: got {before!r}, expected {after!r}"
         evicted = policy.evict(3)
         assert evicted is not None and {key for key, _ in evicted} == {k(0), k(1), k(2)}
 
@@ -168,16 +168,22 @@ class PolicyTests:
         rng = random.Random(7)
         accesses = [rng.randrange(40) for _ in range(2000)]
         result = simulate(self.policy_class.name, 10, accesses)
-        assert result.accesses == 2000
+        assert result.accesses == 2000, (
+            f"result.accesses: got {result.accesses!r}, expected {2000!r}"
+        )
         assert 0 < result.hits < 2000
-        assert result.evictions == result.misses - result.refused - 10
+        assert result.evictions == result.misses - result.refused - 10, (
+            f"evictions: got {result.evictions!r}, expected {result.misses - result.refused - 10!r}"
+        )
 
     def test_a_cache_larger_than_the_key_space_misses_once_per_key(self) -> None:
         rng = random.Random(3)
         accesses = [rng.randrange(30) for _ in range(500)]
         result = simulate(self.policy_class.name, 64, accesses)
-        assert result.misses == len(set(accesses))
-        assert result.evictions == 0
+        assert result.misses == len(set(accesses)), (
+            f"result.misses: got {result.misses!r}, expected {len(set(accesses))!r}"
+        )
+        assert result.evictions == 0, f"result.evictions: got {result.evictions!r}, expected {0!r}"
 
     # One mixin method runs once per subclass; each run builds its own policy, so sharing the
     # method across executors is safe.

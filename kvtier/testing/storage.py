@@ -96,14 +96,18 @@ class StorageTests:
         self, storage: BlockStorage, ids: list[int], slots: list[int], blocks: list[HostBuffer]
     ) -> None:
         results = await storage.write([k(i) for i in ids], slots, blocks)
-        assert results == [None] * len(ids)
+        assert results == [None] * len(ids), (
+            f"results: got {results!r}, expected {[None] * len(ids)!r}"
+        )
 
     async def read_back(
         self, storage: BlockStorage, ids: list[int], slots: list[int]
     ) -> list[HostBuffer]:
         buffers = empty_buffers(len(ids), self.block_size, fill=0x5A)
         results = await storage.read([k(i) for i in ids], slots, buffers)
-        assert results == [None] * len(ids)
+        assert results == [None] * len(ids), (
+            f"results: got {results!r}, expected {[None] * len(ids)!r}"
+        )
         return buffers
 
     # ---------------------------------------------------------------------------------------
@@ -124,14 +128,14 @@ class StorageTests:
         source = torch.from_numpy(np.stack(blocks))
         copier = TensorCopier()
         stored = await move(copier, keys, source, np.arange(count), storage, slots, self.block_size)
-        assert stored == MoveResult()
+        assert stored == MoveResult(), f"stored: got {stored!r}, expected {MoveResult()!r}"
         for block, slot in zip(blocks, slots, strict=True):
             assert self.backdoor_read(storage, int(slot)) == block.tobytes()
         # Promotion into a host pool's rows (the chain's upper tier).
         pool = TorchPool(count + 2, self.block_size)
         rows = np.arange(2, count + 2)
         loaded = await move(copier, keys, storage, slots, pool, rows, self.block_size)
-        assert loaded == MoveResult()
+        assert loaded == MoveResult(), f"loaded: got {loaded!r}, expected {MoveResult()!r}"
         assert torch.equal(pool.tensor[2:], source)
         # And into a caller's tensor that has no row views (a strided one): through staging.
         wide = torch.zeros((count, 2 * self.block_size), dtype=torch.uint8)
@@ -145,7 +149,7 @@ class StorageTests:
             np.arange(count),
             self.block_size,
         )
-        assert loaded == MoveResult()
+        assert loaded == MoveResult(), f"loaded: got {loaded!r}, expected {MoveResult()!r}"
         assert torch.equal(strided, source.flip(0))
         assert not wide[:, 1::2].any()  # nothing written between the rows
 
@@ -181,8 +185,12 @@ class StorageTests:
     # ---------------------------------------------------------------------------------------
 
     async def test_geometry_and_flags(self, storage: BlockStorage) -> None:
-        assert storage.num_blocks == self.num_blocks
-        assert storage.block_size == self.block_size
+        assert storage.num_blocks == self.num_blocks, (
+            f"storage.num_blocks: got {storage.num_blocks!r}, expected {self.num_blocks!r}"
+        )
+        assert storage.block_size == self.block_size, (
+            f"storage.block_size: got {storage.block_size!r}, expected {self.block_size!r}"
+        )
         assert isinstance(storage.persistent, bool)
         assert storage.restore() == []
 
@@ -263,7 +271,7 @@ class StorageTests:
         await self.write_ok(storage, [1, 2, 3, 4], slots, list(source))
         pool = np.full((count + 2, self.block_size), 0xEE, dtype=np.uint8)
         results = await storage.read([k(i) for i in [1, 2, 3, 4]], slots, list(pool[1:-1]))
-        assert results == [None] * count
+        assert results == [None] * count, f"results: got {results!r}, expected {[None] * count!r}"
         assert np.array_equal(pool[1:-1], source)
         assert (pool[0] == 0xEE).all() and (pool[-1] == 0xEE).all(), "wrote outside its rows"
 
@@ -275,7 +283,7 @@ class StorageTests:
         await self.write_ok(storage, [1], [3], [source])
         target = np.full(2 * self.block_size + 8, 0x11, dtype=np.uint8)
         results = await storage.read([k(1)], [3], [target[3 : 3 + self.block_size]])
-        assert results == [None]
+        assert results == [None], f"results: got {results!r}, expected {[None]!r}"
         assert np.array_equal(target[3 : 3 + self.block_size], source)
         assert (target[:3] == 0x11).all() and (target[3 + self.block_size :] == 0x11).all()
 
@@ -386,7 +394,9 @@ class StorageTests:
         await self.write_ok(storage, [1], [4], [block])
         buffers = empty_buffers(3, self.block_size)
         results = await storage.read([k(2), k(1), k(3)], [4, 5, 6], buffers)
-        assert results == [ReadFailure.NOT_INDEXED] * 3
+        assert results == [ReadFailure.NOT_INDEXED] * 3, (
+            f"results: got {results!r}, expected {[ReadFailure.NOT_INDEXED] * 3!r}"
+        )
         await self.write_ok(storage, [7], [4], [block])  # slot 4 now holds block 7
         assert await storage.read([k(1)], [4], buffers[:1]) == [ReadFailure.NOT_INDEXED]
 

@@ -1,7 +1,4 @@
-"""Tiers: the storage interface (`storage.py`), the registry of tier kinds (`registry.py`), and
-one package per tier (`pool/`, `disk/`, `redis/`, `sharedfs/`; `shared/` is what the shared
-ones have in common). Here: the slot-allocation `Backend` the slot-pool tiers share."""
-
-from kvtier.tiers.backend import SPEC_TYPES, Backend, SlotPoolBackend
-
-__all__ = ["SPEC_TYPES", "Backend", "SlotPoolBackend"]
+"""Tiers: the storage interface (`storage.py`, `keyed.py`), the parts tiers share
+(`codec.py`, `trusted.py`), the registry of tier kinds (`registry.py`), and one package per
+tier (`pool/`, `disk/`, `redis/`, `sharedfs/`; `shared/` is what the shared ones have in
+common). A tier package imports no other tier package."""

@@ -83,6 +83,7 @@ __all__ = [
     "TierContext",
     "TierKind",
     "open_storage",
+    "options_keywords",
     "register_tier",
     "registered_media",
     "tier_kind",
@@ -151,9 +152,21 @@ class BaseTierConfig(FrozenModel):
         return tier_kind(self.medium)
 
     def options(self) -> dict[str, object]:
-        """The medium-specific settings, by key (for display)."""
+        """The medium-specific settings worth showing, by key (for display: a tier's line of
+        `HierarchyConfig.describe`): those the config sets or that differ from their
+        defaults, and those whose default is computed where the config is loaded (a disk
+        tier's path); never one left unset (None). A tier with many optional settings
+        (redis) would otherwise fill its line with `=None` and defaults."""
         common = set(BaseTierConfig.model_fields)
-        return {key: getattr(self, key) for key in type(self).model_fields if key not in common}
+        shown: dict[str, object] = {}
+        for key, info in type(self).model_fields.items():
+            value = getattr(self, key)
+            if key in common or value is None:
+                continue
+            computed = info.default_factory is not None
+            if key in self.model_fields_set or computed or value != info.default:
+                shown[key] = value
+        return shown
 
     @classmethod
     def check_capacity_bytes(cls, size: int) -> None:
@@ -348,6 +361,10 @@ class TierKind:
     """Many nodes (and possibly other tenants) write the store: the chain must name its model
     (`model_id`), so blocks of models whose KV differs never meet, and what is read back is
     authenticated with a secret key (a node that can write the store is not trusted)."""
+    options_keyword: str | None = None
+    """A keyword argument of `Hierarchy` whose options also go to this medium's opener,
+    merged over `tier_options[<medium>]` (the disk's `disk_options`, older than
+    `tier_options`), or None."""
 
     def __post_init__(self) -> None:
         if isinstance(self.medium, str):
@@ -379,6 +396,12 @@ class TierKind:
             raise InvalidValueError(
                 f"tier medium {self.medium!r}: opener must be an import path like "
                 f'"package.module:function", got {self.opener!r}'
+            )
+        keyword = self.options_keyword
+        if keyword is not None and (not isinstance(keyword, str) or not keyword.isidentifier()):
+            raise InvalidValueError(
+                f"tier medium {self.medium!r}: options_keyword must be an identifier or None, "
+                f"got {keyword!r}"
             )
 
 
@@ -468,6 +491,12 @@ def registered_media() -> list[str]:
     """The registered media, in registration order (the built-ins first)."""
     _load_kinds()
     return list(_KINDS)
+
+
+def options_keywords() -> dict[str, str]:
+    """The `options_keyword` of each kind that declares one, to its medium."""
+    _load_kinds()
+    return {kind.options_keyword: kind.medium for kind in _KINDS.values() if kind.options_keyword}
 
 
 async def open_storage(config: BaseTierConfig, context: TierContext) -> BlockStorage:

@@ -17,7 +17,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,24 @@ class RestoredBlock:
     slot: int
 
 
+class ColdSource(Protocol):
+    """The blocks a persistent storage restored at open, held compactly
+    (`BlockStorage.restore_cold`): what a tier's bookkeeping keeps them by instead of an
+    object per block (`kvtier.manager.cold`)."""
+
+    def slots(self) -> npt.NDArray[np.int64]:
+        """The slots of the restored blocks, oldest first."""
+        ...
+
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of restored block `key` while the storage holds it, or None."""
+        ...
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        """The key of the restored block in `slot`, or None (none, or not known yet)."""
+        ...
+
+
 class BlockStorage(ABC):
     """`num_blocks` slots of `block_size` bytes each."""
 
@@ -83,6 +101,31 @@ class BlockStorage(ABC):
     def restore(self) -> list[RestoredBlock]:
         """Blocks stored by an earlier process, oldest first; [] for a volatile tier."""
         return []
+
+    def restore_cold(self) -> ColdSource | None:
+        """The blocks stored by an earlier process as a compact view, which the chain's
+        bookkeeping holds outside its policy; None (the default) when the storage has none:
+        the chain then asks `restore()`."""
+        return None
+
+    def describe(self) -> str:
+        """Where the bytes live, for `Hierarchy.tiers` and reports (fixed for the storage's
+        lifetime, never with credentials); by default the class's name."""
+        return type(self).__name__
+
+    def value_problems(self) -> dict[str, int]:
+        """Values this storage read and did not serve since it opened, by reason (a shared
+        store's forged, foreign, damaged, oversized values, ...): what `stats()` and the
+        metrics export per tier, so a fleet can alert on forgery attempts. {} for a storage
+        that checks no such thing (the default); an absent key is not a problem. It may be
+        called from another thread: it returns a copy."""
+        return {}
+
+    def unencrypted_served(self) -> int:
+        """Values served unencrypted by a storage whose own are encrypted (a shared store
+        with `encrypt = true` reading a key holder's MAC-only value), since it opened; 0 for
+        a storage that encrypts nothing (the default)."""
+        return 0
 
     @property
     def disabled_reason(self) -> str | None:
@@ -124,3 +167,6 @@ class TensorStorage(BlockStorage):
     """The blocks, one row per slot."""
     device: torch.device
     """Where the blocks live."""
+    fallback: str | None = None
+    """Why the blocks do not live where the tier asked (a GPU pool in host memory when CUDA
+    is missing), or None."""

@@ -24,9 +24,10 @@ every word, so a block served for the wrong key, a torn copy or a flipped bit ca
 verification; a non-zero mismatch count means the data path returned wrong bytes.
 
 Only block *counts* matter to hit ratios, so a replay keeps each tier's block count from the
-configuration and may use smaller blocks (`DEFAULT_REPLAY_BLOCK_BYTES`) to run in minutes; the
-traffic and bandwidth figures are then those of the smaller blocks. Disk tiers are put in fresh
-directories under the output directory, emptied first, so a replay is reproducible.
+configuration and may use smaller blocks (`DEFAULT_REPLAY_BLOCK_BYTES`) to run in under a
+minute; the traffic and bandwidth figures are then those of the smaller blocks. Disk tiers are
+put in fresh directories under the output directory, emptied first, so a replay is
+reproducible.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def prepare_disk_dirs(config: HierarchyConfig) -> list[Path]:
     alone and raises InvalidValueError (it is not a replay's own)."""
     import shutil
 
-    from kvtier.tiers.disk.safety import make_dirs
+    from kvtier.tiers.trusted import make_dirs
 
     dirs: list[Path] = []
     for tier in config.active_tiers():

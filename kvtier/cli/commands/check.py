@@ -1,18 +1,23 @@
 """`kvtier check`: verify every block of a disk store; `--repair` fixes what can be fixed.
 
 A store is named by its directory (`kvtier check PATH`: a store directory `kvtier-<fp>`, or
-a tier directory holding such stores, as `kvtier replay` leaves under `--out/disk/<tier>`) or
-by a config's disk tiers (`--config FILE`). The store's own header file says how it was built
+a directory with stores up to SEARCH_DEPTH levels below it, such as `kvtier replay`'s
+`--out`, whose stores are under `OUT/disk/<tier>/`) or by a config's disk tiers (`--config
+FILE`). The store's own header file says how it was built
 (block size, model id, capacity), so it is always checked as built, whatever a config says.
 
 Without `--repair` nothing is changed or created: the store is opened to inspect
 (`DiskStore(inspect=True)`) and `DiskStore.check` compares every index record with its slot's
 header and bytes, every header with the index (a sound block with no record is a lost
-record), and lists stray files. A missing or damaged index is reported. With `--repair` the
-store is opened normally (a damaged or missing index is moved aside and rebuilt from the slab
-headers), bad records are dropped, lost ones indexed again and stray slab files removed. A
-config whose capacity differs from the store's is reported, with the store's own settings;
-repair never resizes a store.
+record), and lists stray files. A missing or damaged index is reported, and so are a slab file
+or in-flight log that is not a regular file, a header file cut short, and the blocks of an
+interrupted write group. With `--repair` such files are moved aside first, then the store is
+opened normally (a damaged or missing index is moved aside and rebuilt from the slab headers;
+an interrupted write group's headers cleared; the records that cannot be served dropped, each
+reported with its reason), bad records are dropped, lost ones indexed again and stray slab
+files removed: a second check finds nothing. A config whose capacity differs from the store's
+is reported, with the store's own settings; repair never resizes a store (its capacity is the
+larger of what its header file and its slab files hold).
 
 Exit status (also in `--help`): 0 sound (or nothing stored, or no disk tier); 1 problems
 found and left in place; 2 bad options or config (one line); 3 problems found and repaired;
@@ -23,6 +28,8 @@ stores: the first of 4, 1, 3, 0 that applies.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,9 +86,30 @@ class StoreShape:
         )
 
 
+def _slab_slots(store_dir: Path, block_size: int, slots_per_file: object) -> int:
+    """The slots the store's slab files hold (the last file's length counts): 0 when the
+    layout record gives no slots per file."""
+    if not isinstance(slots_per_file, int) or slots_per_file < 1:
+        return 0
+    slots = 0
+    for path in store_dir.glob("slab-*.bin"):
+        number = path.name.removeprefix("slab-").removesuffix(".bin")
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if number.isdigit() and stat.S_ISREG(info.st_mode):
+            held = min(slots_per_file, info.st_size // block_size)
+            slots = max(slots, int(number) * slots_per_file + held)
+    return slots
+
+
 def store_shape(store_dir: Path) -> StoreShape | None:
     """The shape recorded in a store directory's `headers.bin`, or None when it has none
-    (not a kvtier store, or one written by a kvtier older than layout version 2)."""
+    (not a kvtier store, or one written by a kvtier older than layout version 2). Its
+    capacity is the most slots that `headers.bin` has entries for or its slab files hold:
+    a cut header file must not make a repair shrink the store and drop the blocks of the
+    slots past the cut (a slab file cut short loses only its own blocks either way)."""
     from kvtier.tiers.disk.layout import (
         FILE_HEADER_BYTES,
         HEADERS_FILE,
@@ -90,12 +118,15 @@ def store_shape(store_dir: Path) -> StoreShape | None:
     )
 
     try:
-        fd = os.open(store_dir / HEADERS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: no wait
+        fd = os.open(store_dir / HEADERS_FILE, flags)
     except OSError:
         return None
     try:
         layout = unpack_file_header(os.pread(fd, FILE_HEADER_BYTES, 0))
         slots = slots_in_headers_file(os.fstat(fd).st_size)
+    except OSError:  # not a file (a directory): no shape to read
+        return None
     finally:
         os.close(fd)
     if layout is None:
@@ -103,18 +134,54 @@ def store_shape(store_dir: Path) -> StoreShape | None:
     block_size, model_id = layout.get("block_size"), layout.get("model_id")
     if not isinstance(block_size, int) or block_size < 1 or not isinstance(model_id, str):
         return None
+    slots = max(slots, _slab_slots(store_dir, block_size, layout.get("slots_per_file")))
     return StoreShape(block_size, model_id, slots)
 
 
-def store_dirs_at(path: Path) -> list[Path]:
-    """The stores at `path`: the store directory itself, or those directly inside it."""
+def _header_entries(store_dir: Path) -> int:
+    """How many slots the store's `headers.bin` has entries for (by its length)."""
+    from kvtier.tiers.disk.layout import HEADERS_FILE, slots_in_headers_file
+
+    try:
+        return slots_in_headers_file(os.lstat(store_dir / HEADERS_FILE).st_size)
+    except OSError:
+        return 0
+
+
+SEARCH_DEPTH = 4
+"""How many directory levels below PATH `kvtier check PATH` looks for stores: enough for
+`kvtier replay --out OUT` (its stores are OUT/disk/<tier>/kvtier-<fingerprint>, three levels
+down) and a directory of such outputs."""
+
+_STORE_NAME = re.compile(r"kvtier-[0-9a-f]{20}")
+
+
+def store_dirs_at(path: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+    """The stores at `path`: the store directory itself, or the store directories below it,
+    up to `depth` levels down (a store's own subdirectories are not searched, nor symbolic
+    links). A store directory holds a `headers.bin` or is named `kvtier-<fingerprint>`."""
     from kvtier.tiers.disk.layout import HEADERS_FILE
 
     if (path / HEADERS_FILE).exists():
         return [path]
-    return sorted(
-        child for child in path.glob("kvtier-*") if child.is_dir() and not child.is_symlink()
-    )
+    found: list[Path] = []
+    level = [path]
+    for _ in range(depth):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                children = sorted(folder.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                if child.is_symlink() or not child.is_dir():
+                    continue
+                if _STORE_NAME.fullmatch(child.name) or (child / HEADERS_FILE).exists():
+                    found.append(child)
+                else:
+                    below.append(child)
+        level = below
+    return sorted(found)
 
 
 def check_store(
@@ -124,6 +191,7 @@ def check_store(
     config says it should be (a difference is reported, never acted on)."""
     from kvtier.errors import DiskLockedError, DiskTierError
     from kvtier.tiers.disk import DiskStore
+    from kvtier.tiers.disk.files import move_aside_odd_files, odd_files
 
     result = TierCheck(name, store_dir)
     shape = store_shape(store_dir)
@@ -140,6 +208,33 @@ def check_store(
             f"{shape.describe()}. It is checked as built; opening it with this config would "
             "resize it. Use the config that built it, or another directory for the new one."
         )
+    moved: list[str] = []
+    entries = _header_entries(store_dir)
+    if entries < shape.num_blocks:
+        moved.append(
+            f"headers.bin is cut short: entries for {entries:,} of the store's "
+            f"{shape.num_blocks:,} slots"
+            + (
+                " (repaired: its length restored; the cut entries are empty, their blocks "
+                "served by their index records)"
+                if repair
+                else ""
+            )
+        )
+    if repair:
+        # A slab file or in-flight log that is a directory (a symlink, a FIFO, ...) makes an
+        # open fail: moved aside, the store opens with a fresh file there (and drops the
+        # records of that slab file's slots).
+        try:
+            moved += move_aside_odd_files(store_dir)
+        except OSError as error:
+            result.status = EXIT_UNCHECKED
+            result.lines.append(f"cannot repair: {error}")
+            return result
+    else:
+        moved += [
+            f"{path.name} {odd}: --repair moves it aside" for path, odd in odd_files(store_dir)
+        ]
     try:
         store = DiskStore(
             store_dir.parent,
@@ -177,13 +272,11 @@ def check_store(
     result.lines.append(
         f"{report.records:,} index records checked ({store_dir}, {shape.describe()})"
     )
+    result.problems.extend(moved)
     if rebuilt is not None:
         result.problems.append(f"{rebuilt}: moved aside and rebuilt from the slab headers")
+    result.problems.extend(report.opened)
     if dropped_at_open:
-        result.problems.append(
-            f"{dropped_at_open:,} records dropped when the store opened (slots beyond the slab "
-            "files, or a slot claimed by a newer record)"
-        )
         result.dropped += dropped_at_open
     result.problems.extend(str(problem) for problem in report.problems)
     result.lines.extend(f"note: {note}" for note in report.notes)
@@ -209,6 +302,11 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
         return result
     expected = StoreShape(config.block_size, config.model_id, tier.num_blocks)
     return check_store(tier.name, store_dir, repair, expected)
+
+
+def _shown(store: Path, path: Path) -> str:
+    """A store found under PATH, as the user can name it: PATH/relative/kvtier-<fp>."""
+    return store.name if store == path else str(path / store.relative_to(path))
 
 
 def _print(title: str, result: TierCheck) -> None:
@@ -270,9 +368,10 @@ def _config_tiers(config_path: Path, repair: bool) -> list[tuple[str, TierCheck]
 def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
     """Verify every block of a disk store, named by its directory (PATH) or by a config.
 
-    PATH is a store directory (kvtier-<fingerprint>) or a directory holding stores, such
-    as a disk tier's directory under `kvtier replay`'s --out (OUT/disk/<tier>). The store's
-    header file says how it was built, so it is always checked as built.
+    PATH is a store directory (kvtier-<fingerprint>) or a directory with stores up to 4
+    levels below it, such as `kvtier replay`'s --out (its stores are under OUT/disk/<tier>):
+    each store found is checked. The store's header file says how it was built, so it is
+    always checked as built.
 
     For each store: every index record against its slot's header and bytes (slot in range
     and not claimed twice, the same key and sequence number, a possible length and codec,
@@ -282,7 +381,9 @@ def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
 
     Without --repair nothing is changed or created. --repair drops the bad records (their
     blocks become misses), indexes lost blocks again, moves a damaged or missing index aside
-    and rebuilds it from the slab headers, and removes stray slab files. It never resizes a
+    and rebuilds it from the slab headers, removes stray slab files, moves aside a slab file
+    or in-flight log that is not a regular file (that slab file's blocks are lost) and
+    clears the headers an interrupted write group left (blocks never stored). It never resizes a
     store: a config whose capacity differs from the store's is reported with the settings
     the store was built with. A store opened by a running kvtier is locked and cannot be
     checked until it stops.
@@ -298,6 +399,7 @@ def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
 
     \b
     Examples:
+      kvtier check kvtier-out
       kvtier check kvtier-out/disk/disk
       kvtier check --config configs/default.toml
       kvtier check --config my-chain.toml --repair
@@ -321,9 +423,16 @@ def check(path: Path | None, config_path: Path | None, repair: bool) -> None:
             raise InvalidValueError(f"{path} is not a directory (a store directory is)")
         stores = store_dirs_at(path)
         if not stores:
-            out.print(f"{path}: no kvtier store here, nothing to check", markup=False)
+            out.print(
+                f"{path}: no kvtier store here or up to {SEARCH_DEPTH} levels below, nothing "
+                "to check",
+                markup=False,
+            )
             return
-        checked = [(f"store {s.name}:", check_store(s.name, s, repair)) for s in stores]
+        checked = [
+            (f"store {_shown(store, path)}:", check_store(store.name, store, repair))
+            for store in stores
+        ]
         again = [path]
     else:
         raise InvalidValueError(

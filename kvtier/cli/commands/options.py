@@ -67,7 +67,7 @@ def check_out_dir(out_dir: Path) -> None:
     there, before a replay spends minutes that it could not report: InvalidValueError, one
     line, otherwise."""
     from kvtier.errors import InvalidValueError, KvtierError
-    from kvtier.tiers.disk.safety import make_dirs
+    from kvtier.tiers.trusted import make_dirs
 
     if out_dir.exists() and not out_dir.is_dir():
         raise InvalidValueError(f"--out {out_dir} exists and is not a directory")

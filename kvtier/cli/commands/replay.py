@@ -249,10 +249,11 @@ def replay(
     blocks verified and mismatched (must be 0; otherwise the exit status is 1).
 
     Each tier keeps its configured block count, so the hit ratios are the config's; the
-    blocks are 16KiB by default (not the config's size) so that a whole replay takes
-    minutes. --block-bytes 256KiB replays a real model's block size. Disk tiers live in
-    fresh directories under --out (emptied first), so every replay starts cold. The
-    per-tier hits equal those of `kvtier simulate --config` on the same config.
+    blocks are 16KiB by default (not the config's size) so that the whole shipped trace
+    replays in under a minute on a 2-core machine. --block-bytes 256KiB replays a real
+    model's block size. Disk tiers live in fresh directories under --out (emptied first),
+    so every replay starts cold. The per-tier hits equal those of `kvtier simulate
+    --config` on the same config.
 
     Writes report.json (every figure, per-interval series) and replay.png into --out.
     Says how much disk the disk tiers allocate first; --clean removes their files after

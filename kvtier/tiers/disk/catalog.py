@@ -32,9 +32,9 @@ from kvtier.tiers.disk.cold import ColdRecords
 from kvtier.tiers.disk.index import DAMAGE_ERRORS, BlockIndex, IndexHome
 from kvtier.tiers.disk.index_check import write_clean_stamp
 from kvtier.tiers.disk.layout import IndexRecord
-from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import RestoredBlock
+from kvtier.tiers.trusted import FileId
 
 Records = list[tuple[OffloadKey, IndexRecord]]
 
@@ -404,3 +404,25 @@ class Catalog:
         if clean:
             with contextlib.suppress(OSError):
                 write_clean_stamp(index.path, records)
+
+
+class RestoredBlocks:
+    """The blocks a disk store restored at open, compactly (`DiskStore.restore_cold`): what a
+    tier's bookkeeping holds them by instead of an object per block."""
+
+    __slots__ = ("_catalog",)
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    def slots(self) -> np.ndarray:
+        """The slots of the restored blocks still held, oldest first."""
+        return self._catalog.restored_slots()
+
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of restored block `key` while the store holds it, or None."""
+        return self._catalog.restored_slot(key)
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        """The key of the restored block in `slot`, or None (none, or still loading)."""
+        return self._catalog.restored_key(slot)

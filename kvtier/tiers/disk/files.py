@@ -16,15 +16,16 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvtier.errors import DirectIOError, DiskLockedError
-from kvtier.tiers.disk.codec import Stored
-from kvtier.tiers.disk.index_check import DATA_FILE
+from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
+from kvtier.tiers.codec import Stored
+from kvtier.tiers.disk.index_check import DATA_FILE, move_aside
 from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import (
     ALIGNMENT,
@@ -51,12 +52,8 @@ from kvtier.tiers.disk.layout import (
     unpack_file_header,
 )
 from kvtier.tiers.disk.ops import Op, StatOp, SyncOp, WriteOp, run_batch
-from kvtier.tiers.disk.safety import (
-    FILE_MODE,
-    FileId,
-    create_or_open,
-    preallocate,
-)
+from kvtier.tiers.disk.safety import preallocate
+from kvtier.tiers.trusted import FILE_MODE, FileId, create_or_open
 
 if TYPE_CHECKING:
     from kvtier.tiers.disk.catalog import Catalog
@@ -116,6 +113,57 @@ class GroundCheck:
         return None
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What is wrong with the file at `path` when something other than a regular file is
+    there ("is a directory, not a regular file"); None for a regular file or nothing (a
+    missing file is another problem). Never follows a symlink, never opens (a FIFO would
+    block)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return f"is {kind}, not a regular file"
+
+
+def odd_files(root: Path) -> list[tuple[Path, str]]:
+    """The slab files (`slab-*.bin`) and the in-flight log of the store in `root` that are
+    not regular files (a directory, a symlink, a FIFO, ...), each with what it is: an open
+    fails on them (or, to inspect, takes a slab file as missing)."""
+    paths = [*sorted(root.glob("slab-*.bin")), root / INFLIGHT_FILE]
+    found = []
+    for path in paths:
+        odd = not_a_regular_file(path)
+        if odd is not None:
+            found.append((path, odd))
+    return found
+
+
+def move_aside_odd_files(root: Path) -> list[str]:
+    """Rename the `odd_files` of the store in `root` out of the way (`<name>.damaged-<time>`,
+    kept for inspection), so that the store opens again with a fresh file in each place;
+    what was done, one line each (a slab file's blocks are lost). For `kvtier check
+    --repair` only: an ordinary open refuses such a store instead."""
+    done = []
+    for path, odd in odd_files(root):
+        aside = move_aside(path)
+        lost = "; the blocks of its slots are lost" if path.name.startswith("slab-") else ""
+        done.append(f"{path.name} {odd}: moved aside to {aside.name}{lost}")
+    return done
+
+
 class StoreFiles:
     """The open files of the store in `root`; empty until recovery opens them."""
 
@@ -124,7 +172,10 @@ class StoreFiles:
         self.io = io
         self.lock_fd: int | None = None
         self.slab_fds: list[int] = []
-        """One descriptor per slab file (-1: missing, when opened to inspect)."""
+        """One descriptor per slab file (-1: missing or not a file, when opened to inspect)."""
+        self.slab_problems: dict[int, str] = {}
+        """Why a slab file has no descriptor (-1): "is missing", "is a directory, not a
+        regular file", ..."""
         self.headers_fd: int | None = None
         self.inflight: InflightLog | None = None
         self.direct_io = False
@@ -186,6 +237,18 @@ class StoreFiles:
         sizes: list[int] = []
         for file in range(layout.num_files):
             path = str(self.root / slab_file_name(file))
+            odd = not_a_regular_file(Path(path))
+            if odd is not None and create:
+                raise DiskTierError(
+                    f"cannot open the disk tier at {self.root}: its slab file "
+                    f"{slab_file_name(file)} {odd}; `kvtier check --repair` moves it aside "
+                    "(the blocks of its slots are lost)"
+                )
+            if odd is not None:
+                self.slab_fds.append(-1)
+                self.slab_problems[file] = odd
+                sizes.append(0)
+                continue
             if create:
                 flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
                 fd = self.io.open(path, flags, FILE_MODE)
@@ -194,6 +257,7 @@ class StoreFiles:
                     fd = self.io.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
                 except FileNotFoundError:
                     self.slab_fds.append(-1)
+                    self.slab_problems[file] = "is missing"
                     sizes.append(0)
                     continue
             self.slab_fds.append(fd)

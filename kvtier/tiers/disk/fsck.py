@@ -12,6 +12,7 @@ have dropped (recovery.py keeps it as `problems`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,9 @@ class CheckReport:
     """Blocks whose lost index record was written again from their header (`repair=True`)."""
     notes: tuple[str, ...] = ()
     """What is worth knowing but not wrong with a block (stray files, a removed one)."""
+    opened: tuple[str, ...] = ()
+    """What the store's (normal) open repaired before the check ran, one line each: the
+    records it dropped and why, the headers of an interrupted write group it cleared."""
 
     @property
     def ok(self) -> bool:
@@ -130,6 +134,7 @@ class StoreChecker:
         *,
         open_problems: list[CheckProblem],
         inspect: bool,
+        interrupted: Sequence[int] = (),
     ) -> None:
         self.layout = layout
         self.files = files
@@ -139,6 +144,11 @@ class StoreChecker:
         self.open_problems = open_problems
         """What opening the store to inspect kept but a normal open would have dropped."""
         self.inspect = inspect
+        self.interrupted = set(interrupted)
+        """Slots of an interrupted write group that no record claims (`Recovery.interrupted`):
+        opened to inspect, their blocks are reported as such, never as lost records (a
+        repair's open clears their headers instead of indexing blocks never reported
+        stored); opened normally, their headers were cleared."""
         self._root = files.root
 
     def check(self, repair: bool = False) -> CheckReport:
@@ -160,7 +170,10 @@ class StoreChecker:
             scratch = self.verifier.scratch()
             sound = self._check_slots(by_slot, headers, problems, scratch)
             lost = self._lost_blocks(headers, sound, scratch)
+            lost = [(key, record) for key, record in lost if record.slot not in self.interrupted]
             bad = list(dict.fromkeys(problem.key for problem in problems))
+            if self.inspect:
+                problems += self._unfinished(headers)
             problems += [
                 CheckProblem(
                     key,
@@ -177,7 +190,33 @@ class StoreChecker:
                 repaired, reindexed = self._repair(index, bad, lost)
             if repair:
                 notes += self._remove_stray_slabs(strays)
-        return CheckReport(examined, tuple(problems), repaired, reindexed, tuple(notes))
+        opened: list[str] = []
+        if not self.inspect:
+            opened = [
+                f"{problem} (dropped when the store opened)" for problem in self.open_problems
+            ]
+            if self.interrupted:
+                opened.append(
+                    f"cleared the headers of {len(self.interrupted):,} slots an interrupted "
+                    "write group wrote (blocks never reported stored) when the store opened"
+                )
+        return CheckReport(
+            examined, tuple(problems), repaired, reindexed, tuple(notes), tuple(opened)
+        )
+
+    def _unfinished(self, headers: dict[int, BlockHeader | None]) -> list[CheckProblem]:
+        """The headers that an interrupted write group left in slots no record claims: what
+        a repair's open clears (`interrupted`), reported as such, not as lost records."""
+        return [
+            CheckProblem(
+                header.key,
+                slot,
+                "written by a write group that did not finish (never reported stored): a "
+                "repair clears its slot's header",
+            )
+            for slot in sorted(self.interrupted)
+            if (header := headers.get(slot)) is not None
+        ]
 
     def _records_by_slot(
         self, index: BlockIndex, problems: list[CheckProblem]

@@ -25,15 +25,8 @@ from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.index_check import DATA_FILE, move_aside
 from kvtier.tiers.disk.io import round_up
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout
-from kvtier.tiers.disk.safety import (
-    FILE_MODE,
-    FileId,
-    file_id,
-    make_dirs,
-    open_file,
-    preallocate,
-    refuse_symlink,
-)
+from kvtier.tiers.disk.safety import preallocate
+from kvtier.tiers.trusted import FILE_MODE, FileId, file_id, make_dirs, open_file, refuse_symlink
 
 _META_DB = b"meta"
 _BLOCKS_DB = b"blocks"

@@ -22,6 +22,7 @@ by a crash belongs to a group that wrote no slot yet.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,17 +61,23 @@ class InflightLog:
     def read(self) -> list[int]:
         """The slots last recorded; [] when the log is empty, torn or not a log."""
         size = os.fstat(self._fd).st_size
-        data = os.pread(self._fd, size, 0) if size else b""
-        if len(data) < _HEADER.size:
+        return _slots_in(os.pread(self._fd, size, 0) if size else b"")
+
+    @staticmethod
+    def peek(path: Path) -> list[int]:
+        """The slots recorded in the log at `path`, read without creating or changing it
+        (a store opened to inspect); [] when it is missing, empty, torn or not a log."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC | _O_NOFOLLOW)
+        except OSError:
             return []
-        magic, count = _HEADER.unpack_from(data)
-        end = _HEADER.size + 8 * count
-        if magic != _MAGIC or len(data) < end + _TRAILER.size:
-            return []
-        (checksum,) = _TRAILER.unpack_from(data, end)
-        if xxhash.xxh3_64_intdigest(data[:end]) != checksum:
-            return []
-        return [int(slot) for slot in np.frombuffer(data, "<u8", count, _HEADER.size)]
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return []
+            return _slots_in(os.pread(fd, info.st_size, 0) if info.st_size else b"")
+        finally:
+            os.close(fd)
 
     def record(self, slots: Sequence[int]) -> None:
         """Replace the log with `slots` (a short write resumed); raises OSError if it cannot be
@@ -91,3 +98,17 @@ class InflightLog:
     def close(self) -> None:
         """Close the file."""
         os.close(self._fd)
+
+
+def _slots_in(data: bytes) -> list[int]:
+    """The slots a log's bytes record; [] when empty, torn or not a log."""
+    if len(data) < _HEADER.size:
+        return []
+    magic, count = _HEADER.unpack_from(data)
+    end = _HEADER.size + 8 * count
+    if magic != _MAGIC or len(data) < end + _TRAILER.size:
+        return []
+    (checksum,) = _TRAILER.unpack_from(data, end)
+    if xxhash.xxh3_64_intdigest(data[:end]) != checksum:
+        return []
+    return [int(slot) for slot in np.frombuffer(data, "<u8", count, _HEADER.size)]

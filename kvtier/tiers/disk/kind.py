@@ -1,20 +1,18 @@
-"""The `[[tiers]]` table of a disk tier, its opener and its kind (`medium = "disk"`): a
-persistent tier of slots in files on a local disk, reached by host buffers (`DiskStore`).
+"""The `[[tiers]]` table of a disk tier and its kind (`medium = "disk"`): a persistent tier
+of slots in files on a local disk, reached by host buffers (`DiskStore`, whose module holds
+the opener: validating a config imports no storage library).
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from kvtier.config_fields import config_error, default_cache_dir, expand_path, true_false_or_auto
-from kvtier.namespaces import combined_model_id
 from kvtier.specs.base import Medium
-from kvtier.tiers.disk.store import DiskStore
-from kvtier.tiers.registry import BaseTierConfig, TierAccess, TierContext, TierKind
+from kvtier.tiers.registry import BaseTierConfig, TierAccess, TierKind
 
 
 class DiskTierConfig(BaseTierConfig):
@@ -50,25 +48,13 @@ class DiskTierConfig(BaseTierConfig):
         return true_false_or_auto(value)
 
 
-async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> DiskStore:
-    """A disk store, opened off the event loop (it may scan its index and preallocate files);
-    `context.options` are `DiskStore`'s own (`max_workers`, `io`, ...)."""
-    # A tenant narrows the namespace of the store's blocks (and so its directory), as it does
-    # for the shared tiers; without one the store is the model's, as before.
-    model_id = (
-        combined_model_id(context.model_id, context.tenant) if context.tenant else context.model_id
-    )
-    return await asyncio.to_thread(
-        DiskStore.from_config, config, context.block_size, model_id, **context.options
-    )
-
-
 KIND = TierKind(
     Medium.DISK,
     DiskTierConfig,
     volatile=False,
     access=TierAccess.HOST_BUFFERS,
-    opener="kvtier.tiers.disk.kind:open_disk_tier",
+    opener="kvtier.tiers.disk.store:open_disk_tier",
+    options_keyword="disk_options",
 )
 """A local disk: persistent, slots read and written through host buffers, kvtier's
 bookkeeping deciding what it holds."""

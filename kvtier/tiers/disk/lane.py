@@ -47,18 +47,18 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
-from typing import Any
 
 import lmdb
 import numpy as np
 
 from kvtier.errors import DiskTierError, StorageClosedError
 from kvtier.keys import OffloadKey
+from kvtier.tiers.codec import BlockCodec, Codec, Stored
 from kvtier.tiers.disk.catalog import Catalog, Records
-from kvtier.tiers.disk.codec import BlockCodec, Codec, Stored
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.index import BlockIndex
+from kvtier.tiers.disk.jobs import ForgetJob, Job, Results, Settlement, WriteJob, settle
 from kvtier.tiers.disk.layout import (
     EMPTY_ENTRY,
     ENTRY_BYTES,
@@ -68,9 +68,9 @@ from kvtier.tiers.disk.layout import (
     StoreLayout,
 )
 from kvtier.tiers.disk.ops import Op, SyncOp, WriteOp, run_batch
-from kvtier.tiers.disk.safety import FileId
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer
+from kvtier.tiers.trusted import FileId
 
 READS_FIRST_WAIT_S = 0.01
 """Longest a write group waits, before it starts, for the reads in flight to finish: on one
@@ -89,42 +89,6 @@ entries, index records: `_Plan`) in a helper thread while its data is written (t
 the GIL, the data batch does not); a smaller one after its writes."""
 
 _log = logging.getLogger("kvtier.disk")
-Results = list[OSError | None]
-
-
-@dataclass(eq=False, slots=True)
-class WriteJob:
-    """One `write` call (validated); its future (None for `write_now`) gets one result per
-    block."""
-
-    keys: list[OffloadKey]
-    slots: list[int]
-    buffers: list[HostBuffer]
-    future: asyncio.Future[Results] | None
-
-
-@dataclass(eq=False, slots=True)
-class ForgetJob:
-    """One `forget` call (validated, keys distinct)."""
-
-    keys: list[OffloadKey]
-    future: asyncio.Future[None]
-
-
-Job = WriteJob | ForgetJob
-_Settlement = tuple["asyncio.Future[Any]", Any, BaseException | None]
-
-
-def _settle(settlements: list[_Settlement]) -> None:
-    """Resolve the futures of a group (on their event loop); a caller that was cancelled
-    meanwhile has a done future, which is left alone."""
-    for future, result, error in settlements:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
 
 
 def split_runs(runs: list[Run], lengths: list[int], ways: int) -> list[list[Run]]:
@@ -302,7 +266,7 @@ class WriteLane:
         every job of the group with it."""
         writes = [job for job in jobs if isinstance(job, WriteJob)]
         forgets = [job for job in jobs if isinstance(job, ForgetJob)]
-        settlements: list[_Settlement] = []
+        settlements: list[Settlement] = []
         try:
             results, forget_error = self._commit_group(writes, forgets)
         except Exception as error:
@@ -315,12 +279,12 @@ class WriteLane:
                     settlements.append((write.future, results[start:end], None))
                 start = end
             settlements += [(forget.future, None, forget_error) for forget in forgets]
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Settlement]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
         for settlement in settlements:
             by_loop.setdefault(settlement[0].get_loop(), []).append(settlement)
         for loop, some in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_settle, some)
+                loop.call_soon_threadsafe(settle, some)
 
     # -- one group ----------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ import xxhash
 
 from kvtier.errors import DiskLayoutError, InvalidValueError
 from kvtier.keys import MAX_KEY_BYTES, MIN_KEY_BYTES, OffloadKey
-from kvtier.tiers.disk.codec import Codec
+from kvtier.tiers.codec import Codec
 from kvtier.tiers.disk.io import IOV_MAX
 
 LAYOUT_VERSION = 2

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import OffloadKey
+from kvtier.tiers.codec import BlockCodec, Codec, CodecError
 from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec, Codec, CodecError
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import ALIGNMENT, is_aligned, round_up, staging_buffer
@@ -30,6 +30,22 @@ from kvtier.tiers.storage import HostBuffer, ReadFailure
 
 Scratch = np.ndarray[Any, np.dtype[np.uint8]]
 """Two block-sized rows: the stored bytes of a block, and the block they decode to."""
+
+READ_SPLIT_BYTES = 8 << 20
+"""A read of at least twice this many bytes is split over the read threads (`read_parts`)."""
+
+
+def read_parts(slots: list[int], block_size: int, max_workers: int) -> list[list[int]]:
+    """The positions of a batch of `slots`, cut into parts of consecutive slots to read in
+    parallel: at most one part per read thread, each at least READ_SPLIT_BYTES (a small batch
+    is one part). Several reads in flight keep the disk busier than one, and one part's
+    checksums run while another part waits for the disk."""
+    ways = min(max_workers, len(slots) * block_size // READ_SPLIT_BYTES)
+    if ways <= 1:
+        return [list(range(len(slots)))]
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    size = -(-len(order) // ways)
+    return [order[start : start + size] for start in range(0, len(order), size)]
 
 
 class BlockVerifier:
@@ -54,7 +70,8 @@ class BlockVerifier:
             return impossible
         file, offset = self.layout.locate(record.slot)
         if self.files.slab_fds[file] < 0:
-            return f"its slab file {slab_file_name(file)} is missing"
+            why = self.files.slab_problems.get(file, "is missing")
+            return f"its slab file {slab_file_name(file)} {why}"
         try:
             size = self.files.slab_size(file)
         except OSError as error:

@@ -34,8 +34,8 @@ import numpy as np
 
 from kvtier.errors import DiskLayoutError, DiskTierError, KvtierError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec
 from kvtier.tiers.disk.cold import RECORD_DTYPE, ColdRecords, settle
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.fsck import CheckProblem
@@ -51,11 +51,13 @@ from kvtier.tiers.disk.index_check import (
     take_clean_stamp,
     take_records_snapshot,
 )
+from kvtier.tiers.disk.inflight import InflightLog
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.layout import (
     EMPTY_ENTRY,
     HEADERS_FILE,
     INDEX_DIR,
+    INFLIGHT_FILE,
     BlockHeader,
     IndexRecord,
     StoreLayout,
@@ -69,11 +71,9 @@ from kvtier.tiers.disk.safety import (
     check_free_space,
     check_parent_dir,
     check_store_dir,
-    create_or_open,
-    make_dirs,
-    refuse_symlink,
 )
 from kvtier.tiers.disk.stats import StoreCounters
+from kvtier.tiers.trusted import create_or_open, make_dirs, refuse_symlink
 
 PROBED_RECORDS = "records.probed"
 """Where the probe of an index not closed cleanly writes its records (read, then removed)."""
@@ -132,6 +132,10 @@ class Recovery:
         """Why the index was rebuilt from the slot headers (missing, damaged, ...), or None
         when it was opened as it was."""
         self.problems: list[CheckProblem] = []
+        self.interrupted: list[int] = []
+        """Slots of an interrupted write group (the in-flight log) that no kept record claims:
+        blocks never reported stored. A normal open clears their headers; to inspect, they
+        are only listed, for the check to report them as such (not as lost records)."""
         self._snapshot: tuple[bytes, int] | None = None  # the records of a clean close
         self._probed_keys: ProbedKeys | None = None  # the keys of the probe's walk
         """To inspect: what a normal open would have dropped."""
@@ -218,6 +222,9 @@ class Recovery:
         self.layout = self._checked_layout(index)
         sizes = self.files.open_slabs(self.layout, create=False)
         self._settle(catalog, self._load(index), sizes)
+        claimed = catalog.claimed_slots()
+        suspects = InflightLog.peek(self.root / INFLIGHT_FILE)
+        self.interrupted = sorted({slot for slot in suspects if slot not in claimed})
         self.sound = True
         return catalog
 
@@ -400,7 +407,10 @@ class Recovery:
         others, durably, before any file shrinks; then size the files. To inspect, the
         dropped ones are kept as `problems` and nothing is changed."""
         inflight = self.files.inflight
-        suspects = set(inflight.read()) if inflight is not None else set()
+        if inflight is not None:
+            suspects = set(inflight.read())
+        else:  # opened to inspect: the log is read, never created
+            suspects = set(InflightLog.peek(self.root / INFLIGHT_FILE)) if self.inspect else set()
         kept = self._judge(records, sizes, suspects)
         dropped = [key for key in records if key not in kept]
         next_seq = max((record.seq for record in records.values()), default=0) + 1
@@ -495,12 +505,22 @@ class Recovery:
         unowned = sorted(slot for slot in suspects if slot not in owned)
         if not unowned or self.files.headers_fd is None:
             return
+        self.interrupted = [slot for slot in unowned if self._has_header(slot)]
         with contextlib.suppress(OSError):
             chosen: dict[int, tuple[int | None, bytes | memoryview]] = {
                 slot: (None, EMPTY_ENTRY) for slot in unowned if slot < self.layout.num_blocks
             }
             if not self.files.write_entries(chosen):
                 self.files.sync_headers()
+
+    def _has_header(self, slot: int) -> bool:
+        """Whether the header entry of `slot` holds a readable header."""
+        if slot >= self.layout.num_blocks:
+            return False
+        with contextlib.suppress(OSError):
+            entries = self.layout.unpack_entries(self.files.read_entries(slot, 1), slot)
+            return bool(entries) and entries[0] is not None
+        return False
 
     def _judge(self, records: Records, sizes: list[int], suspects: set[int]) -> Records:
         """The records to keep, newest first; why each other one is dropped goes to
@@ -529,7 +549,8 @@ class Recovery:
             return f"slot beyond the store's {layout.num_blocks} slots"
         file, offset = layout.locate(record.slot)
         if self.files.slab_fds and self.files.slab_fds[file] < 0:
-            return f"its slab file {slab_file_name(file)} is missing"
+            why = self.files.slab_problems.get(file, "is missing")
+            return f"its slab file {slab_file_name(file)} {why}"
         if sizes[file] < offset + max(record.length, 1):
             return f"its slab file ends at byte {sizes[file]}, before the block"
         if record.slot in by_slot:

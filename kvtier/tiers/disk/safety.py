@@ -1,15 +1,12 @@
-"""The file-system rules of a disk store: whose directories it trusts, how it opens files,
-how much space it needs, and how a failed open leaves the file system as it found it.
+"""The file-system rules of a disk store beyond the trust rules every tier with files shares
+(`kvtier.tiers.trusted`: trusted directories, no symlink followed, `FileId`): how much space
+it needs, and how a failed open leaves the file system as it found it.
 
 - **Trusted directories.** A store lives in `<directory>/kvtier-<fingerprint>/`. The store
-  directory must be a real directory (not a symlink) owned by this user and writable by
-  nobody else; its parent must be owned by this user or root and writable by nobody else
-  unless it has the sticky bit (like /tmp, where others cannot replace our entries). Run as
-  root on a directory others can write, kvtier would otherwise follow symlinks they planted
-  and serve a store they built.
-- **No symlinks followed.** Every file is opened with O_NOFOLLOW | O_CLOEXEC; a directory
-  kvtier creates is created 0700 (intermediate ones too), and kvtier never chmods a file or
-  directory it did not create.
+  directory must be trusted (`directory_problem`: a real directory owned by this user and
+  writable by nobody else); its parent must be owned by this user or root and writable by
+  nobody else unless it has the sticky bit (like /tmp, where others cannot replace our
+  entries).
 - **Space.** Before a store allocates anything, the bytes it still needs (slab files, header
   file, index reserve, less what they already hold) are checked against the free space of the
   file system: a shortfall is one error naming the tier, the size needed and the size free.
@@ -19,9 +16,9 @@ how much space it needs, and how a failed open leaves the file system as it foun
 - **The ground it stands on.** An open store holds its files open; if they are removed (the
   directory `rm -rf`ed, a file unlinked) or replaced (a new lock file, so another process
   could open the same directory), the writes it still makes land in files nobody will ever
-  read. `FileId` is what identifies a file (`file_id`); `StoreFiles.ground_check` (files.py)
-  tells, with a few `stat` calls, whether a held file is still the one at its path, so the
-  store can stop reporting such writes as stored.
+  read. `StoreFiles.ground_check` (files.py) tells, with a few `stat` calls, whether a held
+  file is still the one at its path (`FileId`), so the store can stop reporting such writes
+  as stored.
 """
 
 from __future__ import annotations
@@ -30,15 +27,11 @@ import contextlib
 import errno
 import os
 import shutil
-import stat
 from pathlib import Path
 
 from kvtier.errors import DiskTierError
+from kvtier.tiers.trusted import directory_problem
 
-O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
-O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """Errors meaning the file system, the user's quota or the file size limit cannot hold the
 bytes asked for."""
@@ -56,119 +49,34 @@ def format_bytes(count: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def open_file(path: Path, flags: int, mode: int = FILE_MODE) -> int:
-    """`os.open` with O_NOFOLLOW | O_CLOEXEC; a symlink at `path` is a DiskTierError."""
-    try:
-        return os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise DiskTierError(f"{path} is a symlink; refusing to follow it") from None
-        raise
-
-
-def create_or_open(path: Path) -> int:
-    """Open `path` read-write, creating it with exactly FILE_MODE if missing (a file kvtier
-    did not create keeps its mode); a symlink is refused."""
-    try:
-        fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        return open_file(path, os.O_RDWR)
-    try:
-        os.fchmod(fd, FILE_MODE)  # a umask may have narrowed it
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def refuse_symlink(path: Path) -> None:
-    """DiskTierError if `path` is a symlink (for files a library opens, e.g. LMDB's)."""
-    if path.is_symlink():
-        raise DiskTierError(f"{path} is a symlink; refusing to follow it")
-
-
-FileId = tuple[int, int]
-"""A file's identity: (st_dev, st_ino)."""
-
-
-def file_id(path: str | os.PathLike[str]) -> FileId:
-    """The identity of the file at `path` (not following a symlink); raises OSError."""
-    info = os.stat(path, follow_symlinks=False)
-    return info.st_dev, info.st_ino
-
-
-def _owner_problem(path: Path, info: os.stat_result, *, allow_root: bool) -> str | None:
-    owners = {os.geteuid(), 0} if allow_root else {os.geteuid()}
-    if info.st_uid not in owners:
-        return f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
-    return None
-
-
-def make_dirs(path: Path, *, create_parents: bool) -> list[Path]:
-    """Create `path` (and, with `create_parents`, its missing ancestors), each 0700; the
-    directories created, outermost first. Without `create_parents` a missing parent is a
-    DiskTierError (a mistyped path should not silently grow a directory tree)."""
-    missing: list[Path] = []
-    current = path
-    while not current.exists() and not current.is_symlink():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    if len(missing) > 1 and not create_parents:
-        raise DiskTierError(
-            f"cannot create {path}: its parent directory {path.parent} does not exist (is the "
-            "path mistyped? create the parent first)"
-        )
-    created: list[Path] = []
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, DIR_MODE)
-        except FileExistsError:
-            continue
-        os.chmod(directory, DIR_MODE)  # ours: a umask may have narrowed it
-        created.append(directory)
-    return created
-
-
 def check_store_dir(path: Path) -> None:
-    """DiskTierError unless `path` is a real directory owned by this user and writable by
-    nobody else."""
+    """DiskTierError unless `path` is a trusted directory (`directory_problem`): a real
+    directory owned by this user and writable by nobody else."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         raise DiskTierError(f"{path} does not exist") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise DiskTierError(f"{path} is a symlink; refusing to follow it")
-    if not stat.S_ISDIR(info.st_mode):
-        raise DiskTierError(f"{path} is not a directory")
-    problem = _owner_problem(path, info, allow_root=False)
+    problem = directory_problem(info)
     if problem is not None:
-        raise DiskTierError(f"the store directory {path} {problem}; choose a directory you own")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise DiskTierError(
-            f"the store directory {path} is writable by others (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); `chmod go-w {path}`, or choose another directory"
+            f"the store directory {path} {problem}; choose a directory you own, or "
+            f"`chmod go-w {path}`"
         )
 
 
 def check_parent_dir(path: Path) -> None:
     """DiskTierError unless the directory `path` (a store's parent, the configured tier
-    directory) is owned by this user or root and writable by nobody else, or sticky."""
+    directory, a symlink followed) is owned by this user or root and writable by nobody else,
+    or sticky."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
         raise DiskTierError(f"{path} does not exist") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise DiskTierError(f"the disk tier path {path} is not a directory")
-    problem = _owner_problem(path, info, allow_root=True)
+    problem = directory_problem(info, root_ok=True, sticky_ok=True)
     if problem is not None:
-        raise DiskTierError(f"the disk tier path {path} {problem}; choose a directory you own")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
         raise DiskTierError(
-            f"the disk tier path {path} is writable by others (mode "
-            f"{stat.S_IMODE(info.st_mode):o}) without the sticky bit: another user could plant "
-            f"files there; `chmod go-w {path}`, or choose another directory"
+            f"the disk tier path {path} {problem}: another user could plant files there; "
+            f"choose a directory you own, or `chmod go-w {path}`"
         )
 
 

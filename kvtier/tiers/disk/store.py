@@ -10,11 +10,12 @@ hands every call to one of its parts, each a module with one job and its own tes
                  slot headers, the in-flight log (inflight.py), records settled (`Recovery`)
     catalog.py   what the store holds: records in memory over the LMDB index (index.py)
     files.py     the open files and the bytes moved through them (`StoreFiles`)
-    lane.py      the write lane: every write and forget merged into group commits
+    lane.py      the write lane: every write and forget (jobs.py) merged into group commits
     reader.py    the read path: runs read and every block verified (`BlockReader`)
     fsck.py      `check`: every record against its slot, lost records, stray files
     guard.py     failing closed: a store whose files were taken disables itself
     io.py        the system calls (`FileIO`, `FaultyIO`) and the short-I/O resume loops
+    neighbours.py  the other stores in its directory (a changed block size), said at open
 
 Reads never wait behind writes: they run in their own thread pool, and the write lane is one
 thread (with helpers) that always makes progress. Every read verifies its blocks' checksums,
@@ -34,27 +35,27 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
-
-import numpy as np
+from typing import Any, Literal, TypeVar
 
 from kvtier.errors import DiskTierError, InvalidValueError, StorageClosedError
 from kvtier.keys import OffloadKey
+from kvtier.namespaces import combined_model_id
+from kvtier.tiers.codec import BlockCodec, Compression, Stored
 from kvtier.tiers.disk.batch import check_batch, check_keys, check_slot
-from kvtier.tiers.disk.catalog import Catalog
-from kvtier.tiers.disk.codec import BlockCodec, Compression, Stored
+from kvtier.tiers.disk.catalog import RestoredBlocks
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport, StoreChecker
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import FileIO
-from kvtier.tiers.disk.lane import ForgetJob, WriteJob, WriteLane
+from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
+from kvtier.tiers.disk.kind import DiskTierConfig
+from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
-from kvtier.tiers.disk.reader import BlockReader, BlockVerifier
+from kvtier.tiers.disk.neighbours import say_other_stores
+from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
+from kvtier.tiers.registry import TierContext
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
-
-if TYPE_CHECKING:
-    from kvtier.tiers.disk.kind import DiskTierConfig
 
 __all__ = [
     "DEFAULT_SLAB_FILE_BYTES",
@@ -63,6 +64,7 @@ __all__ = [
     "DirectIO",
     "DiskStore",
     "DiskStoreStats",
+    "open_disk_tier",
 ]
 
 DirectIO = bool | Literal["auto"]
@@ -71,34 +73,9 @@ DirectIO = bool | Literal["auto"]
 DEFAULT_SLAB_FILE_BYTES = 1 << 30
 """Largest slab file a new store creates (rounded down to whole slots, at least one slot)."""
 
-READ_SPLIT_BYTES = 8 << 20
-"""A read of at least twice this many bytes is split over the read threads (`_read_parts`)."""
-
 _T = TypeVar("_T")
 
 _LOG = logging.getLogger(__name__)
-
-
-class RestoredBlocks:
-    """The blocks a disk store restored at open, compactly (`DiskStore.restore_cold`): what a
-    tier's bookkeeping holds them by instead of an object per block."""
-
-    __slots__ = ("_catalog",)
-
-    def __init__(self, catalog: Catalog) -> None:
-        self._catalog = catalog
-
-    def slots(self) -> np.ndarray:
-        """The slots of the restored blocks still held, oldest first."""
-        return self._catalog.restored_slots()
-
-    def slot_of(self, key: OffloadKey) -> int | None:
-        """The slot of restored block `key` while the store holds it, or None."""
-        return self._catalog.restored_slot(key)
-
-    def key_of(self, slot: int) -> OffloadKey | None:
-        """The key of the restored block in `slot`, or None (none, or still loading)."""
-        return self._catalog.restored_key(slot)
 
 
 class DiskStore(BlockStorage):
@@ -169,6 +146,9 @@ class DiskStore(BlockStorage):
         self.directory = Path(directory)
         self.path = layout.store_dir(self.directory)
         """The store's own directory."""
+        self.other_stores = [] if inspect else say_other_stores(self.directory, layout)
+        """The stores beside this one in `directory` (another block size or model id: what a
+        changed config leaves behind), each said in the log at open (neighbours.py)."""
         self._max_workers = max_workers
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
@@ -205,6 +185,7 @@ class DiskStore(BlockStorage):
             guard,
             open_problems=recovery.problems,
             inspect=self.inspect,
+            interrupted=recovery.interrupted,
         )
         self._reader = BlockReader(layout, files, catalog, codec, counters, guard)
         self._lane = WriteLane(
@@ -307,6 +288,17 @@ class DiskStore(BlockStorage):
     def compression(self) -> Compression:
         """The codec new blocks are written with ("none" or "zstd")."""
         return self._codec.compression
+
+    def describe(self) -> str:
+        """Where the bytes live: "files in DIR (O_DIRECT|buffered[, codec][, N other stores
+        beside it])": stores of another block size or model in the same directory, not read
+        by this tier, their space still taken (`other_stores`)."""
+        mode = "O_DIRECT" if self.direct_io_active else "buffered"
+        codec = "" if self.compression == "none" else f", {self.compression}"
+        others = len(self.other_stores)
+        if others:
+            codec += f", {others} other store{'s' if others > 1 else ''} beside it"
+        return f"files in {self.path} ({mode}{codec})"
 
     @property
     def stats(self) -> DiskStoreStats:
@@ -457,7 +449,7 @@ class DiskStore(BlockStorage):
             return []
         if self._guard.reason is not None:
             return self._reader.refuse(len(key_list))
-        parts = self._read_parts(slot_list)
+        parts = read_parts(slot_list, self.block_size, self._max_workers)
         if len(parts) == 1:
             return await self._run(
                 functools.partial(self._reader.read, key_list, slot_list, buffer_list)
@@ -481,18 +473,6 @@ class DiskStore(BlockStorage):
                 results[member] = result
         return results
 
-    def _read_parts(self, slots: list[int]) -> list[list[int]]:
-        """The batch positions, cut into parts of consecutive slots to read in parallel: one
-        part per read thread, each at least READ_SPLIT_BYTES (a small batch is one part).
-        Several reads in flight keep the disk busier than one, and one part's checksums run
-        while another part waits for the disk."""
-        ways = min(self._max_workers, len(slots) * self.block_size // READ_SPLIT_BYTES)
-        if ways <= 1:
-            return [list(range(len(slots)))]
-        order = sorted(range(len(slots)), key=slots.__getitem__)
-        size = -(-len(order) // ways)
-        return [order[start : start + size] for start in range(0, len(order), size)]
-
     def check(self, repair: bool = False) -> CheckReport:
         """Verify the store (fsck.py): every index record against its slot's header and
         bytes, every header against the index (a sound block with no record is a lost
@@ -507,3 +487,16 @@ class DiskStore(BlockStorage):
     async def acheck(self, repair: bool = False) -> CheckReport:
         """`check()` in the store's read threads."""
         return await self._run(functools.partial(self.check, repair))
+
+
+async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> DiskStore:
+    """The disk kind's opener: a store opened off the event loop (it may scan its index and
+    preallocate files); `context.options` are `DiskStore`'s own (`max_workers`, `io`, ...).
+    A tenant narrows the namespace of the store's blocks (and so its directory), as it does
+    for the shared tiers; without one the store is the model's."""
+    model_id = (
+        combined_model_id(context.model_id, context.tenant) if context.tenant else context.model_id
+    )
+    return await asyncio.to_thread(
+        DiskStore.from_config, config, context.block_size, model_id, **context.options
+    )

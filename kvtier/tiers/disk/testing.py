@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.disk.io import pwritev_all
 from kvtier.tiers.disk.layout import IndexRecord, entry_offset
 from kvtier.tiers.disk.store import DiskStore

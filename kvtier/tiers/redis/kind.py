@@ -22,7 +22,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from kvtier.config_fields import config_error, expand_path
 from kvtier.tiers.registry import TierAccess, TierKind
-from kvtier.tiers.shared.config import ENV_NAME, SharedTierConfig
+from kvtier.tiers.shared.auth import shown_env_name
+from kvtier.tiers.shared.config import SharedTierConfig, check_env_name
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 
@@ -115,12 +116,7 @@ class RedisTierConfig(SharedTierConfig):
     @field_validator("password_env")
     @classmethod
     def _check_env(cls, value: str | None) -> str | None:
-        if value is not None and ENV_NAME.fullmatch(value) is None:
-            raise config_error(
-                "password_env",
-                "the NAME of an environment variable holding the password, not the password",
-            )
-        return value
+        return check_env_name("password_env", value, "the password")
 
     @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file", mode="before")
     @classmethod
@@ -156,7 +152,8 @@ class RedisTierConfig(SharedTierConfig):
         value = os.environ.get(self.password_env)
         if value is None:
             raise ValueError(
-                f"tier {self.name!r}: password_env names ${self.password_env}, which is not set"
+                f"tier {self.name!r}: password_env names {shown_env_name(self.password_env)}, "
+                "which is not set"
             )
         return value
 

@@ -40,7 +40,7 @@ from kvtier.config_fields import hide_userinfo
 from kvtier.errors import InvalidValueError, TierConnectionError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import namespace_fingerprint
-from kvtier.tiers.disk.codec import BlockCodec
+from kvtier.tiers.codec import BlockCodec
 from kvtier.tiers.keyed import KeyedStorage, ProbeCache
 from kvtier.tiers.redis.kind import RedisTierConfig
 from kvtier.tiers.registry import TierContext
@@ -50,6 +50,7 @@ from kvtier.tiers.shared.value import (
     ValueProblem,
     check_block_buffers,
     record_problem,
+    reported_problems,
 )
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
@@ -417,6 +418,14 @@ class RedisStorage(KeyedStorage):
         self._cache.note(key, False)
         if problem is not ValueProblem.MISSING:
             self._take_absent(key)
+
+    def value_problems(self) -> dict[str, int]:
+        """Values read and not served, by `ValueProblem` (see `BlockStorage`)."""
+        return reported_problems(self.stats.problems)
+
+    def unencrypted_served(self) -> int:
+        """MAC-only values served by this `encrypt = true` tier (see `BlockStorage`)."""
+        return self.values.unencrypted_served
 
     async def forget(self, keys: Sequence[OffloadKey]) -> None:
         """Keys whose values a read found bad. Never deleted from Redis: other nodes and

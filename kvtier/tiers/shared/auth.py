@@ -7,8 +7,8 @@ value carries a keyed MAC that only nodes holding the tier's key can make
 
 - A **key** is at least 32 random bytes kept in a file (hex; `kvtier keys new PATH` writes
   one) or in an environment variable (hex). The config names the file or the variable, never
-  the key; a key file must be a regular file, not a symlink, readable by its owner only. No
-  repr, log line or error message shows key bytes.
+  the key; a key file must be a regular file, not a symlink, owned by this user or root,
+  readable by its owner only. No repr, log line or error message shows key bytes.
 - A **key id** (8 bytes, derived from the key with HKDF, not the key) is written in every
   value, so a reader picks the key a value was made with: the current one, or the previous
   one during a rotation (`auth_previous_key_*`: read, never written).
@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import stat
 from collections.abc import Sequence
@@ -109,8 +110,10 @@ def parse_key(text: bytes, source: str) -> ValueKey:
 
 
 def load_key_file(path: Path) -> ValueKey:
-    """The key in `path`: a regular file (not a symlink), readable by its owner only.
-    ConfigError naming the file and the fix otherwise."""
+    """The key in `path`: a regular file (not a symlink), owned by the user running this
+    node or by root (any other owner could replace the key, or read it, at will), and
+    neither readable nor writable by its group or others. ConfigError naming the file, the
+    rule it breaks and the fix otherwise (never the key)."""
     source = f"key file {path}"
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
     try:
@@ -129,6 +132,14 @@ def load_key_file(path: Path) -> ValueKey:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError([f"{source} is not a regular file"])
+        user = os.geteuid()
+        if info.st_uid not in (user, 0):
+            raise ConfigError(
+                [
+                    f"{source} is owned by uid {info.st_uid}, neither this user (uid {user}) "
+                    f"nor root: its owner could swap the key; chown {user} {path}"
+                ]
+            )
         if info.st_mode & 0o077:
             raise ConfigError(
                 [
@@ -146,13 +157,25 @@ def load_key_file(path: Path) -> ValueKey:
     return parse_key(text, source)
 
 
+_CONVENTIONAL_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def shown_env_name(name: str) -> str:
+    """How a message names the variable `name` that a `*_env` field gives: `$NAME` when it is
+    an UPPER_CASE name as variables are named, else not shown at all, for a value such as
+    "hunter2" is likelier the secret itself pasted into the wrong field than a name."""
+    if _CONVENTIONAL_ENV_NAME.fullmatch(name) is not None:
+        return f"${name}"
+    return "the variable it names (not printed: not an UPPER_CASE name, perhaps the secret)"
+
+
 def load_key_env(name: str) -> ValueKey:
     """The key in the environment variable `name` (hex); ConfigError naming the variable
-    when it is unset or not a key."""
-    source = f"${name}"
+    (`shown_env_name`) when it is unset or not a key."""
+    source = shown_env_name(name)
     value = os.environ.get(name)
     if value is None:
-        raise ConfigError([f"{source} (auth_key_env) is not set"])
+        raise ConfigError([f"auth_key_env: {source} is not set"])
     return parse_key(value.encode("utf-8", "replace"), source)
 
 
@@ -211,6 +234,8 @@ class ValueAuth:
     current: NamespaceKey
     accepted: dict[bytes, NamespaceKey] = field(default_factory=dict)
     encrypt: bool = False
+    require_encrypted: bool = False
+    """With `encrypt`: a key holder's MAC-only value is refused (a miss), not served."""
 
     @classmethod
     def for_namespace(
@@ -220,6 +245,7 @@ class ValueAuth:
         previous: Sequence[ValueKey] = (),
         *,
         encrypt: bool = False,
+        require_encrypted: bool = False,
     ) -> ValueAuth:
         """The derived keys of `namespace` (which names model, block size and tenant)."""
         keys = [current, *previous]
@@ -232,7 +258,7 @@ class ValueAuth:
         accepted: dict[bytes, NamespaceKey] = {}
         for key in reversed(derived):  # the current key wins a (1 in 2**64) id collision
             accepted[key.key_id] = key
-        return cls(derived[0], accepted, encrypt)
+        return cls(derived[0], accepted, encrypt, require_encrypted)
 
     def key_ids(self) -> list[str]:
         """The accepted key ids, hex, current first (for messages)."""
@@ -247,6 +273,7 @@ class _AuthConfig(Protocol):
     name: str
     authenticate: bool
     encrypt: bool
+    require_encrypted: bool
     auth_key_file: Path | None
     auth_key_env: str | None
     auth_previous_key_file: Path | None
@@ -289,7 +316,11 @@ def auth_from_config(config: _AuthConfig, namespace: str) -> ValueAuth | None:
     if config.encrypt:
         require_encryption()
     return ValueAuth.for_namespace(
-        namespace, current, [] if previous is None else [previous], encrypt=config.encrypt
+        namespace,
+        current,
+        [] if previous is None else [previous],
+        encrypt=config.encrypt,
+        require_encrypted=config.require_encrypted,
     )
 
 

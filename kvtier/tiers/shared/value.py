@@ -33,8 +33,11 @@ that made it, then the stored bytes.
 
 A reader accepts what its configuration can verify: a node with keys only authenticated
 values of its keys (an unkeyed value is forged: an attacker needs no key to make one), a node
-without keys only unkeyed values. A value that is torn or truncated is DAMAGED; one written
-under another key, for another namespace, or in another format (version 1) is FOREIGN.
+without keys only unkeyed values. A node with `encrypt = true` also accepts a key holder's
+MAC-only value (written with `encrypt = false`), counting it (`unencrypted_served`), or with
+`require_encrypted = true` refuses it as UNENCRYPTED. A value that is torn or truncated is
+DAMAGED; one written under another key, for another namespace, or in another format
+(version 1) is FOREIGN.
 Nothing in a value is trusted before its tag matches, and no length in it is used to
 allocate: the block size bounds everything.
 """
@@ -56,7 +59,7 @@ import xxhash
 
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.codec import BlockCodec, CodecError
+from kvtier.tiers.codec import BlockCodec, CodecError
 from kvtier.tiers.shared.auth import NamespaceKey, ValueAuth, require_encryption
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
@@ -95,6 +98,10 @@ class ValueProblem(enum.StrEnum):
     a newer key); served never."""
     OVERSIZED = "oversized"
     """Longer than any value of a block: not read past one block's frame, never served."""
+    UNENCRYPTED = "unencrypted"
+    """Made with a key this node holds but not encrypted (a key holder with `encrypt =
+    false`), read where `require_encrypted = true`: verified, not served. Without that
+    option such a value is served and counted (`ValueCodec.unencrypted_served`)."""
 
 
 log = logging.getLogger("kvtier.tiers.shared")
@@ -113,6 +120,10 @@ _WHY = {
     ValueProblem.FOREIGN: "foreign (another key's or namespace's, or not a kvtier value)",
     ValueProblem.DAMAGED: "damaged (torn, truncated or not decodable)",
     ValueProblem.OVERSIZED: "oversized (longer than a block's value; not downloaded)",
+    ValueProblem.UNENCRYPTED: (
+        "unencrypted (made by a key holder with encrypt = false) where require_encrypted = "
+        "true; not served, not deleted"
+    ),
     ValueProblem.FORGED: (
         "forged: not made with a key this tier holds (written by whoever can write the "
         "store, or by a node with another key or authenticate = false); not served, not "
@@ -160,6 +171,16 @@ def record_problem(
     problems[problem] = problems.get(problem, 0) + 1
     if problem is not ValueProblem.MISSING:
         problem_log.note(where, problem, key)
+
+
+def reported_problems(problems: dict[str, int]) -> dict[str, int]:
+    """A copy of a shared tier's problem counters (`record_problem`) without the missing
+    values (absent keys, not problems): what its `value_problems()` exports."""
+    return {
+        str(reason): count
+        for reason, count in dict(problems).items()
+        if reason != ValueProblem.MISSING
+    }
 
 
 def namespace_digest(namespace: str) -> bytes:
@@ -233,6 +254,11 @@ class ValueCodec:
         self._bound = struct.pack("<I", len(name)) + name
         """The namespace itself, covered by every tag (its digest is only an early check)."""
         self._ciphers: dict[bytes, _Cipher] = {}
+        self.unencrypted_served = 0
+        """MAC-only values (a key holder's, written with `encrypt = false`) served by this
+        codec although its own values are encrypted (counted; `require_encrypted` refuses
+        them instead)."""
+        self._lock = threading.Lock()  # decodes run in threads
         if auth is not None and auth.encrypt:
             self._cipher(auth.current)  # ConfigError naming the extra when it is missing
 
@@ -411,6 +437,14 @@ class ValueCodec:
             mac = self._mac(known.mac_key, frame.prefix, key, frame.stored)
             if not hmac.compare_digest(mac, frame.tag):
                 return ReadFailure.CHECKSUM, ValueProblem.FORGED
+            if auth.encrypt:
+                if auth.require_encrypted:
+                    return ReadFailure.NOT_INDEXED, ValueProblem.UNENCRYPTED
+                outcome = self._decode(frame.codec, frame.stored, out)
+                if outcome == (None, None):
+                    with self._lock:
+                        self.unencrypted_served += 1
+                return outcome
             return self._decode(frame.codec, frame.stored, out)
         if frame.tag != _ZERO_TAG or frame.stored.nbytes < GCM_TAG_BYTES:
             return ReadFailure.CHECKSUM, ValueProblem.FORGED

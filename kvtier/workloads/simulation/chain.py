@@ -31,7 +31,7 @@ from kvtier.config import BaseTierConfig, HierarchyConfig
 from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
-from kvtier.manager.tiered import WritePolicy
+from kvtier.manager.planner import WritePolicy
 from kvtier.policies import ADMISSIONS
 from kvtier.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
 

@@ -8,38 +8,21 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, NoReturn
 
 from kvtier.blocks import BlockStatus, pending_blocks
+from kvtier.errors import AllocationError, DoubleFreeError, InvalidValueError
+from kvtier.keys import OffloadKey
+from kvtier.specs import BlockIDsLoadStoreSpec, LoadStoreSpec, as_medium, spec_type_of
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-from kvtier.errors import AllocationError, DoubleFreeError, InvalidValueError
-from kvtier.keys import OffloadKey
-from kvtier.specs import (
-    BlockIDsLoadStoreSpec,
-    CPULoadStoreSpec,
-    DiskLoadStoreSpec,
-    GPULoadStoreSpec,
-    LoadStoreSpec,
-    Medium,
-    slot_spec_type,
-)
-
-SPEC_TYPES: dict[str, type[BlockIDsLoadStoreSpec]] = {
-    Medium.GPU: GPULoadStoreSpec,
-    Medium.CPU: CPULoadStoreSpec,
-    Medium.DISK: DiskLoadStoreSpec,
-}
-"""The LoadStoreSpec type that addresses each built-in medium's slots; any other medium's
-slots are addressed by its `slot_spec_type`."""
 
 
 def medium_name(medium: str) -> str:
-    """`medium` as a backend carries it: the `Medium` member for a built-in name (so that
-    `Medium.GPU` and "gpu" are one medium), else the name itself. Raises InvalidValueError
-    for anything but a non-empty string."""
+    """`medium` as a backend carries it (`kvtier.specs.as_medium`). Raises
+    InvalidValueError for anything but a non-empty string."""
     if not isinstance(medium, str) or not medium:
         raise InvalidValueError(f"medium must be a non-empty string, got {medium!r}")
-    return Medium(medium) if medium in Medium._value2member_map_ else medium
+    return as_medium(medium)
 
 
 # `list(map(_block_id, blocks))` reads every slot id in C: no comprehension frame, which on
@@ -130,7 +113,7 @@ class SlotPoolBackend(Backend):
             raise InvalidValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self._num_blocks = num_blocks
         if spec_type is None:
-            spec_type = SPEC_TYPES.get(self.medium) or slot_spec_type(self.medium)
+            spec_type = spec_type_of(self.medium)
         self._spec_type = spec_type
         self._num_fresh_used = 0  # slots [0, _num_fresh_used) have been handed out once
         self._free_list: list[int] = []
