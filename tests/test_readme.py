@@ -49,6 +49,7 @@ REPO_DIRS = (
     "kvtier/",
     "scripts/",
     "tests/",
+    "tools/",
     ".ci/",
 )
 """A backticked span starting with one of these names a file of the repository."""
@@ -154,10 +155,13 @@ def _resolves(dotted: str) -> bool:
 
 
 def readme_problems(readme: str) -> list[str]:
-    """Every kvtier subcommand, option, repository path and `kvtier.` dotted name `readme`
-    names that does not exist, one line each (empty: all exist)."""
+    """Every kvtier subcommand, option, repository path and `kvtier.` (or `kvtier_tools.`)
+    dotted name `readme` names that does not exist, one line each (empty: all exist)."""
     from kvtier.cli.app import main as cli
 
+    context = click.Context(cli)
+    for name in cli.list_commands(context):  # kvtier-tools' commands join through entry points
+        cli.get_command(context, name)
     every_option = set(_command_options(cli))
     for command in cli.commands.values():
         every_option |= _command_options(command)
@@ -216,7 +220,7 @@ def _span_problems(
     path = words[0]
     if path.startswith(REPO_DIRS) and not any(ROOT.glob(path.rstrip("/"))) and not _built(path):
         problems.append(f"`{span}`: no such path {path} in the repository")
-    dotted = re.match(r"kvtier(?:\.[A-Za-z_]\w*)+", span)
+    dotted = re.match(r"kvtier(?:_tools)?(?:\.[A-Za-z_]\w*)+", span)
     if dotted and not _resolves(dotted.group(0).rstrip(".")):
         problems.append(f"`{span}`: no such module or name {dotted.group(0)}")
     return problems
@@ -256,19 +260,19 @@ def test_the_readme_checks_see_what_the_readme_names() -> None:
         ("$ kvtier bench --write-path", "$ kvtier bench --write-paths",
          "unknown option --write-paths of kvtier bench"),
         ("`configs/default.toml`", "`configs/defaults.toml`", "no such path configs/defaults.toml"),
-        ("`kvtier/bench/vllm_tiers.py`", "`kvtier/bench/vllm_tier.py`",
-         "no such path kvtier/bench/vllm_tier.py"),
+        ("`tools/kvtier_tools/bench/vllm_tiers.py`", "`tools/kvtier_tools/bench/vllm_tier.py`",
+         "no such path tools/kvtier_tools/bench/vllm_tier.py"),
         ("`tests/test_vllm_*.py`", "`tests/test_vllm2_*.py`", "no such path tests/test_vllm2_*.py"),
         ("`--skip-partial-blocks` stores", "`--skip-partials` stores",
          "unknown option --skip-partials of kvtier simulate"),
         ("with `--no-deps`", "with `--no-dependencies`", "no kvtier command has --no-dependencies"),
-        ("`kvtier/workloads/data/NOTICE.md`", "`kvtier/data/NOTICE.md`",
+        ("`tools/kvtier_tools/workloads/data/NOTICE.md`", "`kvtier/data/NOTICE.md`",
          "no such path kvtier/data/NOTICE.md"),
         ("(docs/ARCHITECTURE.md)", "(ARCHITECTURE.md)", "link (ARCHITECTURE.md)"),
         # A build output (git-ignored, absent from a bare clone) counts; a misspelt one not.
         ("`kvtier/_compiled/` (git-ignored)", "`kvtier/_compile/` (git-ignored)",
          "no such path kvtier/_compile/"),
-        ("`kvtier.workloads.traces.read_mooncake()`", "`kvtier.traces.read_mooncake()`",
+        ("`kvtier_tools.workloads.traces.read_mooncake()`", "`kvtier.traces.read_mooncake()`",
          "no such module or name kvtier.traces.read_mooncake"),
         ("`kvtier.tiers.registry.register_tier`", "`kvtier.tiers.registry.register`",
          "no such module or name kvtier.tiers.registry.register"),

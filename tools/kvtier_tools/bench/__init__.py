@@ -1,8 +1,8 @@
 """kvtier's benchmarks: figures to print and compare, never timed tests (docs/BENCHMARKS.md).
 
-Tooling beside the core, which never imports it. The data-path and write-path benchmarks are
-the `kvtier bench` command (`python -m kvtier.cli bench`); the others run as
-`python -m kvtier.bench.<name>`:
+Tooling (kvtier-tools) beside the product, which never imports it. The data-path and
+write-path benchmarks are the `kvtier bench` command (`python -m kvtier.cli bench`); the
+others run as `python -m kvtier_tools.bench.<name>`:
 
 - `datapath`: kvtier's copies and disk I/O against this machine's own limits (`kvtier bench`).
 - `writepath`: what a serving engine waits for when it offloads: put and get latency, demotion

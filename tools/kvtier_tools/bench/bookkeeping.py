@@ -87,7 +87,7 @@ VLLM_SKIPPED = "vLLM comparison skipped"
 """How the table and the progress lines begin the reason the vLLM rows are left out."""
 
 _BLOCK_SIZE = 16  # tokens per block given to the kvtier tier; bookkeeping never reads it
-_JSON_FORMAT = "kvtier.bench.bookkeeping/1"
+_JSON_FORMAT = "kvtier_tools.bench.bookkeeping/1"
 
 
 # -- results -------------------------------------------------------------------------------
@@ -504,7 +504,7 @@ def load_requests(
 ) -> list[list[int]]:
     """The hash ids of each request of a Mooncake trace (default: the shipped one), in order;
     only the first `limit_requests` requests when given."""
-    from kvtier.workloads.traces import read_mooncake
+    from kvtier_tools.workloads.traces import read_mooncake
 
     requests: Iterable[Any] = read_mooncake(path)
     if limit_requests is not None:
@@ -770,9 +770,9 @@ def lru_disagreements(results: Sequence[Result]) -> list[Result]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m kvtier.bench.bookkeeping [--quick] [--json [PATH]] ...`"""
+    """`python -m kvtier_tools.bench.bookkeeping [--quick] [--json [PATH]] ...`"""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.bookkeeping",
+        prog="python -m kvtier_tools.bench.bookkeeping",
         description="Bookkeeping throughput (block-operations/s) of kvtier's TierManager "
         "against vLLM's own CPU offloading manager, replaying the shipped Mooncake trace.",
     )

@@ -48,7 +48,7 @@ start after a `torch.cuda.synchronize()`; kvtier's ends when its awaited copy re
 polls a CUDA event without blocking the event loop, as the transfer engine does).
 
 ``bookkeeping``: block-operations per second of `TierManager` replaying the first
-`QUICK_LIMIT_REQUESTS` requests of the shipped trace (`kvtier.bench.bookkeeping` in its quick
+`QUICK_LIMIT_REQUESTS` requests of the shipped trace (`kvtier_tools.bench.bookkeeping` in its quick
 mode, kvtier alone).
 
 Method
@@ -139,7 +139,7 @@ PARTS: tuple[str, ...] = ("cpu", "disk", "gpu", "bookkeeping")
 """What can be measured: CPU-tier copies, disk writes and reads, GPU <-> pinned CPU copies,
 bookkeeping throughput."""
 
-_JSON_FORMAT = "kvtier.bench.datapath/1"
+_JSON_FORMAT = "kvtier_tools.bench.datapath/1"
 _VERIFY_SAMPLE = 16  # whole blocks compared per pair (every block's stamp is compared)
 _SPACE_MARGIN = 3  # free space wanted on the disk: this many times the disk bytes
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -1107,8 +1107,12 @@ async def measure_gpu_copies(
 
 
 def measure_bookkeeping() -> list[BookkeepingRow]:
-    """kvtier's bookkeeping throughput, `kvtier.bench.bookkeeping` in its quick mode."""
-    from kvtier.bench.bookkeeping import OVERALL, QUICK_LIMIT_REQUESTS, run_bookkeeping_benchmark
+    """kvtier's bookkeeping throughput, `kvtier_tools.bench.bookkeeping` in its quick mode."""
+    from kvtier_tools.bench.bookkeeping import (
+        OVERALL,
+        QUICK_LIMIT_REQUESTS,
+        run_bookkeeping_benchmark,
+    )
 
     results = run_bookkeeping_benchmark(
         repeats=1, limit_requests=QUICK_LIMIT_REQUESTS, include_vllm=False

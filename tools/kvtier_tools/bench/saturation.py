@@ -17,9 +17,9 @@ not served) or hit the deadline (`stats().calls.get_timeouts`). The goal (issue 
 loaded get p99 <= 5x idle get p99, and no get reaching the deadline; puts are the ones that
 wait (`put_admission_waits`: puts that queued for the chain's in-flight bound).
 
-    .venv/bin/python -m kvtier.bench.saturation                      # cpu -> disk
+    .venv/bin/python -m kvtier_tools.bench.saturation                      # cpu -> disk
     scripts/redis.sh start && eval "$(scripts/redis.sh env)"
-    .venv/bin/python -m kvtier.bench.saturation --tiers disk redis   # and cpu -> Redis
+    .venv/bin/python -m kvtier_tools.bench.saturation --tiers disk redis   # and cpu -> Redis
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def report(tier: str, runs: list[tuple[Phase, Phase]]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the options and print the table of each tier."""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.saturation", description=__doc__.split("\n\n")[0]
+        prog="python -m kvtier_tools.bench.saturation", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--tiers", nargs="+", default=["disk"], choices=["disk", "redis"])
     parser.add_argument("--block-size", default="16KiB")

@@ -14,8 +14,9 @@ needs root); both write without fsync (vLLM's `fs` tier never syncs; kvtier's `f
 and a `kvtier+fsync` row shows kvtier's crash-safe setting. Medians of --repeats runs.
 
     scripts/setup.sh --vllm
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.vllm_tiers
-    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier.bench.vllm_tiers --sizes 256KiB --total 64MiB
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier_tools.bench.vllm_tiers
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier_tools.bench.vllm_tiers \
+        --sizes 256KiB --total 64MiB
 """
 
 from __future__ import annotations
@@ -199,9 +200,9 @@ def run_once(kind: str, chunk_bytes: int, chunks: int, per_request: int) -> Run:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m kvtier.bench.vllm_tiers [--sizes ...] [--total ...] [--tiers ...]`"""
+    """`python -m kvtier_tools.bench.vllm_tiers [--sizes ...] [--total ...] [--tiers ...]`"""
     parser = argparse.ArgumentParser(
-        prog="python -m kvtier.bench.vllm_tiers", description=__doc__.split("\n\n")[0]
+        prog="python -m kvtier_tools.bench.vllm_tiers", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--sizes", nargs="+", default=["64KiB", "256KiB", "2MiB"])
     parser.add_argument("--total", default="256MiB", help="bytes stored per run")

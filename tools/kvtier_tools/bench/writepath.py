@@ -34,7 +34,7 @@ put: a block's bytes derive from its key (`BlockMaker`), so a mismatch cannot hi
 disk chain: its bytes over its seconds, as the hierarchy counts them (the time a copy of the
 pair was in flight), next to a raw baseline on the same filesystem: O_DIRECT (where the
 filesystem allows it) `pwrite` + `fdatasync` of the same total bytes, one put's bytes per
-batch; as a percentage (target: the data path's `kvtier.bench.datapath.TARGET`).
+batch; as a percentage (target: the data path's `kvtier_tools.bench.datapath.TARGET`).
 
 Method
 ------
@@ -77,12 +77,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvtier.bench.datapath import GB, KIB, MIB, TARGET, filesystem_of
 from kvtier.config import format_size
 from kvtier.errors import InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.tiers.disk.io import PLAIN_IO, pwritev_all
+from kvtier_tools.bench.datapath import GB, KIB, MIB, TARGET, filesystem_of
 
 DEFAULT_BLOCK_SIZE = 256 * KIB
 BATCH_BLOCKS = 16
@@ -134,7 +134,7 @@ IDLE = "idle"
 STREAM = "write stream"
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
-_JSON_FORMAT = "kvtier.bench.writepath/1"
+_JSON_FORMAT = "kvtier_tools.bench.writepath/1"
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _SPACE_MARGIN = 1.2

@@ -1,7 +1,7 @@
 """`kvtier bench`: how fast the data path is on this machine, next to what the machine can do.
 
-The measurements are in `kvtier.bench.datapath` and, with `--write-path`, in
-`kvtier.bench.writepath` (see their docstrings for the method); this module parses options,
+The measurements are in `kvtier_tools.bench.datapath` and, with `--write-path`, in
+`kvtier_tools.bench.writepath` (see their docstrings for the method); this module parses options,
 shows progress, prints the tables or the JSON, and turns the outcome into an exit status: 0,
 1 when some pair moved wrong bytes (or a get returned them), 2 for bad input (one line).
 """
@@ -51,7 +51,7 @@ def parse_size_option(text: str, option: str) -> int:
 
 def parse_parts(text: str) -> tuple[str, ...]:
     """`--pairs` as a tuple of `PARTS` names, in the given order."""
-    from kvtier.bench.datapath import PARTS
+    from kvtier_tools.bench.datapath import PARTS
 
     parts = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
     unknown = [part for part in parts if part not in PARTS]
@@ -234,7 +234,7 @@ def bench(
             quick, directory, write_block_size, puts, put_rate, gets, cpu_size, cpu_load, as_json
         )
         return
-    from kvtier.bench.datapath import Settings, render, run_datapath_benchmark, step_count
+    from kvtier_tools.bench.datapath import Settings, render, run_datapath_benchmark, step_count
 
     sizes = parse_sizes(block_sizes, "--block-sizes")
     values: dict[str, Any] = {"block_sizes": sizes, "parts": parse_parts(pairs)}
@@ -283,7 +283,7 @@ def _bench_write_path(
     cpu_load: int | None,
     as_json: bool,
 ) -> None:
-    from kvtier.bench.writepath import Settings, render, run_writepath_benchmark, step_count
+    from kvtier_tools.bench.writepath import Settings, render, run_writepath_benchmark, step_count
 
     values: dict[str, Any] = {}
     for option, name, text in (

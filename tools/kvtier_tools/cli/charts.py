@@ -1,7 +1,7 @@
 """PNG charts for the command line (`kvtier simulate`; `replay_chart` draws `kvtier replay`'s).
 
 matplotlib is the optional `plot` extra, so it is imported only when a chart is drawn and the
-core never needs it; without it, `require_matplotlib()` raises a kvtier error that says how to
+kvtier never needs it; without it, `require_matplotlib()` raises a kvtier error that says how to
 install it. Charts render with the Agg canvas attached to their own `Figure`, never through
 pyplot: no display is needed, and an embedding application's global matplotlib backend is
 left alone.
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from kvtier.errors import KvtierError
 
 if TYPE_CHECKING:
-    from kvtier.workloads.simulation.chain import ChainResult
-    from kvtier.workloads.simulation.sweep import SimTrace, SweepReport
+    from kvtier_tools.workloads.simulation.chain import ChainResult
+    from kvtier_tools.workloads.simulation.sweep import SimTrace, SweepReport
 
-INSTALL_HINT = "pip install 'kvtier[plot]'"
+INSTALL_HINT = "pip install matplotlib (kvtier-tools' `plot` extra: pip install -e 'tools/[plot]')"
 
 INFINITE_COLOR = "tab:red"
 """The infinite-cache bound and the gap to it, in every chart; no tier or policy uses it."""

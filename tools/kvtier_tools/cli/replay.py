@@ -1,6 +1,6 @@
 """`kvtier replay`: the main job. A trace served through the real hierarchy, bytes verified.
 
-The work is in `kvtier.workloads.replay`; this module parses options, prints the chain and
+The work is in `kvtier_tools.workloads.replay`; this module parses options, prints the chain and
 the tables, writes the report and the chart, and turns the outcome into an exit status: 0,
 1 when any loaded block did not match its content, 2 for bad input (a kvtier error, one
 line), 130 when interrupted (after writing a partial report).
@@ -32,7 +32,7 @@ from kvtier.errors import InvalidValueError
 if TYPE_CHECKING:
     from kvtier.config import HierarchyConfig
     from kvtier.metrics import MetricsServer
-    from kvtier.workloads.replay import ReplayResult, ReplayTrace
+    from kvtier_tools.workloads.replay import ReplayResult, ReplayTrace
 
 EXIT_MISMATCH = 1
 EXIT_INTERRUPTED = 130
@@ -270,11 +270,11 @@ def replay(
       kvtier replay --trace keys.txt --json --no-plot
       kvtier replay --metrics-port 9400 --limit 5000
     """
-    from kvtier.cli.charts import draw_or_remove, require_matplotlib
     from kvtier.cli.commands.options import check_out_dir
-    from kvtier.cli.replay_chart import plot_replay
     from kvtier.config import load_config, load_default_config
-    from kvtier.workloads.replay import (
+    from kvtier_tools.cli.charts import draw_or_remove, require_matplotlib
+    from kvtier_tools.cli.replay_chart import plot_replay
+    from kvtier_tools.workloads.replay import (
         clean_disk_dirs,
         describe_block_bytes,
         load_replay_trace,
@@ -283,7 +283,7 @@ def replay(
         replay_config,
         write_report,
     )
-    from kvtier.workloads.replay import replay as replay_trace
+    from kvtier_tools.workloads.replay import replay as replay_trace
 
     started = time.perf_counter()
     requested_bytes = parse_block_bytes(block_bytes_text)
@@ -361,7 +361,7 @@ def _print_plan(
     """What the replay is about to do: the chain as given and its inactive tiers, the trace,
     the replayed block size (and how it differs from the config's), the disk tiers' places."""
     from kvtier.config import format_size
-    from kvtier.workloads.replay import disk_usage_line, size_argument
+    from kvtier_tools.workloads.replay import disk_usage_line, size_argument
 
     active = config.active_tiers()
     sim = trace.trace

@@ -1,9 +1,9 @@
 """The PNG chart of `kvtier replay`: hit ratio per tier over the replay, and bytes moved.
 
 Drawn from the report's data (`report.json`), so a chart can be redrawn from a saved report.
-Same conventions as `kvtier.cli.charts`: matplotlib (the optional `plot` extra) is imported only
-here and only when a chart is drawn, through its own `Figure` with an Agg canvas, never
-pyplot; without matplotlib a kvtier error says how to install it.
+Same conventions as `kvtier_tools.cli.charts`: matplotlib (the optional `plot` extra) is
+imported only here and only when a chart is drawn, through its own `Figure` with an Agg canvas,
+never pyplot; without matplotlib a kvtier error says how to install it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.charts import TIER_COLORS, draw_running_hits, new_figure, title_lines
 from kvtier.cli.console import decimal_unit
 from kvtier.config import format_size
+from kvtier_tools.cli.charts import TIER_COLORS, draw_running_hits, new_figure, title_lines
 
 __all__ = ["plot_replay", "replay_figure"]
 

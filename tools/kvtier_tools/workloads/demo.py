@@ -17,7 +17,7 @@ from kvtier.config import HierarchyConfig
 from kvtier.keys import key_from_int
 from kvtier.manager import TierManager, make_tier_manager
 from kvtier.policies import SimulationResult, simulate
-from kvtier.workloads.traces import REFERENCE_FRACTIONS, REFERENCE_HIT_RATIOS, TraceRequest
+from kvtier_tools.workloads.traces import REFERENCE_FRACTIONS, REFERENCE_HIT_RATIOS, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Read public cache traces of other kinds (block I/O, web, key-value) as key sequences.
 
 kvtier's policies were tuned on LLM conversation traces; these traces check that they hold up
-on workloads they were never tuned on (`kvtier.bench.policy_traces --trace-dir DIR`). None of
+on workloads they were never tuned on (`kvtier_tools.bench.policy_traces --trace-dir DIR`). None of
 them ships with kvtier (their licences and sizes differ): `docs/BENCHMARKS.md` says where
 each comes from, under which licence, and how to fetch it. This module only parses a file
 the user gives.
@@ -15,7 +15,7 @@ disk block, a web object, a key). Formats (`FORMATS`):
     Caffeine simulator's bundled traces: cache2k, CloudPhysics, Scarab, Corda);
   - `oracle`: libCacheSim's `oracleGeneral` binary (24-byte little-endian records: u32 time,
     u64 object id, u32 size, i64 next access), the format of the cacheMon cache datasets.
-Text keys that are decimal integers become ints (as `kvtier.workloads.traces.read_keys`
+Text keys that are decimal integers become ints (as `kvtier_tools.workloads.traces.read_keys`
 does). Any file may be compressed with gzip, xz, bzip2 or zstd (recognized by its magic
 bytes, whatever its name).
 

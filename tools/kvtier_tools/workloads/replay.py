@@ -12,7 +12,7 @@ engine would do with a prefix cache:
         await hierarchy.drain()                  # write-through cascades settle
 
 and counts block i < len(loaded) as a hit of `tiers[i]`. These are exactly the calls that
-`kvtier.workloads.simulation.chain.serve_request` mirrors with instant copies, so as long
+`kvtier_tools.workloads.simulation.chain.serve_request` mirrors with instant copies, so as long
 as every copy succeeds, **the per-tier hits of a replay equal those of `kvtier simulate
 --config` on the same configuration** (same tiers, policies, write policy and block counts):
 the chain's decisions do not depend on the bytes or on how long the copies take.
@@ -53,9 +53,9 @@ from kvtier.config import HierarchyConfig, format_size, parse_config, parse_size
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
-from kvtier.workloads.simulation.chain import offload_key_of
-from kvtier.workloads.simulation.sweep import SimTrace, load_trace
-from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+from kvtier_tools.workloads.simulation.chain import offload_key_of
+from kvtier_tools.workloads.simulation.sweep import SimTrace, load_trace
+from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -303,7 +303,7 @@ class ReplayTrace:
 
 def load_replay_trace(path: Path | None, limit: int | None) -> ReplayTrace:
     """The trace at `path` (None: the shipped Mooncake conversation trace), first `limit`
-    requests, read by `kvtier.workloads.simulation.load_trace` (Mooncake JSONL or a key file,
+    requests, read by `kvtier_tools.workloads.simulation.load_trace` (Mooncake JSONL or a key file,
     plain or zstd; a bad line raises TraceFormatError naming file and line). A request that
     names the same block twice raises TraceFormatError too (a prefix cannot hold a block twice)."""
     if limit is not None and limit < 1:
@@ -857,7 +857,7 @@ def run_replay(
 
 def write_report(result: ReplayResult, out_dir: Path) -> Path:
     """Write `report.json` into `out_dir`, whole or not at all; return its path. The command
-    line draws the chart (`kvtier.cli.replay_chart.plot_replay`)."""
+    line draws the chart (`kvtier_tools.cli.replay_chart.plot_replay`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     # Whole or not at all: a reader never sees half a report.

@@ -3,7 +3,8 @@
 A Mooncake trace (Qin et al., FAST 2025) has one JSON object per line, one line per request:
 `{"timestamp": <ms>, "input_length": <tokens>, "output_length": <tokens>, "hash_ids": [...]}`,
 where each hash id names one 512-token prefix block. kvtier ships the published conversation
-trace (see `kvtier/workloads/data/NOTICE.md`); `read_mooncake()` with no argument reads it.
+trace (see `tools/kvtier_tools/workloads/data/NOTICE.md`); `read_mooncake()` with no
+argument reads it.
 
 Every line is validated: a bad line raises `TraceFormatError` with the message
 `<file>:<line>: <what is wrong>` (lines counted from 1), so a user can fix the file directly.
@@ -28,7 +29,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per block in a Mooncake trace: `len(hash_ids) == ceil(input_length / 512)`."""
 
 SHIPPED_TRACE_NAME = "mooncake_fast25_conversation_trace.jsonl.zst"
-"""File name of the trace shipped in `kvtier/workloads/data`."""
+"""File name of the trace shipped in `tools/kvtier_tools/workloads/data`."""
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _INT_FIELDS = ("timestamp", "input_length", "output_length")
@@ -39,8 +40,8 @@ _READ_CHUNK = 1 << 20
 
 REFERENCE_FRACTIONS = (0.01, 0.05, 0.10, 0.25, 0.50)
 
-# Reference hit ratios of the shipped conversation trace (kvtier/workloads/data/NOTICE.md,
-# computed independently with libCacheSim): fraction -> (LRU, ARC).
+# Reference hit ratios of the shipped conversation trace (data/NOTICE.md, computed
+# independently with libCacheSim): fraction -> (LRU, ARC).
 REFERENCE_HIT_RATIOS: dict[float, tuple[float, float]] = {
     0.01: (0.052270, 0.064562),
     0.05: (0.195432, 0.210118),

@@ -6,14 +6,14 @@ manager with instant copies and counts each tier's hits. Nothing here moves byte
 trace takes seconds.
 """
 
-from kvtier.workloads.simulation.bounds import (
+from kvtier_tools.workloads.simulation.bounds import (
     INFINITE_NAME,
     OPT_NAME,
     BeladyOracle,
     belady_opt,
     infinite_cache_hits,
 )
-from kvtier.workloads.simulation.chain import (
+from kvtier_tools.workloads.simulation.chain import (
     ChainResult,
     ChainTier,
     chain_tiers,
@@ -21,7 +21,7 @@ from kvtier.workloads.simulation.chain import (
     serve_request,
     simulate_chain,
 )
-from kvtier.workloads.simulation.sweep import (
+from kvtier_tools.workloads.simulation.sweep import (
     DEFAULT_CAPACITIES,
     DEFAULT_POLICIES,
     Capacity,

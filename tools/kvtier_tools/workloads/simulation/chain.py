@@ -33,7 +33,7 @@ from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.manager.tiered import WritePolicy
 from kvtier.policies import ADMISSIONS
-from kvtier.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
+from kvtier_tools.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
 
 DEFAULT_WATERMARKS = (
     float(BaseTierConfig.model_fields["low_watermark"].default),
@@ -190,7 +190,7 @@ def _one_per_tier(
 
 def parse_chain_policies(text: str, tiers: int) -> tuple[str, ...]:
     """One policy per tier from `"lru"` (every tier) or `"lru,arc,lru"` (one per tier)."""
-    from kvtier.workloads.simulation.sweep import parse_policies
+    from kvtier_tools.workloads.simulation.sweep import parse_policies
 
     return _one_per_tier(text, tiers, "--policy", "policies", parse_policies)
 
@@ -461,10 +461,10 @@ def simulate_chain(
 
 def write_chain_outputs(result: ChainResult, trace: SimTrace, out_dir: Path) -> Path:
     """Write `simulate.json` (the chain's figures beside the infinite cache's) into `out_dir`;
-    return its path. The command line draws the chart (`kvtier.cli.charts.chart_chain`)."""
+    return its path. The command line draws the chart (`kvtier_tools.cli.charts.chart_chain`)."""
     import json
 
-    from kvtier.workloads.simulation.bounds import infinite_cache_hits
+    from kvtier_tools.workloads.simulation.bounds import infinite_cache_hits
 
     infinite = infinite_cache_hits(trace.accesses)
     document = {

@@ -40,7 +40,7 @@ from typing import Any
 from kvtier.errors import InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.policies.simulate import simulate_hinted
-from kvtier.workloads.simulation.sweep import SimTrace, SweepReport
+from kvtier_tools.workloads.simulation.sweep import SimTrace, SweepReport
 
 NEVER_AGAIN = -1
 """`next_uses`' value for an access whose key is not accessed again."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 from rich.table import Table
 
 from kvtier.config import format_size
-from kvtier.workloads.simulation.bounds import INFINITE_NAME, OPT_NAME
-from kvtier.workloads.simulation.chain import ChainResult
-from kvtier.workloads.simulation.hints import HintedRow, HintNoise
-from kvtier.workloads.simulation.sweep import SweepReport
+from kvtier_tools.workloads.simulation.bounds import INFINITE_NAME, OPT_NAME
+from kvtier_tools.workloads.simulation.chain import ChainResult
+from kvtier_tools.workloads.simulation.hints import HintedRow, HintNoise
+from kvtier_tools.workloads.simulation.sweep import SweepReport
 
 
 def _pp(value: float) -> str:

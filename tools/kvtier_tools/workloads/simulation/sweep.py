@@ -4,7 +4,7 @@ Bookkeeping only (no bytes move): each policy is replayed with `kvtier.policies.
 exactly as a tier drives it, at each capacity; Belady's OPT and the infinite-cache bound are
 computed on the same accesses. When the accesses are those of the shipped conversation trace
 (recognized by content, whatever file or compression they came from), each figure is shown
-next to the independently computed reference of `kvtier/workloads/data/NOTICE.md`.
+next to the independently computed reference of `tools/kvtier_tools/workloads/data/NOTICE.md`.
 
 Method (the reference's): flatten the trace (each request's hash ids, left to right, one
 access each), cold start, every miss admitted, capacity = floor(fraction x unique blocks).
@@ -28,13 +28,13 @@ from typing import Any, Literal, cast
 
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.policies import POLICIES, SimulationResult, get_policy_class, simulate
-from kvtier.workloads.simulation.bounds import (
+from kvtier_tools.workloads.simulation.bounds import (
     INFINITE_NAME,
     OPT_NAME,
     BeladyOracle,
     infinite_cache_hits,
 )
-from kvtier.workloads.traces import (
+from kvtier_tools.workloads.traces import (
     REFERENCE_FRACTIONS,
     REFERENCE_HIT_RATIOS,
     REFERENCE_INFINITE_HIT_RATIO,
@@ -53,7 +53,7 @@ SHIPPED_ACCESS_DIGEST = "0aab94d4d574ea3fc9498b7400862d4e358bc9f064e843ef776aecf
 """sha256 of the shipped trace's 288,500 block accesses as little-endian uint64s."""
 
 # Belady's OPT and the best possible hit ratio of the shipped conversation trace, from the
-# same reference table (kvtier/workloads/data/NOTICE.md) as demo.REFERENCE_HIT_RATIOS.
+# same reference table (tools/kvtier_tools/workloads/data/NOTICE.md) as demo.REFERENCE_HIT_RATIOS.
 REFERENCE_OPT_HIT_RATIOS: dict[float, float] = {
     0.01: 0.246319,
     0.05: 0.366412,
@@ -402,7 +402,7 @@ def run_sweep(
 
 def write_sweep_outputs(report: SweepReport, out_dir: Path) -> Path:
     """Write `simulate.json` into `out_dir`; return its path. The command line draws the chart
-    (`kvtier.cli.charts.chart_sweep`)."""
+    (`kvtier_tools.cli.charts.chart_sweep`)."""
     import json
 
     out_dir.mkdir(parents=True, exist_ok=True)
