@@ -15,9 +15,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from kvtier.cli.commands.options import json_option
 from kvtier.cli.console import out, progress
 from kvtier.errors import InvalidValueError
+from kvtier_tools.cli.options import json_option
 
 EXIT_WRONG_BYTES = 1
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kvtier.cli.commands.options import config_option, trace_option
+from kvtier.cli.commands.options import config_option
 from kvtier.cli.console import out
 from kvtier.cli.console import progress as _progress
+from kvtier_tools.cli.options import trace_option
 
 
 @click.command()

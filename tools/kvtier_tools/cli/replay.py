@@ -19,15 +19,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvtier.cli.commands.options import (
-    config_option,
+from kvtier.cli.commands.options import config_option
+from kvtier.cli.console import err, format_bytes, out, progress
+from kvtier.errors import InvalidValueError
+from kvtier_tools.cli.options import (
     json_option,
     no_plot_option,
     out_option,
     trace_option,
 )
-from kvtier.cli.console import err, format_bytes, out, progress
-from kvtier.errors import InvalidValueError
 
 if TYPE_CHECKING:
     from kvtier.config import HierarchyConfig
@@ -270,9 +270,9 @@ def replay(
       kvtier replay --trace keys.txt --json --no-plot
       kvtier replay --metrics-port 9400 --limit 5000
     """
-    from kvtier.cli.commands.options import check_out_dir
     from kvtier.config import load_config, load_default_config
     from kvtier_tools.cli.charts import draw_or_remove, require_matplotlib
+    from kvtier_tools.cli.options import check_out_dir
     from kvtier_tools.cli.replay_chart import plot_replay
     from kvtier_tools.workloads.replay import (
         clean_disk_dirs,

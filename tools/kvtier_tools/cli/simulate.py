@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kvtier.cli.commands.options import (
+from kvtier.cli.commands.options import config_option
+from kvtier.cli.console import err, out
+from kvtier.cli.console import progress as _progress
+from kvtier_tools.cli.options import (
     check_out_dir,
-    config_option,
     json_option,
     no_plot_option,
     out_option,
     trace_option,
 )
-from kvtier.cli.console import err, out
-from kvtier.cli.console import progress as _progress
 
 if TYPE_CHECKING:
     from kvtier.config import HierarchyConfig
