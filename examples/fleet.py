@@ -36,7 +36,7 @@ import xxhash
 
 from kvtier import Hierarchy
 from kvtier.keys import OffloadKey
-from kvtier.workloads.traces import read_mooncake
+from kvtier_tools.workloads.traces import read_mooncake
 
 BLOCK_SIZE = 16 * 1024
 

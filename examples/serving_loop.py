@@ -39,7 +39,7 @@ import torch
 from kvtier.allocator import Block, PrefixCachingBlockAllocator, hash_token_blocks
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import OffloadKey, make_offload_key
-from kvtier.workloads.traces import TraceRequest, read_mooncake
+from kvtier_tools.workloads.traces import TraceRequest, read_mooncake
 
 
 def kv_for(content_hash: bytes, block_bytes: int) -> torch.Tensor:

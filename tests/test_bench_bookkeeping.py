@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.bookkeeping import (
+from kvtier.policies import simulate
+from kvtier_tools.bench.bookkeeping import (
     OVERALL,
     PHASES,
     VLLM_SKIPPED,
@@ -28,7 +29,6 @@ from kvtier.bench.bookkeeping import (
     run_bookkeeping_benchmark,
     vllm_skipped,
 )
-from kvtier.policies import simulate
 
 LIMIT = 300
 FRACTIONS = (0.01, 0.10, 0.50)

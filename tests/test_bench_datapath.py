@@ -19,7 +19,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kvtier.bench import datapath
 from kvtier.cli import main
 from kvtier.keys import key_from_int
 from kvtier.tiers import tensor_copy
@@ -27,6 +26,7 @@ from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk import reader as disk_reader
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
+from kvtier_tools.bench import datapath
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,7 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY, "--json", "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
     document = json.loads(stdout)
-    assert document["format"] == "kvtier.bench.datapath/1"
+    assert document["format"] == "kvtier_tools.bench.datapath/1"
     assert document["target_ratio"] == 0.8
     assert document["settings"]["block_sizes"] == [4096, 8192]
     rows = document["rows"]

@@ -1,4 +1,4 @@
-"""`python -m kvtier.bench.saturation`: what it reports (both phases, every column, the ratio
+"""`python -m kvtier_tools.bench.saturation`: what it reports (both phases, every column, the ratio
 line), never how fast."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench import saturation
+from kvtier_tools.bench import saturation
 
 TINY = [
     "--tiers",

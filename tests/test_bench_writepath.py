@@ -12,9 +12,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kvtier.bench import writepath
 from kvtier.cli import main
 from kvtier.errors import InvalidValueError
+from kvtier_tools.bench import writepath
 
 TINY = writepath.Settings(
     block_size=4096,
@@ -127,7 +127,7 @@ def test_cli_json_is_json_only(tmp_path: Path) -> None:
     code, stdout, stderr = bench(*TINY_OPTIONS, "--json", "--dir", str(tmp_path))
     assert code == 0, stdout + stderr
     document = json.loads(stdout)
-    assert document["format"] == "kvtier.bench.writepath/1"
+    assert document["format"] == "kvtier_tools.bench.writepath/1"
     assert document["settings"]["block_size"] == 4096
     assert document["settings"]["rounds"] == 2  # --quick, and no more than the gets
     assert document["pace"]["rate"] == 400 and document["pace"]["probe_gbps"] == 0

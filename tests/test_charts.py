@@ -16,13 +16,13 @@ from kvtier.cli import main
 
 pytest.importorskip("matplotlib")
 
-from kvtier.cli.charts import (
+from kvtier_tools.cli.charts import (
     INFINITE_COLOR,
     TIER_COLORS,
     policy_colors,
     title_lines,
 )
-from kvtier.cli.replay_chart import _pair_style, plot_replay, replay_figure
+from kvtier_tools.cli.replay_chart import _pair_style, plot_replay, replay_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -182,7 +182,7 @@ def test_title_lines_wraps_long_lines() -> None:
 def test_a_config_chain_is_titled_by_its_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvtier.cli import charts
+    from kvtier_tools.cli import charts
 
     titles: list[str] = []
     draw = charts.plot_tier_hits_over_replay

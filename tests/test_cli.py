@@ -149,3 +149,68 @@ def test_byte_totals_are_in_the_decimal_units_of_gb_per_s() -> None:
     assert format_bytes(782_000_000) == "782.0 MB"
     assert format_bytes(512) == "512 B"
     assert decimal_unit(2.5e12) == (1e12, "TB") and decimal_unit(10) == (1.0, "B")
+
+
+# -- the tools' commands join `kvtier` through the `kvtier.commands` entry points -------------
+
+
+def _entry_points(monkeypatch: pytest.MonkeyPatch, **points: str) -> None:
+    """Make `kvtier` see exactly these entry points (name -> "module:attr"), none loaded."""
+    from importlib.metadata import EntryPoint
+
+    from kvtier.cli import app
+
+    found = {name: EntryPoint(name, value, app.COMMANDS_GROUP) for name, value in points.items()}
+    monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    for name in (*app.TOOL_COMMANDS, *points):
+        if name not in ("check", "keys"):
+            monkeypatch.delitem(main.commands, name, raising=False)
+
+
+def test_a_tool_command_without_kvtier_tools_says_where_it_is_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _entry_points(monkeypatch)
+    code, stdout, stderr = run("replay", "--limit", "3")
+    assert code == 2
+    assert stdout == ""
+    assert stderr.strip() == (
+        "kvtier: error: `kvtier replay` is part of kvtier-tools, which is not installed: "
+        "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
+    )
+    code, stdout, _ = run("--help")
+    assert code == 0
+    assert "check" in stdout and "replay" not in stdout
+
+
+def test_a_command_of_another_distribution_joins_through_its_entry_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _entry_points(monkeypatch, signing="kvtier.cli.commands.keys:keys")
+    code, stdout, stderr = run("--help")
+    assert code == 0, stderr
+    assert "signing" in stdout
+    code, stdout, stderr = run("signing", "--help")
+    assert code == 0, stderr
+    assert stdout.startswith("Usage: main signing [OPTIONS] COMMAND")  # the keys group's
+    assert "kvtier keys new" in stdout
+
+
+def test_an_entry_point_that_is_not_a_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _entry_points(monkeypatch, broken="kvtier.cli.app:TOOL_COMMANDS")
+    code, _, stderr = run("broken")
+    assert code == 2
+    assert stderr.strip() == (
+        "kvtier: error: entry point broken = kvtier.cli.app:TOOL_COMMANDS (kvtier.commands) "
+        "is not a click command"
+    )
+
+
+def test_the_tools_commands_are_installed_beside_the_product() -> None:
+    """The set-up installs kvtier-tools, whose entry points name the four tool commands."""
+    from kvtier.cli import app
+
+    app.command_entry_points.cache_clear()
+    assert set(app.command_entry_points()) >= set(app.TOOL_COMMANDS)

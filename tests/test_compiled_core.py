@@ -187,7 +187,7 @@ def random_program(name: str, seed: int) -> list[object]:
 
 def trace_requests(limit: int) -> list[list[OffloadKey]]:
     """The keys of the shipped trace's first `limit` requests (duplicates in one dropped)."""
-    from kvtier.workloads.traces import read_mooncake
+    from kvtier_tools.workloads.traces import read_mooncake
 
     requests: list[list[OffloadKey]] = []
     for i, request in enumerate(read_mooncake()):
@@ -535,7 +535,7 @@ def test_compiled_arc_decides_as_the_pure_one_on_random_programs(
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.01, 0.1])
 def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> None:
-    """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
+    """The loop driver of `kvtier_tools.bench.policy_speed` over the shipped trace's first 3,000
     requests: every hit, victim and insert alike, the lists every 100 requests."""
     compiled_arc()
     run_twin_trace(TwinARC, fraction, every=100)
@@ -543,7 +543,7 @@ def test_compiled_arc_decides_as_the_pure_one_on_the_trace(fraction: float) -> N
 
 def run_twin_trace(twin_class: type[TwinARC], fraction: float, every: int) -> None:
     """The shipped trace's first 3,000 requests through a twin at `fraction` of their
-    distinct blocks, as the loop driver of `kvtier.bench.policy_speed` runs them (admitting
+    distinct blocks, as the loop driver of `kvtier_tools.bench.policy_speed` runs them (admitting
     where the policy does not admit all); the states compared every `every` requests (every
     call would be slow) and at the end."""
     requests = trace_requests(3000)
@@ -674,7 +674,7 @@ def test_the_lct_twin_sees_a_different_state() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.01, 0.1])
 def test_compiled_lct_decides_as_the_pure_one_on_the_trace(fraction: float) -> None:
-    """The loop driver of `kvtier.bench.policy_speed` over the shipped trace's first 3,000
+    """The loop driver of `kvtier_tools.bench.policy_speed` over the shipped trace's first 3,000
     requests: every hit, admission, victim and insert alike, the whole state every 300
     requests and at the end (limits, shares, horizon, statistics, queues, ghosts)."""
     compiled_lct()

@@ -25,7 +25,7 @@ from kvtier.config import (
 )
 from kvtier.engine.staging import DEFAULT_STAGING_BYTES
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.workloads.simulation.chain import chain_tiers_from_config
+from kvtier_tools.workloads.simulation.chain import chain_tiers_from_config
 
 
 def cpu_config(**tier: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 compactly (tiers/disk/cold.py), their keys loaded in the background, and the tier's
 bookkeeping holds the restored blocks in a cold set outside its policy (manager/cold.py).
 
-Invariants, not timings (the figures are `python -m kvtier.bench.disk_restart`'s): a restored
+Invariants, not timings (the figures are `python -m kvtier_tools.bench.disk_restart`'s): a restored
 block is served with its bytes before the background load has finished; a record the open
 drops is never served; the memory kept per restored block is bounded; the bookkeeping of every
 policy stays consistent as cold blocks are used, evicted and discarded."""

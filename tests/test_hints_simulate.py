@@ -17,8 +17,8 @@ from kvtier.errors import InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.policies import simulate
 from kvtier.policies.simulate import simulate_hinted
-from kvtier.workloads.simulation import load_trace, parse_capacities, run_sweep
-from kvtier.workloads.simulation.hints import (
+from kvtier_tools.workloads.simulation import load_trace, parse_capacities, run_sweep
+from kvtier_tools.workloads.simulation.hints import (
     NEVER_AGAIN,
     HintNoise,
     draws,

@@ -27,7 +27,7 @@ from kvtier.policies import (
 )
 from kvtier.specs import Medium
 from kvtier.testing import PolicyTests
-from kvtier.workloads.traces import read_mooncake
+from kvtier_tools.workloads.traces import read_mooncake
 
 UNIQUE_BLOCKS = 182_790
 
@@ -251,7 +251,7 @@ def _shipped_accesses() -> tuple[list[int], list[bool]]:
 
 LCT_ON_THE_SHIPPED_TRACE = {0.01: 0.1065, 0.05: 0.2241, 0.10: 0.2960}
 """lct's hit ratios on the whole shipped trace, partial blocks skipped, with the parameters
-chosen on its first half (kvtier.bench.lct_tuning). Before the learned horizon and the sound
+chosen on its first half (kvtier_tools.bench.lct_tuning). Before the learned horizon and the sound
 solver (issue 22, item 1): 0.1100, 0.2156, 0.2942."""
 ISSUE_TARGETS = {0.01: 0.110, 0.05: 0.220, 0.10: 0.295}
 

@@ -24,7 +24,7 @@ from kvtier.policies.auto import CANDIDATES, sample_point
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.testing import PolicyTests
 from kvtier.testing.policy import k, ready_block
-from kvtier.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
+from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 
 class TestAuto(PolicyTests):

@@ -1,4 +1,4 @@
-"""`kvtier.bench.policy_traces`: Belady's optimum is the most hits any choice of evictions
+"""`kvtier_tools.bench.policy_traces`: Belady's optimum is the most hits any choice of evictions
 and bypasses gives (checked exhaustively on small sequences), bounds every policy, and the
 benchmark prints a table over a public trace."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.policy_traces import belady_hits, main
 from kvtier.errors import InvalidValueError
 from kvtier.policies import POLICIES, simulate
+from kvtier_tools.bench.policy_traces import belady_hits, main
 
 
 def best_hits(accesses: Sequence[Hashable], capacity: int, partial: Sequence[bool]) -> int:

@@ -1,4 +1,4 @@
-"""`kvtier.workloads.public_traces`: every format and compression reads back the keys written,
+"""`kvtier_tools.workloads.public_traces`: every format and compression reads back the keys written,
 and a bad file is refused with an error naming it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from kvtier.errors import TraceFormatError
-from kvtier.workloads.public_traces import KNOWN, known_traces, read_trace
+from kvtier_tools.workloads.public_traces import KNOWN, known_traces, read_trace
 
 KEYS = [5, 3, 5, 2**31 - 1, 0, 3]
 

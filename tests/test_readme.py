@@ -49,6 +49,7 @@ REPO_DIRS = (
     "kvtier/",
     "scripts/",
     "tests/",
+    "tools/",
     ".ci/",
 )
 """A backticked span starting with one of these names a file of the repository."""
@@ -154,10 +155,13 @@ def _resolves(dotted: str) -> bool:
 
 
 def readme_problems(readme: str) -> list[str]:
-    """Every kvtier subcommand, option, repository path and `kvtier.` dotted name `readme`
-    names that does not exist, one line each (empty: all exist)."""
+    """Every kvtier subcommand, option, repository path and `kvtier.` (or `kvtier_tools.`)
+    dotted name `readme` names that does not exist, one line each (empty: all exist)."""
     from kvtier.cli.app import main as cli
 
+    context = click.Context(cli)
+    for name in cli.list_commands(context):  # kvtier-tools' commands join through entry points
+        cli.get_command(context, name)
     every_option = set(_command_options(cli))
     for command in cli.commands.values():
         every_option |= _command_options(command)
@@ -219,7 +223,7 @@ def _span_problems(
     path = words[0]
     if path.startswith(REPO_DIRS) and not any(ROOT.glob(path.rstrip("/"))) and not _built(path):
         problems.append(f"`{span}`: no such path {path} in the repository")
-    dotted = re.match(r"kvtier(?:\.[A-Za-z_]\w*)+", span)
+    dotted = re.match(r"kvtier(?:_tools)?(?:\.[A-Za-z_]\w*)+", span)
     if dotted and not _resolves(dotted.group(0).rstrip(".")):
         problems.append(f"`{span}`: no such module or name {dotted.group(0)}")
     return problems
@@ -288,7 +292,7 @@ def module_invocations(text: str) -> list[tuple[str, list[str]]]:
     for command in _command_texts(text):
         for match in re.finditer(r"python3? -m (kvtier[\w.]*)((?:[ \t]+\S+)*)", command):
             module = match.group(1)
-            if module.endswith("."):  # `python -m kvtier.bench.<name>`: a pattern
+            if module.endswith("."):  # `python -m kvtier_tools.bench.<name>`: a pattern
                 continue
             words = _until_shell_end(match.group(2).split())
             options = [word.split("=", 1)[0] for word in words if word.startswith("--")]
@@ -449,15 +453,15 @@ def test_every_module_option_the_docs_name_is_in_its_help() -> None:
     options they give it."""
     texts = [README, *DOCS.values()]
     modules = {module for text in texts for module, _ in module_invocations(text)}
-    assert {"kvtier.bench.engine_ttft", "kvtier.bench.policy_traces"} <= modules
+    assert {"kvtier_tools.bench.engine_ttft", "kvtier_tools.bench.policy_traces"} <= modules
     assert module_option_problems(texts) == []
 
 
 def test_a_module_option_that_does_not_exist_is_named() -> None:
     problems = module_option_problems(
-        ["`python -m kvtier.bench.policy_speed --limit 3000 --fraction 0.05`"]
+        ["`python -m kvtier_tools.bench.policy_speed --limit 3000 --fraction 0.05`"]
     )
-    assert problems == ["python -m kvtier.bench.policy_speed has no option --fraction"]
+    assert problems == ["python -m kvtier_tools.bench.policy_speed has no option --fraction"]
 
 
 def test_the_readme_checks_see_what_the_readme_names() -> None:
@@ -490,29 +494,29 @@ def test_the_readme_checks_see_what_the_readme_names() -> None:
         ("$ kvtier bench --write-path", "$ kvtier bench --write-paths",
          "unknown option --write-paths of kvtier bench"),
         ("`configs/default.toml`", "`configs/defaults.toml`", "no such path configs/defaults.toml"),
-        ("`kvtier/bench/vllm_tiers.py`", "`kvtier/bench/vllm_tier.py`",
-         "no such path kvtier/bench/vllm_tier.py"),
+        ("`tools/kvtier_tools/bench/vllm_tiers.py`", "`tools/kvtier_tools/bench/vllm_tier.py`",
+         "no such path tools/kvtier_tools/bench/vllm_tier.py"),
         ("`tests/test_vllm_*.py`", "`tests/test_vllm2_*.py`", "no such path tests/test_vllm2_*.py"),
         ("`--skip-partial-blocks` stores", "`--skip-partials` stores",
          "unknown option --skip-partials of kvtier simulate"),
         ("with `--no-deps`", "with `--no-dependencies`", "no kvtier command has --no-dependencies"),
-        ("`kvtier/workloads/data/NOTICE.md`", "`kvtier/data/NOTICE.md`",
+        ("`tools/kvtier_tools/workloads/data/NOTICE.md`", "`kvtier/data/NOTICE.md`",
          "no such path kvtier/data/NOTICE.md"),
         ("(docs/ARCHITECTURE.md)", "(ARCHITECTURE.md)", "link (ARCHITECTURE.md)"),
         # A build output (git-ignored, absent from a bare clone) counts; a misspelt one not.
         ("`kvtier/_compiled/` (git-ignored)", "`kvtier/_compile/` (git-ignored)",
          "no such path kvtier/_compile/"),
-        ("`kvtier.workloads.traces.read_mooncake()`", "`kvtier.traces.read_mooncake()`",
+        ("`kvtier_tools.workloads.traces.read_mooncake()`", "`kvtier.traces.read_mooncake()`",
          "no such module or name kvtier.traces.read_mooncake"),
         ("`kvtier.tiers.registry.register_tier`", "`kvtier.tiers.registry.register`",
          "no such module or name kvtier.tiers.registry.register"),
         # A file a command runs, a module run with -m, a script's option or command.
-        ("`python -m kvtier.bench.engine_ttft`, the vLLM", "`benchmarks/engine_ttft.py`, the vLLM",
+        ("`python -m kvtier_tools.bench.engine_ttft`, the vLLM", "`benchmarks/engine_ttft.py`, the vLLM",
          "no such path benchmarks/engine_ttft.py"),
-        ("bin/python -m kvtier.bench.engine_ttft`):", "bin/python benchmarks/engine_ttft.py`):",
+        ("bin/python -m kvtier_tools.bench.engine_ttft`):", "bin/python benchmarks/engine_ttft.py`):",
          "no such path benchmarks/engine_ttft.py"),
-        ("`python -m kvtier.bench.vllm_tiers`", "`python -m kvtier.bench.vllm_tier`",
-         "`python -m kvtier.bench.vllm_tier`: no such module"),
+        ("`python -m kvtier_tools.bench.vllm_tiers`", "`python -m kvtier_tools.bench.vllm_tier`",
+         "`python -m kvtier_tools.bench.vllm_tier`: no such module"),
         ("`scripts/setup.sh --engine`: vLLM", "`scripts/setup.sh --engines`: vLLM",
          "scripts/setup.sh has no option --engines"),
         ("`scripts/redis.sh tls` a TLS-only", "`scripts/redis.sh tsl` a TLS-only",

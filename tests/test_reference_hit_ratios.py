@@ -11,13 +11,13 @@ from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.policies import ARCCachePolicy, LRUCachePolicy, simulate
 from kvtier.policies.base import CachePolicy
-from kvtier.workloads.traces import read_block_accesses
+from kvtier_tools.workloads.traces import read_block_accesses
 
 ACCESSES = 288_500
 UNIQUE_BLOCKS = 182_790
 
 # Reference hit ratios of the Mooncake FAST'25 conversation trace, copied from
-# kvtier/workloads/data/NOTICE.md ("Reference hit ratios (computed independently of this
+# tools/kvtier_tools/workloads/data/NOTICE.md ("Reference hit ratios (computed independently of this
 # project)": libCacheSim's Python bindings, cross-checked by an independent implementation).
 # Method there: flatten the trace (each request's hash ids, left to right, one unit-size block
 # access each), cold start, every miss admitted, capacity = floor(fraction * unique blocks).

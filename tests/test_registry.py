@@ -611,7 +611,7 @@ def test_check_skips_volatile_tiers_and_says_it_cannot_read_another_store(
 def test_replay_prepares_the_directory_of_every_persistent_tier(
     shelf: TierKind, tmp_path: Path
 ) -> None:
-    from kvtier.workloads.replay import prepare_disk_dirs
+    from kvtier_tools.workloads.replay import prepare_disk_dirs
 
     store = tmp_path / "shelf"
     (store / "kvtier-old").mkdir(parents=True)

@@ -30,7 +30,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.keys import key_from_int, make_offload_key
 from kvtier.tiers.tensor_copy import TensorCopier
-from kvtier.workloads.replay import (
+from kvtier_tools.workloads.replay import (
     DEFAULT_REPLAY_BLOCK_BYTES,
     BlockContents,
     Replayer,
@@ -42,7 +42,7 @@ from kvtier.workloads.replay import (
     replay_config,
     write_report,
 )
-from kvtier.workloads.simulation.chain import offload_key_of
+from kvtier_tools.workloads.simulation.chain import offload_key_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LIMIT = "300"
@@ -535,13 +535,14 @@ def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path: Path) -> None:
 
 def test_the_tier_table_names_a_disk_tiers_io_mode_from_the_hierarchy() -> None:
     """The replay table shortens `Hierarchy.tiers[i].where`; both sides of that contract."""
-    from kvtier.cli.commands.replay import _where
     from kvtier.tiers.disk import DiskStore
+    from kvtier_tools.cli.replay import _where
 
     class Fake(DiskStore):
         def __init__(self, direct: bool, compression: str) -> None:
             self.path = "/x/kvtier-ab"  # type: ignore[assignment]
             self._direct, self._compression = direct, compression
+            self.other_stores = []
 
         @property
         def direct_io_active(self) -> bool:
@@ -567,8 +568,8 @@ async def test_blocks_a_shared_store_evicted_are_gone_not_failed(
     request asks for them again: misses reported as "gone", none as "failed"."""
     from rich.console import Console
 
-    from kvtier.cli.commands.replay import summary_table
     from kvtier.testing.keyed import AUTH_KEY_ENV, fixed_key_hex
+    from kvtier_tools.cli.replay import summary_table
 
     monkeypatch.setenv(AUTH_KEY_ENV, fixed_key_hex())
     shared = tmp_path / "nfs"
@@ -654,7 +655,7 @@ async def test_a_replay_freezes_the_set_up_heap_only_when_asked(freeze_gc: bool)
 def test_the_replay_command_freezes_its_own_heap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvtier.workloads.replay as module
+    import kvtier_tools.workloads.replay as module
 
     asked: list[bool] = []
     real = module.replay

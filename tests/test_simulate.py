@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.cli import main
-from kvtier.cli.charts import chart_sweep
 from kvtier.errors import InvalidValueError, KvtierError, TraceFormatError, UnknownPolicyError
 from kvtier.policies import simulate
-from kvtier.workloads.simulation import (
+from kvtier_tools.cli.charts import chart_sweep
+from kvtier_tools.workloads.simulation import (
     BeladyOracle,
     belady_opt,
     infinite_cache_hits,
@@ -351,9 +351,7 @@ def test_missing_matplotlib_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    one_line_error(
-        ["simulate", "--limit", "10", "--out", str(tmp_path)], "pip install 'kvtier[plot]'"
-    )
+    one_line_error(["simulate", "--limit", "10", "--out", str(tmp_path)], "pip install matplotlib")
     code, _, stderr = run("simulate", "--limit", "10", "--no-plot", "--out", str(tmp_path))
     assert code == 0, stderr
 
@@ -361,11 +359,11 @@ def test_missing_matplotlib_names_the_extra(
 def test_plot_helpers_raise_a_kvtier_error_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvtier.cli.charts import plot_hit_ratio_vs_capacity
+    from kvtier_tools.cli.charts import plot_hit_ratio_vs_capacity
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(KvtierError, match=r"kvtier\[plot\]"):
+    with pytest.raises(KvtierError, match=r"pip install matplotlib"):
         plot_hit_ratio_vs_capacity(tmp_path / "x.png", title="t", unique_blocks=1, curves={})
 
 

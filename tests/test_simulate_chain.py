@@ -16,17 +16,17 @@ from kvtier.cli import main
 from kvtier.errors import InvalidValueError, UnknownPolicyError
 from kvtier.keys import key_from_int, make_offload_key
 from kvtier.manager import make_tier_manager
-from kvtier.workloads.demo import replay_tier
-from kvtier.workloads.simulation import infinite_cache_hits, load_trace, parse_capacities
-from kvtier.workloads.simulation.chain import (
+from kvtier_tools.workloads.demo import replay_tier
+from kvtier_tools.workloads.simulation import infinite_cache_hits, load_trace, parse_capacities
+from kvtier_tools.workloads.simulation.chain import (
     ChainTier,
     chain_tiers,
     offload_key_of,
     parse_chain_policies,
     simulate_chain,
 )
-from kvtier.workloads.simulation.sweep import Capacity, SimTrace
-from kvtier.workloads.traces import TraceRequest
+from kvtier_tools.workloads.simulation.sweep import Capacity, SimTrace
+from kvtier_tools.workloads.traces import TraceRequest
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

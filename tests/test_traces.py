@@ -1,4 +1,4 @@
-"""Tests of kvtier.workloads.traces: the shipped Mooncake trace, the JSONL reader and the key
+"""Tests of kvtier_tools.workloads.traces: the shipped Mooncake trace, the JSONL reader and the key
 reader."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from kvtier.errors import KvtierError, TraceFormatError
-from kvtier.workloads.traces import (
+from kvtier_tools.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     TraceStats,
@@ -24,7 +24,7 @@ from kvtier.workloads.traces import (
 )
 
 # sha256 of upstream FAST25-release/traces/conversation_trace.jsonl
-# (kvtier/workloads/data/NOTICE.md).
+# (tools/kvtier_tools/workloads/data/NOTICE.md).
 SHIPPED_SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
 
 SMALL_TRACE = (

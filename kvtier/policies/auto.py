@@ -70,7 +70,7 @@ CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
 }
 """The policies `auto` may serve with, by name."""
 # The tunables were chosen on the first half (by time) of the shipped conversation trace and
-# are reported on other traces too (kvtier.bench.policy_traces).
+# are reported on other traces too (kvtier_tools.bench.policy_traces).
 CANDIDATES: tuple[str, ...] = ("lct", "arc", "lru")
 """The candidates, in order of preference on a tie; the first serves until a shadow leads."""
 SAMPLE_RATE = 0.01

@@ -93,8 +93,8 @@ BINS_PER_OCTAVE = 4
 MAX_BINS = BINS_PER_OCTAVE * 48
 """Reuse distances up to 2**48 accesses: beyond any memory, so no bin is ever capped."""
 # The tunables were chosen together on the first half (by time) of the shipped trace, one set
-# for every capacity (kvtier.bench.lct_tuning), and are reported on other traces too
-# (kvtier.bench.policy_traces).
+# for every capacity (kvtier_tools.bench.lct_tuning), and are reported on other traces too
+# (kvtier_tools.bench.policy_traces).
 HORIZONS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
 """Candidate horizons, in accesses, as multiples of the capacity (ascending)."""
 START = 2
@@ -241,7 +241,7 @@ class LCTCachePolicy(CachePolicy):
         """`decay`, `solve_every` (a multiple of the capacity, in accesses), `horizons` and
         `memory` (multiples of the capacity, in accesses), `start` (an index in `horizons`)
         and `order` default to the module's constants, the one set chosen for every capacity
-        (see `kvtier.bench.lct_tuning`); they are parameters for that tuning only."""
+        (see `kvtier_tools.bench.lct_tuning`); they are parameters for that tuning only."""
         super().__init__(cache_capacity)
         if not 0.0 < decay <= 1.0:
             raise InvalidValueError(f"lct: decay must be in (0, 1], got {decay!r}")

@@ -1,0 +1,222 @@
+"""How soon a restarted hierarchy serves its disk tier's blocks, and what they cost in memory.
+
+Fills a disk store with `--blocks` blocks of `--block-bytes` bytes (written straight through a
+`DiskStore`), then, for each case and repetition, opens a cpu -> disk hierarchy on it in a
+fresh child process and measures:
+
+- open -> first hit (s): from the start of `Hierarchy.open` to the first `get` of a stored
+  block (the newest one) returning its bytes;
+- open -> fully loaded (s): until the disk tier's bookkeeping holds every restored block
+  (`Hierarchy.open` itself where the load is not done in the background);
+- RSS growth per block (bytes): the child's anonymous resident memory (RssAnon: the
+  process's own objects and arrays) once fully loaded less the same before the open (torch
+  and kvtier imported), over the blocks stored; and apart, the growth of its file-backed
+  resident memory (RssFile: pages of the memory-mapped LMDB index read meanwhile, page cache
+  the kernel can reclaim).
+
+Two cases: the store closed cleanly (its index trusted through its stamp), and the store's
+last process killed with SIGKILL (a child opens it, writes one block and kills itself: the
+index is probed before it is trusted). Prints the median of `--repeats` per case; a figure
+to compare, not a test. Other work sharing the cores shows in the figures: run it on a quiet
+machine, or compare runs made side by side.
+
+    .venv/bin/python -m kvtier_tools.bench.disk_restart --blocks 100000
+    .venv/bin/python -m kvtier_tools.bench.disk_restart --blocks 1000000 --block-bytes 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence, Sized
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from kvtier.keys import key_from_int
+from kvtier.tiers.disk import DiskStore
+
+FILL_BATCH = 1024
+"""Blocks per write while filling the store."""
+
+CPU_BLOCKS = 64
+"""Slots of the cpu tier above the disk tier."""
+
+
+def config_of(root: Path, blocks: int, block_bytes: int) -> dict[str, Any]:
+    """The cpu -> disk hierarchy the children open (fsync off: the fill is not timed on it)."""
+    return {
+        "block_size": block_bytes,
+        "tiers": [
+            {"name": "cpu", "medium": "cpu", "capacity": CPU_BLOCKS},
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": blocks,
+                "path": str(root / "disk"),
+                "fsync": False,
+            },
+        ],
+    }
+
+
+async def fill(root: Path, blocks: int, block_bytes: int) -> None:
+    """Write `blocks` blocks (key i in slot i, i's low byte repeated) into a new store."""
+    disk = DiskStore(root / "disk", block_size=block_bytes, num_blocks=blocks, fsync=False)
+    try:
+        data = [np.full(block_bytes, i, dtype=np.uint8) for i in range(256)]
+        for first in range(0, blocks, FILL_BATCH):
+            ids = list(range(first, min(blocks, first + FILL_BATCH)))
+            failures = await disk.write(
+                [key_from_int(i) for i in ids], ids, [data[i % 256] for i in ids]
+            )
+            if any(failures):
+                raise RuntimeError(f"the fill failed: {[f for f in failures if f][:1]}")
+    finally:
+        await disk.aclose()
+
+
+_KILL_CHILD = """
+import asyncio, os, signal, sys
+import numpy as np
+from pathlib import Path
+from kvtier.keys import key_from_int
+from kvtier.tiers.disk import DiskStore
+
+async def main(root, blocks, block_bytes):
+    disk = DiskStore(Path(root) / "disk", block_size=block_bytes, num_blocks=blocks, fsync=False)
+    last = blocks - 1
+    await disk.write([key_from_int(last)], [last], [np.full(block_bytes, last % 256, np.uint8)])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def kill_a_writer(root: Path, blocks: int, block_bytes: int) -> None:
+    """Leave the store as a process killed with SIGKILL while it had it open leaves it."""
+    child = subprocess.run(
+        [sys.executable, "-c", _KILL_CHILD, str(root), str(blocks), str(block_bytes)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if child.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"the writer was not killed: {child.returncode}: {child.stderr}")
+
+
+def rss_bytes() -> tuple[int, int]:
+    """This process's resident memory now: (anonymous, file-backed) bytes. File-backed
+    pages are mapped files (the LMDB index is read through a memory map): page cache the
+    kernel can take back, counted apart."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                found[name] = int(value.split()[0]) * 1024
+    return found["RssAnon"], found["RssFile"] + found.get("RssShmem", 0)
+
+
+async def measure(root: Path, blocks: int, block_bytes: int) -> dict[str, float]:
+    """Open the hierarchy on the filled store: the figures of one restart (in the child)."""
+    import time
+
+    import torch
+
+    from kvtier import Hierarchy
+
+    hierarchy = Hierarchy.from_config(config_of(root, blocks, block_bytes))
+    before = rss_bytes()
+    started = time.perf_counter()
+    await hierarchy.open()
+    opened = time.perf_counter()
+    last = blocks - 1
+    out = await hierarchy.get([key_from_int(last)])
+    first_hit = time.perf_counter()
+    if not bool(torch.all(out[0] == last % 256)):
+        raise RuntimeError("the first hit served wrong bytes")
+    await wait_loaded(hierarchy)
+    loaded = time.perf_counter()
+    restored = len(cast(Sized, hierarchy._open().manager.tiers[-1]))  # a benchmark's look inside
+    after = rss_bytes()
+    await hierarchy.close()
+    return {
+        "open_s": opened - started,
+        "first_hit_s": first_hit - started,
+        "loaded_s": loaded - started,
+        "rss_per_block": (after[0] - before[0]) / max(1, blocks),
+        "file_per_block": (after[1] - before[1]) / max(1, blocks),
+        "restored": float(restored),
+    }
+
+
+async def wait_loaded(hierarchy: Any) -> None:
+    """Until the disk tier's background load (where there is one) has finished."""
+    for storage in hierarchy._open().storages:  # a benchmark's look inside
+        loading = getattr(storage, "wait_loaded", None)
+        if loading is not None:
+            await loading()
+
+
+def run_child(root: Path, blocks: int, block_bytes: int) -> dict[str, float]:
+    """`measure` in a fresh interpreter (so its RSS is its own)."""
+    child = subprocess.run(
+        [
+            *(sys.executable, "-m", "kvtier_tools.bench.disk_restart", "--child", str(root)),
+            *("--blocks", str(blocks), "--block-bytes", str(block_bytes)),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(child.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m kvtier_tools.bench.disk_restart [--blocks N] [--block-bytes B] [--repeats R]`"""
+    parser = argparse.ArgumentParser(
+        prog="python -m kvtier_tools.bench.disk_restart", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--blocks", type=int, default=100_000)
+    parser.add_argument("--block-bytes", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="where to build the store")
+    parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(asyncio.run(measure(args.child, args.blocks, args.block_bytes))))
+        return
+    root = Path(tempfile.mkdtemp(prefix="kvtier-restart-", dir=args.dir))
+    try:
+        asyncio.run(fill(root, args.blocks, args.block_bytes))
+        print(f"{args.blocks:,} blocks of {args.block_bytes:,} bytes, cpu -> disk hierarchy")
+        header = f"{'case':<16} {'open s':>8} {'first hit s':>12} {'loaded s':>9}"
+        print(header + f" {'anon B/block':>13} {'file B/block':>13} {'restored':>9}")
+        for case in ("clean close", "after SIGKILL"):
+            rows = []
+            for _ in range(args.repeats):
+                if case == "after SIGKILL":
+                    kill_a_writer(root, args.blocks, args.block_bytes)
+                rows.append(run_child(root, args.blocks, args.block_bytes))
+            med = {name: statistics.median(row[name] for row in rows) for name in rows[0]}
+            print(
+                f"{case:<16} {med['open_s']:>8.3f} {med['first_hit_s']:>12.3f} "
+                f"{med['loaded_s']:>9.3f} {med['rss_per_block']:>13.0f} "
+                f"{med['file_per_block']:>13.0f} {med['restored']:>9,.0f}"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

