@@ -511,9 +511,11 @@ def test_the_readme_checks_see_what_the_readme_names() -> None:
         ("`kvtier.tiers.registry.register_tier`", "`kvtier.tiers.registry.register`",
          "no such module or name kvtier.tiers.registry.register"),
         # A file a command runs, a module run with -m, a script's option or command.
-        ("`python -m kvtier_tools.bench.engine_ttft`, the vLLM", "`benchmarks/engine_ttft.py`, the vLLM",
+        ("`python -m kvtier_tools.bench.engine_ttft`, the vLLM",
+         "`benchmarks/engine_ttft.py`, the vLLM",
          "no such path benchmarks/engine_ttft.py"),
-        ("bin/python -m kvtier_tools.bench.engine_ttft`):", "bin/python benchmarks/engine_ttft.py`):",
+        ("bin/python -m kvtier_tools.bench.engine_ttft`):",
+         "bin/python benchmarks/engine_ttft.py`):",
          "no such path benchmarks/engine_ttft.py"),
         ("`python -m kvtier_tools.bench.vllm_tiers`", "`python -m kvtier_tools.bench.vllm_tier`",
          "`python -m kvtier_tools.bench.vllm_tier`: no such module"),
