@@ -262,3 +262,9 @@ async def test_the_background_sweeper_runs_in_a_chain(tmp_path: Path) -> None:
         on_disk = sum(p.stat().st_size for p in (tmp_path / "nfs").rglob("*.kv"))
         assert on_disk <= 8 * (BLOCK + 200)
         assert storage.stats.sweeps > 0
+
+
+async def test_the_tier_says_where_its_values_live(tmp_path: Path) -> None:
+    async with Hierarchy.from_config(chain(tmp_path / "nfs")) as h:
+        where = h.tiers[-1].where  # the namespace's own directory under the shared one
+        assert where.startswith(f"shared directory {tmp_path / 'nfs'}/kvtier-"), where

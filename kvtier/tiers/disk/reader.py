@@ -14,6 +14,9 @@ uses to keep or drop a record and what `check` reports.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +49,42 @@ def read_parts(slots: list[int], block_size: int, max_workers: int) -> list[list
     order = sorted(range(len(slots)), key=slots.__getitem__)
     size = -(-len(order) // ways)
     return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+Outcomes = list[ReadFailure | None]
+ReadRunner = Callable[[Callable[[], Outcomes]], Awaitable[Outcomes]]
+
+
+async def read_split(
+    run: ReadRunner,
+    read: Callable[[list[OffloadKey], list[int], list[HostBuffer]], Outcomes],
+    keys: list[OffloadKey],
+    slots: list[int],
+    buffers: list[HostBuffer],
+    parts: list[list[int]],
+) -> Outcomes:
+    """One batch read as `parts` (`read_parts`), each by `read` in a thread `run` gives it, at
+    once: each block's outcome at its position in the batch."""
+    if len(parts) == 1:
+        return await run(functools.partial(read, keys, slots, buffers))
+    outcomes = await asyncio.gather(
+        *(
+            run(
+                functools.partial(
+                    read,
+                    [keys[m] for m in part],
+                    [slots[m] for m in part],
+                    [buffers[m] for m in part],
+                )
+            )
+            for part in parts
+        )
+    )
+    results: Outcomes = [None] * len(keys)
+    for part, outcome in zip(parts, outcomes, strict=True):
+        for member, result in zip(part, outcome, strict=True):
+            results[member] = result
+    return results
 
 
 class BlockVerifier:

@@ -51,7 +51,7 @@ from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
 from kvtier.tiers.disk.neighbours import say_other_stores
-from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts
+from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.registry import TierContext
@@ -450,28 +450,9 @@ class DiskStore(BlockStorage):
         if self._guard.reason is not None:
             return self._reader.refuse(len(key_list))
         parts = read_parts(slot_list, self.block_size, self._max_workers)
-        if len(parts) == 1:
-            return await self._run(
-                functools.partial(self._reader.read, key_list, slot_list, buffer_list)
-            )
-        outcomes = await asyncio.gather(
-            *(
-                self._run(
-                    functools.partial(
-                        self._reader.read,
-                        [key_list[m] for m in part],
-                        [slot_list[m] for m in part],
-                        [buffer_list[m] for m in part],
-                    )
-                )
-                for part in parts
-            )
+        return await read_split(
+            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
         )
-        results: list[ReadFailure | None] = [None] * len(key_list)
-        for part, outcome in zip(parts, outcomes, strict=True):
-            for member, result in zip(part, outcome, strict=True):
-                results[member] = result
-        return results
 
     def check(self, repair: bool = False) -> CheckReport:
         """Verify the store (fsck.py): every index record against its slot's header and

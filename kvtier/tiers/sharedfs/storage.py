@@ -534,6 +534,10 @@ class SharedFSStorage(KeyedStorage):
             return  # the directory descriptors stay open: those threads may still use them
         self.tree.close()
 
+    def describe(self) -> str:
+        """Where the values live, for `Hierarchy.tiers`: the shared directory."""
+        return f"shared directory {self.root}"
+
     def __repr__(self) -> str:
         return f"SharedFSStorage({self.root})"
 
