@@ -19,8 +19,10 @@ build it runs as the Python it is: `cython` is then Cython's shadow module, or
 `_cython_shim` where Cython is not installed, whose decorators change nothing. Both take
 the same decisions (`tests/test_compiled_core.py` runs this file's text both ways in one
 process and compares every answer and state). mypy cannot read a typed memoryview
-(`cython.int[::1]`): the int arrays are declared with `cython.declare`, each with a `type:
-ignore[misc]`, and are `Any` to mypy.
+(`cython.int[::1]`) or a C array (`cython.int[4]`): the int arrays are declared with
+`cython.declare`, each with a `type: ignore`, and are `Any` to mypy. The four-item arrays
+(one item per list) are C arrays inside the object, lists when not compiled: no pointer to
+follow on the hottest reads.
 """
 
 from __future__ import annotations
@@ -121,9 +123,10 @@ class ARCLists:
     _free: cython.int  # the first free node, chained through `_next` (-1: none)
     _created: cython.bint  # whether `_node_of` registered a new node
     # Per list (T1, T2, B1, B2): its oldest and newest node (-1: empty), its length.
-    _head = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _tail = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _size = cython.declare(cython.int[::1])  # type: ignore[misc]
+    # (The type ignores: see the module's docstring.)
+    _head = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    _tail = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    _size = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
     # An eviction plan: the nodes marked gone (a ghost hit, or a ghost the plan deletes)
     # and the ghosts it deletes (each at most once per node), the victims and what happens
     # to each; the list sizes and p as the step-by-step order sees them, the next node
@@ -136,8 +139,8 @@ class ARCLists:
     _npopped: cython.Py_ssize_t
     _nplan: cython.Py_ssize_t
     _plan_room: cython.Py_ssize_t
-    _count = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _cursor = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _count = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    _cursor = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
     _planned_p: cython.double
     _steady: cython.bint
 
@@ -156,15 +159,15 @@ class ARCLists:
         self._allocated = 0
         self._free = -1
         self._created = False
-        self._head = _filled(4, -1)
-        self._tail = _filled(4, -1)
-        self._size = _filled(4, 0)
+        self._head = [-1, -1, -1, -1]
+        self._tail = [-1, -1, -1, -1]
+        self._size = [0, 0, 0, 0]
         empty = _filled(0, 0)
         self._prev = self._next = self._where = self._incoming = self._gone = empty
         self._marked = self._popped = self._victims = self._ops = empty
         self._nmarked = self._npopped = self._nplan = self._plan_room = 0
-        self._count = _filled(4, 0)
-        self._cursor = _filled(4, -1)
+        self._count = [0, 0, 0, 0]
+        self._cursor = [-1, -1, -1, -1]
         self._planned_p = 0.0
         self._steady = False
         self._grow(max(INITIAL_NODES, min(2 * capacity + 8, MOST_NODES_AT_START)))
