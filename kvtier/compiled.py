@@ -6,13 +6,16 @@ Cython, and the choice, at import, between them and the pure-Python source.
 module's source. Cython compiles the `.py` files as they are, with `annotation_typing` off:
 annotations are not C types, so a compiled module keeps Python's semantics to the letter
 (any hashable key, the same exceptions, interpreted subclasses, patched instances); the same
-`.py` files are the fallback. Three modules are written in Cython instead:
-`kvtier/policies/_arc_core.pyx` (ARC with its four lists in C) and
-`kvtier/policies/_lct_core.pyx` (lct's per-access state in C, its solver lct.py's), since
-compiling arc.py and lct.py left their cost in ordered-dict and tuple operations (issue 23);
-`kvtier.policies.arc` / `kvtier.policies.lct` export them as `ARCCachePolicy` /
-`LCTCachePolicy` when they are selected and their own pure-Python classes otherwise, and
-`tests/test_compiled_core.py` checks that both decide alike. And `kvtier/_blocks_core.pyx`,
+`.py` files are the fallback. ARC's state and steps, `kvtier/policies/_arc_core.py`, are
+written in Cython's pure Python mode (a `cython:` line turns `annotation_typing` on for that
+file alone: its annotations are C types, its lists int arrays, its class an extension type),
+since compiling the ordered-dict ARC left its cost in ordered-dict and tuple operations
+(issue 23); uncompiled it is plain Python, the same text (`tests/test_compiled_core.py`
+compares the two). Three modules are written in Cython instead:
+`kvtier/policies/_lct_core.pyx` (lct's per-access state in C, its solver lct.py's):
+`kvtier.policies.lct` exports it as `LCTCachePolicy` when it is selected and its own
+pure-Python class otherwise, and `tests/test_compiled_core.py` checks that both decide alike.
+And `kvtier/_blocks_core.pyx`,
 `BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
 is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
 write group's batches of system calls made without the GIL, which
@@ -24,9 +27,9 @@ keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the po
 `select_core()`, run when `kvtier/__init__.py` imports this module (before any core module),
 puts a finder in front of the import system that loads the compiled extension of each core
 module whose source is unchanged since the build; a module edited since is its `.py` (the
-status says which; an edited `.pyx` is not loaded, so ARC or lct is the pure one) until
+status says which; an edited `.pyx` is not loaded, so lct is the pure one) until
 `scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1` selects the `.py` of every module
-(and so the pure-Python ARC and lct). `core_status()` says what was chosen (`kvtier --version`
+(and so the pure-Python lct). `core_status()` says what was chosen (`kvtier --version`
 prints it).
 """
 
@@ -53,11 +56,11 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.manager.tier",
     "kvtier.tiers.disk._io_core",
 )
-"""The modules compiled: the hot paths of LRU, ARC, lct and `TierManager`, and their base
-class; and, with no `.py`, `BlockStatus`'s constructor and ARC's and lct's cores in C
-(`_blocks_core.pyx`, `_arc_core.pyx`, `_lct_core.pyx`: when one is not selected,
-`kvtier.blocks` keeps the Python constructor and `kvtier.policies.arc` /
-`kvtier.policies.lct` runs its pure-Python class); and a disk write group's system calls
+"""The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
+Cython's pure Python mode), lct and `TierManager`, and their base class; and, with no `.py`,
+`BlockStatus`'s constructor and lct's core in C (`_blocks_core.pyx`, `_lct_core.pyx`: when
+one is not selected, `kvtier.blocks` keeps the Python constructor and `kvtier.policies.lct`
+runs its pure-Python class); and a disk write group's system calls
 without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
 them one Python call at a time)."""
 

@@ -2,14 +2,17 @@
 and, when `scripts/build-core` has built it, that it decides exactly as the pure-Python
 source: the same hits, victims and final lists on the shipped trace and on random programs,
 for the policies alone and through a `TierManager`. The two cores run in two processes (one
-with KVTIER_PURE_PYTHON=1), since a process holds one of them; ARC's and lct's C cores
-(`_arc_core.pyx`, `_lct_core.pyx`) are also compared call by call, in one process, with
-arc.py's and lct.py's own classes (`PureARCCachePolicy`, `PureLCTCachePolicy`)."""
+with KVTIER_PURE_PYTHON=1), since a process holds one of them. ARC's core (`_arc_core.py`,
+Cython's pure Python mode) is also compared call by call, in one process, compiled against
+its own text loaded as plain Python (`pure_module`), and lct's C core (`_lct_core.pyx`)
+against lct.py's own class (`PureLCTCachePolicy`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import random
@@ -17,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
@@ -258,51 +262,97 @@ def test_the_digest_sees_a_different_decision() -> None:
 # -- ARC's compiled core against the pure-Python ARC, in one process ----------------------------
 
 
-CORES = {"arc": "ARCCachePolicy", "lct": "LCTCachePolicy"}
-"""The policies with a core of their own in C (`_<name>_core.pyx`): the class each module
-exports; its pure-Python class is the same name with `Pure` in front."""
+ARC_CORE = "kvtier.policies._arc_core"
 
 
-def compiled_policy(name: str) -> type[CachePolicy]:
-    """The compiled class of policy `name` (`kvtier.policies._<name>_core`), or a skip when
-    this process runs the pure-Python core."""
-    module = importlib.import_module(f"kvtier.policies.{name}")
-    exported = getattr(module, CORES[name])
-    if exported is getattr(module, "Pure" + CORES[name]):
-        pytest.skip(f"{name}'s compiled core is not selected (scripts/build-core builds it)")
-    return exported  # type: ignore[no-any-return]
+@functools.cache
+def pure_module(module: str) -> ModuleType:
+    """Core module `module` loaded from its `.py` as plain Python, whatever this process
+    selected (under another name, beside the module itself)."""
+    spec = importlib.util.spec_from_file_location(
+        module + "_as_python", compiled.source_path(module)
+    )
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
-def compiled_arc() -> type[CachePolicy]:
-    return compiled_policy("arc")
+def is_compiled(module: ModuleType) -> bool:
+    return str(module.__file__).endswith(compiled.extension_suffix())
 
 
 def compiled_lct() -> type[CachePolicy]:
-    return compiled_policy("lct")
+    """The compiled lct (`kvtier.policies._lct_core`), or a skip when this process runs the
+    pure-Python core."""
+    from kvtier.policies import lct
+
+    if lct.LCTCachePolicy is lct.PureLCTCachePolicy:
+        pytest.skip("lct's compiled core is not selected (scripts/build-core builds it)")
+    return lct.LCTCachePolicy
 
 
-@pytest.mark.parametrize("name", CORES)
-def test_the_policy_is_its_pure_class_without_a_compiled_core(name: str) -> None:
-    exported = CORES[name]
+def compiled_arc() -> type[CachePolicy]:
+    """`ARCCachePolicy`, or a skip when its core (`_arc_core`) is not the compiled one."""
+    from kvtier.policies import ARCCachePolicy, _arc_core
+
+    if not is_compiled(_arc_core):
+        pytest.skip("ARC's compiled core is not selected (scripts/build-core builds it)")
+    return ARCCachePolicy
+
+
+def pure_arc() -> type[CachePolicy]:
+    """`ARCCachePolicy` over `_arc_core.py` run as plain Python."""
+    from kvtier.policies import ARCCachePolicy
+
+    lists = pure_module(ARC_CORE).ARCLists
+    return type("PythonARC", (ARCCachePolicy,), {"lists_class": lists})
+
+
+def test_the_pure_arc_runs_the_core_as_python() -> None:
+    policy = pure_arc()(4)
+    core = policy._core  # type: ignore[attr-defined]
+    assert type(core).__module__ == ARC_CORE + "_as_python"
+    assert str(pure_module(ARC_CORE).__file__).endswith("_arc_core.py")
+    assert not is_compiled(pure_module(ARC_CORE))
+
+
+def test_without_a_compiled_core_the_policies_run_their_sources() -> None:
     out = run_python(
-        f"from kvtier.policies import {name}, {exported}; "
-        f"print({exported} is {name}.Pure{exported}, {exported}.__module__)",
+        "from kvtier.policies import lct, _arc_core; "
+        "print(lct.LCTCachePolicy is lct.PureLCTCachePolicy, _arc_core.__file__)",
         pure=True,
     )
-    assert out == f"True kvtier.policies.{name}"
+    assert out.startswith("True ") and out.endswith("_arc_core.py")
 
 
-@pytest.mark.parametrize("name", CORES)
-def test_the_policy_is_its_compiled_class_with_a_compiled_core(name: str) -> None:
+def test_with_a_compiled_core_the_policies_run_their_extensions() -> None:
     if not compiled_core_built():
         pytest.skip("no compiled core (scripts/build-core builds it)")
-    exported = CORES[name]
     out = run_python(
-        f"from kvtier.policies import {name}, get_policy_class; "
-        f"print(get_policy_class({name!r}).__module__, {name}.{exported} is {name}.Pure{exported})",
+        "from kvtier.policies import lct, _arc_core, get_policy_class; "
+        "print(get_policy_class('lct').__module__, lct.LCTCachePolicy is lct.PureLCTCachePolicy,"
+        " _arc_core.__file__)",
         pure=False,
     )
-    assert out == f"kvtier.policies._{name}_core False"
+    assert out.startswith("kvtier.policies._lct_core False ")
+    assert out.endswith(compiled.extension_suffix())
+
+
+def test_arc_runs_without_cython_installed() -> None:
+    """Where Cython is not installed, `_arc_core` imports `_cython_shim` instead and decides
+    as it does with Cython's own shadow module."""
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_compiled_core as t; "
+    code += "import hashlib; log = repr([t.random_program('arc', seed) for seed in range(5)]); "
+    code += "print(hashlib.sha256(log.encode()).hexdigest())"
+    without = run_python("import sys; sys.modules['cython'] = None; " + code, pure=True)
+    assert without == run_python(code, pure=True)
+    shim = run_python(
+        "import sys; sys.modules['cython'] = None; "
+        "import kvtier.policies._arc_core as m; print(m.cython.__name__)",
+        pure=True,
+    )
+    assert shim == "kvtier.policies._cython_shim"
 
 
 def arc_state(policy: CachePolicy) -> tuple[object, ...]:
@@ -310,11 +360,8 @@ def arc_state(policy: CachePolicy) -> tuple[object, ...]:
     not inserted yet (in order) with whether p adapted to them."""
     lists = policy.lists()  # type: ignore[attr-defined]
     blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
-    core = getattr(policy, "_core", None)
-    if core is None:  # arc.py's
-        announced = (list(policy._incoming), policy._incoming_adapted)  # type: ignore[attr-defined]
-    else:
-        announced = (core.announced(), core.incoming_adapted)
+    core = policy._core  # type: ignore[attr-defined]
+    announced = (core.announced(), core.incoming_adapted)
     return (lists, policy.target_t1_size, len(policy), blocks, announced)  # type: ignore[attr-defined]
 
 
@@ -323,11 +370,9 @@ class TwinARC:
     exception types) and the states after it must be equal."""
 
     def __init__(self, capacity: int, *, check_states: bool = True) -> None:
-        from kvtier.policies.arc import PureARCCachePolicy
-
         self.check_states = check_states
-        self.pure: CachePolicy = PureARCCachePolicy(capacity)
         self.fast: CachePolicy = compiled_arc()(capacity)
+        self.pure: CachePolicy = pure_arc()(capacity)
         self.calls = 0
 
     def call(self, method: str, *args: object, blocks: Sequence[object] = ()) -> object:
