@@ -1,0 +1,313 @@
+"""A node's KV events on the wire (issue 32, item 2): vLLM's format, read by vLLM 0.33's own
+classes over a real loopback ZMQ socket; the replay socket; drops seen as a gap; a bad
+endpoint fails at open, naming it. No test races a clock: each waits on a condition, with a
+generous deadline that only catches a hang."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
+
+from kvtier import Hierarchy
+from kvtier.config import parse_config
+from kvtier.config_events import EventsConfig
+from kvtier.errors import ConfigError, EventsEndpointError
+from kvtier.fleet.events import KVEventBatch, decode_batch, encode_batch, to_wire, wire_medium
+from kvtier.fleet.publisher import END_SEQ, SEQ_BITS, EventPublisher
+from kvtier.manager.base import OffloadingEvent
+from kvtier.manager.events import AllCleared
+
+zmq = pytest.importorskip("zmq")
+kv_events = pytest.importorskip("vllm.distributed.kv_events")
+
+HANG_S = 60_000
+"""Milliseconds a receive may wait before the test calls it a hang."""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Subscriber:
+    """A SUB socket on a publisher's endpoint, decoding with vLLM's classes."""
+
+    def __init__(self, endpoint: str, topic: bytes = b"") -> None:
+        self.context = zmq.Context()
+        self.sub = self.context.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self.sub.setsockopt(zmq.RCVTIMEO, HANG_S)
+        self.sub.connect(endpoint)
+        self.decoder = kv_events.msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+
+    def receive(self) -> tuple[bytes, int, Any]:
+        topic, seq, payload = self.sub.recv_multipart()
+        return topic, int.from_bytes(seq, "big"), self.decoder.decode(payload)
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.context.term()
+
+
+def connected(publisher: EventPublisher, subscriber: Subscriber) -> list[tuple[int, Any]]:
+    """Wait until the subscriber receives (a PUB drops what it sends before a subscription
+    arrives): the publisher's AllBlocksCleared went out before it connected, so offer
+    probes until one arrives; returns the batches received, the probes' included."""
+    got = []
+    probe = OffloadingEvent((b"probe",), BLOCK, "cpu", True, "cpu")
+    subscriber.sub.setsockopt(zmq.RCVTIMEO, 50)
+    for _ in range(HANG_S // 50):
+        publisher.offer(probe)
+        try:
+            _, seq, batch = subscriber.receive()
+        except zmq.Again:
+            continue
+        got.append((seq, batch))
+        break
+    else:
+        raise AssertionError("the subscriber never connected")
+    subscriber.sub.setsockopt(zmq.RCVTIMEO, HANG_S)
+    return got
+
+
+def events_config(**overrides: Any) -> EventsConfig:
+    return EventsConfig(enabled=True, endpoint="tcp://127.0.0.1:0", **overrides)
+
+
+def test_a_batch_encodes_as_vllm_encodes_it() -> None:
+    """Byte for byte: kvtier's payload equals vLLM's encoding of the same events."""
+    ks = (key(1), key(2))
+    ours = KVEventBatch(
+        ts=1.5,
+        events=[
+            to_wire(OffloadingEvent(ks, BLOCK, "disk", False, "disk"), 16),
+            to_wire(OffloadingEvent(ks[:1], BLOCK, "cpu", True, "cpu"), 16),
+            to_wire(AllCleared(), 16),
+        ],
+    )
+    theirs = kv_events.KVEventBatch(
+        ts=1.5,
+        events=[
+            kv_events.BlockStored(
+                block_hashes=list(ks),
+                parent_block_hash=None,
+                token_ids=[],
+                block_size=16,
+                lora_id=None,
+                medium="DISK",
+                lora_name=None,
+                ownership="disk",
+            ),
+            kv_events.BlockRemoved(block_hashes=[ks[0]], medium="CPU", ownership="cpu"),
+            kv_events.AllBlocksCleared(),
+        ],
+    )
+    assert encode_batch(ours) == kv_events.msgspec.msgpack.encode(theirs)
+    assert decode_batch(encode_batch(ours)) == ours
+    assert [wire_medium(m) for m in ("gpu", "cpu", "disk", "redis")] == [
+        "GPU",
+        "CPU",
+        "DISK",
+        "REDIS",
+    ]
+
+
+async def test_vllm_reads_a_nodes_events_over_zmq(tmp_path: Path) -> None:
+    """A standalone Hierarchy with [events] on: a vLLM subscriber decodes its batches, sees
+    the blocks stored on each tier by name and medium, moves down in order, and the
+    AllBlocksCleared of the close; sequence numbers carry the incarnation and count up."""
+    config = chain_config(tmp_path, 4, 8, None, device="cpu", reserve=False)
+    config["events"] = {"enabled": True, "endpoint": "tcp://127.0.0.1:0", "topic": "node-a"}
+    ks = [key(i) for i in range(8)]
+    h = Hierarchy.from_config(config)
+    await h.open()
+    publisher = h._publisher  # the test reads the endpoint it bound
+    assert publisher is not None
+    subscriber = Subscriber(publisher.endpoint, b"node-a")
+    try:
+        first = connected(publisher, subscriber)
+        for i in range(0, 8, 4):
+            assert await h.put(ks[i : i + 4], blocks_of(ks[i : i + 4])) == 4
+        await h.drain()
+        stats = h.stats()
+        await h.close()
+        batches = list(first)
+        while not any(isinstance(e, kv_events.AllBlocksCleared) for e in batches[-1][1].events):
+            _, seq, batch = subscriber.receive()
+            batches.append((seq, batch))
+    finally:
+        subscriber.close()
+    seqs = [seq for seq, _ in batches]
+    assert {seq >> SEQ_BITS for seq in seqs} == {publisher.incarnation}
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert [seq & 0xFFFFFFFF for seq in seqs] == list(
+        range(seqs[0] & 0xFFFFFFFF, (seqs[0] & 0xFFFFFFFF) + len(seqs))
+    )  # no gap: nothing was dropped
+    events = [e for _, batch in batches for e in batch.events]
+    stored = [e for e in events if isinstance(e, kv_events.BlockStored)]
+    assert [k for e in stored if e.ownership == "gpu" for k in e.block_hashes] == ks
+    assert {(e.ownership, e.medium) for e in stored} == {("gpu", "GPU"), ("cpu", "CPU")}
+    removed_gpu = [
+        k
+        for e in events
+        if isinstance(e, kv_events.BlockRemoved) and e.ownership == "gpu"
+        for k in e.block_hashes
+    ]
+    assert removed_gpu == ks[:4]
+    for k in removed_gpu:  # each move down: the store below came first
+        store_at = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, kv_events.BlockStored) and e.ownership == "cpu" and k in e.block_hashes
+        )
+        remove_at = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, kv_events.BlockRemoved)
+            and e.ownership == "gpu"
+            and k in e.block_hashes
+        )
+        assert store_at < remove_at
+    assert isinstance(events[-1], kv_events.AllBlocksCleared)
+    assert stats.fleet_events_sent >= 1 and stats.fleet_events_dropped == 0
+
+
+def test_the_replay_socket_serves_missed_batches_as_vllm_does() -> None:
+    """A REQ-style request for a start sequence number gets every kept batch from it on,
+    then vLLM's end marker; a malformed request is counted and ignored."""
+    publisher = EventPublisher(events_config(replay_endpoint="tcp://127.0.0.1:0"))
+    publisher.start()
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, HANG_S)
+    dealer.connect(publisher.replay_endpoint)
+    try:
+        for i in range(3):
+            publisher.offer(OffloadingEvent((key(i),), BLOCK, "cpu", False, "cpu"))
+        base = publisher.incarnation << SEQ_BITS
+        # wait until all four batches (AllBlocksCleared and three stores) are kept
+        replies: list[list[bytes]] = []
+        for _ in range(1000):
+            dealer.send_multipart((b"", base.to_bytes(8, "big")))
+            replies = []
+            while True:
+                frames = dealer.recv_multipart()
+                if frames[2] == END_SEQ:
+                    break
+                replies.append(frames)
+            kept = sum(len(decode_batch(f[3]).events) for f in replies)
+            if kept == 4:
+                break
+        else:
+            raise AssertionError("the batches never reached the replay buffer")
+        decoder = kv_events.msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+        events = [e for f in replies for e in decoder.decode(f[3]).events]
+        assert isinstance(events[0], kv_events.AllBlocksCleared)
+        assert [e.block_hashes for e in events[1:]] == [[key(0)], [key(1)], [key(2)]]
+        assert all(f[1] == b"" for f in replies)  # the topic frame
+        later = int.from_bytes(replies[-1][2], "big")
+        dealer.send_multipart((b"", later.to_bytes(8, "big")))
+        tail = [dealer.recv_multipart(), dealer.recv_multipart()]
+        assert int.from_bytes(tail[0][2], "big") == later and tail[1][2] == END_SEQ
+        dealer.send_multipart((b"", b"short"))
+        dealer.send_multipart((b"", (0).to_bytes(8, "big")))  # answered: still serving
+        while dealer.recv_multipart()[2] != END_SEQ:
+            pass
+        assert publisher.stats().bad_replay_requests == 1
+    finally:
+        dealer.close(linger=0)
+        context.term()
+        publisher.close()
+
+
+def test_a_full_queue_drops_counts_and_leaves_a_gap() -> None:
+    """Offers past the queue's bound return at once and are counted, and the next batch's
+    sequence number skips one: the gap a subscriber sees (here, through the replay)."""
+    publisher = EventPublisher(events_config(queue_events=2, replay_endpoint="tcp://127.0.0.1:0"))
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, HANG_S)
+    dealer.connect(publisher.replay_endpoint)
+    try:
+        for i in range(5):  # not started: the thread takes nothing yet; 2 fit
+            publisher.offer(OffloadingEvent((key(i),), BLOCK, "cpu", False, "cpu"))
+        assert publisher.stats().dropped == 3
+        publisher.start()  # its AllBlocksCleared is dropped too: the queue is full
+        assert publisher.stats().dropped == 4
+        base = publisher.incarnation << SEQ_BITS
+        for _ in range(1000):
+            dealer.send_multipart((b"", base.to_bytes(8, "big")))
+            frames = dealer.recv_multipart()
+            if frames[2] != END_SEQ:
+                break
+        else:
+            raise AssertionError("no batch was ever published")
+        assert int.from_bytes(frames[2], "big") == base | 1  # 0 skipped: the gap
+        batch = decode_batch(frames[3])
+        assert [e.block_hashes for e in batch.events] == [[key(0)], [key(1)]]
+    finally:
+        dealer.close(linger=0)
+        context.term()
+        publisher.close()
+
+
+def test_only_the_configured_tiers_are_announced() -> None:
+    publisher = EventPublisher(events_config(tiers=("disk",)))
+    try:
+        publisher.offer(OffloadingEvent((key(1),), BLOCK, "cpu", False, "cpu"))
+        publisher.offer(OffloadingEvent((key(2),), BLOCK, "disk", False, "disk"))
+        publisher.offer(AllCleared())
+        items, _ = publisher.queue.take(10, 0)
+        assert items == [OffloadingEvent((key(2),), BLOCK, "disk", False, "disk"), AllCleared()]
+    finally:
+        publisher.close()
+
+
+async def test_an_endpoint_that_cannot_bind_fails_at_open_naming_it(tmp_path: Path) -> None:
+    holder = EventPublisher(events_config())
+    try:
+        config = chain_config(tmp_path, 4, None, None, device="cpu")
+        config["events"] = {"enabled": True, "endpoint": holder.endpoint}
+        h = Hierarchy.from_config(config)
+        with pytest.raises(EventsEndpointError, match=r"^events\.endpoint: cannot bind tcp://"):
+            await h.open()
+        assert h.closed
+        config["events"] = {
+            "enabled": True,
+            "endpoint": "tcp://127.0.0.1:0",
+            "replay_endpoint": holder.endpoint,
+        }
+        with pytest.raises(EventsEndpointError, match=r"^events\.replay_endpoint: "):
+            await Hierarchy.from_config(config).open()
+    finally:
+        holder.close()
+
+
+def test_the_events_table_is_off_by_default_and_checked() -> None:
+    base: dict[str, Any] = {
+        "block_size": BLOCK,
+        "tiers": [{"name": "cpu", "medium": "cpu", "capacity": 4}],
+    }
+    assert parse_config(base).events.enabled is False
+    cases = [
+        ({"endpoint": "http://x:1"}, "events.endpoint: expected a ZMQ address"),
+        ({"replay_endpoint": "tcp://"}, "events.replay_endpoint: expected a ZMQ address"),
+        ({"queue_events": 0}, "events.queue_events: expected 1 to"),
+        ({"replay_batches": -1}, "events.replay_batches: expected 1 to"),
+        ({"tiers": ["gpu"]}, 'events.tiers: no tier is named "gpu"'),
+        ({"wire_block_size": -16}, "events.wire_block_size: expected 0"),
+        ({"port": 5557}, "events.port: unknown key"),
+    ]
+    for table, message in cases:
+        with pytest.raises(ConfigError) as caught:
+            parse_config({**base, "events": table})
+        assert str(caught.value).splitlines()[-1].startswith(message), str(caught.value)
+
+
+def test_no_secret_reaches_an_event() -> None:
+    """An event carries keys, a tier's name and medium, a block size: its encoding has no
+    field for anything else (what vLLM defines, nothing of the config)."""
+    wire = to_wire(OffloadingEvent((key(1),), BLOCK, "redis", False, "shared"), 0)
+    fields = set(type(wire).__struct_fields__)
+    assert fields <= set(kv_events.BlockStored.__struct_fields__)
+    assert encode_batch(KVEventBatch(ts=0.0, events=[wire])).count(b"redis://") == 0
