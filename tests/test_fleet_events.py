@@ -49,12 +49,14 @@ class Subscriber:
         self.context.term()
 
 
-def connected(publisher: EventPublisher, subscriber: Subscriber) -> list[tuple[int, Any]]:
+def connected(
+    publisher: EventPublisher, subscriber: Subscriber, tier: str = "cpu"
+) -> list[tuple[int, Any]]:
     """Wait until the subscriber receives (a PUB drops what it sends before a subscription
     arrives): the publisher's AllBlocksCleared went out before it connected, so offer
     probes until one arrives; returns the batches received, the probes' included."""
     got = []
-    probe = OffloadingEvent((b"probe",), BLOCK, "cpu", True, "cpu")
+    probe = OffloadingEvent((b"probe",), BLOCK, "cpu", True, tier)  # removes nothing real
     subscriber.sub.setsockopt(zmq.RCVTIMEO, 50)
     for _ in range(HANG_S // 50):
         publisher.offer(probe)
@@ -311,3 +313,45 @@ def test_no_secret_reaches_an_event() -> None:
     fields = set(type(wire).__struct_fields__)
     assert fields <= set(kv_events.BlockStored.__struct_fields__)
     assert encode_batch(KVEventBatch(ts=0.0, events=[wire])).count(b"redis://") == 0
+
+
+def test_kvtier_inside_vllm_publishes_what_its_tiers_hold(tmp_path: Path) -> None:
+    """The same events from kvtier as vLLM's secondary tier: the chain of the vLLM path
+    emits them (its [events] table), a vLLM subscriber reads the disk tier's stores."""
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+    from vllm_support import Driver, disk_chain, kvtier_tier
+    from vllm_support import key as vllm_key
+
+    from kvtier.integrations.vllm.testing import offloading_config
+
+    chunk, primary = 4096, 8
+    chain = disk_chain(tmp_path / "disk", 64, fsync=False)
+    chain["events"] = {"enabled": True, "endpoint": "tcp://127.0.0.1:0", "tiers": ["disk"]}
+    extra = {"cpu_bytes_to_use": primary * chunk, "secondary_tiers": [kvtier_tier(chain)]}
+    spec = TieringOffloadingSpec(offloading_config(extra, block_bytes=chunk, model="kvtier-e"))
+    manager = spec.get_manager()
+    driver = Driver(manager)
+    tier = manager.secondary_tiers[0]
+    publisher = tier.hierarchy.call(lambda h: h._publisher)  # the endpoint it bound
+    subscriber = Subscriber(publisher.endpoint)
+    try:
+        batches = connected(publisher, subscriber, tier="disk")
+        keys = [vllm_key(i) for i in range(2 * primary)]
+        for first in range(0, len(keys), primary):
+            driver.store(keys[first : first + primary], first)
+            driver.settle()
+        on_disk = tier.hierarchy.call(lambda h: [k for k in keys if h.where(k) == "disk"])
+        assert on_disk
+        announced: set[bytes] = set()
+        while not set(on_disk) <= announced:
+            _, _, batch = subscriber.receive()
+            for event in batch.events:
+                if isinstance(event, kv_events.BlockStored):
+                    assert (event.ownership, event.medium) == ("disk", "DISK")
+                    assert event.block_size == 0  # wire_block_size not given: unknown
+                    announced.update(event.block_hashes)
+        assert batches
+    finally:
+        subscriber.close()
+        driver.close()
+        manager.shutdown()

@@ -219,7 +219,7 @@ class EventPublisher:
                 if items:
                     try:
                         self._publish(items, dropped)
-                    except (zmq.ZMQError, TypeError, ValueError) as error:
+                    except Exception as error:  # a bad event must not stop the thread
                         self._failed += 1
                         log.warning("kvtier events: a batch was not sent: %s", error)
                 elif self._stopping.is_set():
