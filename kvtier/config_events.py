@@ -9,7 +9,7 @@ at `Hierarchy.open`, naming it.
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from kvtier.config_fields import FrozenModel, config_error
 
@@ -41,6 +41,23 @@ class EventsConfig(FrozenModel):
     wire_block_size: int = 0
     """The `block_size` the events announce, in tokens as vLLM's consumers read it (kvtier's
     own block size is in bytes): the serving engine's tokens per block; 0 when unknown."""
+    auth_key_file: str = ""
+    """A key file (as the shared tiers': `kvtier keys new PATH`): every message gets a
+    fourth frame, its MAC (`kvtier.fleet.auth`). Off ("") by default: vLLM's consumers read
+    three frames, and would not read a fourth."""
+    auth_key_env: str = ""
+    """Or the environment variable holding that key (hex)."""
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> EventsConfig:
+        if self.auth_key_file and self.auth_key_env:
+            raise config_error("auth_key", "give auth_key_file or auth_key_env, not both")
+        return self
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether each message carries a MAC (a key is configured)."""
+        return bool(self.auth_key_file or self.auth_key_env)
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

@@ -534,9 +534,11 @@ __all__ = [
 def _start_publisher(config: HierarchyConfig, chain: Chain) -> EventPublisher:
     """The `[events]` publisher, bound and started, the chain's events connected to it
     (imported here: the events extra is needed only when the table is on)."""
+    from kvtier.fleet.auth import auth_from_config
     from kvtier.fleet.publisher import EventPublisher
 
-    publisher = EventPublisher(config.events)
+    auth = auth_from_config(config.events, config.namespace)
+    publisher = EventPublisher(config.events, auth=auth)
     publisher.start()
     chain.manager.connect_events(publisher.offer)
     return publisher

@@ -355,3 +355,67 @@ def test_kvtier_inside_vllm_publishes_what_its_tiers_hold(tmp_path: Path) -> Non
         subscriber.close()
         driver.close()
         manager.shutdown()
+
+
+async def test_an_authenticated_publisher_signs_every_message(tmp_path: Path) -> None:
+    """With a key, each message has a fourth frame (key id + MAC) that a holder of the key
+    and namespace verifies; a changed frame, another namespace or another key fails; no key
+    byte is in any frame."""
+    from kvtier.fleet.auth import BatchAuth
+    from kvtier.tiers.shared.auth import ValueKey, new_key, write_key_file
+
+    material = new_key()
+    key_file = tmp_path / "events.key"
+    write_key_file(key_file, material)
+    config = chain_config(tmp_path, 4, None, None, device="cpu", model_id="m")
+    config["events"] = {
+        "enabled": True,
+        "endpoint": "tcp://127.0.0.1:0",
+        "auth_key_file": str(key_file),
+    }
+    h = Hierarchy.from_config(config)
+    await h.open()
+    publisher = h._publisher  # the endpoint it bound
+    assert publisher is not None and publisher.auth is not None
+    subscriber = Subscriber(publisher.endpoint)
+    subscriber.sub.setsockopt(zmq.RCVTIMEO, 50)
+    try:
+        probe = OffloadingEvent((b"probe",), BLOCK, "cpu", True, "gpu")
+        for _ in range(HANG_S // 50):
+            publisher.offer(probe)
+            try:
+                frames = subscriber.sub.recv_multipart()
+                break
+            except zmq.Again:
+                continue
+        else:
+            raise AssertionError("the subscriber never connected")
+    finally:
+        subscriber.close()
+        await h.close()
+    namespace = h.config.namespace
+    ours = BatchAuth(ValueKey(material, "test"), namespace)
+    assert len(frames) == 4 and ours.verify(frames)
+    assert not ours.verify([frames[0], frames[1], frames[2] + b"x", frames[3]])
+    assert not ours.verify([frames[0], (1).to_bytes(8, "big"), frames[2], frames[3]])
+    assert not BatchAuth(ValueKey(material, "test"), namespace + "x").verify(frames)
+    assert not BatchAuth(ValueKey(new_key(), "test"), namespace).verify(frames)
+    assert not ours.verify(frames[:3])
+    assert all(material not in frame and material.hex().encode() not in frame for frame in frames)
+    assert "probe" not in repr(ours) and material.hex() not in repr(ours)
+
+
+async def test_a_missing_events_key_fails_at_open_naming_the_file(tmp_path: Path) -> None:
+    config = chain_config(tmp_path, 4, None, None, device="cpu")
+    config["events"] = {
+        "enabled": True,
+        "endpoint": "tcp://127.0.0.1:0",
+        "auth_key_file": str(tmp_path / "absent.key"),
+    }
+    h = Hierarchy.from_config(config)
+    with pytest.raises(ConfigError, match=r"absent\.key"):
+        await h.open()
+    assert h.closed
+    both = {"enabled": True, "auth_key_file": "/k", "auth_key_env": "KVTIER_EVENTS_KEY"}
+    with pytest.raises(ConfigError, match=r"^events: give auth_key_file or auth_key_env"):
+        parse_config({**config, "events": both})

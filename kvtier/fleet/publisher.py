@@ -18,9 +18,10 @@ appear to every consumer as a gap (which a replay cannot fill: the events never 
 The first batch of an incarnation is `AllBlocksCleared` (what an earlier run announced is
 void); the last, at close, too.
 
-No authentication on the wire: vLLM's consumers read exactly three frames, and an extra
-frame (a MAC) would break them; a fleet whose event network is not trusted needs a
-transport that is (an `ipc://` socket, a private network). No secret is in any event: keys,
+No authentication by default: vLLM's consumers read exactly three frames, and an extra
+frame (a MAC) would break them. A fleet whose event network is not trusted configures a key
+(`auth_key_file` / `auth_key_env`): every message then has a fourth frame, its MAC
+(`kvtier.fleet.auth`), which kvtier's consumers check. No secret is in any event: keys,
 tier names, media.
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 from kvtier.config_events import EventsConfig
 from kvtier.errors import EventsEndpointError
+from kvtier.fleet.auth import BatchAuth
 from kvtier.fleet.events import KVEventBatch, encode_batch, to_wire
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared, ChainEvent
@@ -108,10 +110,17 @@ class EventPublisher:
     """Binds the `[events]` sockets at construction, publishes from its thread once
     `start`ed, until `close`. `offer` is the chain's sink (`TieredManager.connect_events`)."""
 
-    def __init__(self, config: EventsConfig, block_size_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        config: EventsConfig,
+        block_size_tokens: int | None = None,
+        *,
+        auth: BatchAuth | None = None,
+    ) -> None:
         """Raises EventsEndpointError naming the key and endpoint that cannot bind (or the
         missing extra). `block_size_tokens`: `BlockStored.block_size` (None: the config's
-        `wire_block_size`)."""
+        `wire_block_size`). `auth`: sign every message with a fourth frame (None: vLLM's
+        three frames, the default)."""
         if zmq is None:
             raise EventsEndpointError(
                 "[events] needs the events extra: pip install 'kvtier[events]' (pyzmq, msgspec)"
@@ -119,6 +128,7 @@ class EventPublisher:
         self.config = config
         self.block_size = config.wire_block_size if block_size_tokens is None else block_size_tokens
         self.topic = config.topic.encode()
+        self.auth = auth
         self.incarnation = secrets.randbelow((1 << 31) - 1) + 1
         """New on every start: the high bits of every sequence number."""
         self._tiers = frozenset(config.tiers)
@@ -240,10 +250,16 @@ class EventPublisher:
         seq_bytes = seq.to_bytes(8, "big")
         pub = self._pub
         if pub is not None:  # PUB never blocks: past its high-water mark it drops (a gap)
-            pub.send_multipart((self.topic, seq_bytes, payload))
+            pub.send_multipart(self._frames(seq_bytes, payload))
         self._replay_buffer.append((seq, payload))
         self._batches += 1
         self._events += len(items)
+
+    def _frames(self, seq: bytes, payload: bytes) -> tuple[bytes, ...]:
+        """A message: topic, sequence, payload, and with `auth` its MAC."""
+        if self.auth is None:
+            return (self.topic, seq, payload)
+        return (self.topic, seq, payload, self.auth.sign(self.topic, seq, payload))
 
     def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
         frames = replay.recv_multipart(flags=zmq.NOBLOCK)
@@ -255,5 +271,5 @@ class EventPublisher:
         self._replays += 1
         for seq, payload in list(self._replay_buffer):
             if seq >= start_seq:
-                replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
+                replay.send_multipart((client, b"", *self._frames(seq.to_bytes(8, "big"), payload)))
         replay.send_multipart((client, b"", b"", END_SEQ, b""))
