@@ -419,3 +419,23 @@ async def test_a_missing_events_key_fails_at_open_naming_the_file(tmp_path: Path
     both = {"enabled": True, "auth_key_file": "/k", "auth_key_env": "KVTIER_EVENTS_KEY"}
     with pytest.raises(ConfigError, match=r"^events: give auth_key_file or auth_key_env"):
         parse_config({**config, "events": both})
+
+
+async def test_a_publisher_that_sends_nothing_never_holds_up_a_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher's thread never runs (as if the socket were stuck): every put still
+    completes, and what did not fit the queue is counted in stats() and the metrics' source."""
+    monkeypatch.setattr(EventPublisher, "start", lambda self: None)
+    config = chain_config(tmp_path, 4, 8, None, device="cpu")
+    config["events"] = {"enabled": True, "endpoint": "tcp://127.0.0.1:0", "queue_events": 3}
+    ks = [key(i) for i in range(16)]
+    async with Hierarchy.from_config(config) as h:
+        for first in range(0, 16, 4):
+            assert await h.put(ks[first : first + 4], blocks_of(ks[first : first + 4])) == 4
+        await h.drain()
+        stats = h.stats()
+        assert stats.fleet_events_sent == 0
+        assert stats.fleet_events_dropped > 0
+        publisher = h._publisher  # its queue, for the count
+        assert publisher is not None and len(publisher.queue) == 3
