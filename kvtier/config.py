@@ -42,6 +42,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from kvtier.config_events import EventsConfig
 from kvtier.config_fields import (
     CHAIN_SCOPE,
     MAX_TIER_BLOCKS,
@@ -179,6 +180,8 @@ class HierarchyConfig(FrozenModel):
     without it."""
     tiers: tuple[_Tier, ...]
     """Each tier's config, in the order of the `[[tiers]]` tables."""
+    events: EventsConfig = EventsConfig()
+    """The `[events]` table: the node's KV events for a fleet (off by default)."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -205,6 +208,13 @@ class HierarchyConfig(FrozenModel):
                     f"is {shared[0].medium}): name the model whose KV the blocks are, or "
                     "other models' nodes would serve each other's KV"
                 )
+            names = {tier.name for tier in config.tiers}
+            problems.extend(
+                f"events.tiers: no tier is named {json.dumps(name)} "
+                f"(the tiers: {', '.join(sorted(names))})"
+                for name in config.events.tiers
+                if name not in names
+            )
             if problems:
                 raise config_error("tier_chain", "\n".join(problems))
         return config

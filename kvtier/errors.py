@@ -108,3 +108,9 @@ class NoFreeBlocksError(AllocationError):
 class TierConnectionError(KvtierError, OSError):
     """A remote tier (Redis, ...) could not be reached or refused a round trip. An OSError,
     so a failed store reports it like a failed disk write; a read turns it into a miss."""
+
+
+class EventsEndpointError(KvtierError, OSError):
+    """The `[events]` publisher could not bind one of its endpoints (in use, a bad address,
+    no permission), or its extra (pyzmq, msgspec) is not installed: `Hierarchy.open` fails,
+    naming the key and the endpoint."""

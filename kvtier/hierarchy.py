@@ -38,6 +38,7 @@ it, `store` and `load` are the put and get protocols, `stats` the snapshot).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -73,6 +74,8 @@ from kvtier.tiers.storage import BlockStorage, TensorStorage
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from kvtier.fleet.publisher import EventPublisher
 
 log = logging.getLogger("kvtier.hierarchy")
 
@@ -156,6 +159,8 @@ class Hierarchy:
         self.last_flush: FlushReport | None = None
         """What the last flush copied down and what it left (None until one ran)."""
         self._chain: Chain | None = None
+        self._publisher: EventPublisher | None = None
+        """The `[events]` publisher while open (None when the table is off)."""
         self._disabled_logged_at: float | None = None  # when stats() last logged them
         self._state = "new"
         if not isinstance(metrics_name, str) or not metrics_name:
@@ -228,6 +233,13 @@ class Hierarchy:
         except BaseException:
             self._state = "closed"
             raise
+        if self.config.events.enabled:
+            try:
+                self._publisher = _start_publisher(self.config, self._chain)
+            except BaseException:
+                await close_chain(self._chain, asyncio.get_running_loop().time())
+                self._state = "closed"
+                raise
         if self.flush_on_close is None:
             self.flush_on_close = self._chain.persistent
         self._state = "open"
@@ -251,6 +263,10 @@ class Hierarchy:
             await close_chain(chain, deadline)
         finally:
             self._state = "closed"
+            publisher, self._publisher = self._publisher, None
+            if publisher is not None:
+                chain.manager.events.cleared()
+                await asyncio.to_thread(publisher.close)
             if self._metrics is not None:
                 unregister_metrics(self._metrics, self)
 
@@ -378,6 +394,11 @@ class Hierarchy:
         it logs them, which and why, at most once per `DISABLED_LOG_INTERVAL_S`."""
         stats = self._open().stats()
         self._log_disabled(stats.disabled_tiers)
+        if self._publisher is not None:
+            published = self._publisher.stats()
+            stats = dataclasses.replace(
+                stats, fleet_events_sent=published.events, fleet_events_dropped=published.dropped
+            )
         return stats
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -508,3 +529,16 @@ __all__ = [
     "TierInfo",
     "TransferStats",
 ]
+
+
+def _start_publisher(config: HierarchyConfig, chain: Chain) -> EventPublisher:
+    """The `[events]` publisher, bound and started, the chain's events connected to it
+    (imported here: the events extra is needed only when the table is on)."""
+    from kvtier.fleet.auth import auth_from_config
+    from kvtier.fleet.publisher import EventPublisher
+
+    auth = auth_from_config(config.events, config.namespace)
+    publisher = EventPublisher(config.events, auth=auth)
+    publisher.start()
+    chain.manager.connect_events(publisher.offer)
+    return publisher

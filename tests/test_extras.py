@@ -88,3 +88,11 @@ def test_the_engines_own_metadata_requires_those_pins(engine: str, pins: dict[st
         requirement = requirement_of(requires, name)
         assert requirement is not None, f"{engine} no longer requires {name}"
         assert str(requirement.specifier) == pin, f"{engine} requires {requirement}"
+
+
+def test_the_events_extra_is_what_the_publisher_imports_and_the_tests_have_it() -> None:
+    """`kvtier.fleet` needs pyzmq and msgspec (what vLLM's own events use), nothing else; the
+    test extra carries them, for tests/test_fleet_events.py."""
+    names = {Requirement(line).name for line in EXTRAS["events"]}
+    assert names == {"pyzmq", "msgspec"}
+    assert names <= {Requirement(line).name for line in EXTRAS["test"]}

@@ -268,6 +268,25 @@ def test_the_chain_never_imports_what_a_serving_engine_embeds() -> None:
     assert _offences("kvtier.chain", ("kvtier.embed", "kvtier.hierarchy", "kvtier.sync")) == []
 
 
+def test_only_the_hierarchy_imports_the_fleet_and_only_in_a_function() -> None:
+    """The chain emits plain event objects (`kvtier.manager.events`); `kvtier.fleet` (the
+    publisher, which needs the events extra) imports them, never the reverse. Only the
+    hierarchy starts a publisher, imported when `[events]` is on."""
+    importers = sorted(
+        module
+        for module, targets in _module_edges().items()
+        if not _in(module, "kvtier.fleet") and any(_in(t, "kvtier.fleet") for t in targets)
+    )
+    assert importers == ["kvtier.hierarchy"]
+    module_level = _imports(PACKAGE / "hierarchy.py", module_level_only=True)
+    assert not any(_in(target, "kvtier.fleet") for target in module_level)
+
+
+def test_the_fleet_never_imports_what_runs_the_chain() -> None:
+    running = ("kvtier.hierarchy", "kvtier.sync", "kvtier.chain", "kvtier.engine", "kvtier.embed")
+    assert _offences("kvtier.fleet", running, typing_too=True) == []
+
+
 def test_no_private_name_is_imported_across_packages() -> None:
     """`_name` is private to its package: a module imports one only from inside the package
     directory it lives in (make what is shared public, in its home module)."""

@@ -190,6 +190,11 @@ class HierarchyStats:
     with copies, failures and corrupt blocks)."""
     events_dropped: int = 0
     """Blocks of events dropped, every tier together (see `TierActivity.events_dropped`)."""
+    fleet_events_sent: int = 0
+    """Events the `[events]` publisher sent (0 when it is off; `kvtier.fleet`)."""
+    fleet_events_dropped: int = 0
+    """Events dropped before the `[events]` publisher sent them (its queue was full); its
+    subscribers see each drop as a gap in the sequence numbers."""
     block_size: int = 0
     """Bytes of one block, in every tier (a tier's capacity in bytes is its `num_blocks`
     times this)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from kvtier.keys import OffloadKey
@@ -86,13 +86,21 @@ class EventLog:
         self._blocks = 0
         self.dropped = 0
         """Blocks of batches dropped because the log was full (never reset)."""
+        self.sink: Callable[[OffloadingEvent], None] | None = None
+        """Also given every batch as it is recorded, enabled or not (the chain's ordered
+        stream, `kvtier.manager.events.ChainEvents.record`); None: nobody."""
 
     def record(self, keys: Sequence[OffloadKey], removed: bool) -> None:
         """One batch (none when `keys` is empty); drops the oldest past `max_blocks`."""
         events = self._events
-        if events is None or not keys:
+        sink = self.sink
+        if not keys or (events is None and sink is None):
             return
         event = OffloadingEvent(tuple(keys), self.block_size, self.medium, removed, self.tier)
+        if sink is not None:
+            sink(event)
+        if events is None:
+            return
         events.append(event)
         self._blocks += len(keys)
         while self._blocks > self.max_blocks and len(events) > 1:

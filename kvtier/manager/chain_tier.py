@@ -18,7 +18,7 @@ from typing import Protocol
 from kvtier.blocks import BlockStatus
 from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
-from kvtier.manager.base import OffloadingEvent, PrepareStoreOutput, ReqContext
+from kvtier.manager.base import EventLog, OffloadingEvent, PrepareStoreOutput, ReqContext
 from kvtier.manager.tier import TierStats
 from kvtier.specs import LoadStoreSpec
 
@@ -130,6 +130,11 @@ class ChainTier(Protocol):
         ...
 
     def take_events(self) -> list[OffloadingEvent]: ...
+
+    @property
+    def event_log(self) -> EventLog:
+        """The tier's event log (the chain's `ChainEvents` is its `sink`)."""
+        ...
 
     def stats(self) -> TierStats: ...
 

@@ -264,6 +264,11 @@ class KeyedTierManager:
         return self._events.take()
 
     @property
+    def event_log(self) -> EventLog:
+        """The tier's event log (what `take_events` takes; its `sink` sees every batch)."""
+        return self._events
+
+    @property
     def events_dropped(self) -> int:
         """Blocks of events dropped because nobody took them in time (see `EventLog`)."""
         return self._events.dropped

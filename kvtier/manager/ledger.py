@@ -17,16 +17,25 @@ from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
 from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.counters import ChainCounters
+from kvtier.manager.events import ChainEvents
 from kvtier.manager.jobs import JobKind, PromotionHold, TransferJob, failed_pairs_of, slot_ids
 
 
 class JobLedger:
     """The jobs of one chain of tiers (top first): queued, in flight, and their settling."""
 
-    def __init__(self, tiers: Sequence[ChainTier], counters: ChainCounters) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[ChainTier],
+        counters: ChainCounters,
+        events: ChainEvents | None = None,
+    ) -> None:
         """`counters`: the chain's, where failed copies, dropped cascades and corrupt blocks
-        are counted."""
+        are counted; `events`: the chain's event stream, told of every settled write (a
+        removal held for a copy down passes once the copy settled; None: a stream of its
+        own, with no consumer)."""
         self.tiers: tuple[ChainTier, ...] = tuple(tiers)
+        self.events = ChainEvents([tier.name for tier in tiers]) if events is None else events
         self.top = self.tiers[0]
         self.counters = counters
         self._outbox: list[TransferJob] = []
@@ -194,3 +203,5 @@ class JobLedger:
                     self.counters.cascades_dropped += len(lost)
                 else:
                     self.counters.copy_failures += len(lost)
+            if self.events.on:
+                self.events.settled(index, keys)

@@ -104,6 +104,7 @@ class ChainPlanner:
         self.top = self.tiers[0]
         self.counters = counters
         self.ledger = ledger
+        self.events = ledger.events
         self.write_policy: WritePolicy = write_policy
         self._reserves: list[tuple[int, int]] = [
             (0, 0)
@@ -163,16 +164,22 @@ class ChainPlanner:
         """prepare_store on one tier; its victims are demoted by steps added to `job` (the
         deeper demotions first), and its new keys recorded as pending in `job`. `moved`: see
         `TierManager.prepare_store`."""
-        out = self.tiers[index].prepare_store(keys, moved=moved)
-        if out is None:
-            return None
-        if out.keys_to_store and index > 0:
-            job.pending.append((index, tuple(out.keys_to_store)))
-        if out.evicted_keys:
-            if out.evicted_spec is None:
-                raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
-            self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
-        return out
+        events = self.events
+        events.begin(index)  # its victims' removals wait for what `_demote` decides
+        moved_down: list[OffloadKey] = []
+        try:
+            out = self.tiers[index].prepare_store(keys, moved=moved)
+            if out is None:
+                return None
+            if out.keys_to_store and index > 0:
+                job.pending.append((index, tuple(out.keys_to_store)))
+            if out.evicted_keys:
+                if out.evicted_spec is None:
+                    raise BlockStateError(f"tier {self.tiers[index].name!r} evicted without slots")
+                moved_down = self._demote(index, out.evicted_keys, slot_ids(out.evicted_spec), job)
+            return out
+        finally:
+            events.end(index, moved_down)
 
     # -- reserves --------------------------------------------------------------------------
 
@@ -200,13 +207,18 @@ class ChainPlanner:
             eventual = tier.num_free + tier.num_draining
             if eventual >= trigger:
                 continue
-            keys, blocks = tier.evict_to_drain(target - eventual)
-            if not keys:
-                continue
-            self.counters.reserve_evicted += len(keys)
-            job = TransferJob(JobKind.DEMOTE, background=True)
-            slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
-            self._demote(index, keys, slots, job)
+            self.events.begin(index)
+            moved_down: list[OffloadKey] = []
+            try:
+                keys, blocks = tier.evict_to_drain(target - eventual)
+                if not keys:
+                    continue
+                self.counters.reserve_evicted += len(keys)
+                job = TransferJob(JobKind.DEMOTE, background=True)
+                slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
+                moved_down = self._demote(index, keys, slots, job)
+            finally:
+                self.events.end(index, moved_down)
             if job.steps:
                 job.drain.append((index, blocks))
                 self.ledger.emit(job)
@@ -217,15 +229,17 @@ class ChainPlanner:
 
     def _demote(
         self, index: int, victims: Sequence[OffloadKey], slots: np.ndarray, job: TransferJob
-    ) -> None:
+    ) -> list[OffloadKey]:
         """Copy victims of tier `index` that the tier below lacks down to it, with their
-        reuse hints; a victim hinted "never" is dropped instead."""
+        reuse hints; a victim hinted "never" is dropped instead. Returns the victims copied
+        down or being written there already (their removal events wait for that write to
+        settle: `ChainEvents`)."""
         hints = self.tiers[index].take_evicted_hints()
         if hints:
             victims, slots = self._drop_never(victims, slots, hints)
         if index + 1 == len(self.tiers):
             self.counters.dropped_at_bottom += len(victims)
-            return
+            return []
         below = self.tiers[index + 1]
         states = [below.has(key) for key in victims]
         held = [key for key, state in zip(victims, states, strict=True) if state is True]
@@ -233,13 +247,15 @@ class ChainPlanner:
             below.touch(held)
         if hints:
             self._carry_hints(below, held, hints)
+        # Being written below (a cascade): the removal waits for that write to settle too.
+        on_the_way = [key for key, state in zip(victims, states, strict=True) if state is None]
         missing = [
             (key, slot)
             for key, slot, state in zip(victims, slots, states, strict=True)
             if state is False
         ]
         if not missing:
-            return
+            return on_the_way
         keys = [key for key, _ in missing]
         deeper = TransferJob(job.kind)
         # Write-through told the tier below of these blocks when they missed (the cascade);
@@ -248,7 +264,7 @@ class ChainPlanner:
         out = self._store_into(index + 1, keys, deeper, moved=self.write_policy == "write-through")
         if out is None:
             self.counters.demotions_dropped += len(keys)
-            return
+            return on_the_way
         job.steps.extend(deeper.steps)
         job.pending.extend(deeper.pending)
         # The tier below may admit fewer than it was offered (its admission, its policy):
@@ -262,6 +278,7 @@ class ChainPlanner:
             if hints:
                 self._carry_hints(below, stored, hints)
         self.counters.demoted += len(stored)
+        return [*on_the_way, *stored]
 
     def _drop_never(
         self, victims: Sequence[OffloadKey], slots: np.ndarray, hints: dict[OffloadKey, HeldHint]

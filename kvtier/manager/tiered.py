@@ -31,6 +31,7 @@ from kvtier.keys import OffloadKey
 from kvtier.manager.base import OffloadingEvent, OffloadingManager, ReqContext
 from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.counters import ChainCounters
+from kvtier.manager.events import ChainEvents, EventSink
 from kvtier.manager.jobs import PromotionHold, TransferJob
 from kvtier.manager.ledger import JobLedger
 from kvtier.manager.planner import ChainPlanner, TieredStoreOutput, Watermarks, WritePolicy
@@ -68,7 +69,9 @@ class TieredManager(OffloadingManager):
         if watermarks is not None and len(watermarks) != len(tiers):
             raise InvalidValueError(f"{len(watermarks)} watermarks for {len(tiers)} tiers")
         self.counters = ChainCounters(hits=[0] * len(tiers))
-        self.ledger = JobLedger(self.tiers, self.counters)
+        self.events = ChainEvents(names)
+        """The chain's ordered stored / removed stream (`connect_events`)."""
+        self.ledger = JobLedger(self.tiers, self.counters, self.events)
         self.planner = ChainPlanner(
             self.tiers,
             self.counters,
@@ -353,6 +356,15 @@ class TieredManager(OffloadingManager):
         self.ledger.release_hold(hold)
 
     # -- housekeeping ----------------------------------------------------------------------
+
+    def connect_events(self, sink: EventSink | None) -> None:
+        """Hand every tier's stored / removed batches, in the chain's order (a move down is
+        a store on the tier below, then the removal from the tier above), to `sink` as they
+        happen (see `ChainEvents`); None disconnects. `take_events` is unaffected."""
+        self._check_open()
+        self.events.sink = sink
+        for tier in self.tiers:
+            tier.event_log.sink = None if sink is None else self.events.record
 
     def take_events(self) -> list[OffloadingEvent]:
         events: list[OffloadingEvent] = []

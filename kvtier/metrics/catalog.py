@@ -199,6 +199,13 @@ METRICS: tuple[MetricInfo, ...] = (
         "put calls whose wait for room passed store_timeout_s (they evicted or refused).",
     ),
     MetricInfo(
+        "kvtier_fleet_events_total",
+        "counter",
+        ("outcome",),
+        "KV events of the [events] publisher: sent, or dropped because its queue was full "
+        "(subscribers see a gap in the sequence numbers).",
+    ),
+    MetricInfo(
         "kvtier_backpressure_waits_total",
         "counter",
         ("kind",),

@@ -127,6 +127,8 @@ def _add_hierarchy(families: _Families, name: str, stats: HierarchyStats) -> Non
     add("kvtier_lookup_blocks_total", [name, "held"], calls.lookup_held)
     add("kvtier_lookup_blocks_total", [name, "missed"], calls.lookup_missed)
     add("kvtier_put_store_timeouts_total", [name], calls.put_store_timeouts)
+    add("kvtier_fleet_events_total", [name, "sent"], stats.fleet_events_sent)
+    add("kvtier_fleet_events_total", [name, "dropped"], stats.fleet_events_dropped)
     for kind, value in (
         ("put", calls.put_backpressure_waits),
         ("demotion", calls.put_demotion_waits),
