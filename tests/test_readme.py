@@ -38,7 +38,12 @@ def test_readme_starts_with_the_two_commands() -> None:
 
 # -- every command, option and path the README names exists ---------------------------------
 
-FOREIGN_OPTIONS = {"--no-deps": "pip", "--kv-transfer-config": "vllm serve"}
+FOREIGN_OPTIONS = {
+    "--no-deps": "pip",
+    "--kv-transfer-config": "vllm serve",
+    "--kv-cache-memory-bytes": "vllm serve",
+    "--shutdown-timeout": "vllm serve",
+}
 """Options the README names that belong to other programs (only outside a kvtier command's
 section)."""
 

@@ -196,7 +196,7 @@ def shipped(path: Path) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("name", ["vllm.toml", "vllm-disk.toml"])
+@pytest.mark.parametrize("name", ["vllm.toml", "vllm-cpu.toml", "vllm-disk.toml"])
 def test_the_shipped_vllm_configs_are_valid_chains(name: str) -> None:
     from kvtier.integrations.vllm import chain_config_for_vllm
 

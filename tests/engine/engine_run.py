@@ -7,8 +7,9 @@ Starts vLLM's CPU engine in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with
 `KvtierOffloadingSpec` over a kvtier chain of a cpu tier (vLLM's host memory) and a disk tier
 in DISK_DIR, warms up (one request shorter than a block), serves the prompts of `prompts()`
 greedily (8 tokens, top-3 logprobs), waits until every block vLLM offloaded has reached
-kvtier's disk tier, and with `--again` resets vLLM's prefix cache and serves them once more
-(from vLLM's host tier: kvtier's cpu tier). Then it
+kvtier's disk tier, and with `--again` serves them once more from vLLM's own prefix cache
+(the reference for a cached prefix: same kernels, same order of sums), then resets vLLM's
+prefix cache and serves them a third time (from vLLM's host tier: kvtier's cpu tier). Then it
 shuts the engine down (kvtier closes its disk tier cleanly) and writes OUT.json: per serve,
 per request, the tokens, the top-3 logprobs, the prompt tokens vLLM reports as cached and the
 time to the first token; vLLM's counters of prompt tokens by source; kvtier's disk-tier
@@ -212,7 +213,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model", type=Path)
     parser.add_argument("disk", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--again", action="store_true", help="reset the prefix cache, serve again")
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="serve again from the prefix cache, then from the host tier",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     llm = start_engine(args.model, args.disk)
@@ -223,6 +228,8 @@ def main(argv: list[str]) -> int:
         result["serves"].append(serve(llm, batch))
         settle(llm)
         if args.again:
+            # The reference for a cached prefix: this engine's own prefix-cache hit.
+            result["serves"].append(serve(llm, batch))
             llm.reset_prefix_cache()
             result["serves"].append(serve(llm, batch))
             settle(llm)

@@ -20,6 +20,10 @@ What differs between them, and how the adapter bridges it (nothing else it uses 
   `manager_lock(manager)` is the manager's lock where it has one, else a no-op.
 - `OffloadingWorker.submit_load(..., expedited)`: new in 0.33; kvtier's worker takes it with a
   default, so both releases call it.
+
+Not a difference but a private detail, kept here with them: `SharedOffloadRegion` unlinks its
+file at cleanup only in the process that created it (`_creator`), and logs a warning with a
+traceback when the file is already gone; `forget_unlinked_region` tells it not to try.
 """
 
 from __future__ import annotations
@@ -94,3 +98,11 @@ __all__ = [
     "supported_message",
     "vllm_release",
 ]
+
+
+def forget_unlinked_region(region: Any) -> None:
+    """Tell vLLM's `SharedOffloadRegion` that its file was unlinked already (by kvtier, once
+    every process had mapped it), so its cleanup does not try again and warn."""
+    path = getattr(region, "mmap_path", None)
+    if path is not None and getattr(region, "_creator", False) and not os.path.exists(path):
+        region._creator = False

@@ -24,7 +24,9 @@ thread of its own) and this class only hands work over and collects what came ba
   kvtier does not hold is answered RETRY, not MISS (see `lookup`): vLLM then recomputes and
   offloads again every block of the request whose load failed.
 - `drain_jobs` waits for every job in flight (none is aborted mid-copy); `shutdown` drains,
-  then closes the hierarchy (which finishes its own background writes) and stops the thread.
+  then closes the hierarchy (which finishes its own background writes) and stops the thread,
+  and logs the chain's figures (hits, misses, stored, corrupt per tier) in vLLM's log.
+- `metrics_port` serves the chain's Prometheus metrics from this process (`visible`).
 
 The longest time any of these calls took is kept in `call_seconds` for the curious.
 """
@@ -61,7 +63,14 @@ from kvtier.hints import ReuseHint
 from kvtier.integrations.engine_config import ConfigSource
 from kvtier.integrations.vllm.config import chain_config_for_vllm, vllm_namespace
 from kvtier.integrations.vllm.hints import RequestHints
+from kvtier.integrations.vllm.visible import (
+    close_quietly,
+    closing_line,
+    join_vllm_logging,
+)
+from kvtier.integrations.vllm.visible import metrics_port as metrics_port_of
 from kvtier.keys import OffloadKey
+from kvtier.metrics import MetricsServer, serve_metrics
 from kvtier.sync import SyncHierarchy
 
 log = logging.getLogger("kvtier.integrations.vllm")
@@ -133,7 +142,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
         locality: str | None = None,
         load_timeout_s: float | None = None,
         hierarchy_options: Mapping[str, Any] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
+        """`metrics_port`: serve the chain's Prometheus metrics on this port (from this
+        process, vLLM's engine core: vLLM's own `/metrics` cannot see them)."""
+        join_vllm_logging()
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.call_seconds: dict[str, float] = {}
         self.hints = RequestHints()
@@ -147,8 +160,22 @@ class KvtierSecondaryTier(SecondaryTierManager):
         chain = chain_config_for_vllm(config, row_bytes, namespace)
         options = dict(hierarchy_options or {})
         options.setdefault("load_timeout_s", load_timeout_s)
+        port = metrics_port_of(metrics_port)
+        if port is not None:
+            from prometheus_client import CollectorRegistry
+
+            options.setdefault("metrics", CollectorRegistry())
+            options.setdefault("metrics_name", tier_type)
         self.hierarchy = SyncHierarchy(chain, **options)
         """The kvtier hierarchy behind this tier (for stats and tests)."""
+        self.metrics_server: MetricsServer | None = None
+        """The HTTP server of the chain's metrics (`metrics_port`), or None."""
+        if port is not None:
+            try:
+                self.metrics_server = serve_metrics(options["metrics"], port)
+            except BaseException:
+                self.hierarchy.close()
+                raise
         if locality is not None:
             from vllm.v1.kv_offload.base import Locality
 
@@ -172,12 +199,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._request_of: dict[int, str] = {}
         """The request of each load job in `_loads_of`."""
         log.info(
-            "kvtier secondary tier %r: %s",
+            "kvtier secondary tier %r: %s%s",
             tier_type,
             ", ".join(
                 f"{tier.name} ({tier.medium}, {tier.num_blocks} blocks at {tier.where})"
                 for tier in self.hierarchy.tiers
             ),
+            f"; metrics at {self.metrics_server.url}" if self.metrics_server else "",
         )
 
     # -- vLLM's thread -----------------------------------------------------------------------
@@ -349,8 +377,17 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Finish every job, close kvtier's tiers (their background writes included) and stop
         the loop thread; nothing touches vLLM's memory afterwards."""
         self.drain_jobs()
+        try:
+            figures: str | None = closing_line(self.hierarchy.stats())
+        except ManagerClosedError:
+            figures = None  # closed before: nothing more to say
         self.hierarchy.close()
         self._rows = torch.empty(0, 0, dtype=torch.uint8)  # vLLM may now unmap its region
+        if self.metrics_server is not None:
+            close_quietly(self.metrics_server, "kvtier's metrics server")
+            self.metrics_server = None
+        if figures is not None:
+            log.info("kvtier secondary tier %r closed: %s", self.tier_type, figures)
 
     def config_info(self) -> Mapping[str, str]:
         return {}

@@ -18,12 +18,15 @@ XPU); on a platform it does not support (a CPU-only engine, tests) they are kvti
 
 The keys vLLM sets from this config (`cpu_bytes_to_use`, `eviction_policy`,
 `cache_policy_module_path`, `secondary_tiers`) are refused when also given by hand, so the
-config has one source of truth.
+config has one source of truth. `kvtier_metrics_port` (beside `kvtier_config`) serves the
+chain's metrics on that port; kvtier's log lines join vLLM's log, and vLLM's shared region
+file is removed when the process exits (`visible`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +37,13 @@ from kvtier.config import parse_size
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.integrations.engine_config import ConfigSource
 from kvtier.integrations.vllm.config import read_config_data
+from kvtier.integrations.vllm.visible import (
+    join_vllm_logging,
+    metrics_port,
+    region_path,
+    remove_region,
+    remove_region_at_exit,
+)
 
 SET_BY_KVTIER = (
     "cpu_bytes_to_use",
@@ -53,9 +63,12 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def vllm_settings(config: Any, kvtier_config: ConfigSource) -> dict[str, Any]:
+def vllm_settings(
+    config: Any, kvtier_config: ConfigSource, metrics_port: int | None = None
+) -> dict[str, Any]:
     """The `kv_connector_extra_config` entries that make vLLM's tiering spec run the chain
-    of `kvtier_config` (`config`: vLLM's OffloadingConfig, for the chunk size)."""
+    of `kvtier_config` (`config`: vLLM's OffloadingConfig, for the chunk size); the chain's
+    metrics served on `metrics_port` where given."""
     data, source = read_config_data(kvtier_config)
     tiers = data.get("tiers")
     if not isinstance(tiers, list) or not tiers or not isinstance(tiers[0], Mapping):
@@ -102,9 +115,14 @@ def vllm_settings(config: Any, kvtier_config: ConfigSource) -> dict[str, Any]:
     if below:
         chain = {key: value for key, value in data.items() if key != "tiers"}
         chain["tiers"] = [dict(tier) for tier in below]
-        settings["secondary_tiers"] = [
-            {"type": "KvtierSecondaryTier", "module_path": MODULE, "config": chain}
-        ]
+        tier: dict[str, Any] = {
+            "type": "KvtierSecondaryTier",
+            "module_path": MODULE,
+            "config": chain,
+        }
+        if metrics_port is not None:
+            tier["metrics_port"] = metrics_port
+        settings["secondary_tiers"] = [tier]
     return settings
 
 
@@ -114,6 +132,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
     disk tiers)."""
 
     def __init__(self, config: Any) -> None:
+        join_vllm_logging()
         extra = dict(config.extra_config)
         given = [key for key in SET_BY_KVTIER if key in extra]
         if given:
@@ -126,8 +145,33 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
                 ],
                 source="kv_connector_extra_config",
             )
-        extra.update(vllm_settings(config, extra.get("kvtier_config")))
+        port = metrics_port(extra.pop("kvtier_metrics_port", None))
+        extra.update(vllm_settings(config, extra.get("kvtier_config"), port))
         super().__init__(dataclasses.replace(config, extra_config=extra))
+        # vLLM unlinks its shared region only in the cleanup of the process that created
+        # it, which an interrupted `vllm serve` often never reaches: see `visible`.
+        remove_region_at_exit(self._engine_id)
+
+    def get_manager(self) -> Any:
+        """vLLM's tiering manager; on a CPU-only engine with one worker, the region file is
+        unlinked as soon as the scheduler has mapped it (see `_unlink_region_early`)."""
+        if self._manager is not None:
+            return self._manager
+        path = region_path(self._engine_id)
+        created_by_a_worker = os.path.exists(path)
+        manager = super().get_manager()
+        if created_by_a_worker and self._unlink_region_early():
+            remove_region(path)
+        return manager
+
+    def _unlink_region_early(self) -> bool:
+        """Whether every process that maps the region has it once the scheduler has mapped
+        it after a worker: one worker (so the worker that created the file is the only
+        other one) and kvtier's worker (which expects the name gone at its close; vLLM's own
+        worker would log its unlink as failed). Then no exit, SIGKILL included (`vllm
+        serve` kills its engine core at once on Ctrl-C), can leave the file behind."""
+        cpu_engine = not (current_platform.is_cuda_alike() or current_platform.is_xpu())
+        return cpu_engine and int(self.config.parallel.world_size) == 1
 
     def get_worker(self, kv_caches: Any) -> Any:
         """vLLM's GPU <-> host worker where vLLM has one, else kvtier's."""

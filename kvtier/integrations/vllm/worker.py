@@ -20,6 +20,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
 from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes
 from kvtier.errors import SpecError
+from kvtier.integrations.vllm._compat import forget_unlinked_region
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
 
@@ -138,5 +139,6 @@ class KvtierOffloadingWorker(OffloadingWorker):
             handler.shutdown()
         self._handlers = []
         if self._region is not None:
+            forget_unlinked_region(self._region)
             self._region.cleanup()
             self._region = None

@@ -11,9 +11,14 @@ blocks of 32 tokens, as a GPU's would be.
 
 1. **A fully cached prefix**: `--prefix-prompts` prompts of 2,048 tokens, each served
    - cold (computed: nothing cached anywhere),
+   - from vLLM's own prefix cache (the reference for a cached prefix),
    - from kvtier's cpu tier (vLLM's host memory; vLLM's prefix cache reset in between),
    - from kvtier's disk tier (a new engine on the same directory),
-   with the tokens of the three compared (they must be identical).
+   with the greedy tokens compared with the reference (`greedy_match`): the loads must
+   match it exactly, tokens and logprobs (they compute the same sums in the same order). A
+   cold run sums in another order, so where two tokens tie (random bf16 weights: margins of
+   exactly 0.0 happen) it may pick the other: reported with the margin, not a failure. Any
+   other difference is printed with its position and logprobs, and the run exits 1.
 2. **A slice of the shipped Mooncake trace** as real requests: the first `--requests` requests
    of the conversations with at least 4 turns (requests sharing their first two blocks), in
    trace order, one at a time, each cut to its first 64 blocks; each hash id is a fixed block
@@ -25,7 +30,7 @@ blocks of 32 tokens, as a GPU's would be.
    miss, nothing evicted).
 
 Timings are of this machine at the time of the run (other load included); the ratios are the
-point. Nothing here is asserted: tests/engine/ asserts identical outputs and the loads.
+point. tests/engine/ asserts the same rule and the loads.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import random
 import shutil
@@ -44,6 +50,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from kvtier_tools.bench.greedy_match import Verdict, compare_greedy, steps_of
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -62,6 +70,8 @@ MODULE = "kvtier_tools.bench.engine_ttft"
 """This module's name: each engine life runs as `python -m MODULE --life ...`."""
 
 WAYS = ("vllm", "kvtier-cpu", "kvtier-disk")
+LOGPROBS = 3
+"""Top logprobs kept per generated token: a tie needs the runner-up."""
 WAY_TITLES = {
     "vllm": "vLLM prefix cache only",
     "kvtier-cpu": "kvtier cpu tier",
@@ -190,11 +200,11 @@ def start_engine(model: Path, way: str, disk: Path | None, args: dict[str, Any])
 
 def serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
     """Each prompt as a request of its own, in order: TTFT (vLLM's: arrival to first token),
-    prompt tokens cached, output tokens."""
+    prompt tokens cached, output tokens and their top logprobs."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=LOGPROBS)
     served = []
     for prompt in prompts:
         (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
@@ -204,6 +214,10 @@ def serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str,
                 "prompt_tokens": len(prompt),
                 "cached_tokens": int(output.num_cached_tokens or 0),
                 "tokens": list(output.outputs[0].token_ids),
+                "logprobs": [
+                    {str(token): float(entry.logprob) for token, entry in step.items()}
+                    for step in output.outputs[0].logprobs or []
+                ],
             }
         )
     return served
@@ -247,8 +261,9 @@ def kvtier_disk(llm: Any) -> dict[str, int] | None:
 
 
 def life(spec: dict[str, Any]) -> dict[str, Any]:
-    """One engine: warm up, serve `prompts`, and with `again` reset vLLM's prefix cache and
-    serve them once more; then shut down (kvtier closes its disk tier cleanly)."""
+    """One engine: warm up, serve `prompts`, and with `again` serve them once more from
+    vLLM's own prefix cache (the reference), reset it and serve them a third time (from the
+    host tier); then shut down (kvtier closes its disk tier cleanly)."""
     disk = Path(spec["disk"]) if spec.get("disk") else None
     started = time.perf_counter()
     llm = start_engine(Path(spec["model"]), spec["way"], disk, spec)
@@ -260,6 +275,7 @@ def life(spec: dict[str, Any]) -> dict[str, Any]:
         result["wall_s"] = time.perf_counter() - began
         settle(llm)
         if spec.get("again"):
+            result["serves"].append(serve(llm, spec["prompts"], spec["max_tokens"]))
             llm.reset_prefix_cache()
             result["serves"].append(serve(llm, spec["prompts"], spec["max_tokens"]))
             settle(llm)
@@ -319,6 +335,21 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def judge(
+    reference: list[dict[str, Any]], served: list[dict[str, Any]], *, loaded: bool
+) -> list[Verdict]:
+    """Each request of `served` against the same request of `reference` (greedy_match):
+    `loaded` ones (from cached KV, like the reference) must match its logprobs exactly too."""
+    return [
+        compare_greedy(
+            steps_of(ref["tokens"], ref["logprobs"]),
+            steps_of(cand["tokens"], cand["logprobs"]),
+            logprob_tolerance=0.0 if loaded else math.inf,
+        )
+        for ref, cand in zip(reference, served, strict=True)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="trace requests (100)")
@@ -359,8 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # 1. A fully cached prefix.
     print(
-        f"1. {args.prefix_prompts} prompts of {PREFIX_TOKENS} tokens: cold, from kvtier's cpu "
-        "tier, from kvtier's disk tier after a restart"
+        f"1. {args.prefix_prompts} prompts of {PREFIX_TOKENS} tokens: cold, from vLLM's own "
+        "prefix cache, from kvtier's cpu tier, from kvtier's disk tier after a restart"
     )
     disk = work / "prefix-disk"
     shutil.rmtree(disk, ignore_errors=True)
@@ -369,15 +400,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = {**base, "way": "kvtier-disk", "disk": str(disk), "prompts": prompts, "max_tokens": 8}
     first = run_life(work, "prefix-cold", {**spec, "again": True})
     second = run_life(work, "prefix-restart", spec)
-    (cold, host), (restarted,) = first["serves"], second["serves"]
-    same = all(
-        a["tokens"] == b["tokens"] == c["tokens"]
-        for a, b, c in zip(cold, host, restarted, strict=True)
-    )
+    (cold, hit, host), (restarted,) = first["serves"], second["serves"]
+    checks = {
+        "computed (cold)": judge(hit, cold, loaded=False),
+        "kvtier cpu tier": judge(hit, host, loaded=True),
+        "kvtier disk tier, after a restart": judge(hit, restarted, loaded=True),
+    }
+    same = all(verdict.ok for verdicts in checks.values() for verdict in verdicts)
     cold_ttft = statistics.median(request["ttft_s"] for request in cold)
     rows = [["2,048-token prefix", "TTFT (median)", "vs cold", "prompt tokens loaded"]]
     for title, serve_ in (
         ("computed (cold)", cold),
+        ("vLLM's own prefix cache (reference)", hit),
         ("kvtier cpu tier", host),
         ("kvtier disk tier, after a restart", restarted),
     ):
@@ -455,7 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(prefix_table)
-    print(f"tokens identical in the three: {'yes' if same else 'NO'}")
+    print("greedy tokens against vLLM's own prefix-cache hit (the reference):")
+    for title, verdicts in checks.items():
+        for index, verdict in enumerate(verdicts):
+            print(f"  {title}, prompt {index}: {verdict.describe()}")
     print()
     print(trace_table)
     saved = 1 - computed_disk / computed_vllm if computed_vllm else 0.0
@@ -472,7 +509,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "report.json").write_text(
         json.dumps(
             {
-                "prefix": {"cold": cold, "host": host, "restarted": restarted, "identical": same},
+                "prefix": {
+                    "cold": cold,
+                    "reference": hit,
+                    "host": host,
+                    "restarted": restarted,
+                    "agree": same,
+                    "verdicts": {
+                        title: [verdict.describe() for verdict in verdicts]
+                        for title, verdicts in checks.items()
+                    },
+                },
                 "trace": {"figures": figures, **{way: results[way] for way in WAYS}},
                 "sizes": sizes,
             },
