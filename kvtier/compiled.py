@@ -11,11 +11,9 @@ written in Cython's pure Python mode (a `cython:` line turns `annotation_typing`
 file alone: its annotations are C types, its lists int arrays, its class an extension type),
 since compiling the ordered-dict ARC left its cost in ordered-dict and tuple operations
 (issue 23); uncompiled it is plain Python, the same text (`tests/test_compiled_core.py`
-compares the two). Three modules are written in Cython instead:
-`kvtier/policies/_lct_core.pyx` (lct's per-access state in C, its solver lct.py's):
-`kvtier.policies.lct` exports it as `LCTCachePolicy` when it is selected and its own
-pure-Python class otherwise, and `tests/test_compiled_core.py` checks that both decide alike.
-And `kvtier/_blocks_core.pyx`,
+compares the two). lct's per-access state and steps, `kvtier/policies/_lct_core.py`, are
+written the same way (its solver stays lct.py's, compiled as it is). Two modules are
+written in Cython instead: `kvtier/_blocks_core.pyx`,
 `BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
 is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
 write group's batches of system calls made without the GIL, which
@@ -27,10 +25,8 @@ keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the po
 `select_core()`, run when `kvtier/__init__.py` imports this module (before any core module),
 puts a finder in front of the import system that loads the compiled extension of each core
 module whose source is unchanged since the build; a module edited since is its `.py` (the
-status says which; an edited `.pyx` is not loaded, so lct is the pure one) until
-`scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1` selects the `.py` of every module
-(and so the pure-Python lct). `core_status()` says what was chosen (`kvtier --version`
-prints it).
+status says which) until `scripts/build-core` runs again. `KVTIER_PURE_PYTHON=1` selects the
+`.py` of every module. `core_status()` says what was chosen (`kvtier --version` prints it).
 """
 
 from __future__ import annotations
@@ -57,10 +53,10 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.tiers.disk._io_core",
 )
 """The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
-Cython's pure Python mode), lct and `TierManager`, and their base class; and, with no `.py`,
-`BlockStatus`'s constructor and lct's core in C (`_blocks_core.pyx`, `_lct_core.pyx`: when
-one is not selected, `kvtier.blocks` keeps the Python constructor and `kvtier.policies.lct`
-runs its pure-Python class); and a disk write group's system calls
+Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise) and
+`TierManager`, and their base class; and, with no `.py`, `BlockStatus`'s constructor in C
+(`_blocks_core.pyx`: when it is not selected, `kvtier.blocks` keeps the Python
+constructor); and a disk write group's system calls
 without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
 them one Python call at a time)."""
 

@@ -3,9 +3,9 @@ and, when `scripts/build-core` has built it, that it decides exactly as the pure
 source: the same hits, victims and final lists on the shipped trace and on random programs,
 for the policies alone and through a `TierManager`. The two cores run in two processes (one
 with KVTIER_PURE_PYTHON=1), since a process holds one of them. ARC's core (`_arc_core.py`,
-Cython's pure Python mode) is also compared call by call, in one process, compiled against
-its own text loaded as plain Python (`pure_module`), and lct's C core (`_lct_core.pyx`)
-against lct.py's own class (`PureLCTCachePolicy`)."""
+Cython's pure Python mode) and lct's (`_lct_core.py`, likewise) are also compared call by
+call, in one process, compiled against their own text loaded as plain Python
+(`pure_module`)."""
 
 from __future__ import annotations
 
@@ -263,6 +263,7 @@ def test_the_digest_sees_a_different_decision() -> None:
 
 
 ARC_CORE = "kvtier.policies._arc_core"
+LCT_CORE = "kvtier.policies._lct_core"
 
 
 @functools.cache
@@ -283,13 +284,20 @@ def is_compiled(module: ModuleType) -> bool:
 
 
 def compiled_lct() -> type[CachePolicy]:
-    """The compiled lct (`kvtier.policies._lct_core`), or a skip when this process runs the
-    pure-Python core."""
-    from kvtier.policies import lct
+    """`LCTCachePolicy`, or a skip when its core (`_lct_core`) is not the compiled one."""
+    from kvtier.policies import LCTCachePolicy, _lct_core
 
-    if lct.LCTCachePolicy is lct.PureLCTCachePolicy:
+    if not is_compiled(_lct_core):
         pytest.skip("lct's compiled core is not selected (scripts/build-core builds it)")
-    return lct.LCTCachePolicy
+    return LCTCachePolicy
+
+
+def pure_lct() -> type[CachePolicy]:
+    """`LCTCachePolicy` over `_lct_core.py` run as plain Python."""
+    from kvtier.policies import LCTCachePolicy
+
+    state = pure_module(LCT_CORE).LCTState
+    return type("PythonLCT", (LCTCachePolicy,), {"state_class": state})
 
 
 def compiled_arc() -> type[CachePolicy]:
@@ -317,39 +325,48 @@ def test_the_pure_arc_runs_the_core_as_python() -> None:
     assert not is_compiled(pure_module(ARC_CORE))
 
 
+def test_the_pure_lct_runs_the_core_as_python() -> None:
+    policy = pure_lct()(4)
+    core = policy._core  # type: ignore[attr-defined]
+    assert type(core).__module__ == LCT_CORE + "_as_python"
+    assert str(pure_module(LCT_CORE).__file__).endswith("_lct_core.py")
+    assert not is_compiled(pure_module(LCT_CORE))
+
+
 def test_without_a_compiled_core_the_policies_run_their_sources() -> None:
     out = run_python(
-        "from kvtier.policies import lct, _arc_core; "
-        "print(lct.LCTCachePolicy is lct.PureLCTCachePolicy, _arc_core.__file__)",
+        "from kvtier.policies import _lct_core, _arc_core; "
+        "print(_lct_core.__file__, _arc_core.__file__)",
         pure=True,
     )
-    assert out.startswith("True ") and out.endswith("_arc_core.py")
+    assert out.endswith("_arc_core.py") and "_lct_core.py " in out
 
 
 def test_with_a_compiled_core_the_policies_run_their_extensions() -> None:
     if not compiled_core_built():
         pytest.skip("no compiled core (scripts/build-core builds it)")
     out = run_python(
-        "from kvtier.policies import lct, _arc_core, get_policy_class; "
-        "print(get_policy_class('lct').__module__, lct.LCTCachePolicy is lct.PureLCTCachePolicy,"
-        " _arc_core.__file__)",
+        "from kvtier.policies import _lct_core, _arc_core; "
+        "print(_lct_core.__file__, _arc_core.__file__)",
         pure=False,
     )
-    assert out.startswith("kvtier.policies._lct_core False ")
-    assert out.endswith(compiled.extension_suffix())
+    lct_file, arc_file = out.split()
+    assert lct_file.endswith(compiled.extension_suffix())
+    assert arc_file.endswith(compiled.extension_suffix())
 
 
-def test_arc_runs_without_cython_installed() -> None:
-    """Where Cython is not installed, `_arc_core` imports `_cython_shim` instead and decides
-    as it does with Cython's own shadow module."""
+@pytest.mark.parametrize("name", ["arc", "lct"])
+def test_the_cores_run_without_cython_installed(name: str) -> None:
+    """Where Cython is not installed, `_arc_core` and `_lct_core` import `_cython_shim`
+    instead and decide as they do with Cython's own shadow module."""
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_compiled_core as t; "
-    code += "import hashlib; log = repr([t.random_program('arc', seed) for seed in range(5)]); "
+    code += f"import hashlib; log = repr([t.random_program({name!r}, s) for s in range(5)]); "
     code += "print(hashlib.sha256(log.encode()).hexdigest())"
     without = run_python("import sys; sys.modules['cython'] = None; " + code, pure=True)
     assert without == run_python(code, pure=True)
     shim = run_python(
         "import sys; sys.modules['cython'] = None; "
-        "import kvtier.policies._arc_core as m; print(m.cython.__name__)",
+        f"import kvtier.policies._{name}_core as m; print(m.cython.__name__)",
         pure=True,
     )
     assert shim == "kvtier.policies._cython_shim"
@@ -617,22 +634,17 @@ def run_twin_trace(twin_class: type[TwinARC], fraction: float, every: int) -> No
     twin.check("the end")
 
 
-# -- lct's compiled core against the pure-Python lct, in one process ----------------------------
+# -- lct's compiled core against its text run as Python, in one process -------------------------
 
 
 def lct_state(policy: CachePolicy) -> tuple[object, ...]:
     """What an lct shows: its queues, what it remembers of each key (resident or not), the
     learned limits, shares, credits, horizon and expectations, the clock, and its blocks."""
-    from kvtier.policies.lct import PureLCTCachePolicy
+    from kvtier.policies import LCTCachePolicy
 
-    if type(policy) is PureLCTCachePolicy:
-        queues = [list(queue) for queue in policy._queues]
-        ghosts = list(policy._ghosts.items())
-    else:
-        queues = policy.queues()  # type: ignore[attr-defined]
-        ghosts = policy.ghosts()  # type: ignore[attr-defined]
     lct = policy
-    assert isinstance(lct, PureLCTCachePolicy)
+    assert isinstance(lct, LCTCachePolicy)
+    queues, ghosts = lct.queues(), lct.ghosts()
     histories = [lct._seen(key) for queue in queues for key in queue]
     blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
     learned = (lct.limits, lct.shares, lct._credit, lct.horizon, lct.expected, lct.refused)
@@ -641,13 +653,12 @@ def lct_state(policy: CachePolicy) -> tuple[object, ...]:
 
 
 class TwinLCT(TwinARC):
-    """The pure and the compiled lct driven by the same calls (see `TwinARC`)."""
+    """The lct over its core run as Python and over the compiled core, driven by the same
+    calls (see `TwinARC`)."""
 
     def __init__(self, capacity: int, *, check_states: bool = True) -> None:
-        from kvtier.policies.lct import PureLCTCachePolicy
-
         self.check_states = check_states
-        self.pure = PureLCTCachePolicy(capacity)
+        self.pure = pure_lct()(capacity)
         self.fast = compiled_lct()(capacity)
         self.calls = 0
 

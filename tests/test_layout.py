@@ -405,8 +405,9 @@ MAX_MODULE_LINES = 600
 
 LONG_MODULES = {
     "kvtier/manager/tier.py": "TierManager, one module of the compiled core: not split yet",
-    "kvtier/policies/lct.py": "the LCT policy and its solver: policies/ is reworked apart",
+    "kvtier/policies/lct.py": "the LCT policy, its solver and the core's properties",
     "kvtier/policies/_arc_core.py": "ARC's lists: one Cython class, which cannot span modules",
+    "kvtier/policies/_lct_core.py": "lct's state: one Cython class, which cannot span modules",
     "tools/kvtier_tools/bench/datapath.py": "a benchmark (tooling): not split yet",
     "tools/kvtier_tools/bench/writepath.py": "a benchmark (tooling): not split yet",
     "tools/kvtier_tools/bench/bookkeeping.py": "a benchmark (tooling): not split yet",

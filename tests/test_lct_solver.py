@@ -16,7 +16,7 @@ from kvtier.errors import InvalidValueError
 from kvtier.keys import key_from_int
 from kvtier.policies import LCTCachePolicy, simulate
 from kvtier.policies import lct as lct_module
-from kvtier.policies.lct import UNLIMITED, PureLCTCachePolicy, _allocate, _Curve
+from kvtier.policies.lct import UNLIMITED, _allocate, _Curve
 
 # -- generated workloads ------------------------------------------------------------------
 
@@ -346,10 +346,8 @@ def test_on_a_hot_set_read_far_apart_the_horizon_moves_long() -> None:
 
 def test_moving_the_horizon_requeues_the_resident_blocks() -> None:
     """A block with two recent accesses and one long ago is class 3 under a long horizon and
-    class 2 under a short one; the queues follow the move, oldest first (the pure class,
-    whose queues are ordered dicts: the compiled one is compared with it in
-    tests/test_compiled_core.py)."""
-    policy = PureLCTCachePolicy(10, horizons=(1.0, 16.0), start=1)
+    class 2 under a short one; the queues follow the move, oldest first."""
+    policy = LCTCachePolicy(10, horizons=(1.0, 16.0), start=1)
     policy.period = 10**9
     key, other = key_from_int(1), key_from_int(2)
     policy.on_store_miss([key])
@@ -366,7 +364,7 @@ def test_moving_the_horizon_requeues_the_resident_blocks() -> None:
     assert policy.count(key) == 3 and policy.count(key, horizon=0) == 2
     policy._move_horizon(0)
     assert policy.horizon == 0 and policy.count(key) == 2
-    assert key in policy._queues[1] and other in policy._queues[0]
+    assert policy.queues()[1] == [key] and policy.queues()[0] == [other]
 
 
 def test_decisions_are_deterministic() -> None:
@@ -397,14 +395,10 @@ def test_clear_forgets_what_was_learned() -> None:
 def test_memory_is_bounded_by_the_window_not_the_trace() -> None:
     """Keys not resident are forgotten `memory` accesses after their last access: after a
     long scan of fresh keys, at most two keys per access of the window are kept."""
-    for policy_class in dict.fromkeys((PureLCTCachePolicy, LCTCachePolicy)):  # one if pure
-        policy = policy_class(16)
-        for i in range(100_000):
-            policy.on_store_miss([key_from_int(i)])
-        ghosts = (
-            policy._ghosts if type(policy) is PureLCTCachePolicy else policy.ghosts()  # type: ignore[attr-defined]
-        )
-        assert len(ghosts) <= 2 * lct_module.MEMORY * 16 + policy.period
+    policy = LCTCachePolicy(16)
+    for i in range(100_000):
+        policy.on_store_miss([key_from_int(i)])
+    assert len(policy.ghosts()) <= 2 * lct_module.MEMORY * 16 + policy.period
 
 
 @pytest.mark.parametrize(

@@ -61,26 +61,30 @@ keys tail to head, so its head is the newest access and a prefix outlives its ta
 
 Cost: O(1) amortized per access (a state from three ages, one histogram cell, four queues),
 a solve every `period` accesses over (35 states x ~70 bins, four candidates) and, when the
-horizon moves, a requeue of the resident blocks (O(n log n)). On the shipped trace, driven a
-request at a time, this pure-Python class takes 1.6 to 1.9 times ARC's time per access. The
-compiled core (`kvtier/policies/_lct_core.pyx`, built by `scripts/build-core`) keeps the
-per-access state in C and runs this module's solver; when built it is `LCTCachePolicy` and
-this class is `PureLCTCachePolicy`, with the same decisions (docs/BENCHMARKS.md).
+horizon moves, a requeue of the resident blocks (O(n log n)).
+
+The per-access state and steps are `LCTState` (`kvtier/policies/_lct_core.py`, their one
+source): each key's state and last three access times, the class queues and the remembered
+keys as linked lists over arrays, the reuse histogram and the arrivals. That module is written
+in Cython's pure Python mode: `scripts/build-core` compiles it (see `kvtier.compiled`), and
+without a build it runs as plain Python, the same text. This class keeps the solver (reading
+and writing the core's arrays through the properties below), the checks of its arguments and
+the reuse hints.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar, Literal
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.errors import InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies._lct_core import BINS_PER_OCTAVE, CREDIT, LIMITS, SHARES, LCTState
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 
@@ -89,7 +93,6 @@ EvictionOrder = Literal["ratio", "over"]
 CLASSES = 4
 """Classes by accesses within the horizon: 1, 2, 3, and 4 (the last three accesses are
 remembered)."""
-BINS_PER_OCTAVE = 4
 MAX_BINS = BINS_PER_OCTAVE * 48
 """Reuse distances up to 2**48 accesses: beyond any memory, so no bin is ever capped."""
 # The tunables were chosen together on the first half (by time) of the shipped trace, one set
@@ -112,8 +115,6 @@ ORDER: EvictionOrder = "ratio"
 UNLIMITED = float("inf")
 MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
-NEVER = -(1 << 62)
-"""The time of an access that did not happen (a key seen fewer than three times)."""
 
 
 def _bin(distance: int) -> int:
@@ -226,6 +227,9 @@ class LCTCachePolicy(CachePolicy):
 
     name: ClassVar[str] = "lct"
     admits_all: ClassVar[bool] = False
+    state_class: ClassVar[type[LCTState]] = LCTState
+    """The class of the per-access state: `LCTState`, compiled when the core is; a test gives
+    a subclass the pure-Python one to compare the two (`tests/test_compiled_core.py`)."""
 
     def __init__(
         self,
@@ -265,8 +269,9 @@ class LCTCachePolicy(CachePolicy):
             )
         if order not in ("ratio", "over"):
             raise InvalidValueError(f"lct: order must be 'ratio' or 'over', got {order!r}")
+        self._core = self.state_class()
         self.decay = decay
-        self.order: EvictionOrder = order
+        self.order = order
         self._states = _States(len(horizons))
         self._horizons = [max(1, int(h * cache_capacity)) for h in horizons]
         """Candidate horizons, in accesses."""
@@ -288,44 +293,45 @@ class LCTCachePolicy(CachePolicy):
         self._start = start
         self._hints = HintBook()
         """Reuse hints on resident blocks, consulted only while some block is hinted."""
-        self._init_store()
+        self._bind_core()
         self._learn_afresh()
         self.refused = 0
         """Stores not admitted."""
 
-    def _init_store(self) -> None:
-        """The per-access state: the class queues, the resident blocks, what is remembered
-        of each key (the compiled core keeps them in C instead)."""
-        self._queues: list[OrderedDict[OffloadKey, BlockStatus]] = [
-            OrderedDict() for _ in range(CLASSES)
-        ]
-        self._resident: dict[OffloadKey, BlockStatus] = {}
-        self._history: dict[OffloadKey, History] = {}
-        """What the policy remembers of each resident key."""
-        self._ghosts: OrderedDict[OffloadKey, History] = OrderedDict()
-        """What it remembers of non-resident keys accessed in the last `memory` accesses."""
-        # `get` is the resident dict's own bound method, as ARC's is: one C-level lookup with
-        # no Python frame (the dict is never replaced); a subclass overriding `get` keeps its.
-        if type(self).get is PureLCTCachePolicy.get:
-            self.get = self._resident.get  # type: ignore[method-assign,assignment]
+    def _bind_core(self) -> None:
+        """Give the core the settings; bind its per-key calls to the instance: every caller
+        reaches the core with no Python frame, unless a subclass overrides the method."""
+        core, states = self._core, self._states
+        core.configure(
+            self._solve,
+            self._horizons,
+            self._memory,
+            (states.width, states.first, states.count, states.ids, states.classes),
+            self._bins,
+            self._weights,
+        )
+        cls = type(self)
+        if cls.get is LCTCachePolicy.get:
+            self.get = core.resident.get  # type: ignore[method-assign,assignment]
+        if cls.insert is LCTCachePolicy.insert:
+            self.insert = core.insert  # type: ignore[method-assign]
+        if cls.on_store_miss is LCTCachePolicy.on_store_miss:
+            self.on_store_miss = core.on_store_miss  # type: ignore[method-assign]
+        if cls.admit is LCTCachePolicy.admit:
+            self.admit = core.admit  # type: ignore[method-assign]
 
     def _learn_afresh(self) -> None:
         """The learned state of a new policy: no statistics, no limits, the start horizon."""
         self._clock = 0
         self._since_solve = 0
         self._reuse = [[0.0] * self._bins for _ in range(self._states.count)]
-        """Per state, the reuses of its arrivals by distance bin, each weighted as its
-        arrival is now."""
         self._arrivals = [0.0] * self._states.count
-        """Arrivals per state in the current solve period."""
         self._epochs: deque[list[float]] = deque()
         """Arrivals per candidate and class of the last solve periods, newest first."""
         self._older = [0.0] * len(self._members)
         """Arrivals per candidate and class of the periods before those."""
-        self.limits: list[float] = [UNLIMITED] * CLASSES
-        """Per class, the accesses since its last use a block may stay (inf: no limit)."""
-        self.shares: list[float] = [1.0] * CLASSES
-        """Per class, the share of its new blocks admitted where its limit is above 0."""
+        self.limits = [UNLIMITED] * CLASSES
+        self.shares = [1.0] * CLASSES
         self._credit = [0.0] * CLASSES
         self.expected: list[float] = [0.0] * len(self._horizons)
         """Per candidate horizon, the hits per access the last solve expected of it."""
@@ -333,44 +339,22 @@ class LCTCachePolicy(CachePolicy):
 
     def _set_horizon(self, horizon: int) -> None:
         """Count the classes over candidate `horizon` (the queues are left as they are)."""
-        self.horizon = horizon
-        """The index of the candidate the classes are counted over now."""
-        self._class_of = self._states.classes[horizon]
+        self._core.set_horizon(horizon)
 
-    # -- what every access does -----------------------------------------------------------------
-
-    def _observe(self, seen: History | None) -> History:
-        """An access of a key (`seen`: what is remembered of it, None if nothing): record the
-        reuse and the arrival; what to remember of the key now."""
-        clock = self._clock = self._clock + 1
-        states = self._states
-        if seen is None or (gap := clock - seen[1]) > self._memory:
-            history = (states.first, clock, NEVER, NEVER)
-        else:
-            state, last, second, third = seen
-            period = self.period
-            age = (clock - 1) // period - (last - 1) // period
-            weights = self._weights
-            # the bin of the gap (_bin, inline: gap <= memory, so it is below self._bins)
-            bin_ = int(math.log2(gap) * BINS_PER_OCTAVE)
-            self._reuse[state][bin_] += weights[age] if age < len(weights) else 0.0
-            horizons = self._horizons
-            top = len(horizons)
-            g1 = top - bisect_left(horizons, gap)
-            g2 = top - bisect_left(horizons, clock - second) if g1 else 0
-            g3 = top - bisect_left(horizons, clock - third) if g2 else 0
-            width = states.width
-            history = (states.ids[(g1 * width + g2) * width + g3], clock, last, second)
-        self._arrivals[history[0]] += 1.0
-        self._since_solve += 1
-        if self._since_solve >= self.period:
-            self._solve()
-        return history
+    def _move_horizon(self, horizon: int) -> None:
+        """Count classes over candidate `horizon` from now on: the resident blocks are
+        queued again by their class under it, oldest first."""
+        self._core.requeue(horizon)
 
     def _seen(self, key: OffloadKey) -> History | None:
         """What is remembered of a key, resident or not (None: nothing)."""
-        history = self._history.get(key)
-        return history if history is not None else self._ghosts.get(key)
+        return self._core.seen(key)
+
+    def _forget_old(self) -> None:
+        """Drop the remembered keys last accessed more than `memory` accesses ago, from the
+        oldest stored; a key stored later with an older access waits its turn (it reads as
+        forgotten anyway), so at most two keys per access of the window are kept."""
+        self._core.forget_old()
 
     def count(self, key: OffloadKey, horizon: int | None = None) -> int:
         """The accesses of `key` within the horizon (`horizon`: an index in the candidates,
@@ -396,23 +380,6 @@ class LCTCachePolicy(CachePolicy):
             arrivals += sum(current[s] for s in states)
             found.append((sum(sum(reuse[s]) for s in states), arrivals))
         return found
-
-    def _remember(self, key: OffloadKey, history: History) -> None:
-        ghosts = self._ghosts
-        ghosts[key] = history
-        ghosts.move_to_end(key)
-
-    def _forget_old(self) -> None:
-        """Drop the remembered keys last accessed more than `memory` accesses ago, from the
-        oldest stored; a key stored later with an older access waits its turn (it reads as
-        forgotten anyway), so at most two keys per access of the window are kept."""
-        ghosts = self._ghosts
-        oldest = self._clock - self._memory
-        while ghosts:
-            key = next(iter(ghosts))
-            if ghosts[key][1] >= oldest:
-                break
-            del ghosts[key]
 
     # -- the solver -------------------------------------------------------------------------
 
@@ -517,197 +484,175 @@ class LCTCachePolicy(CachePolicy):
                 curve.append((time_reused + (1.0 - found) * limit, found, limit))
         return curve if found >= MIN_REUSE else curve[:1]
 
-    def _move_horizon(self, horizon: int) -> None:
-        """Count classes over candidate `horizon` from now on: the resident blocks are
-        queued again by their class under it, oldest first."""
-        self._set_horizon(horizon)
-        class_of = self._class_of
-        queues: list[OrderedDict[OffloadKey, BlockStatus]] = [OrderedDict() for _ in range(CLASSES)]
-        history, resident = self._history, self._resident
-        for key in sorted(resident, key=lambda key: history[key][1]):
-            queues[class_of[history[key][0]]][key] = resident[key]
-        self._queues = queues
+    # -- the state the solver reads and writes, kept by the core ------------------------------
+
+    @property
+    def _clock(self) -> int:
+        return self._core.clock
+
+    @_clock.setter
+    def _clock(self, value: int) -> None:
+        self._core.clock = value
+
+    @property
+    def _since_solve(self) -> int:
+        return self._core.since_solve
+
+    @_since_solve.setter
+    def _since_solve(self, value: int) -> None:
+        self._core.since_solve = value
+
+    @property
+    def period(self) -> int:
+        """A solve every this many accesses."""
+        return self._core.period
+
+    @period.setter
+    def period(self, value: int) -> None:
+        self._core.period = value
+
+    @property
+    def order(self) -> EvictionOrder:
+        """How far past its class limit a block is: "ratio" or "over" (`ORDER`)."""
+        return "ratio" if self._core.ratio else "over"
+
+    @order.setter
+    def order(self, value: EvictionOrder) -> None:
+        self._core.ratio = value == "ratio"
+
+    @property
+    def _reuse(self) -> list[list[float]]:
+        """Per state, the reuses of its arrivals by distance bin, each weighted as its
+        arrival is now."""
+        return self._core.get_reuse()
+
+    @_reuse.setter
+    def _reuse(self, rows: list[list[float]]) -> None:
+        self._core.set_reuse(rows)
+
+    @property
+    def _arrivals(self) -> list[float]:
+        """Arrivals per state in the current solve period."""
+        return self._core.get_arrivals()
+
+    @_arrivals.setter
+    def _arrivals(self, values: list[float]) -> None:
+        self._core.set_arrivals(values)
+
+    @property
+    def limits(self) -> list[float]:
+        """Per class, the accesses since its last use a block may stay (inf: no limit)."""
+        return self._core.get_vector(LIMITS)
+
+    @limits.setter
+    def limits(self, values: list[float]) -> None:
+        self._core.set_vector(LIMITS, values)
+
+    @property
+    def shares(self) -> list[float]:
+        """Per class, the share of its new blocks admitted where its limit is above 0."""
+        return self._core.get_vector(SHARES)
+
+    @shares.setter
+    def shares(self, values: list[float]) -> None:
+        self._core.set_vector(SHARES, values)
+
+    @property
+    def _credit(self) -> list[float]:
+        return self._core.get_vector(CREDIT)
+
+    @_credit.setter
+    def _credit(self, values: list[float]) -> None:
+        self._core.set_vector(CREDIT, values)
+
+    @property
+    def horizon(self) -> int:
+        """The index of the candidate the classes are counted over now."""
+        return self._core.horizon
+
+    @property
+    def _resident(self) -> dict[OffloadKey, BlockStatus]:
+        return self._core.resident
+
+    def queues(self) -> list[list[OffloadKey]]:
+        """The class queues' keys, each oldest first (for tests and inspection)."""
+        return [self._core.keys_of(cls) for cls in range(CLASSES)]
+
+    def ghosts(self) -> list[tuple[OffloadKey, History]]:
+        """The remembered non-resident keys and what is remembered of each, oldest stored
+        first (for tests and inspection)."""
+        return self._core.ghost_entries()
 
     # -- CachePolicy ------------------------------------------------------------------------
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._resident.get(key)
+        return self._core.resident.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
-        return self._resident.get
+        return self._core.resident.get
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Whether each (absent) key is worth storing: its class's limit is above 0, and, for
         a class admitted in part (`shares`), whether this call is the next of that share:
         every n-th call, by a running credit (deterministic), takes that class's keys, all of
         them, so a request's blocks of one class are stored together or not at all."""
-        answers = []
-        first = self._states.first
-        limits, shares, credits = self.limits, self.shares, self._credit
-        decided: dict[int, bool] = {}
-        for key in keys:
-            seen = self._seen(key)  # this access included (`on_store_miss` counted it)
-            cls = self._class_of[seen[0] if seen is not None else first]
-            if limits[cls] <= 0:
-                answers.append(False)
-            elif shares[cls] >= 1.0:
-                answers.append(True)
-            else:
-                admitted = decided.get(cls)
-                if admitted is None:
-                    credit = credits[cls] + shares[cls]
-                    admitted = decided[cls] = credit >= 1.0
-                    credits[cls] = credit - 1.0 if admitted else credit
-                answers.append(admitted)
-        return answers
+        return self._core.admit(keys)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
-        ghosts, observe = self._ghosts, self._observe
-        for key in reversed(keys):  # a request's deepest block first: its prefix is newer
-            ghosts[key] = observe(ghosts.get(key))
-            ghosts.move_to_end(key)
+        """Each key's access, a request's deepest block first: its prefix is newer."""
+        self._core.on_store_miss(keys)
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         """A block the tier above evicts is not an access: its class stays what the accesses
         this tier heard made it (one, if it heard none), and nothing is learned from it."""
-        for key in reversed(keys):
-            if key in self._resident:
-                continue
-            seen = self._ghosts.get(key)
-            self._remember(
-                key, seen if seen is not None else (self._states.first, self._clock, NEVER, NEVER)
-            )
+        self._core.on_store_move(keys)
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        if key in self._resident:
-            raise BlockStateError(f"lct: key {key!r} is already resident")
-        seen = self._ghosts.pop(key, None)
-        history = seen if seen is not None else (self._states.first, self._clock, NEVER, NEVER)
-        self._resident[key] = block
-        self._history[key] = history
-        self._queues[self._class_of[history[0]]][key] = block
+        self._core.insert(key, block)
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        core = self._core
+        self._check_insert_batch(keys, blocks, core.resident)
+        core.insert_many(keys, blocks)
 
     def remove(self, key: OffloadKey) -> None:
-        if self._resident.pop(key, None) is None:
-            raise BlockStateError(f"lct: key {key!r} is not resident")
-        history = self._history.pop(key)
-        del self._queues[self._class_of[history[0]]][key]
-        self._remember(key, history)
+        self._core.remove(key)
         if self._hints.reuse:
             self._hints.discard(key)
 
     def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
-        self._hints.mark(key, reuse, key in self._resident)
+        self._hints.mark(key, reuse, key in self._core.resident)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
+        """Each resident key's access, tail first, so the request's head is the newest."""
         if self._hints.reuse:
             self._hints.touched(keys)
-        for key in reversed(keys):  # tail first, so the request's head is the newest
-            block = self._resident.get(key)
-            if block is None:
-                continue
-            old = self._history[key]
-            new = self._history[key] = self._observe(old)  # may move the horizon
-            class_of = self._class_of
-            old_cls, new_cls = class_of[old[0]], class_of[new[0]]
-            if old_cls == new_cls:
-                self._queues[new_cls].move_to_end(key)
-            else:
-                del self._queues[old_cls][key]
-                self._queues[new_cls][key] = block
+        self._core.touch(keys)
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
         """The `n` blocks furthest past their class limits (see the module doc), taken one at
-        a time among the queues' oldest evictable entries."""
-        check_evict_count(n)
-        if n == 0:
-            return []
+        a time among the queues' oldest evictable entries: age / limit ("ratio") or age -
+        limit ("over"), a class with no limit after every limited one, oldest first."""
+        if type(n) is not int or n < 1:  # the common case skips check_evict_count's call
+            check_evict_count(n)
+            if n == 0:
+                return []
         if self._hints.active:
             return self._hints.evict_hinted(
-                n, protected, self.evict, self._resident.get, self.remove, self.items
+                n, protected, self.evict, self._core.resident.get, self.remove, self.items
             )
-        queues = self._queues
-        iterators: list[Iterator[tuple[OffloadKey, BlockStatus]] | None] = [None] * CLASSES
-        heads: list[tuple[OffloadKey, BlockStatus] | None] = [None] * CLASSES
-        overs = [0.0] * CLASSES
-        for cls, queue in enumerate(queues):
-            if queue:
-                entries = iterators[cls] = iter(queue.items())
-                head = heads[cls] = self._next(entries, protected)
-                if head is not None:
-                    overs[cls] = self._past_limit(cls, head[0])
-        chosen: list[tuple[OffloadKey, BlockStatus]] = []
-        while True:
-            best = -1
-            for cls in range(CLASSES):
-                if heads[cls] is not None and (best < 0 or overs[cls] > overs[best]):
-                    best = cls
-            if best < 0:
-                return None
-            head, rest = heads[best], iterators[best]
-            assert head is not None and rest is not None
-            chosen.append(head)
-            if len(chosen) == n:
-                break
-            head = heads[best] = self._next(rest, protected)
-            if head is not None:
-                overs[best] = self._past_limit(best, head[0])
-        history, class_of, clock = self._history, self._class_of, self._clock
-        for key, _ in chosen:
-            seen = history.pop(key)
-            del queues[class_of[seen[0]]][key]
-            del self._resident[key]
-            if clock - seen[1] <= self._memory:
-                self._remember(key, seen)
-        return chosen
-
-    def _past_limit(self, cls: int, key: OffloadKey) -> float:
-        """How far resident `key` of class `cls` is past its class limit, for `evict`: the
-        largest goes first (a class with no limit after every limited one, oldest first)."""
-        age = self._clock - self._history[key][1]
-        limit = self.limits[cls]
-        if limit == UNLIMITED:
-            return age - 1e18
-        if self.order == "ratio":
-            return age / limit if limit > 0 else 1e18 + age
-        return age - limit
-
-    @staticmethod
-    def _next(
-        entries: Iterator[tuple[OffloadKey, BlockStatus]], protected: Collection[OffloadKey]
-    ) -> tuple[OffloadKey, BlockStatus] | None:
-        """The next evictable entry of a queue (each key is in one queue only, so an entry
-        already chosen is never met again)."""
-        for entry in entries:
-            if entry[1].ref_cnt == 0 and entry[0] not in protected:
-                return entry
-        return None
+        return self._core.evict(n, protected)
 
     def clear(self) -> None:
         """Forget every block and all learned state: a fresh policy of the same settings."""
-        for queue in self._queues:
-            queue.clear()
-        self._resident.clear()
-        self._history.clear()
-        self._ghosts.clear()
+        self._core.clear()
         self._hints.clear()
         self._learn_afresh()
 
     def __len__(self) -> int:
-        return len(self._resident)
+        return len(self._core.resident)
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
-        return iter(list(self._resident.items()))
-
-
-PureLCTCachePolicy = LCTCachePolicy
-"""lct in pure Python: the fallback, and the reference the compiled lct is tested against."""
-
-try:  # the compiled lct, present only when kvtier.compiled selected it
-    import kvtier.policies._lct_core as _lct_core
-except ImportError:
-    pass
-else:
-    LCTCachePolicy = _lct_core.LCTCachePolicy  # type: ignore[misc]
+        return iter(list(self._core.resident.items()))

@@ -1,0 +1,743 @@
+# cython: annotation_typing=True, boundscheck=False, wraparound=False, initializedcheck=False
+"""lct's per-access state and steps, `LCTState`: the one source of what
+`kvtier.policies.lct.LCTCachePolicy` does at every access, compiled or as plain Python.
+
+The algorithm is lct.py's (its docstrings say why each step is so): `_observe` per access,
+`on_store_miss`, `touch`, `insert`, `remove`, `admit`, `evict`, the ghosts forgotten after
+`memory` accesses, the requeue when the horizon moves. Each key remembered is a node (one
+dict of the resident keys and one of the others map a key to its node), each node holds its
+state and last three access times in arrays, and the four class queues and the ghosts are
+intrusive doubly linked lists over those arrays (oldest at the head). The reuse histogram and
+the arrivals are double arrays, updated by the same floating-point operations in the same
+order whether compiled or not. The solver, run every `period` accesses, is lct.py's (the
+policy reads and writes these arrays through `get_reuse`, `set_vector` and the like).
+
+Written in Cython's pure Python mode, as `_arc_core` is (its docstring says how): compiled by
+`scripts/build-core` with its annotations as C types, and without a build the Python it is.
+`tests/test_compiled_core.py` runs this file's text both ways in one process and compares
+every state. mypy cannot read typed memoryviews or C arrays: those attributes are declared
+with `cython.declare`, each with a `type: ignore`, and are `Any` to mypy.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.keys import OffloadKey
+
+if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
+    from kvtier.policies import _cython_shim as cython
+else:
+    try:
+        import cython
+    except ImportError:  # no Cython: the module runs as the plain Python it is
+        from kvtier.policies import _cython_shim as cython
+
+BINS_PER_OCTAVE = 4
+"""Reuse-distance bins per doubling (lct.py's histograms)."""
+NEVER = -(1 << 62)
+"""The time of an access that did not happen (a key seen fewer than three times)."""
+MAX_STATES = 35
+"""States of a key for four candidate horizons, the most there are."""
+
+# The lists a node can be on (`_where`): the class queues 0 to 3, the ghosts, none.
+GHOSTS = cython.declare(cython.int, 4)
+NOWHERE = cython.declare(cython.int, 5)
+LISTS = cython.declare(cython.int, 5)
+
+_C_NEVER = cython.declare(cython.longlong, NEVER)
+_C_BINS = cython.declare(cython.int, BINS_PER_OCTAVE)
+_INF = cython.declare(cython.double, math.inf)
+_C_MAX_STATES = cython.declare(cython.int, MAX_STATES)
+
+LIMITS = 0
+SHARES = 1
+CREDIT = 2
+"""`get_vector`'s and `set_vector`'s `which`: the limits, shares or credits per class."""
+
+# The key and block of a node that has none (free; a ghost has no block). Never looked up,
+# never returned.
+_NO_KEY = OffloadKey(b"")
+_NO_BLOCK = BlockStatus(-1)
+
+
+def _nothing() -> None:
+    """The solver of a state not configured yet."""
+
+
+def _ints(values: Sequence[int]) -> array[int]:
+    return array("i", values)
+
+
+def _longs(values: Sequence[int]) -> array[int]:
+    return array("q", values)
+
+
+def _doubles(values: Sequence[float]) -> array[float]:
+    return array("d", values)
+
+
+def _grown(old: Sequence[int], count: int, typecode: str) -> array[int]:
+    """`count` zeros of `typecode`, the items of `old` (an array or a typed memoryview of that
+    type) first: one copy of memory, compiled or not."""
+    grown = array(typecode, bytes(count * array(typecode).itemsize))
+    memoryview(grown)[: len(old)] = old  # type: ignore[call-overload]
+    return grown
+
+
+@cython.final
+@cython.cclass
+class LCTState:
+    """lct's per-access state: the nodes, the queues, the statistics, the limits."""
+
+    _resident: dict[OffloadKey, BlockStatus]  # `LCTCachePolicy.get` is its `get`
+    _rnode: dict[OffloadKey, int]  # resident key -> its node
+    _gnode: dict[OffloadKey, int]  # remembered non-resident key -> its node
+    _solve: Callable[[], None]  # the policy's solver, run every `period` accesses
+    # Per node: the neighbours (-1: none), the list, the state, the last three access times,
+    # its key, its block, its number as a Python int (the dicts' values).
+    _prev = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _next = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _where = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _state = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _last = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _second = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _keys: list[OffloadKey]
+    _blocks: list[BlockStatus]
+    _ids: list[int]
+    _allocated: cython.int
+    _free: cython.int  # first free node, chained through `_next` (-1: none)
+    # Per list (the queues, the ghosts): its oldest and newest node (-1: empty), its length.
+    _head = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
+    _tail = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
+    _size = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
+    _plan = cython.declare(cython.int[::1])  # type: ignore[misc]  # an eviction's victims
+    # Per class, while evicting: the next node to look at, the queue's evictable head, how
+    # far past its limit that head is; and `admit`'s decision for the class (-1: none yet).
+    _cursor = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    _heads = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    _overs = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
+    _decided = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
+    # The settings (lct.py's attributes of the same names).
+    # (public: the policy's properties read and write them)
+    clock = cython.declare(cython.longlong, visibility="public")
+    since_solve = cython.declare(cython.longlong, visibility="public")
+    period = cython.declare(cython.longlong, visibility="public")
+    ratio = cython.declare(cython.bint, visibility="public")  # `order == "ratio"`
+    _memory: cython.longlong
+    _horizons = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _nhorizons: cython.int
+    _width: cython.int
+    _first: cython.int
+    _nstates: cython.int
+    _bins: cython.int
+    _nweights: cython.int
+    _ids_table = cython.declare(cython.int[::1])  # type: ignore[misc]  # triple -> state
+    _classes = cython.declare(cython.int[::1])  # type: ignore[misc]  # [candidate * 35 + state]
+    _horizon: cython.int
+    _weights = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _reuse = cython.declare(cython.double[::1])  # type: ignore[misc]  # _nstates rows of _bins
+    _arrivals = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _limits = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
+    _shares = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
+    _credit = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
+    # What `_observe` found: the key's new state and last three access times.
+    _o_state: cython.int
+    _o_last: cython.longlong
+    _o_second: cython.longlong
+    _o_third: cython.longlong
+
+    def __init__(self) -> None:
+        self._resident = {}
+        self._rnode = {}
+        self._gnode = {}
+        self._solve = _nothing
+        empty = _ints([])
+        self._prev = self._next = self._where = self._state = self._plan = empty
+        self._last = self._second = self._third = _longs([])
+        self._keys = []
+        self._blocks = []
+        self._ids = []
+        self._allocated = 0
+        self._free = -1
+        self._head = [-1, -1, -1, -1, -1]
+        self._tail = [-1, -1, -1, -1, -1]
+        self._size = [0, 0, 0, 0, 0]
+        self._cursor = [-1, -1, -1, -1]
+        self._heads = [-1, -1, -1, -1]
+        self._overs = [0.0, 0.0, 0.0, 0.0]
+        self._decided = [-1, -1, -1, -1]
+        self.clock = self.since_solve = 0
+        self.period = 1
+        self.ratio = True
+        self._memory = 0
+        self._horizons = _longs([])
+        self._nhorizons = self._width = self._first = self._nstates = 0
+        self._bins = self._nweights = 0
+        self._ids_table = self._classes = _ints([])
+        self._horizon = 0
+        self._weights = self._reuse = self._arrivals = _doubles([])
+        self._limits = [_INF, _INF, _INF, _INF]
+        self._shares = [1.0, 1.0, 1.0, 1.0]
+        self._credit = [0.0, 0.0, 0.0, 0.0]
+        self._o_state = 0
+        self._o_last = self._o_second = self._o_third = 0
+
+    def configure(
+        self,
+        solve: Callable[[], None],
+        horizons: Sequence[int],
+        memory: int,
+        states: tuple[int, int, int, Sequence[int], Sequence[Sequence[int]]],
+        bins: int,
+        weights: Sequence[float],
+    ) -> None:
+        """Take lct.py's settings: its solver, the candidate horizons and the memory in
+        accesses, the states (width, first, count, the ids of the triples, the class of
+        each state per candidate), the histogram's bins, the weights by age."""
+        width, first, count, ids, classes = states
+        self._solve = solve
+        self._horizons = _longs(horizons)
+        self._nhorizons = len(horizons)
+        self._memory = memory
+        self._width = width
+        self._first = first
+        self._nstates = count
+        self._ids_table = _ints(ids)
+        flat = [0] * (len(classes) * MAX_STATES)
+        for i, row in enumerate(classes):
+            flat[i * MAX_STATES : i * MAX_STATES + len(row)] = row
+        self._classes = _ints(flat)
+        self._bins = bins
+        self._nweights = len(weights)
+        self._weights = _doubles(weights)
+        self._reuse = _doubles([0.0] * (count * bins))
+        self._arrivals = _doubles([0.0] * count)
+
+    @property
+    def resident(self) -> dict[OffloadKey, BlockStatus]:
+        """The resident blocks by key: `LCTCachePolicy.get` is its `get`."""
+        return self._resident
+
+    @property
+    def horizon(self) -> int:
+        """The index of the candidate the classes are counted over now."""
+        return self._horizon
+
+    # -- nodes and lists ---------------------------------------------------------------------
+
+    @cython.cfunc
+    def _grow(self) -> cython.int:
+        """Double the nodes (64 at first), the new ones free."""
+        old: cython.int = self._allocated
+        new: cython.int = max(64, 2 * old)
+        i: cython.int
+        self._prev = _grown(self._prev, new, "i")
+        self._next = _grown(self._next, new, "i")
+        self._where = _grown(self._where, new, "i")
+        self._state = _grown(self._state, new, "i")
+        self._last = _grown(self._last, new, "q")
+        self._second = _grown(self._second, new, "q")
+        self._third = _grown(self._third, new, "q")
+        for i in range(old, new):
+            self._keys.append(_NO_KEY)
+            self._blocks.append(_NO_BLOCK)
+            self._ids.append(i)
+            self._prev[i] = -1
+            self._where[i] = NOWHERE
+            self._next[i] = i + 1 if i + 1 < new else self._free
+        self._free = old
+        self._allocated = new
+        return 0
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _link(self, node: cython.int, where: cython.int) -> cython.void:
+        """Append `node` at the newest end of list `where`."""
+        tail: cython.int = self._tail[where]
+        self._where[node] = where
+        self._prev[node] = tail
+        self._next[node] = -1
+        if tail < 0:
+            self._head[where] = node
+        else:
+            self._next[tail] = node
+        self._tail[where] = node
+        self._size[where] += 1
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _unlink(self, node: cython.int) -> cython.void:
+        """Take `node` off its list (it is then NOWHERE)."""
+        where: cython.int = self._where[node]
+        prev: cython.int = self._prev[node]
+        nxt: cython.int = self._next[node]
+        if prev < 0:
+            self._head[where] = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt < 0:
+            self._tail[where] = prev
+        else:
+            self._prev[nxt] = prev
+        self._size[where] -= 1
+        self._where[node] = NOWHERE
+
+    @cython.cfunc
+    def _new_node(self, key: OffloadKey) -> cython.int:
+        """A free node for `key`, on no list, remembering an access now and no other."""
+        if self._free < 0:
+            self._grow()
+        node: cython.int = self._free
+        self._free = self._next[node]
+        self._keys[node] = key
+        self._state[node] = self._first
+        self._last[node] = self.clock
+        self._second[node] = _C_NEVER
+        self._third[node] = _C_NEVER
+        return node
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _drop(self, node: cython.int) -> cython.void:
+        """Free `node` (unlinked already)."""
+        self._keys[node] = _NO_KEY
+        self._blocks[node] = _NO_BLOCK
+        self._where[node] = NOWHERE
+        self._next[node] = self._free
+        self._free = node
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _store(self, node: cython.int) -> cython.void:
+        """Give `node` what `_observe` found."""
+        self._state[node] = self._o_state
+        self._last[node] = self._o_last
+        self._second[node] = self._o_second
+        self._third[node] = self._o_third
+
+    @cython.cfunc
+    @cython.inline
+    def _class_of(self, state: cython.int) -> cython.int:
+        """The class of `state` under the horizon in use."""
+        cls: cython.int = self._classes[self._horizon * _C_MAX_STATES + state]
+        return cls
+
+    # -- what every access does (lct.py's `_observe`) ----------------------------------------
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _within(self, age: cython.longlong) -> cython.int:
+        """How many candidate horizons are at least `age`."""
+        i: cython.int
+        count: cython.int = 0
+        for i in range(self._nhorizons):
+            if self._horizons[i] >= age:
+                count += 1
+        return count
+
+    @cython.cfunc
+    def _recall(self, node: cython.int, clock: cython.longlong) -> cython.void:
+        """`_observe` of a key remembered within the memory: record the reuse, leave the
+        key's new state and times in `_o_*`."""
+        period: cython.longlong = self.period
+        last: cython.longlong = self._last[node]
+        gap: cython.longlong = clock - last
+        age: cython.longlong = (clock - 1) // period - (last - 1) // period
+        bin_: cython.int = int(math.log2(gap) * _C_BINS)
+        g2: cython.int = 0
+        g3: cython.int = 0
+        if age < self._nweights:
+            self._reuse[self._state[node] * self._bins + bin_] += self._weights[age]
+        g1: cython.int = self._within(gap)
+        if g1:
+            g2 = self._within(clock - self._second[node])
+            if g2:
+                g3 = self._within(clock - self._third[node])
+        self._o_state = self._ids_table[(g1 * self._width + g2) * self._width + g3]
+        self._o_last = clock
+        self._o_second = last
+        self._o_third = self._second[node]
+
+    @cython.cfunc
+    def _observe(self, node: cython.int) -> cython.int:
+        """An access of the key of `node` (-1: nothing remembered of it): record the reuse
+        and the arrival, leave what to remember of the key in `_o_*`; 1 if the solver ran
+        (which may have forgotten `node`, if a ghost)."""
+        clock: cython.longlong = self.clock + 1
+        self.clock = clock
+        if node < 0 or clock - self._last[node] > self._memory:
+            self._o_state = self._first
+            self._o_last = clock
+            self._o_second = _C_NEVER
+            self._o_third = _C_NEVER
+        else:
+            self._recall(node, clock)
+        self._arrivals[self._o_state] += 1.0
+        self.since_solve += 1
+        if self.since_solve >= self.period:
+            self._solve()
+            return 1
+        return 0
+
+    @cython.cfunc
+    @cython.inline
+    def _node_of(self, nodes: dict[OffloadKey, int], key: OffloadKey) -> cython.int:
+        found = nodes.get(key)
+        if found is None:
+            return -1
+        return found
+
+    def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
+        items: list[OffloadKey] = keys if type(keys) is list else list(keys)
+        i: cython.Py_ssize_t
+        node: cython.int
+        ghosts = self._gnode
+        for i in range(len(items) - 1, -1, -1):  # a request's deepest block first
+            key = items[i]
+            node = self._node_of(ghosts, key)
+            if self._observe(node) and node >= 0:
+                node = self._node_of(ghosts, key)  # the solver may have forgotten it
+            if node < 0:
+                node = self._new_node(key)
+                ghosts[key] = self._ids[node]
+            else:
+                self._unlink(node)
+            self._store(node)
+            self._link(node, GHOSTS)
+
+    def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
+        items: list[OffloadKey] = keys if type(keys) is list else list(keys)
+        i: cython.Py_ssize_t
+        node: cython.int
+        for i in range(len(items) - 1, -1, -1):
+            key = items[i]
+            if key in self._resident:
+                continue
+            node = self._node_of(self._gnode, key)
+            if node < 0:
+                node = self._new_node(key)
+                self._gnode[key] = self._ids[node]
+            else:
+                self._unlink(node)
+            self._link(node, GHOSTS)
+
+    def touch(self, keys: Sequence[OffloadKey]) -> None:
+        items: list[OffloadKey] = keys if type(keys) is list else list(keys)
+        i: cython.Py_ssize_t
+        node: cython.int
+        nodes = self._rnode
+        for i in range(len(items) - 1, -1, -1):  # tail first: the request's head is newest
+            node = self._node_of(nodes, items[i])
+            if node < 0:
+                continue
+            self._observe(node)  # may move the horizon (the queues then follow it)
+            self._store(node)
+            self._unlink(node)
+            self._link(node, self._class_of(self._o_state))
+
+    @cython.cfunc
+    def _insert(self, key: OffloadKey, block: BlockStatus) -> cython.int:
+        found = self._gnode.pop(key, None)
+        node: cython.int
+        if found is None:
+            node = self._new_node(key)
+        else:
+            node = found
+            self._unlink(node)
+        self._blocks[node] = block
+        self._resident[key] = block
+        self._rnode[key] = self._ids[node]
+        self._link(node, self._class_of(self._state[node]))
+        return 0
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        if key in self._resident:
+            raise BlockStateError(f"lct: key {key!r} is already resident")
+        self._insert(key, block)
+
+    def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
+        """`insert` of each pair, in order (checked by the caller: none resident, no key
+        twice, as many blocks as keys)."""
+        i: cython.Py_ssize_t
+        for i in range(len(keys)):
+            self._insert(keys[i], blocks[i])
+
+    @cython.cfunc
+    def _remember(self, node: cython.int) -> cython.int:
+        """Remember the key of resident `node` (unlinked, no longer in `_rnode`) as a ghost,
+        the newest."""
+        # the key's entry among the ghosts: this node's, unless it has one already
+        ghost: cython.int = self._gnode.setdefault(self._keys[node], self._ids[node])
+        if ghost == node:
+            self._blocks[node] = _NO_BLOCK
+            self._link(node, GHOSTS)
+        else:  # announced again while resident: one entry, the resident one's history
+            self._state[ghost] = self._state[node]
+            self._last[ghost] = self._last[node]
+            self._second[ghost] = self._second[node]
+            self._third[ghost] = self._third[node]
+            self._unlink(ghost)
+            self._link(ghost, GHOSTS)
+            self._drop(node)
+        return 0
+
+    def remove(self, key: OffloadKey) -> None:
+        """lct.py's `remove` but for the hints (the caller's)."""
+        if self._resident.pop(key, None) is None:
+            raise BlockStateError(f"lct: key {key!r} is not resident")
+        node: cython.int = self._rnode.pop(key)
+        self._unlink(node)
+        self._remember(node)
+
+    def forget_old(self) -> None:
+        """Drop the ghosts last accessed more than `memory` accesses ago, from the oldest
+        stored (a key stored later with an older access waits its turn)."""
+        oldest: cython.longlong = self.clock - self._memory
+        node: cython.int = self._head[GHOSTS]
+        while node >= 0 and self._last[node] < oldest:
+            del self._gnode[self._keys[node]]
+            self._unlink(node)
+            self._drop(node)
+            node = self._head[GHOSTS]
+
+    def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
+        """lct.py's `admit`: per key, whether its class's limit and share take it."""
+        answers: list[bool] = []
+        node: cython.int
+        cls: cython.int
+        credit: cython.double
+        for cls in range(4):
+            self._decided[cls] = -1
+        for key in keys:
+            node = self._node_of(self._rnode, key)
+            if node < 0:
+                node = self._node_of(self._gnode, key)
+            cls = self._class_of(self._first if node < 0 else self._state[node])
+            if self._limits[cls] <= 0:
+                answers.append(False)
+            elif self._shares[cls] >= 1.0:
+                answers.append(True)
+            else:
+                if self._decided[cls] < 0:
+                    credit = self._credit[cls] + self._shares[cls]
+                    self._decided[cls] = credit >= 1.0
+                    self._credit[cls] = credit - 1.0 if self._decided[cls] else credit
+                answers.append(self._decided[cls] == 1)
+        return answers
+
+    # -- evict -------------------------------------------------------------------------------
+
+    @cython.cfunc
+    def _next_evictable(self, cls: cython.int, protected: Collection[OffloadKey]) -> cython.int:
+        """Advance `_cursor[cls]` past the next block of queue `cls` that may be evicted and
+        return its node (-1: none)."""
+        node: cython.int = self._cursor[cls]
+        while node >= 0:
+            self._cursor[cls] = self._next[node]
+            if self._blocks[node].ref_cnt == 0 and self._keys[node] not in protected:
+                return node
+            node = self._cursor[cls]
+        return -1
+
+    @cython.cfunc
+    def _past_limit(self, cls: cython.int, node: cython.int) -> cython.double:
+        """How far resident `node` of class `cls` is past its class limit (lct.py's
+        `_past_limit`): the largest goes first."""
+        age: cython.double = self.clock - self._last[node]
+        limit: cython.double = self._limits[cls]
+        if limit == _INF:
+            return age - 1e18
+        if self.ratio:
+            return age / limit if limit > 0 else 1e18 + age
+        return age - limit
+
+    @cython.cfunc
+    def _take_head(self, cls: cython.int, protected: Collection[OffloadKey]) -> cython.int:
+        """The next evictable head of queue `cls` into `_heads` and `_overs`."""
+        node: cython.int = self._next_evictable(cls, protected)
+        self._heads[cls] = node
+        if node >= 0:
+            self._overs[cls] = self._past_limit(cls, node)
+        return node
+
+    @cython.cfunc
+    @cython.exceptval(check=False)
+    def _furthest(self) -> cython.int:
+        """The class whose evictable head is furthest past its limit (-1: none)."""
+        best: cython.int = -1
+        cls: cython.int
+        for cls in range(4):
+            if self._heads[cls] >= 0 and (best < 0 or self._overs[cls] > self._overs[best]):
+                best = cls
+        return best
+
+    @cython.cfunc
+    def _plan_victims(self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]) -> cython.bint:
+        """The `n` victims into `_plan`, one at a time among the queues' evictable heads;
+        False when fewer can be evicted."""
+        count: cython.Py_ssize_t = 0
+        cls: cython.int
+        if n > len(self._plan):
+            self._plan = _ints([0] * n)
+        for cls in range(4):
+            self._cursor[cls] = self._head[cls]
+            self._take_head(cls, protected)
+        while count < n:
+            cls = self._furthest()
+            if cls < 0:
+                return False
+            self._plan[count] = self._heads[cls]
+            count += 1
+            if count < n:
+                self._take_head(cls, protected)
+        return True
+
+    def evict(
+        self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """lct.py's `evict` for n >= 1 without hints (the caller's)."""
+        i: cython.Py_ssize_t
+        node: cython.int
+        out: list[tuple[OffloadKey, BlockStatus]] = []
+        if n > len(self._resident):  # fewer blocks than asked for, evictable or not
+            return None
+        if not self._plan_victims(n, protected):
+            return None
+        for i in range(n):
+            node = self._plan[i]
+            key = self._keys[node]
+            out.append((key, self._blocks[node]))
+            del self._rnode[key]
+            self._unlink(node)
+            del self._resident[key]
+            if self.clock - self._last[node] <= self._memory:
+                self._remember(node)
+            else:
+                self._drop(node)
+        return out
+
+    # -- the solver's side -------------------------------------------------------------------
+
+    def requeue(self, horizon: cython.int) -> None:
+        """Count classes over candidate `horizon`: the resident blocks queued again by their
+        class under it, oldest first (stable over the resident dict's order)."""
+        nodes: list[int] = [self._rnode[key] for key in self._resident]
+        times: list[int] = [self._last[node] for node in nodes]
+        cls: cython.int
+        node: cython.int
+        self._horizon = horizon
+        for cls in range(4):
+            self._head[cls] = self._tail[cls] = -1
+            self._size[cls] = 0
+        for i in sorted(range(len(nodes)), key=times.__getitem__):
+            node = nodes[i]
+            self._link(node, self._class_of(self._state[node]))
+
+    def set_horizon(self, horizon: cython.int) -> None:
+        """Count classes over candidate `horizon`, leaving the queues as they are."""
+        self._horizon = horizon
+
+    def seen(self, key: OffloadKey) -> tuple[int, int, int, int] | None:
+        """What is remembered of `key` (lct.py's History), resident or not; None: nothing."""
+        node: cython.int = self._node_of(self._rnode, key)
+        if node < 0:
+            node = self._node_of(self._gnode, key)
+            if node < 0:
+                return None
+        return (self._state[node], self._last[node], self._second[node], self._third[node])
+
+    def get_reuse(self) -> list[list[float]]:
+        """The reuse histogram, a row of bins per state."""
+        return [
+            [self._reuse[s * self._bins + b] for b in range(self._bins)]
+            for s in range(self._nstates)
+        ]
+
+    def set_reuse(self, rows: Sequence[Sequence[float]]) -> None:
+        s: cython.int
+        b: cython.int
+        for s in range(self._nstates):
+            row = rows[s]
+            for b in range(self._bins):
+                self._reuse[s * self._bins + b] = row[b]
+
+    def get_arrivals(self) -> list[float]:
+        """The arrivals per state in the current solve period."""
+        return [self._arrivals[s] for s in range(self._nstates)]
+
+    def set_arrivals(self, values: Sequence[float]) -> None:
+        s: cython.int
+        for s in range(self._nstates):
+            self._arrivals[s] = values[s]
+
+    def get_vector(self, which: cython.int) -> list[float]:
+        """The limits (`LIMITS`), shares (`SHARES`) or credits (`CREDIT`), per class."""
+        if which == LIMITS:
+            return [self._limits[0], self._limits[1], self._limits[2], self._limits[3]]
+        if which == SHARES:
+            return [self._shares[0], self._shares[1], self._shares[2], self._shares[3]]
+        return [self._credit[0], self._credit[1], self._credit[2], self._credit[3]]
+
+    def set_vector(self, which: cython.int, values: Sequence[float]) -> None:
+        """Set the limits, shares or credits (see `get_vector`), one value per class."""
+        i: cython.int
+        if len(values) != 4:
+            raise InvalidValueError(f"lct: 4 values per class expected, got {values!r}")
+        for i in range(4):
+            if which == LIMITS:
+                self._limits[i] = values[i]
+            elif which == SHARES:
+                self._shares[i] = values[i]
+            else:
+                self._credit[i] = values[i]
+
+    # -- inspection and reset ----------------------------------------------------------------
+
+    def keys_of(self, where: cython.int) -> list[OffloadKey]:
+        """The keys of class queue `where` (0 to 3) or of the ghosts (4), oldest first."""
+        out: list[OffloadKey] = []
+        node: cython.int = self._head[where]
+        while node >= 0:
+            out.append(self._keys[node])
+            node = self._next[node]
+        return out
+
+    def ghost_entries(self) -> list[tuple[OffloadKey, tuple[int, int, int, int]]]:
+        """The remembered non-resident keys and what is remembered of each (lct.py's
+        History), oldest stored first."""
+        out: list[tuple[OffloadKey, tuple[int, int, int, int]]] = []
+        node: cython.int = self._head[GHOSTS]
+        while node >= 0:
+            history = (self._state[node], self._last[node], self._second[node], self._third[node])
+            out.append((self._keys[node], history))
+            node = self._next[node]
+        return out
+
+    def clear(self) -> None:
+        """Forget every key (the learned state is the policy's `_learn_afresh`)."""
+        i: cython.int
+        self._resident.clear()
+        self._rnode.clear()
+        self._gnode.clear()
+        for i in range(self._allocated):
+            self._keys[i] = _NO_KEY
+            self._blocks[i] = _NO_BLOCK
+            self._where[i] = NOWHERE
+            self._prev[i] = -1
+            self._next[i] = i + 1 if i + 1 < self._allocated else -1
+        self._free = 0 if self._allocated else -1
+        for i in range(LISTS):
+            self._head[i] = self._tail[i] = -1
+            self._size[i] = 0
