@@ -7,6 +7,9 @@ The product's own commands are here (`kvtier check`, `kvtier keys`). The tooling
 (`kvtier replay`, `simulate`, `bench`, `demo`) come with the kvtier-tools distribution
 (tools/ in the repository), which adds them through the `kvtier.commands` entry-point group:
 kvtier imports nothing of it, and without it those names say in one line where they are.
+An entry point named `group.sub` (e.g. `fleet.simulate`) adds the subcommand `sub` to the
+group `group`: to kvtier's own group of that name when it has one, else to a group made for
+it, so a distribution extends a product group without either importing the other.
 """
 
 from __future__ import annotations
@@ -39,32 +42,57 @@ def command_entry_points() -> dict[str, EntryPoint]:
     return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
 
 
+def _subcommand_entry_points(group: str) -> dict[str, EntryPoint]:
+    """The entry points named `group.sub`, by `sub`."""
+    prefix = group + "."
+    return {
+        name.removeprefix(prefix): entry
+        for name, entry in command_entry_points().items()
+        if name.startswith(prefix) and len(name) > len(prefix)
+    }
+
+
+def _load_command(entry: EntryPoint) -> click.Command:
+    """The click command an entry point names (KvtierError if it names something else)."""
+    loaded = entry.load()
+    if not isinstance(loaded, click.Command):
+        raise KvtierError(
+            f"entry point {entry.name} = {entry.value} ({COMMANDS_GROUP}) is not a click command"
+        )
+    return loaded
+
+
 class _KvtierGroup(click.Group):
     """Turns KvtierError and click's usage errors into one clear line and exit status 2, and
     finds the commands other distributions add through their entry points."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *command_entry_points()})
+        return sorted({*self.commands, *(name.split(".")[0] for name in command_entry_points())})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        entry = command_entry_points().get(cmd_name)
-        if entry is None:
-            if cmd_name in TOOL_COMMANDS:
+        subcommands = _subcommand_entry_points(cmd_name)
+        if command is None:
+            entry = command_entry_points().get(cmd_name)
+            if entry is not None:
+                command = _load_command(entry)
+            elif subcommands:
+                command = click.Group(
+                    cmd_name, help=f"kvtier {cmd_name}: commands of installed distributions."
+                )
+            elif cmd_name in TOOL_COMMANDS:
                 raise KvtierError(
                     f"`kvtier {cmd_name}` is part of kvtier-tools, which is not installed: "
                     + TOOLS_INSTALL
                 )
-            return None
-        loaded = entry.load()
-        if not isinstance(loaded, click.Command):
-            raise KvtierError(
-                f"entry point {cmd_name} = {entry.value} ({COMMANDS_GROUP}) is not a click command"
-            )
-        self.add_command(loaded, cmd_name)
-        return loaded
+            else:
+                return None
+            self.add_command(command, cmd_name)
+        if isinstance(command, click.Group):
+            for name, entry in subcommands.items():
+                if name not in command.commands:
+                    command.add_command(_load_command(entry), name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
