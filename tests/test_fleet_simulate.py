@@ -311,6 +311,7 @@ def test_the_json_report(tmp_path: Path, router: str) -> None:
     if router == "kvtier":
         assert fleet["index"]["keys"] > 0 and fleet["index"]["memory_bytes"] > 0
         assert fleet["events"] > 0 and fleet["events_per_s"] > 0
+        assert fleet["event_blocks"] > 0 and fleet["event_blocks_per_s"] > 0
     else:
         assert fleet["index"] is None and fleet["events"] == 0
 

@@ -252,9 +252,13 @@ def _print_report(
         rate = result.events_per_s
         out.print(
             f"index: {result.index['keys']:,} keys, {result.index['entries']:,} entries, "
-            f"{result.index['memory_bytes'] / 2**20:.1f} MiB; {result.events:,} events in "
-            f"{result.batches:,} batches, "
-            + (f"{rate:,.0f} events/s applied" if rate is not None else "none applied"),
+            f"{result.index['memory_bytes'] / 2**20:.1f} MiB; {result.events:,} events "
+            f"({result.event_blocks:,} blocks) in {result.batches:,} batches, "
+            + (
+                f"{rate:,.0f} events/s ({result.event_blocks_per_s:,.0f} blocks/s) applied"
+                if rate is not None
+                else "none applied"
+            ),
             markup=False,
         )
     err.print(f"simulated in {result.wall_s:.1f}s", markup=False)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from kvtier.blocks import BlockStatus
 from kvtier.errors import KvtierError
 from kvtier.keys import OffloadKey
+from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared, ChainEvent
 from kvtier.manager.planner import WritePolicy
 from kvtier.policies import get_policy_class
@@ -61,6 +62,8 @@ class SimNode:
         self.publish = publish
         self.events = 0
         """Wire events handed out so far."""
+        self.event_blocks = 0
+        """Block keys in those events (a stored or removed event names several)."""
         self._next = 0
         self._pending: list[ChainEvent] = []
         if publish:
@@ -94,6 +97,9 @@ class SimNode:
             payloads.append((self.incarnation << SEQ_BITS | self._next, encode_batch(batch)))
             self._next += 1
             self.events += len(part)
+            self.event_blocks += sum(
+                len(event.keys) for event in part if isinstance(event, OffloadingEvent)
+            )
         return payloads
 
     def close(self) -> None:

@@ -171,6 +171,7 @@ class KvtierRouter:
         if not load_weight >= 0.0:
             raise InvalidValueError(f"--load-weight: {load_weight} is negative")
         self.names = tuple(names)
+        self._position = {name: i for i, name in enumerate(self.names)}
         self.max_imbalance = max_imbalance
         self.load_weight = load_weight
         self.index: PrefixIndex = PrefixIndex(load_weight=load_weight)
@@ -203,11 +204,10 @@ class KvtierRouter:
                 self.index.set_load(self.names[i], load)
         # A node the index has no match for scores the load term alone.
         best = {i: (-self.load_weight * loads[i], 0) for i in eligible}
-        position = {name: i for i, name in enumerate(self.names)}
         for match in self.index.score(keys, [self.names[i] for i in eligible]):
-            i = position.get(match.node)
-            if i in best and match.matched_blocks > 0:
-                best[i] = (match.score, match.matched_blocks)
+            node = self._position.get(match.node)
+            if node is not None and node in best and match.matched_blocks > 0:
+                best[node] = (match.score, match.matched_blocks)
         chosen = max(eligible, key=lambda i: (best[i][0], -counts[i], -i))
         if best[chosen][1] > 0:
             self.matched_requests += 1

@@ -57,6 +57,8 @@ class FleetResult:
     wall_s: float
     events: int = 0
     """Wire events the nodes published (0 for a router that reads none)."""
+    event_blocks: int = 0
+    """Block keys in those events."""
     batches: int = 0
     apply_s: float = 0.0
     """Time the index spent applying the batches."""
@@ -84,8 +86,13 @@ class FleetResult:
 
     @property
     def events_per_s(self) -> float | None:
-        """Events the index applied per second of applying."""
+        """Events the index applied per second of applying (decoding included)."""
         return self.events / self.apply_s if self.apply_s > 0 else None
+
+    @property
+    def event_blocks_per_s(self) -> float | None:
+        """Block keys of those events per second of applying."""
+        return self.event_blocks / self.apply_s if self.apply_s > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,9 +110,11 @@ class FleetResult:
             "node_requests": list(self.node_requests),
             "load_imbalance": self.imbalance,
             "events": self.events,
+            "event_blocks": self.event_blocks,
             "batches": self.batches,
             "index_apply_s": self.apply_s,
             "events_per_s": self.events_per_s,
+            "event_blocks_per_s": self.event_blocks_per_s,
             "index": self.index,
             "index_outcomes": self.outcomes,
             "matched_requests": self.matched_requests,
@@ -160,8 +169,10 @@ def simulate_fleet(
             done = number
     if progress is not None and len(trace.requests) > done:
         progress(len(trace.requests) - done)
+    event_blocks = 0
     for node in fleet:
         events += node.events
+        event_blocks += node.event_blocks
         node.close()
     tier_hits = {tier.name: 0 for tier in tiers}
     for node in fleet:
@@ -179,6 +190,7 @@ def simulate_fleet(
         node_requests=tuple(counts),
         wall_s=time.perf_counter() - started,
         events=events,
+        event_blocks=event_blocks,
         batches=batches,
         apply_s=apply_s,
         index=None if report is None else report.index,
