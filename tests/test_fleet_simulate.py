@@ -248,7 +248,6 @@ def fleet_command(monkeypatch: pytest.MonkeyPatch) -> None:
         "fleet.simulate", "kvtier_tools.cli.fleet:simulate", app.COMMANDS_GROUP
     )
     monkeypatch.setattr(app, "command_entry_points", lambda: found)
-    monkeypatch.delitem(main.commands, "fleet", raising=False)
 
 
 def write_trace(path: Path, trace: SimTrace) -> Path:
@@ -348,6 +347,39 @@ def test_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], named: str
     assert stdout == ""
     assert len(stderr.strip().splitlines()) == 1
     assert stderr.startswith("kvtier: error: ") and named in stderr
+
+
+def test_fleet_simulate_joins_the_products_fleet_group(
+    monkeypatch: pytest.MonkeyPatch, fleet_command: None
+) -> None:
+    import click
+
+    @click.group("fleet")
+    def product_fleet() -> None:
+        """The product's fleet commands."""
+
+    @product_fleet.command("index")
+    def index() -> None:
+        """The index daemon."""
+
+    monkeypatch.setitem(main.commands, "fleet", product_fleet)
+    code, stdout, stderr = run("fleet", "--help")
+    assert code == 0, stderr
+    assert "The product's fleet commands." in stdout
+    assert "index" in stdout and "simulate" in stdout
+    assert product_fleet.commands["simulate"].name == "simulate"
+
+
+def test_without_a_product_group_fleet_is_made_for_its_subcommands(
+    monkeypatch: pytest.MonkeyPatch, fleet_command: None
+) -> None:
+    monkeypatch.delitem(main.commands, "fleet", raising=False)
+    code, stdout, stderr = run("--help")
+    assert code == 0, stderr
+    assert "fleet" in stdout
+    code, stdout, stderr = run("fleet", "--help")
+    assert code == 0, stderr
+    assert "simulate" in stdout
 
 
 def test_the_commands_router_names_are_the_routers() -> None:
