@@ -83,10 +83,21 @@ class Recording:
 
 
 def run_fleet(
-    trace: SimTrace, router: str, nodes: int, tiers: tuple[ChainTier, ...] | None = None, **kw
+    trace: SimTrace,
+    router: str,
+    nodes: int,
+    tiers: tuple[ChainTier, ...] | None = None,
+    *,
+    seed: int = 0,
+    max_imbalance: float = 1.2,
+    prefix_blocks: int = 1,
 ) -> tuple[FleetResult, Recording]:
     names = [f"node{i}" for i in range(nodes)]
-    recording = Recording(make_router(router, names, **kw))
+    recording = Recording(
+        make_router(
+            router, names, seed=seed, max_imbalance=max_imbalance, prefix_blocks=prefix_blocks
+        )
+    )
     result = simulate_fleet(trace, tiers or small_chain(64, 256), recording, nodes)
     return result, recording
 
@@ -383,6 +394,9 @@ def test_without_a_product_group_fleet_is_made_for_its_subcommands(
 
 
 def test_the_commands_router_names_are_the_routers() -> None:
-    from kvtier_tools.cli.fleet import ROUTER_NAMES
+    from kvtier_tools.cli.fleet import ROUTER_NAMES, simulate
+    from kvtier_tools.workloads.fleet import DEFAULT_MAX_IMBALANCE
 
     assert ROUTER_NAMES == ROUTERS
+    defaults = {param.name: param.default for param in simulate.params}
+    assert defaults["max_imbalance"] == DEFAULT_MAX_IMBALANCE
