@@ -79,7 +79,8 @@ def _code(readme: str) -> tuple[list[tuple[str, str | None]], list[tuple[str, st
     Command lines are the lines of ```bash blocks, `$ `-prompted lines of plain ``` blocks
     (sample outputs) and the lines of indented blocks; other fenced blocks (Python, JSON,
     TOML) are not commands. A section is a `## ` heading (the main job's is `kvtier replay`),
-    or a `### ` heading naming `kvtier <command>`; other `### ` headings keep their parent's.
+    or a `### ` heading naming `kvtier <command>` (a subcommand's words too: `fleet
+    simulate`); other `### ` headings keep their parent's.
     """
     lines: list[tuple[str, str | None]] = []
     spans: list[tuple[str, str | None]] = []
@@ -98,7 +99,7 @@ def _code(readme: str) -> tuple[list[tuple[str, str | None]], list[tuple[str, st
             fence = line[3:].strip()
             continue
         if line.startswith(("## ", "### ")):
-            named = re.search(r"`kvtier ([a-z][\w-]*)`", line)
+            named = re.search(r"`kvtier ([a-z][\w-]*(?: [a-z][\w-]*)*)`", line)
             if named:
                 section = named.group(1)
             elif line.startswith("## "):
@@ -207,6 +208,15 @@ def _invocation_problems(cli: click.Group, words: list[str], where: str) -> list
     return problems
 
 
+def _section_command(cli: click.Group, section: str) -> click.Command:
+    """The command a section names (`fleet simulate`: the group's subcommand)."""
+    command: click.Command = cli
+    for word in section.split():
+        assert isinstance(command, click.Group), section
+        command = command.commands[word]
+    return command
+
+
 def _span_problems(
     cli: click.Group, span: str, section: str | None, every_option: set[str]
 ) -> list[str]:
@@ -221,7 +231,7 @@ def _span_problems(
     elif re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", words[0]):
         option = words[0].split("=", 1)[0]
         if section is not None:
-            if option not in _command_options(cli.commands[section]):
+            if option not in _command_options(_section_command(cli, section)):
                 problems.append(f"`{span}`: unknown option {option} of kvtier {section}")
         elif option not in every_option and option not in FOREIGN_OPTIONS:
             problems.append(f"`{span}`: no kvtier command has {option}")
