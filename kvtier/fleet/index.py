@@ -422,7 +422,10 @@ class PrefixIndex:
         for medium, keys in holdings.items():
             if not isinstance(medium, str) or not 0 < len(medium) <= MAX_MEDIUM_CHARS:
                 raise InvalidValueError(f"snapshot medium must be a short str, got {medium!r}")
-            checked.append((medium, [key_of(key) for key in keys]))
+            try:
+                checked.append((medium, [key_of(key) for key in keys]))
+            except KeyFormatError as error:
+                raise KeyFormatError(f"snapshot of {node!r}, medium {medium!r}: {error}") from None
         with self._lock:
             old = self._nodes.get(node)
             if old is not None:
