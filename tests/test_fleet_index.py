@@ -4,6 +4,7 @@ of malformed payloads, each counted and dropped, never raised, never grown into.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 from unittest.mock import patch
@@ -308,6 +309,27 @@ def test_a_bad_load_or_key_is_named() -> None:
         index.set_load("a", float("nan"))
     with pytest.raises(KeyFormatError, match="str"):
         index.score(["00ff"])  # type: ignore[list-item]
+
+
+def test_scores_taken_while_a_thread_applies_see_whole_batches() -> None:
+    """One lock: a score sees a node's batches whole, in order (batch i stores key i), so
+    the prefix it reports only grows, and ends complete. No timing is assumed."""
+    index = PrefixIndex()
+    keys = [k(i) for i in range(300)]
+
+    def feed() -> None:
+        for n, key in enumerate(keys):
+            index.apply("a", seq(n), batch(stored([key])))
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    seen = []
+    while feeder.is_alive():
+        seen.extend(match.matched_blocks for match in index.score(keys))
+    feeder.join()
+    seen.append(index.score(keys)[0].matched_blocks)
+    assert seen == sorted(seen)
+    assert seen[-1] == len(keys)
 
 
 # -- memory ---------------------------------------------------------------------------------
