@@ -259,6 +259,7 @@ def fleet_command(monkeypatch: pytest.MonkeyPatch) -> None:
         "fleet.simulate", "kvtier_tools.cli.fleet:simulate", app.COMMANDS_GROUP
     )
     monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    monkeypatch.setattr(main, "commands", dict(main.commands))  # what a test adds goes
 
 
 def write_trace(path: Path, trace: SimTrace) -> Path:
@@ -391,6 +392,50 @@ def test_without_a_product_group_fleet_is_made_for_its_subcommands(
     code, stdout, stderr = run("fleet", "--help")
     assert code == 0, stderr
     assert "simulate" in stdout
+
+
+@pytest.mark.parametrize("product_group", [True, False])
+def test_without_kvtier_tools_fleet_simulate_says_where_it_is(
+    monkeypatch: pytest.MonkeyPatch, product_group: bool
+) -> None:
+    import click
+
+    from kvtier.cli import app
+
+    monkeypatch.setattr(app, "command_entry_points", lambda: {})
+    monkeypatch.setattr(main, "commands", dict(main.commands))
+    if product_group:
+        monkeypatch.setitem(main.commands, "fleet", click.Group("fleet"))
+    else:
+        monkeypatch.delitem(main.commands, "fleet", raising=False)
+    for args in (["--nodes", "8"], ["--help"]):
+        code, stdout, stderr = run("fleet", "simulate", *args)
+        assert code == 2
+        assert stdout == ""
+        assert stderr.strip() == (
+            "kvtier: error: `kvtier fleet simulate` is part of kvtier-tools, which is not "
+            "installed: pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
+        )
+
+
+def test_an_installed_fleet_simulate_replaces_the_stand_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvtier.cli import app
+
+    monkeypatch.setattr(main, "commands", dict(main.commands))
+    monkeypatch.delitem(main.commands, "fleet", raising=False)
+    monkeypatch.setattr(app, "command_entry_points", lambda: {})
+    assert run("fleet", "simulate")[0] == 2
+    found = {
+        "fleet.simulate": EntryPoint(
+            "fleet.simulate", "kvtier_tools.cli.fleet:simulate", app.COMMANDS_GROUP
+        )
+    }
+    monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    code, stdout, stderr = run("fleet", "simulate", "--help")
+    assert code == 0, stderr
+    assert "--max-imbalance" in stdout
 
 
 def test_the_commands_router_names_are_the_routers() -> None:

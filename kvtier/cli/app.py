@@ -6,7 +6,8 @@ a traceback. Progress bars appear only when stderr is a terminal.
 The product's own commands are here (`kvtier check`, `kvtier keys`). The tooling's commands
 (`kvtier replay`, `simulate`, `bench`, `demo`) come with the kvtier-tools distribution
 (tools/ in the repository), which adds them through the `kvtier.commands` entry-point group:
-kvtier imports nothing of it, and without it those names say in one line where they are.
+kvtier imports nothing of it, and without it those names (and `kvtier fleet simulate`) say
+in one line where they are.
 An entry point named `group.sub` (e.g. `fleet.simulate`) adds the subcommand `sub` to the
 group `group`: to kvtier's own group of that name when it has one, else to a group made for
 it, so a distribution extends a product group without either importing the other.
@@ -32,6 +33,9 @@ COMMANDS_GROUP = "kvtier.commands"
 
 TOOL_COMMANDS = ("bench", "demo", "replay", "simulate")
 """The commands kvtier-tools adds, named here only to say where they are when it is absent."""
+
+TOOL_SUBCOMMANDS = {"fleet": ("simulate",)}
+"""kvtier-tools' subcommands of a group (`kvtier fleet simulate`), named here for the same."""
 
 TOOLS_INSTALL = "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
 
@@ -62,6 +66,25 @@ def _load_command(entry: EntryPoint) -> click.Command:
     return loaded
 
 
+class _MissingTool(click.Command):
+    """A stand-in for kvtier-tools' `kvtier <path>` that says, in one line, where it is (an
+    entry point of that name, once installed, replaces it)."""
+
+    def __init__(self, path: str) -> None:
+        def absent() -> None:
+            raise KvtierError(
+                f"`kvtier {path}` is part of kvtier-tools, which is not installed: " + TOOLS_INSTALL
+            )
+
+        super().__init__(
+            path.split()[-1],
+            callback=absent,
+            help="Part of kvtier-tools (not installed).",
+            add_help_option=False,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        )
+
+
 class _KvtierGroup(click.Group):
     """Turns KvtierError and click's usage errors into one clear line and exit status 2, and
     finds the commands other distributions add through their entry points."""
@@ -76,7 +99,7 @@ class _KvtierGroup(click.Group):
             entry = command_entry_points().get(cmd_name)
             if entry is not None:
                 command = _load_command(entry)
-            elif subcommands:
+            elif subcommands or cmd_name in TOOL_SUBCOMMANDS:
                 command = click.Group(
                     cmd_name, help=f"kvtier {cmd_name}: commands of installed distributions."
                 )
@@ -90,8 +113,11 @@ class _KvtierGroup(click.Group):
             self.add_command(command, cmd_name)
         if isinstance(command, click.Group):
             for name, entry in subcommands.items():
-                if name not in command.commands:
+                if isinstance(command.commands.get(name, _MissingTool(name)), _MissingTool):
                     command.add_command(_load_command(entry), name)
+            for name in TOOL_SUBCOMMANDS.get(cmd_name, ()):
+                if name not in command.commands:
+                    command.add_command(_MissingTool(f"{cmd_name} {name}"), name)
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
