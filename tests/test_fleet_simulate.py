@@ -438,6 +438,32 @@ def test_an_installed_fleet_simulate_replaces_the_stand_in(
     assert "--max-imbalance" in stdout
 
 
+def test_a_simulated_node_batches_as_the_publisher_does() -> None:
+    pytest.importorskip("msgspec")
+    from kvtier.fleet import publisher
+    from kvtier_tools.workloads.fleet import nodes
+
+    assert nodes.MAX_BATCH_EVENTS == publisher.MAX_BATCH_EVENTS
+    assert nodes.SEQ_BITS == publisher.SEQ_BITS
+
+
+def test_a_nodes_first_batch_clears_and_sequence_numbers_follow() -> None:
+    pytest.importorskip("msgspec")
+    from kvtier.fleet.events import AllBlocksCleared, BlockStored, decode_batch
+
+    node = SimNode("n", small_chain(4, 8), "write-back", publish=True, incarnation=7)
+    node.serve([offload_key_of(i) for i in range(3)])
+    first = node.take_payloads(1.0)
+    node.serve([offload_key_of(i) for i in range(3, 6)])
+    second = node.take_payloads(2.0)
+    assert [seq for seq, _ in first + second] == [7 << 32, 7 << 32 | 1]
+    events = decode_batch(first[0][1]).events
+    assert isinstance(events[0], AllBlocksCleared)
+    assert isinstance(events[1], BlockStored) and events[1].medium == "CPU"
+    assert node.take_payloads(3.0) == []
+    node.close()
+
+
 def test_the_commands_router_names_are_the_routers() -> None:
     from kvtier_tools.cli.fleet import ROUTER_NAMES, simulate
     from kvtier_tools.workloads.fleet import DEFAULT_MAX_IMBALANCE

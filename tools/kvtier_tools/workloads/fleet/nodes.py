@@ -30,7 +30,7 @@ from kvtier_tools.workloads.simulation.chain import ChainTier, build_chain, serv
 
 MAX_BATCH_EVENTS = 512
 """Most events in one batch, as `kvtier.fleet.publisher.MAX_BATCH_EVENTS` (not imported: that
-module needs pyzmq, and the simulation needs no socket)."""
+module needs msgspec, which only the kvtier router does; a test keeps the two equal)."""
 SEQ_BITS = 32
 """Bits of a sequence number below the incarnation (`kvtier.fleet.publisher.SEQ_BITS`)."""
 
