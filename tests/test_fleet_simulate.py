@@ -38,6 +38,10 @@ from kvtier_tools.workloads.simulation.sweep import SimTrace
 pytestmark = pytest.mark.timeout(120)
 
 
+TOOLS_FLEET = EntryPoint("fleet", "kvtier_tools.cli.fleet:fleet", "kvtier.commands")
+"""tools/pyproject.toml's `kvtier.commands` entry point of the tools' `fleet` group."""
+
+
 def needs_index() -> None:
     """The kvtier router needs the fleet's index and the events extra (msgspec)."""
     pytest.importorskip("msgspec")
@@ -250,16 +254,20 @@ def test_a_full_shared_store_evicts_by_its_policy() -> None:
 
 @pytest.fixture
 def fleet_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`kvtier fleet simulate` joined through its entry point, as tools/pyproject.toml names it
-    (the installed metadata may predate it)."""
-    from kvtier.cli import app
+    """`kvtier fleet simulate` as installed (the environment's metadata may predate its entry
+    points): in kvtier's own `fleet` group when it has one, else through the tools' group."""
+    import click
 
-    found = dict(app.command_entry_points())
-    found["fleet.simulate"] = EntryPoint(
-        "fleet.simulate", "kvtier_tools.cli.fleet:simulate", app.COMMANDS_GROUP
-    )
-    monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    from kvtier.cli import app
+    from kvtier_tools.cli.fleet import simulate
+
     monkeypatch.setattr(main, "commands", dict(main.commands))  # what a test adds goes
+    product = main.commands.get("fleet")
+    if isinstance(product, click.Group):
+        monkeypatch.setattr(product, "commands", {**product.commands, "simulate": simulate})
+        return
+    found = {**app.command_entry_points(), "fleet": TOOLS_FLEET}
+    monkeypatch.setattr(app, "command_entry_points", lambda: found)
 
 
 def write_trace(path: Path, trace: SimTrace) -> Path:
@@ -361,78 +369,32 @@ def test_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], named: str
     assert stderr.startswith("kvtier: error: ") and named in stderr
 
 
-def test_fleet_simulate_joins_the_products_fleet_group(
-    monkeypatch: pytest.MonkeyPatch, fleet_command: None
-) -> None:
+def test_the_tools_entry_points_name_the_fleet_commands() -> None:
+    import tomllib
+
     import click
 
-    @click.group("fleet")
-    def product_fleet() -> None:
-        """The product's fleet commands."""
+    from kvtier_tools.cli.fleet import fleet, simulate
 
-    @product_fleet.command("index")
-    def index() -> None:
-        """The index daemon."""
-
-    monkeypatch.setitem(main.commands, "fleet", product_fleet)
-    code, stdout, stderr = run("fleet", "--help")
-    assert code == 0, stderr
-    assert "The product's fleet commands." in stdout
-    assert "index" in stdout and "simulate" in stdout
-    assert product_fleet.commands["simulate"].name == "simulate"
+    project = tomllib.loads((Path(__file__).parents[1] / "tools" / "pyproject.toml").read_text())
+    points = project["project"]["entry-points"]
+    assert points["kvtier.commands"]["fleet"] == TOOLS_FLEET.value
+    assert points["kvtier.fleet.commands"]["simulate"] == "kvtier_tools.cli.fleet:simulate"
+    assert TOOLS_FLEET.load() is fleet and isinstance(fleet, click.Group)
+    assert fleet.commands == {"simulate": simulate}
 
 
-def test_without_a_product_group_fleet_is_made_for_its_subcommands(
-    monkeypatch: pytest.MonkeyPatch, fleet_command: None
-) -> None:
-    monkeypatch.delitem(main.commands, "fleet", raising=False)
-    code, stdout, stderr = run("--help")
-    assert code == 0, stderr
-    assert "fleet" in stdout
-    code, stdout, stderr = run("fleet", "--help")
-    assert code == 0, stderr
-    assert "simulate" in stdout
-
-
-@pytest.mark.parametrize("product_group", [True, False])
-def test_without_kvtier_tools_fleet_simulate_says_where_it_is(
-    monkeypatch: pytest.MonkeyPatch, product_group: bool
-) -> None:
-    import click
-
-    from kvtier.cli import app
-
-    monkeypatch.setattr(app, "command_entry_points", lambda: {})
-    monkeypatch.setattr(main, "commands", dict(main.commands))
-    if product_group:
-        monkeypatch.setitem(main.commands, "fleet", click.Group("fleet"))
-    else:
-        monkeypatch.delitem(main.commands, "fleet", raising=False)
-    for args in (["--nodes", "8"], ["--help"]):
-        code, stdout, stderr = run("fleet", "simulate", *args)
-        assert code == 2
-        assert stdout == ""
-        assert stderr.strip() == (
-            "kvtier: error: `kvtier fleet simulate` is part of kvtier-tools, which is not "
-            "installed: pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
-        )
-
-
-def test_an_installed_fleet_simulate_replaces_the_stand_in(
+def test_without_a_kvtier_fleet_group_the_tools_group_joins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from kvtier.cli import app
 
     monkeypatch.setattr(main, "commands", dict(main.commands))
     monkeypatch.delitem(main.commands, "fleet", raising=False)
-    monkeypatch.setattr(app, "command_entry_points", lambda: {})
-    assert run("fleet", "simulate")[0] == 2
-    found = {
-        "fleet.simulate": EntryPoint(
-            "fleet.simulate", "kvtier_tools.cli.fleet:simulate", app.COMMANDS_GROUP
-        )
-    }
-    monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    monkeypatch.setattr(app, "command_entry_points", lambda: {"fleet": TOOLS_FLEET})
+    code, stdout, stderr = run("--help")
+    assert code == 0, stderr
+    assert "fleet" in stdout
     code, stdout, stderr = run("fleet", "simulate", "--help")
     assert code == 0, stderr
     assert "--max-imbalance" in stdout

@@ -6,11 +6,7 @@ a traceback. Progress bars appear only when stderr is a terminal.
 The product's own commands are here (`kvtier check`, `kvtier keys`). The tooling's commands
 (`kvtier replay`, `simulate`, `bench`, `demo`) come with the kvtier-tools distribution
 (tools/ in the repository), which adds them through the `kvtier.commands` entry-point group:
-kvtier imports nothing of it, and without it those names (and `kvtier fleet simulate`) say
-in one line where they are.
-An entry point named `group.sub` (e.g. `fleet.simulate`) adds the subcommand `sub` to the
-group `group`: to kvtier's own group of that name when it has one, else to a group made for
-it, so a distribution extends a product group without either importing the other.
+kvtier imports nothing of it, and without it those names say in one line where they are.
 """
 
 from __future__ import annotations
@@ -34,9 +30,6 @@ COMMANDS_GROUP = "kvtier.commands"
 TOOL_COMMANDS = ("bench", "demo", "replay", "simulate")
 """The commands kvtier-tools adds, named here only to say where they are when it is absent."""
 
-TOOL_SUBCOMMANDS = {"fleet": ("simulate",)}
-"""kvtier-tools' subcommands of a group (`kvtier fleet simulate`), named here for the same."""
-
 TOOLS_INSTALL = "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
 
 
@@ -46,79 +39,32 @@ def command_entry_points() -> dict[str, EntryPoint]:
     return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
 
 
-def _subcommand_entry_points(group: str) -> dict[str, EntryPoint]:
-    """The entry points named `group.sub`, by `sub`."""
-    prefix = group + "."
-    return {
-        name.removeprefix(prefix): entry
-        for name, entry in command_entry_points().items()
-        if name.startswith(prefix) and len(name) > len(prefix)
-    }
-
-
-def _load_command(entry: EntryPoint) -> click.Command:
-    """The click command an entry point names (KvtierError if it names something else)."""
-    loaded = entry.load()
-    if not isinstance(loaded, click.Command):
-        raise KvtierError(
-            f"entry point {entry.name} = {entry.value} ({COMMANDS_GROUP}) is not a click command"
-        )
-    return loaded
-
-
-class _MissingTool(click.Command):
-    """A stand-in for kvtier-tools' `kvtier <path>` that says, in one line, where it is (an
-    entry point of that name, once installed, replaces it)."""
-
-    def __init__(self, path: str) -> None:
-        def absent() -> None:
-            raise KvtierError(
-                f"`kvtier {path}` is part of kvtier-tools, which is not installed: " + TOOLS_INSTALL
-            )
-
-        super().__init__(
-            path.split()[-1],
-            callback=absent,
-            help="Part of kvtier-tools (not installed).",
-            add_help_option=False,
-            context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        )
-
-
 class _KvtierGroup(click.Group):
     """Turns KvtierError and click's usage errors into one clear line and exit status 2, and
     finds the commands other distributions add through their entry points."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *(name.split(".")[0] for name in command_entry_points())})
+        return sorted({*self.commands, *command_entry_points()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        subcommands = _subcommand_entry_points(cmd_name)
-        if command is None:
-            entry = command_entry_points().get(cmd_name)
-            if entry is not None:
-                command = _load_command(entry)
-            elif subcommands or cmd_name in TOOL_SUBCOMMANDS:
-                command = click.Group(
-                    cmd_name, help=f"kvtier {cmd_name}: commands of installed distributions."
-                )
-            elif cmd_name in TOOL_COMMANDS:
+        if command is not None:
+            return command
+        entry = command_entry_points().get(cmd_name)
+        if entry is None:
+            if cmd_name in TOOL_COMMANDS:
                 raise KvtierError(
                     f"`kvtier {cmd_name}` is part of kvtier-tools, which is not installed: "
                     + TOOLS_INSTALL
                 )
-            else:
-                return None
-            self.add_command(command, cmd_name)
-        if isinstance(command, click.Group):
-            for name, entry in subcommands.items():
-                if isinstance(command.commands.get(name, _MissingTool(name)), _MissingTool):
-                    command.add_command(_load_command(entry), name)
-            for name in TOOL_SUBCOMMANDS.get(cmd_name, ()):
-                if name not in command.commands:
-                    command.add_command(_MissingTool(f"{cmd_name} {name}"), name)
-        return command
+            return None
+        loaded = entry.load()
+        if not isinstance(loaded, click.Command):
+            raise KvtierError(
+                f"entry point {cmd_name} = {entry.value} ({COMMANDS_GROUP}) is not a click command"
+            )
+        self.add_command(loaded, cmd_name)
+        return loaded
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
