@@ -165,9 +165,7 @@ def readme_problems(readme: str) -> list[str]:
     dotted name `readme` names that does not exist, one line each (empty: all exist)."""
     from kvtier.cli.app import main as cli
 
-    context = click.Context(cli)
-    for name in cli.list_commands(context):  # kvtier-tools' commands join through entry points
-        cli.get_command(context, name)
+    _load_commands(cli)  # kvtier-tools' commands join through entry points
     every_option = set(_command_options(cli))
     for command in cli.commands.values():
         every_option |= _command_options(command)
@@ -206,6 +204,16 @@ def _invocation_problems(cli: click.Group, words: list[str], where: str) -> list
             if option not in _command_options(command):
                 problems.append(f"{where}: unknown option {option} of {' '.join(path)}")
     return problems
+
+
+def _load_commands(group: click.Group) -> None:
+    """Load every command of `group` and of its groups, at any depth (a group may find its
+    commands through entry points only when asked: `kvtier fleet simulate`)."""
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        if isinstance(command, click.Group):
+            _load_commands(command)
 
 
 def _section_command(cli: click.Group, section: str) -> click.Command:
