@@ -110,6 +110,12 @@ class TierConnectionError(KvtierError, OSError):
     so a failed store reports it like a failed disk write; a read turns it into a miss."""
 
 
+class FleetQueryError(KvtierError, OSError):
+    """The fleet index's HTTP query endpoint (`kvtier.fleet.query`) could not bind its
+    address, or answered a client's request with an error: the message names the address
+    and, for an answer, its status and one line."""
+
+
 class EventsEndpointError(KvtierError, OSError):
     """The `[events]` publisher could not bind one of its endpoints (in use, a bad address,
     no permission), or its extra (pyzmq, msgspec) is not installed: `Hierarchy.open` fails,

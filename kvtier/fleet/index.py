@@ -53,8 +53,11 @@ import enum
 import math
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
+from typing import cast
 
 import msgspec
 
@@ -490,26 +493,25 @@ class PrefixIndex:
         return matches
 
     def _match(self, name: str, keys: list[bytes]) -> NodeMatch:
-        get = self._nodes[name].blocks.get
+        # The prefix's masks up to the first miss, and their counts: both loops run in C.
+        held = map(self._nodes[name].blocks.get, keys)
+        masks = cast(list[int], list(takewhile(bool, held)))  # a None ends the prefix
+        load = self._loads.get(name, 0.0)
+        if not masks:
+            return NodeMatch(name, 0, {}, 0.0 - self.load_weight * load, load)
         best = self._best
         counts: dict[str, int] = {}
-        matched = 0
-        for key in keys:
-            mask = get(key)
-            if not mask:
-                break
+        for mask, count in Counter(masks).items():
             medium = best.get(mask)
             if medium is None:
                 medium = best[mask] = self._best_medium(mask)
-            counts[medium] = counts.get(medium, 0) + 1
-            matched += 1
-        load = self._loads.get(name, 0.0)
+            counts[medium] = counts.get(medium, 0) + count
         weights = self.weights
         total = sum(
             count * weights.get(medium, UNKNOWN_WEIGHT) for medium, count in sorted(counts.items())
         )
         per_tier = {medium: counts[medium] for medium in self._media if medium in counts}
-        return NodeMatch(name, matched, per_tier, total - self.load_weight * load, load)
+        return NodeMatch(name, len(masks), per_tier, total - self.load_weight * load, load)
 
     def _best_medium(self, mask: int) -> str:
         """The medium of `mask` with the highest weight (the first known, on a tie)."""
