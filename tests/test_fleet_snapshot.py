@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,36 @@ def test_contents_the_chain_cannot_name_yet_are_asked_again() -> None:
         holdings: Holdings = {}
         apply(holdings, snapshot)
         assert holdings == {"cpu": {key(1)}}
+    finally:
+        dealer.close()
+        publisher.close()
+
+
+def test_a_replay_asked_from_an_earlier_run_gets_every_batch_kept() -> None:
+    """A consumer that knew an earlier incarnation asks from its old seq: whether that
+    number is above or below this run's, it missed all of this run, and gets it all."""
+    publisher = EventPublisher(events_config())
+    publisher.start()
+    dealer = Dealer(publisher.replay_endpoint)
+    try:
+        publisher.offer(OffloadingEvent((key(1),), BLOCK, "cpu", False, "cpu"))
+        for _ in range(HANG_MS // 10):
+            if not publisher.pending:
+                break
+            time.sleep(0.01)
+        assert publisher.pending == 0
+        for other in (publisher.incarnation - 1, publisher.incarnation + 1):
+            old = (other << SEQ_BITS | 5).to_bytes(8, "big")
+            dealer.socket.send_multipart((b"", old))
+            seqs, stored = [], []
+            while (frames := dealer.socket.recv_multipart())[2] != END_SEQ:
+                seqs.append(int.from_bytes(frames[2], "big"))
+                batch = decode_batch(frames[3])
+                stored += [
+                    k for e in batch.events if isinstance(e, BlockStored) for k in e.block_hashes
+                ]
+            assert seqs[0] == publisher.incarnation << SEQ_BITS  # from this run's first batch
+            assert stored == [key(1)]
     finally:
         dealer.close()
         publisher.close()

@@ -19,8 +19,10 @@ The replay socket (ROUTER) answers two requests, each `[identity, b"", body]`:
 
 - replay, `body` = start_seq (8 bytes, big-endian), as vLLM's: every kept batch (the last
   `replay_batches`) from `start_seq` on, each `[identity, b"", topic, seq, payload]`, then
-  the end marker `[identity, b"", b"", -1 (8 bytes, signed), b""]`. A consumer whose missing
-  seq is older than the first batch answered cannot be filled: it asks for a snapshot.
+  the end marker `[identity, b"", b"", -1 (8 bytes, signed), b""]`. A start_seq of another
+  incarnation (a consumer that knew an earlier run) is answered from the first batch kept.
+  A consumer whose missing seq is older than the first batch answered cannot be filled: it
+  asks for a snapshot.
 - snapshot (kvtier only), `body` = `SNAPSHOT` (b"kvtier-snapshot"): one reply
   `[identity, b"", SNAPSHOT, seq, payload]`, the payload a `KVEventBatch` of
   `AllBlocksCleared` then one `BlockStored` per tier (medium, ownership = tier name) per
@@ -118,6 +120,8 @@ class EventQueue:
         self._ready = threading.Condition(threading.Lock())
         self.dropped = 0
         """Events dropped because the queue was full (never reset)."""
+        self.accepted = 0
+        """Items queued so far (never reset)."""
 
     def offer(self, item: ChainEvent) -> bool:
         """Queue `item`; False (counted) when the queue is full."""
@@ -126,6 +130,7 @@ class EventQueue:
                 self.dropped += 1
                 return False
             self._items.append(item)
+            self.accepted += 1
             self._ready.notify()
         return True
 
@@ -134,6 +139,7 @@ class EventQueue:
         with the drops counted before them."""
         with self._ready:
             self._items.append(_ContentsMarker(contents, self.dropped))
+            self.accepted += 1
             self._ready.notify()
 
     def take(self, most: int, timeout_s: float) -> tuple[list[QueueItem], int]:
@@ -221,7 +227,7 @@ class EventPublisher:
         self._next = 0
         self._seen_dropped = 0
         self._batches = self._events = self._replays = self._bad_requests = self._failed = 0
-        self._snapshots = 0
+        self._snapshots = self._handled = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-events", daemon=True)
 
@@ -244,6 +250,11 @@ class EventPublisher:
         if self._tiers and isinstance(event, OffloadingEvent) and event.tier not in self._tiers:
             return
         self.queue.offer(event)
+
+    @property
+    def pending(self) -> int:
+        """Items queued and not yet sent (or failed): 0 once what was offered went out."""
+        return self.queue.accepted - self._handled
 
     def stats(self) -> PublisherStats:
         return PublisherStats(
@@ -303,6 +314,7 @@ class EventPublisher:
                     except Exception as error:  # a bad event must not stop the thread
                         self._failed += 1
                         log.warning("kvtier events: a batch was not sent: %s", error)
+                    self._handled += len(items)
                 elif self._stopping.is_set():
                     return
         finally:
@@ -364,6 +376,8 @@ class EventPublisher:
             self._bad_requests += 1
             return
         start_seq = int.from_bytes(body, "big")
+        if start_seq >> SEQ_BITS != self.incarnation:
+            start_seq = 0  # asked by one that knew an earlier run: it missed all of this one
         self._replays += 1
         for seq, payload in list(self._replay_buffer):
             if seq >= start_seq:
