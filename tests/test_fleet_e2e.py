@@ -16,7 +16,10 @@ holds is reported on it, and the node has as many entries as it holds keys. Then
 - SIGSTOP the index for 10 s while every node puts megabytes of events (past ZMQ's
   high-water marks and socket buffers: batches are dropped); SIGCONT: the gap is detected
   (the index's `gaps` grows) and healed, by the replay socket on the nodes that keep enough
-  batches and by a snapshot on the one that keeps 32, and the index equals the truth again.
+  batches (asked on the gap, or by the probe of a node silent since: the lost batches are
+  the last ones) and by a snapshot on the one that keeps 32, and the index equals the truth
+  again. Each node sends about 3800 batches, 9 MB, during the pause; a node's PUB queues
+  1000 messages and the sockets some hundred kB more, so most are dropped.
 
 Every wait polls for an invariant with a generous deadline that only catches a hang.
 """
@@ -269,4 +272,4 @@ def test_the_index_follows_a_fleet_through_restarts_and_a_pause(
     assert stopped["event"] == "stopped" and stopped["signal"] == "SIGTERM"
     counters = stopped["nodes"]
     assert counters["n1"]["snapshots"] >= 2  # the one at start, and the pause's
-    assert counters["n0"]["replays"] >= 1 and counters["n0"]["snapshots"] == 1
+    assert counters["n0"]["snapshots"] == 1  # its replay socket kept all it lost
