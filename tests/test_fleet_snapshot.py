@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 
@@ -20,6 +21,7 @@ from kvtier.config_events import EventsConfig
 from kvtier.keys import OffloadKey
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import TierContents
+from kvtier.manager.tier import make_tier_manager
 
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
@@ -295,3 +297,37 @@ def test_a_replay_asked_from_an_earlier_run_gets_every_batch_kept() -> None:
     finally:
         dealer.close()
         publisher.close()
+
+
+class _Restored:
+    """A `ColdSource` over a dict, its keys nameable once `loaded` (a disk store loads them
+    in the background after opening)."""
+
+    def __init__(self, blocks: dict[OffloadKey, int]) -> None:
+        self.blocks = blocks
+        self.loaded = False
+
+    def slots(self) -> np.ndarray:
+        return np.array(list(self.blocks.values()), dtype=np.int64)
+
+    def slot_of(self, k: OffloadKey) -> int | None:
+        return self.blocks.get(k)
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        found = [k for k, s in self.blocks.items() if s == slot]
+        return found[0] if self.loaded and found else None
+
+
+def test_a_tier_lists_its_ready_blocks_once_it_can_name_them() -> None:
+    """`ready_keys` (what a snapshot lists): restored blocks once nameable (None before),
+    pinned blocks too, never a block still being written."""
+    manager = make_tier_manager(8, BLOCK, "disk", "lru")
+    source = _Restored({key(1): 3, key(2): 1})
+    manager.restore_cold(source)
+    assert manager.ready_keys() is None
+    source.loaded = True
+    assert manager.ready_keys() == [key(1), key(2)]
+    assert manager.prepare_store([key(5), key(6)]) is not None
+    manager.complete_store([key(5)])
+    manager.prepare_load([key(5)])  # pinned: still held
+    assert manager.ready_keys() == [key(1), key(2), key(5)]  # key(6) is being written
