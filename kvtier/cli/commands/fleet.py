@@ -9,9 +9,8 @@ HTTP query endpoint a router asks (`kvtier.fleet.query`) until SIGTERM or SIGINT
 a `ready` line once everything is bound, a `status` line every `--status-s`, and a
 `stopped` line at the end (one JSON object per line with `--json`).
 
-Other distributions add subcommands to this group through the `kvtier.fleet.commands`
-entry-point group (kvtier-tools adds `kvtier fleet simulate`), as they add commands to
-`kvtier` through `kvtier.commands`.
+kvtier-tools adds `kvtier fleet simulate` to this group through the `kvtier.commands`
+entry points (a dotted name, `fleet.simulate`, joins the group `fleet`: `kvtier.cli.app`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import threading
 import time
 import tomllib
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -38,43 +36,8 @@ if TYPE_CHECKING:
     from kvtier.fleet.index import PrefixIndex
     from kvtier.fleet.subscriber import FleetSubscriber, NodeEndpoints
 
-FLEET_COMMANDS_GROUP = "kvtier.fleet.commands"
-"""The entry-point group through which another distribution adds a `kvtier fleet` command."""
-TOOL_FLEET_COMMANDS = ("simulate",)
-"""The fleet commands kvtier-tools adds, named here only to say where they are."""
 
-
-class _FleetGroup(click.Group):
-    """`kvtier fleet`: its own commands, and those installed distributions add."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        found = {entry.name for entry in entry_points(group=FLEET_COMMANDS_GROUP)}
-        return sorted({*self.commands, *found})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        found = {entry.name: entry for entry in entry_points(group=FLEET_COMMANDS_GROUP)}
-        entry = found.get(cmd_name)
-        if entry is None:
-            if cmd_name in TOOL_FLEET_COMMANDS:
-                raise KvtierError(
-                    f"`kvtier fleet {cmd_name}` is part of kvtier-tools, which is not "
-                    "installed: pip install -e tools/ in a kvtier checkout"
-                )
-            return None
-        loaded = entry.load()
-        if not isinstance(loaded, click.Command):
-            raise KvtierError(
-                f"entry point {cmd_name} = {entry.value} ({FLEET_COMMANDS_GROUP}) is not a "
-                "click command"
-            )
-        self.add_command(loaded, cmd_name)
-        return loaded
-
-
-@click.group(cls=_FleetGroup)
+@click.group()
 def fleet() -> None:
     """kvtier across nodes: the fleet's prefix index (and, with kvtier-tools, its
     simulation)."""
