@@ -4,12 +4,16 @@ of malformed payloads, each counted and dropped, never raised, never grown into.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 
 pytest.importorskip("msgspec")
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +24,7 @@ from kvtier.fleet.events import (
     BlockStored,
     KVEventBatch,
     WireEvent,
+    decode_batch,
     encode_batch,
 )
 from kvtier.fleet.index import (
@@ -147,6 +152,17 @@ def test_a_snapshot_replaces_a_stale_nodes_entries() -> None:
     assert index.apply("a", seq(6), batch(stored([k(8)]))) is ApplyOutcome.DUPLICATE
     assert index.apply("a", seq(7), batch(removed([k(2)], "DISK"))) is ApplyOutcome.APPLIED
     assert index.holdings("a") == {k(3): {"DISK", "GPU"}}
+
+
+def test_a_bad_snapshot_names_the_node_and_medium_and_changes_nothing() -> None:
+    index = PrefixIndex()
+    fed(index, "a", batch(stored([k(1)])))
+    with pytest.raises(KeyFormatError, match="snapshot of 'a', medium 'DISK'"):
+        index.replace_node("a", seq(3), {"CPU": [k(2)], "DISK": [k(3), b""]})
+    with pytest.raises(InvalidValueError, match="seq"):
+        index.replace_node("a", -1, {})
+    assert index.holdings("a") == {k(1): {"CPU"}}
+    assert index.expected_seq("a") == seq(1)
 
 
 def test_a_first_batch_past_zero_is_a_gap_until_a_snapshot() -> None:
@@ -295,6 +311,27 @@ def test_a_bad_load_or_key_is_named() -> None:
         index.score(["00ff"])  # type: ignore[list-item]
 
 
+def test_scores_taken_while_a_thread_applies_see_whole_batches() -> None:
+    """One lock: a score sees a node's batches whole, in order (batch i stores key i), so
+    the prefix it reports only grows, and ends complete. No timing is assumed."""
+    index = PrefixIndex()
+    keys = [k(i) for i in range(300)]
+
+    def feed() -> None:
+        for n, key in enumerate(keys):
+            index.apply("a", seq(n), batch(stored([key])))
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    seen = []
+    while feeder.is_alive():
+        seen.extend(match.matched_blocks for match in index.score(keys))
+    feeder.join()
+    seen.append(index.score(keys)[0].matched_blocks)
+    assert seen == sorted(seen)
+    assert seen[-1] == len(keys)
+
+
 # -- memory ---------------------------------------------------------------------------------
 
 
@@ -356,47 +393,78 @@ def test_a_batch_with_one_bad_event_applies_none_of_it() -> None:
     assert index.stats().entries == 0
 
 
+_FEW_KEYS = st.sampled_from([k(i) for i in range(8)])  # so stores and removals meet
 _KEYS = st.one_of(
+    _FEW_KEYS,
     st.binary(min_size=0, max_size=300),
     st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1),
 )
-_EVENTS = st.one_of(
-    st.builds(
-        stored,
-        st.lists(_KEYS, max_size=20),
-        st.one_of(st.none(), st.sampled_from(["CPU", "DISK", "GPU"]), st.text(max_size=80)),
-    ),
-    st.builds(removed, st.lists(_KEYS, max_size=20), st.sampled_from(["CPU", "DISK"])),
-    st.just(AllBlocksCleared()),
+_MEDIA = st.sampled_from(["CPU", "DISK", "GPU"])
+
+
+def _events(keys: st.SearchStrategy[bytes | int], media: st.SearchStrategy[str | None]) -> Any:
+    return st.one_of(
+        st.builds(stored, st.lists(keys, max_size=20), media),
+        st.builds(removed, st.lists(keys, max_size=20), _MEDIA),
+        st.just(AllBlocksCleared()),
+    )
+
+
+_GOOD = st.lists(_events(_FEW_KEYS, _MEDIA), max_size=5)
+_ANY = st.lists(_events(_KEYS, st.one_of(st.none(), _MEDIA, st.text(max_size=80))), max_size=5)
+_PAYLOADS = st.one_of(
+    _GOOD.map(lambda evs: encode_batch(batch(*evs))),
+    _ANY.map(lambda evs: encode_batch(batch(*evs))),
+    st.binary(max_size=2000),
+    st.tuples(_ANY, st.integers(0, 60)).map(lambda pair: encode_batch(batch(*pair[0]))[: pair[1]]),
 )
+_SEQS = st.one_of(
+    st.none(),  # the node's next one: applied
+    st.builds(seq, st.integers(0, 6), st.sampled_from([1, 2])),  # gaps, duplicates, restarts
+    st.integers(min_value=-2, max_value=(1 << 64) + 2),
+)
+FUZZ_MAX_PAYLOAD = 1500
+"""The payload bound the fuzz runs under (patched), so that oversized payloads come up."""
+FUZZ_MAX_ENTRIES = 10
+
+
+def _decodes(payload: bytes) -> bool:
+    try:
+        decode_batch(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return True
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.tuples(
-            st.integers(min_value=-2, max_value=(1 << 64) + 2),
-            st.one_of(
-                st.binary(max_size=200),
-                st.lists(_EVENTS, max_size=5).map(lambda evs: encode_batch(batch(*evs))),
-                st.tuples(st.lists(_EVENTS, max_size=5), st.integers(0, 60)).map(
-                    lambda pair: encode_batch(batch(*pair[0]))[: pair[1]]
-                ),
-            ),
-        ),
+        st.tuples(st.sampled_from(["n1", "n2"]), _SEQS, _PAYLOADS),
         max_size=30,
     )
 )
-def test_any_payload_is_applied_or_counted_never_raised(payloads: list[tuple[int, bytes]]) -> None:
-    index = PrefixIndex(max_entries=50)
-    for number, payload in payloads:
-        outcome = index.apply_payload("n", number, payload)
-        assert isinstance(outcome, ApplyOutcome)
+def test_any_payload_is_applied_or_counted_never_raised(
+    payloads: list[tuple[str, int | None, bytes]],
+) -> None:
+    index = PrefixIndex(max_entries=FUZZ_MAX_ENTRIES)
+    with patch("kvtier.fleet.index.MAX_PAYLOAD_BYTES", FUZZ_MAX_PAYLOAD):
+        for node, given_number, payload in payloads:
+            number = given_number
+            if number is None:
+                number = index.expected_seq(node) or seq(0, incarnation=1)
+            rejected = index.stats().batches_rejected
+            outcome = index.apply_payload(node, number, payload)
+            assert isinstance(outcome, ApplyOutcome)
+            if len(payload) > FUZZ_MAX_PAYLOAD or not _decodes(payload):
+                assert outcome is ApplyOutcome.REJECTED
+            if outcome is ApplyOutcome.REJECTED:
+                assert index.stats().batches_rejected == rejected + 1
+            stats = index.stats()
+            assert stats.entries <= FUZZ_MAX_ENTRIES
+            assert stats.entries == sum(info.entries for info in index.node_info())
+            fresh = [info.node for info in index.node_info() if not info.stale]
+            assert stats.keys == sum(len(index.holdings(name)) for name in fresh)
     stats = index.stats()
-    assert stats.entries <= 50
-    assert stats.entries == sum(len(index.holdings(n)) for n in index.nodes()) or (
-        stats.stale_nodes == 1
-    )
     counted = (
         stats.batches_applied
         + stats.batches_rejected
@@ -405,4 +473,5 @@ def test_any_payload_is_applied_or_counted_never_raised(payloads: list[tuple[int
         + stats.stale_batches
     )
     assert counted == len(payloads)
-    assert index.stats().memory_bytes < 50 * 1024 + 10_000
+    # every entry: a key of at most 255 bytes (its object 33 more) and a slot of a small dict
+    assert stats.memory_bytes <= FUZZ_MAX_ENTRIES * (255 + 33) + 2 * 4096

@@ -9,11 +9,14 @@ Layout: per node, one dict block key -> media bitmask (bit i: the block is reada
 medium i of the index's media, `MEDIA` first). Six wire media are known, up to
 `MAX_MEDIA` are learnt, so a mask is a small int (below 256 it is one of Python's cached
 ints: no object per entry). Dropping a node (a restart, `forget`) is dropping its dict.
-Measured (tracemalloc, 1M entries of 12-byte keys on one node, CPython 3.11): 87 bytes
-per entry (the key's bytes object 45, the dict's slot 42); `memory_bytes` estimates the
-same way (each node dict's size plus each key's bytes object) and matched it to 0.1 %.
-Applying 512-key batches runs at about 1.3M key-events/s from payloads (msgpack decoding
-included) and 3.2M/s from decoded batches (one core, medians of 3).
+Measured (`python -m kvtier_tools.bench.fleet_index`: tracemalloc, 1M entries on one
+node, CPython 3.11): 111 bytes per entry with 36-byte keys (a 32-byte hash and its group
+index: the key's bytes object 69, the dict's slot 42), 87 with 12-byte keys; `memory_bytes`
+estimates the same way (each node dict's size plus each key's bytes object) and matched
+tracemalloc to 0.1 %. (A mask of a 9th or later medium is an int object of its own, 28 bytes
+more, not counted.) Applying 512-key batches: about 1.8M key-events/s from payloads (msgpack
+decoding included), 4.7M/s from decoded ones (moves); a score over 8 nodes and 64 keys
+about 50 us (one core of a busy 2-core host, process time, medians of 3).
 
 Keys are compared as the wire carries them: kvtier's OffloadKey bytes (1 to 255 bytes). A
 vLLM engine's int hashes are mapped to bytes by `key_of` (their 64 bits, big-endian, two's
@@ -34,9 +37,9 @@ Sequence numbers are the publisher's `incarnation << 32 | n` (`kvtier.fleet.publ
   `REJECTED`: counted, and nothing of it applied.
 
 A move between tiers (a store on the new medium, then a removal from the old) leaves the
-block on the new medium only. Media are per node bits, not per tier name: a node with two
-tiers of one medium reads a move between them as a removal (the index then under-reports,
-never over-reports). `AllBlocksCleared` drops what the node held.
+block on the new medium only. A block's place is a medium (a bit), not a tier name: a node
+with two tiers of one medium reads a move between them as a removal (the index then
+under-reports, never over-reports). `AllBlocksCleared` drops what the node held.
 
 Scoring: a node's `matched_blocks` is the longest prefix of the asked keys it holds on any
 medium; its score is the sum, over that prefix, of the weight of each block's best medium
@@ -419,7 +422,10 @@ class PrefixIndex:
         for medium, keys in holdings.items():
             if not isinstance(medium, str) or not 0 < len(medium) <= MAX_MEDIUM_CHARS:
                 raise InvalidValueError(f"snapshot medium must be a short str, got {medium!r}")
-            checked.append((medium, [key_of(key) for key in keys]))
+            try:
+                checked.append((medium, [key_of(key) for key in keys]))
+            except KeyFormatError as error:
+                raise KeyFormatError(f"snapshot of {node!r}, medium {medium!r}: {error}") from None
         with self._lock:
             old = self._nodes.get(node)
             if old is not None:
