@@ -93,6 +93,7 @@ def test_the_nodes_file_and_its_errors(tmp_path: Path) -> None:
         parse_http("127.0.0.1:70000")
 
 
+@pytest.mark.slow
 def test_sigint_stops_the_daemon_cleanly() -> None:
     """Ready, then SIGINT: a `stopped` line naming it, exit status 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

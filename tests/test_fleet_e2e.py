@@ -46,7 +46,7 @@ traces = pytest.importorskip("kvtier_tools.workloads.traces")
 from kvtier.fleet.query import IndexClient  # noqa: E402 - needs the events extra
 from kvtier.keys import key_from_int  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPT = Path(__file__).resolve().parent / "fleet_node.py"
