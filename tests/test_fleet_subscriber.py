@@ -7,6 +7,7 @@ races a clock: each waits for a condition, with a generous deadline that only ca
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -316,3 +317,40 @@ async def test_a_hierarchys_tiers_as_the_index_sees_them(tmp_path: Path) -> None
             assert equal()
         finally:
             subscriber.close()
+
+
+def test_random_frames_are_counted_and_never_stop_the_subscriber() -> None:
+    """A fuzz: messages of random frames (some with a valid sequence number and a mangled
+    payload) on the PUB socket and as the replay socket's answers; each is dropped and
+    counted, and a good batch after them all still applies."""
+    rng = random.Random(32)
+    node = FakeNode()
+    index = PrefixIndex()
+    subscriber = FleetSubscriber(index, [node.endpoints("a")], probe_after_s=600)
+    subscriber.start()
+    good = payload(stored([key(1)]), BlockRemoved(block_hashes=[key(0)], medium="CPU"))
+
+    def junk() -> list[bytes]:
+        frames = [rng.randbytes(rng.choice((0, 1, 8, 30))) for _ in range(rng.randint(1, 6))]
+        if len(frames) >= 3 and rng.random() < 0.5:  # a real header, a truncated payload
+            frames[0], frames[1] = b"", seq(rng.randint(1, 3))
+            cut = bytearray(good[: rng.randrange(len(good))])
+            if cut and rng.random() < 0.5:
+                cut[rng.randrange(len(cut))] ^= 0xFF
+            frames[2] = bytes(cut)
+        return frames
+
+    try:
+        identity, _ = node.request()
+        node.answer_snapshot(identity, 0, stored([key(0)]))
+        until(lambda: index.expected_seq("a") is not None, "the snapshot applied")
+        for _ in range(300):
+            node.pub.send_multipart(junk())
+            node.reply(identity, *junk())
+        connected(node, index, 1, stored([key(5)]))
+        assert holdings(index, "a") == {key(0): {"CPU"}, key(5): {"CPU"}}
+        assert subscriber.counters()["a"].malformed > 0
+        assert subscriber._thread.is_alive()  # the test reads the thread it started
+    finally:
+        subscriber.close()
+        node.close()
