@@ -37,7 +37,10 @@ then answers with the seq of the last of them (events dropped before the marker 
 number first, and the snapshot takes that number: it covers them; drops after the marker
 skip a number after it). A removal the chain holds until the copy below lands (a move down,
 `ChainEvents`) is already out of the contents and still to come in the stream; applying it
-again changes nothing.
+again changes nothing. The read is one pass over every block of the chain, on its loop
+(`TieredManager.contents`: 1M blocks of an LRU tier took about 3 s on a loaded 2-core
+machine, pure Python), which is why a subscriber asks for a snapshot only when it starts
+or when a replay cannot fill a gap.
 
 No authentication by default: vLLM's consumers read exactly three frames, and an extra
 frame (a MAC) would break them. A fleet whose event network is not trusted configures a key

@@ -338,12 +338,10 @@ class TierManager(OffloadingManager):
 
     def ready_keys(self) -> list[OffloadKey] | None:
         """Every ready block, pinned ones too (not those being written), the cold ones
-        first; None while some cold block's key cannot be named yet (`ColdSet.keys`)."""
-        cold: list[OffloadKey] = []
-        if self._cold is not None:
-            cold = self._cold.keys()
-            if len(cold) != self._cold.count:
-                return None
+        first; None while some cold block's key cannot be named yet (`ColdSet.all_keys`)."""
+        cold = [] if self._cold is None else self._cold.all_keys()
+        if cold is None:
+            return None
         return cold + [key for key, block in self.policy.items() if block.ref_cnt >= 0]
 
     @property
