@@ -43,7 +43,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,7 @@ from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.hints import Reuse, ReuseHint
 from kvtier.keys import OffloadKey, check_key
 from kvtier.manager import OffloadingEvent, TieredManager, TieredStoreOutput
+from kvtier.manager.events import TierContents
 from kvtier.metrics import register_metrics, unregister_metrics
 from kvtier.tiers.registry import options_keywords, registered_media
 from kvtier.tiers.storage import BlockStorage, TensorStorage
@@ -538,7 +539,19 @@ def _start_publisher(config: HierarchyConfig, chain: Chain) -> EventPublisher:
     from kvtier.fleet.publisher import EventPublisher
 
     auth = auth_from_config(config.events, config.namespace)
-    publisher = EventPublisher(config.events, auth=auth)
+    loop = asyncio.get_running_loop()
+
+    def contents(deliver: Callable[[list[TierContents] | None], None]) -> None:
+        """The publisher's `ContentsSource`: the chain's contents read on its loop, where
+        its events are recorded, so the two agree (a snapshot's consistency)."""
+
+        def on_loop() -> None:
+            manager = chain.manager
+            deliver(None if manager.closed else manager.contents())
+
+        loop.call_soon_threadsafe(on_loop)
+
+    publisher = EventPublisher(config.events, auth=auth, contents=contents)
     publisher.start()
     chain.manager.connect_events(publisher.offer)
     return publisher

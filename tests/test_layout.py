@@ -270,14 +270,19 @@ def test_the_chain_never_imports_what_a_serving_engine_embeds() -> None:
 
 def test_only_the_hierarchy_imports_the_fleet_and_only_in_a_function() -> None:
     """The chain emits plain event objects (`kvtier.manager.events`); `kvtier.fleet` (the
-    publisher, which needs the events extra) imports them, never the reverse. Only the
-    hierarchy starts a publisher, imported when `[events]` is on."""
+    publisher, which needs the events extra) imports them, never the reverse. Of the core,
+    only the hierarchy starts a publisher, imported when `[events]` is on (the tooling's
+    `kvtier fleet index` runs the fleet's index, imported when it runs)."""
     importers = sorted(
         module
         for module, targets in _module_edges().items()
-        if not _in(module, "kvtier.fleet") and any(_in(t, "kvtier.fleet") for t in targets)
+        if not _in(module, "kvtier.fleet")
+        and _unit(module) not in TOOLING
+        and any(_in(t, "kvtier.fleet") for t in targets)
     )
     assert importers == ["kvtier.hierarchy"]
+    cli_level = _imports(PACKAGE / "cli" / "commands" / "fleet.py", module_level_only=True)
+    assert not any(_in(target, "kvtier.fleet") for target in cli_level)
     module_level = _imports(PACKAGE / "hierarchy.py", module_level_only=True)
     assert not any(_in(target, "kvtier.fleet") for target in module_level)
 

@@ -93,9 +93,11 @@ def main() -> None:
 
 
 from kvtier.cli.commands.check import check  # noqa: E402
+from kvtier.cli.commands.fleet import fleet  # noqa: E402
 from kvtier.cli.commands.keys import keys  # noqa: E402
 
 main.add_command(check)
+main.add_command(fleet)
 main.add_command(keys)
 
 

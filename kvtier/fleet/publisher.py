@@ -5,10 +5,6 @@ into a bounded queue (`EventQueue`) and nothing else, so a slow or absent subscr
 slows a put; past the bound new events are dropped and counted. One thread drains the queue
 into batches and sends each as vLLM's `ZmqEventPublisher` does, three frames on a PUB
 socket: the topic, the sequence number (8 bytes, big-endian), the msgpack `KVEventBatch`.
-It keeps the last `replay_batches` payloads for the replay socket (ROUTER): a request
-`[identity, b"", start_seq (8 bytes)]` is answered with every kept batch from `start_seq` on,
-each `[identity, b"", topic, seq, payload]`, then the end marker `[identity, b"", b"", -1
-(8 bytes, signed), b""]`.
 
 Sequence numbers: `incarnation << 32 | n`. The incarnation is random and new on every start
 (`EventPublisher.incarnation`), so a consumer that knows kvtier tells a restart from a gap,
@@ -16,13 +12,41 @@ and one that reads the number as vLLM's plain counter still sees it grow within 
 `n` counts batches from 0, and skips one number wherever events were dropped, so drops
 appear to every consumer as a gap (which a replay cannot fill: the events never left).
 The first batch of an incarnation is `AllBlocksCleared` (what an earlier run announced is
-void); the last, at close, too.
+void); the last, at close, too. Then, as soon as the chain can name them, the blocks it
+holds already (a disk tier's restored blocks) are announced as `BlockStored` batches.
+
+The replay socket (ROUTER) answers two requests, each `[identity, b"", body]`:
+
+- replay, `body` = start_seq (8 bytes, big-endian), as vLLM's: every kept batch (the last
+  `replay_batches`) from `start_seq` on, each `[identity, b"", topic, seq, payload]`, then
+  the end marker `[identity, b"", b"", -1 (8 bytes, signed), b""]`. A start_seq of another
+  incarnation (a consumer that knew an earlier run) is answered from the first batch kept.
+  A consumer whose missing seq is older than the first batch answered cannot be filled: it
+  asks for a snapshot.
+- snapshot (kvtier only), `body` = `SNAPSHOT` (b"kvtier-snapshot"): one reply
+  `[identity, b"", SNAPSHOT, seq, payload]`, the payload a `KVEventBatch` of
+  `AllBlocksCleared` then one `BlockStored` per tier (medium, ownership = tier name) per
+  `SNAPSHOT_KEYS` keys: what the node holds as of `seq`. Applying it (replacing all the
+  node's entries) and then the batches numbered after `seq` gives the node's contents. seq
+  -1 with an empty payload: no snapshot (the node cannot list its contents).
+
+Why a snapshot is exact: the contents are read on the chain's own thread (`ContentsSource`),
+and in the same step a marker is put into the event queue, so the events before the marker
+are exactly those the contents reflect. The thread publishes the events before the marker,
+then answers with the seq of the last of them (events dropped before the marker skip one
+number first, and the snapshot takes that number: it covers them; drops after the marker
+skip a number after it). A removal the chain holds until the copy below lands (a move down,
+`ChainEvents`) is already out of the contents and still to come in the stream; applying it
+again changes nothing. The read is one pass over every block of the chain, on its loop
+(`TieredManager.contents`: 1M blocks of an LRU tier took about 3 s on a loaded 2-core
+machine, pure Python), which is why a subscriber asks for a snapshot only when it starts
+or when a replay cannot fill a gap.
 
 No authentication by default: vLLM's consumers read exactly three frames, and an extra
 frame (a MAC) would break them. A fleet whose event network is not trusted configures a key
-(`auth_key_file` / `auth_key_env`): every message then has a fourth frame, its MAC
-(`kvtier.fleet.auth`), which kvtier's consumers check. No secret is in any event: keys,
-tier names, media.
+(`auth_key_file` / `auth_key_env`): every message, replies of the replay socket too, then
+has a last frame, its MAC (`kvtier.fleet.auth`; a snapshot's is over SNAPSHOT as its
+topic), which kvtier's consumers check. No secret is in any event: keys, tier names, media.
 """
 
 from __future__ import annotations
@@ -32,15 +56,21 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.config_events import EventsConfig
 from kvtier.errors import EventsEndpointError
 from kvtier.fleet.auth import BatchAuth
-from kvtier.fleet.events import KVEventBatch, encode_batch, to_wire
+from kvtier.fleet.events import (
+    AllBlocksCleared,
+    KVEventBatch,
+    WireEvent,
+    encode_batch,
+    to_wire,
+)
 from kvtier.manager.base import OffloadingEvent
-from kvtier.manager.events import AllCleared, ChainEvent
+from kvtier.manager.events import AllCleared, ChainEvent, TierContents
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +87,31 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """vLLM's end-of-replay marker."""
 SEQ_BITS = 32
 """Bits of a sequence number below the incarnation."""
+SNAPSHOT = b"kvtier-snapshot"
+"""The body of a snapshot request, and the first frame of its reply."""
+SNAPSHOT_KEYS = 4096
+"""Most keys in one `BlockStored` of a snapshot or an announcement."""
+ASK_AGAIN_S = 0.1
+"""How long the thread waits before asking again for contents the chain could not name."""
+
+Contents = list[TierContents] | None
+"""The chain's contents, or None: it cannot name them all yet (ask again)."""
+ContentsSource = Callable[[Callable[[Contents], None]], None]
+"""Asks the chain for its contents: `source(deliver)` returns at once, and the chain calls
+`deliver(contents)` later on its own thread (the one that records its events), in one step
+with reading them. The fleet gets this from the hierarchy; it never imports the chain."""
+
+
+@dataclass(slots=True)
+class _ContentsMarker:
+    """The chain's contents, at their place in the event queue."""
+
+    contents: list[TierContents]
+    dropped: int
+    """Events the queue had dropped when the marker entered it."""
+
+
+QueueItem = ChainEvent | _ContentsMarker
 
 
 class EventQueue:
@@ -64,10 +119,12 @@ class EventQueue:
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
-        self._items: deque[ChainEvent] = deque()
+        self._items: deque[QueueItem] = deque()
         self._ready = threading.Condition(threading.Lock())
         self.dropped = 0
         """Events dropped because the queue was full (never reset)."""
+        self.accepted = 0
+        """Items queued so far (never reset)."""
 
     def offer(self, item: ChainEvent) -> bool:
         """Queue `item`; False (counted) when the queue is full."""
@@ -76,10 +133,19 @@ class EventQueue:
                 self.dropped += 1
                 return False
             self._items.append(item)
+            self.accepted += 1
             self._ready.notify()
         return True
 
-    def take(self, most: int, timeout_s: float) -> tuple[list[ChainEvent], int]:
+    def mark(self, contents: list[TierContents]) -> None:
+        """Queue the chain's contents past the bound (one at a time is ever asked for),
+        with the drops counted before them."""
+        with self._ready:
+            self._items.append(_ContentsMarker(contents, self.dropped))
+            self.accepted += 1
+            self._ready.notify()
+
+    def take(self, most: int, timeout_s: float) -> tuple[list[QueueItem], int]:
         """Up to `most` items, oldest first, waiting at most `timeout_s` for the first; and
         the drops counted so far."""
         with self._ready:
@@ -101,6 +167,7 @@ class PublisherStats:
     events: int
     dropped: int
     replays: int
+    snapshots: int
     bad_replay_requests: int
     failed: int
     """Batches the thread could not send (logged)."""
@@ -116,11 +183,14 @@ class EventPublisher:
         block_size_tokens: int | None = None,
         *,
         auth: BatchAuth | None = None,
+        contents: ContentsSource | None = None,
     ) -> None:
         """Raises EventsEndpointError naming the key and endpoint that cannot bind (or the
         missing extra). `block_size_tokens`: `BlockStored.block_size` (None: the config's
         `wire_block_size`). `auth`: sign every message with a fourth frame (None: vLLM's
-        three frames, the default)."""
+        three frames, the default). `contents`: how to read the chain's contents, for the
+        announcement at start and snapshots (None: neither; a snapshot request is answered
+        "no snapshot")."""
         if zmq is None:
             raise EventsEndpointError(
                 "[events] needs the events extra: pip install 'kvtier[events]' (pyzmq, msgspec)"
@@ -150,9 +220,17 @@ class EventPublisher:
         self.replay_endpoint = (
             "" if self._replay is None else self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         )
+        self._contents = contents
+        self._announce = contents is not None
+        """The blocks the chain holds at start are still to be announced."""
+        self._waiting: list[bytes] = []
+        """Replay-socket identities waiting for a snapshot."""
+        self._asked_at: float | None = None
+        """When the chain was asked for its contents and has not delivered them yet."""
         self._next = 0
         self._seen_dropped = 0
         self._batches = self._events = self._replays = self._bad_requests = self._failed = 0
+        self._snapshots = self._handled = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-events", daemon=True)
 
@@ -176,6 +254,11 @@ class EventPublisher:
             return
         self.queue.offer(event)
 
+    @property
+    def pending(self) -> int:
+        """Items queued and not yet sent (or failed): 0 once what was offered went out."""
+        return self.queue.accepted - self._handled
+
     def stats(self) -> PublisherStats:
         return PublisherStats(
             self.incarnation,
@@ -183,6 +266,7 @@ class EventPublisher:
             self._events,
             self.queue.dropped,
             self._replays,
+            self._snapshots,
             self._bad_requests,
             self._failed,
         )
@@ -222,54 +306,153 @@ class EventPublisher:
                 if replay is not None:
                     try:
                         while replay.poll(0):
-                            self._serve_replay(replay)
+                            self._serve_request(replay)
                     except zmq.ZMQError as error:
                         log.warning("kvtier events: a replay failed: %s", error)
+                self._ask_contents()
                 items, dropped = self.queue.take(MAX_BATCH_EVENTS, POLL_S)
                 if items:
                     try:
-                        self._publish(items, dropped)
+                        self._handle(items, dropped)
                     except Exception as error:  # a bad event must not stop the thread
                         self._failed += 1
                         log.warning("kvtier events: a batch was not sent: %s", error)
+                    self._handled += len(items)
                 elif self._stopping.is_set():
                     return
         finally:
             self._close_sockets()
 
+    def _handle(self, items: Sequence[QueueItem], dropped: int) -> None:
+        """Publish `items`, answering at each contents marker (see the module docstring)."""
+        run: list[ChainEvent] = []
+        for item in items:
+            if isinstance(item, _ContentsMarker):
+                if run:
+                    self._publish(run, item.dropped)
+                    run = []
+                self._at_marker(item)
+            else:
+                run.append(item)
+        if run:
+            self._publish(run, dropped)
+
     def _publish(self, items: Sequence[ChainEvent], dropped: int) -> None:
+        self._send_batch([to_wire(item, self.block_size) for item in items], dropped)
+        self._events += len(items)
+
+    def _send_batch(self, events: list[WireEvent], dropped: int) -> None:
         if dropped != self._seen_dropped:
             self._seen_dropped = dropped
             self._next += 1  # a gap where events were dropped
         seq = self.incarnation << SEQ_BITS | self._next
         self._next += 1
-        batch = KVEventBatch(
-            ts=time.time(), events=[to_wire(item, self.block_size) for item in items]
-        )
-        payload = encode_batch(batch)
+        payload = encode_batch(KVEventBatch(ts=time.time(), events=events))
         seq_bytes = seq.to_bytes(8, "big")
         pub = self._pub
         if pub is not None:  # PUB never blocks: past its high-water mark it drops (a gap)
-            pub.send_multipart(self._frames(seq_bytes, payload))
+            pub.send_multipart(self._frames(self.topic, seq_bytes, payload))
         self._replay_buffer.append((seq, payload))
         self._batches += 1
-        self._events += len(items)
 
-    def _frames(self, seq: bytes, payload: bytes) -> tuple[bytes, ...]:
+    def _frames(self, topic: bytes, seq: bytes, payload: bytes) -> tuple[bytes, ...]:
         """A message: topic, sequence, payload, and with `auth` its MAC."""
         if self.auth is None:
-            return (self.topic, seq, payload)
-        return (self.topic, seq, payload, self.auth.sign(self.topic, seq, payload))
+            return (topic, seq, payload)
+        return (topic, seq, payload, self.auth.sign(topic, seq, payload))
 
-    def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
+    # -- the replay socket --------------------------------------------------------------------
+
+    def _serve_request(self, replay: zmq.Socket[bytes]) -> None:
         frames = replay.recv_multipart(flags=zmq.NOBLOCK)
-        if len(frames) != 3 or len(frames[2]) != 8:
+        if len(frames) != 3 or frames[1] != b"":
             self._bad_requests += 1
             return
-        client, _, start = frames
-        start_seq = int.from_bytes(start, "big")
+        client, _, body = frames
+        if body == SNAPSHOT:
+            if self._contents is None:
+                replay.send_multipart((client, b"", SNAPSHOT, END_SEQ, b""))
+            else:
+                self._waiting.append(client)
+            return
+        if len(body) != 8:
+            self._bad_requests += 1
+            return
+        start_seq = int.from_bytes(body, "big")
+        if start_seq >> SEQ_BITS != self.incarnation:
+            start_seq = 0  # asked by one that knew an earlier run: it missed all of this one
         self._replays += 1
         for seq, payload in list(self._replay_buffer):
             if seq >= start_seq:
-                replay.send_multipart((client, b"", *self._frames(seq.to_bytes(8, "big"), payload)))
+                message = self._frames(self.topic, seq.to_bytes(8, "big"), payload)
+                replay.send_multipart((client, b"", *message))
         replay.send_multipart((client, b"", b"", END_SEQ, b""))
+
+    # -- the chain's contents: the announcement at start, snapshots ---------------------------
+
+    def _ask_contents(self) -> None:
+        """Ask the chain for its contents when they are wanted and not asked for already
+        (again `ASK_AGAIN_S` after an answer that could not name them)."""
+        source = self._contents
+        if source is None or not (self._announce or self._waiting):
+            return
+        now = time.monotonic()
+        if self._asked_at is not None and now - self._asked_at < ASK_AGAIN_S:
+            return
+        self._asked_at = now
+        try:
+            source(self._deliver)
+        except Exception as error:  # the chain's loop is gone: no contents will come
+            log.warning("kvtier events: cannot read the chain's contents: %s", error)
+            self._contents = None
+            self._announce = False
+            self._answer_unavailable()
+
+    def _deliver(self, contents: Contents) -> None:
+        """The chain's answer, on its own thread: into the queue, in place (None: ask
+        again after ASK_AGAIN_S)."""
+        if contents is not None:
+            self.queue.mark(contents)
+
+    def _at_marker(self, marker: _ContentsMarker) -> None:
+        if marker.dropped != self._seen_dropped:
+            self._seen_dropped = marker.dropped
+            self._next += 1  # the snapshot takes the skipped number: it covers the drops
+        self._asked_at = None
+        tiers = [item for item in marker.contents if not self._tiers or item.tier in self._tiers]
+        stored = [event for item in tiers for event in _stored(item, self.block_size)]
+        if self._announce:
+            self._announce = False
+            for start in range(0, len(stored), MAX_BATCH_EVENTS):
+                self._send_batch(stored[start : start + MAX_BATCH_EVENTS], self._seen_dropped)
+        waiting, self._waiting = self._waiting, []
+        replay = self._replay
+        if not waiting or replay is None or self._next == 0:
+            return
+        seq = (self.incarnation << SEQ_BITS | (self._next - 1)).to_bytes(8, "big")
+        events: list[WireEvent] = [AllBlocksCleared(), *stored]
+        payload = encode_batch(KVEventBatch(ts=time.time(), events=events))
+        frames = self._frames(SNAPSHOT, seq, payload)
+        for client in waiting:
+            try:
+                replay.send_multipart((client, b"", *frames), flags=zmq.NOBLOCK)
+                self._snapshots += 1
+            except zmq.ZMQError as error:
+                log.warning("kvtier events: a snapshot was not sent: %s", error)
+
+    def _answer_unavailable(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        replay = self._replay
+        if replay is None:
+            return
+        for client in waiting:
+            replay.send_multipart((client, b"", SNAPSHOT, END_SEQ, b""), flags=zmq.NOBLOCK)
+
+
+def _stored(contents: TierContents, block_size: int) -> list[WireEvent]:
+    """One tier's contents as `BlockStored` events of at most SNAPSHOT_KEYS keys each."""
+    keys, medium, tier = contents.keys, contents.medium, contents.tier
+    return [
+        to_wire(OffloadingEvent(keys[at : at + SNAPSHOT_KEYS], 0, medium, False, tier), block_size)
+        for at in range(0, len(keys), SNAPSHOT_KEYS)
+    ]

@@ -109,6 +109,12 @@ class ChainTier(Protocol):
         """Ready, unpinned blocks (what a flush would copy down)."""
         ...
 
+    def ready_keys(self) -> list[OffloadKey] | None:
+        """Every ready block, pinned ones too (not those being written): what the tier's
+        stored events announced and its removals did not take back. None while it cannot
+        name them all yet (a disk store loads its restored keys in the background)."""
+        ...
+
     def discard(self, keys: Collection[OffloadKey]) -> list[OffloadKey]:
         """Drop ready, unpinned blocks found bad or gone; the keys dropped."""
         ...

@@ -81,6 +81,18 @@ class ColdSet:
             found.append((key, slot))
         return found
 
+    def all_keys(self) -> list[OffloadKey] | None:
+        """Every key of the set, oldest first; None (at the first) if one cannot be named
+        yet (a disk store names none until it has loaded them all)."""
+        key_of = self._source.key_of
+        found = []
+        for slot in self.slots():
+            key = key_of(int(slot))
+            if key is None:
+                return None
+            found.append(key)
+        return found
+
     def keys(self) -> list[OffloadKey]:
         """The keys of the set that the storage can name, oldest first."""
         key_of = self._source.key_of

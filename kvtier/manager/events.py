@@ -32,6 +32,15 @@ class AllCleared:
     """Every block of the chain is gone (the chain closed): forget all this node held."""
 
 
+@dataclass(frozen=True, slots=True)
+class TierContents:
+    """What one tier holds now (`TieredManager.contents`): a node's snapshot, per tier."""
+
+    tier: str
+    medium: str
+    keys: tuple[OffloadKey, ...]
+
+
 ChainEvent = OffloadingEvent | AllCleared
 """What a `ChainEvents` consumer receives."""
 

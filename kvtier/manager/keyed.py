@@ -226,6 +226,10 @@ class KeyedTierManager:
     def idle_keys(self) -> list[OffloadKey]:
         return [key for key, block in self._known.items() if block.ref_cnt == 0]
 
+    def ready_keys(self) -> list[OffloadKey] | None:
+        """The ready keys kvtier remembers (what its events announced), pinned ones too."""
+        return [key for key, block in self._known.items() if block.ref_cnt >= 0]
+
     def discard(self, keys: Collection[OffloadKey]) -> list[OffloadKey]:
         """Forget ready, unpinned keys found gone or bad in the store (a `removed` event)."""
         self._check_open()

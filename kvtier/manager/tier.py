@@ -336,6 +336,14 @@ class TierManager(OffloadingManager):
         cold = [] if self._cold is None else self._cold.keys()
         return cold + [key for key, block in self.policy.items() if block.ref_cnt == 0]
 
+    def ready_keys(self) -> list[OffloadKey] | None:
+        """Every ready block, pinned ones too (not those being written), the cold ones
+        first; None while some cold block's key cannot be named yet (`ColdSet.all_keys`)."""
+        cold = [] if self._cold is None else self._cold.all_keys()
+        if cold is None:
+            return None
+        return cold + [key for key, block in self.policy.items() if block.ref_cnt >= 0]
+
     @property
     def num_free(self) -> int:
         """Slots a store can take now without evicting."""

@@ -31,7 +31,7 @@ from kvtier.keys import OffloadKey
 from kvtier.manager.base import OffloadingEvent, OffloadingManager, ReqContext
 from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.counters import ChainCounters
-from kvtier.manager.events import ChainEvents, EventSink
+from kvtier.manager.events import ChainEvents, EventSink, TierContents
 from kvtier.manager.jobs import PromotionHold, TransferJob
 from kvtier.manager.ledger import JobLedger
 from kvtier.manager.planner import ChainPlanner, TieredStoreOutput, Watermarks, WritePolicy
@@ -365,6 +365,19 @@ class TieredManager(OffloadingManager):
         self.events.sink = sink
         for tier in self.tiers:
             tier.event_log.sink = None if sink is None else self.events.record
+
+    def contents(self) -> list[TierContents] | None:
+        """What every tier holds now, top first (a snapshot for the fleet: called on the
+        bookkeeping's thread, it is consistent with the events recorded so far); None while
+        a tier cannot name all its blocks yet (restored keys still loading: ask again)."""
+        self._check_open()
+        found = []
+        for tier in self.tiers:
+            keys = tier.ready_keys()
+            if keys is None:
+                return None
+            found.append(TierContents(tier.name, str(tier.medium), tuple(keys)))
+        return found
 
     def take_events(self) -> list[OffloadingEvent]:
         events: list[OffloadingEvent] = []
