@@ -166,9 +166,7 @@ def readme_problems(readme: str) -> list[str]:
     from kvtier.cli.app import main as cli
 
     _load_commands(cli)  # kvtier-tools' commands join through entry points
-    every_option = set(_command_options(cli))
-    for command in cli.commands.values():
-        every_option |= _command_options(command)
+    every_option = _options_at_any_depth(cli)
     problems: list[str] = []
     lines, spans = _code(readme)
     for line, _ in lines:
@@ -214,6 +212,17 @@ def _load_commands(group: click.Group) -> None:
         command = group.get_command(context, name)
         if isinstance(command, click.Group):
             _load_commands(command)
+
+
+def _options_at_any_depth(group: click.Group) -> set[str]:
+    """The options of `group` and of every command below it (`kvtier fleet index`'s too)."""
+    options = set(_command_options(group))
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            options |= _options_at_any_depth(command)
+        else:
+            options |= _command_options(command)
+    return options
 
 
 def _section_command(cli: click.Group, section: str) -> click.Command:
@@ -450,7 +459,12 @@ def module_option_problems(texts: list[str]) -> list[str]:
         text=True,
         timeout=280,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "VLLM_TARGET_DEVICE": "cpu"},
+        # this checkout's kvtier and kvtier-tools, whichever checkout the venv was made from
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tools")]),
+            "VLLM_TARGET_DEVICE": "cpu",
+        },
     )
     assert run.returncode == 0, run.stderr[-2000:]
     helps: dict[str, str | None] = json.loads(run.stdout.splitlines()[-1])

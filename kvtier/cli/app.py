@@ -3,10 +3,11 @@
 Every command turns a kvtier error into one line on stderr and a non-zero exit status, never
 a traceback. Progress bars appear only when stderr is a terminal.
 
-The product's own commands are here (`kvtier check`, `kvtier keys`). The tooling's commands
-(`kvtier replay`, `simulate`, `bench`, `demo`) come with the kvtier-tools distribution
-(tools/ in the repository), which adds them through the `kvtier.commands` entry-point group:
-kvtier imports nothing of it, and without it those names say in one line where they are.
+The product's own commands are here (`kvtier check`, `kvtier keys`, `kvtier fleet index`).
+The tooling's commands (`kvtier replay`, `simulate`, `bench`, `demo`, `fleet simulate`) come
+with the kvtier-tools distribution (tools/ in the repository), which adds them through the
+`kvtier.commands` entry-point group: kvtier imports nothing of it, and without it those names
+say in one line where they are.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ HTTP query endpoint a router asks (`kvtier.fleet.query`) until SIGTERM or SIGINT
 a `ready` line once everything is bound, a `status` line every `--status-s`, and a
 `stopped` line at the end (one JSON object per line with `--json`).
 
-kvtier-tools adds `kvtier fleet simulate` to this group through the `kvtier.commands`
-entry points (a dotted name, `fleet.simulate`, joins the group `fleet`: `kvtier.cli.app`).
+kvtier-tools adds `kvtier fleet simulate` to this group through the entry-point group
+`kvtier.fleet.commands` (`FLEET_COMMANDS_GROUP`); without kvtier-tools, `kvtier fleet
+simulate` says in one line where it is.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -37,7 +39,47 @@ if TYPE_CHECKING:
     from kvtier.fleet.subscriber import FleetSubscriber, NodeEndpoints
 
 
-@click.group()
+FLEET_COMMANDS_GROUP = "kvtier.fleet.commands"
+"""The entry-point group through which another distribution adds a `kvtier fleet` command."""
+FLEET_TOOL_COMMANDS = ("simulate",)
+"""The `kvtier fleet` commands kvtier-tools adds, named only to say where they are."""
+
+
+class _FleetGroup(click.Group):
+    """`kvtier fleet`: its own commands, and those other distributions add through
+    `FLEET_COMMANDS_GROUP`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_fleet_entry_points()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        entry = _fleet_entry_points().get(cmd_name)
+        if entry is None:
+            if cmd_name in FLEET_TOOL_COMMANDS:
+                raise KvtierError(
+                    f"`kvtier fleet {cmd_name}` is part of kvtier-tools, which is not installed: "
+                    "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
+                )
+            return None
+        loaded = entry.load()
+        if not isinstance(loaded, click.Command):
+            raise KvtierError(
+                f"entry point {cmd_name} = {entry.value} ({FLEET_COMMANDS_GROUP}) "
+                "is not a click command"
+            )
+        self.add_command(loaded, cmd_name)
+        return loaded
+
+
+def _fleet_entry_points() -> dict[str, EntryPoint]:
+    """The installed distributions' `kvtier fleet` commands, by name."""
+    return {entry.name: entry for entry in entry_points(group=FLEET_COMMANDS_GROUP)}
+
+
+@click.group(cls=_FleetGroup)
 def fleet() -> None:
     """kvtier across nodes: the fleet's prefix index (and, with kvtier-tools, its
     simulation)."""
