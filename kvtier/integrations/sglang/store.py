@@ -244,6 +244,11 @@ class PageStore:
                 log.exception("closing kvtier's chain failed")
 
     @property
+    def pool(self) -> HostPagePool | None:
+        """The host pool the chain is open for (None before `attach`)."""
+        return self._pool
+
+    @property
     def hierarchy(self) -> SyncHierarchy | None:
         """The open chain (None before `attach` or after `close`)."""
         return self._hierarchy
