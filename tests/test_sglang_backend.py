@@ -1,88 +1,30 @@
 """kvtier's SGLang HiCache backend (`kvtier.integrations.sglang`).
 
-Two parts. The page store's logic always runs (no SGLang needed): key mapping, namespaces,
-pages round-tripped through a cpu -> disk chain from and into a host pool that mirrors SGLang's
+The page store's logic, which needs no SGLang: key mapping, namespaces, pages round-tripped
+through a cpu -> disk chain from and into a host pool that mirrors SGLang's
 `MHATokenToKVPoolHost` (layer-first layout, its page copy functions), restart from disk,
-failure as a miss, tensor-parallel ranks over one shared tier. The SGLang part drives the
-backend through SGLang's own `StorageBackendFactory` and `HiCacheController` code; it runs only
-where SGLang 0.5.23 is installed, which `scripts/setup.sh` does not do: SGLang pins a CUDA
-torch (2.14.1) and torchvision, which cannot share `.venv` with the CPU torch 2.13.0 and vLLM.
+failure as a miss, tensor-parallel ranks over one shared tier. SGLang's own classes driving
+the backend (its `StorageBackendFactory`, `HiCacheController`, two SGLang processes over Redis)
+are the SGLang lane's (tests/sglang_lane/, in `.venv-sglang`: `scripts/test --sglang`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from sglang_pages import PAGE, FakeHostPool, chain, hashes, indices, page
 
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.integrations.sglang.store import PageStore, ShardIdentity, page_key, sglang_namespace
 from kvtier.testing.keyed import AUTH_KEY_ENV, fixed_key_hex
 
 os.environ.setdefault(AUTH_KEY_ENV, fixed_key_hex())
-
-LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 8, 4
-"""A host pool of 2 layers x 2 heads x 8 dims, 4 tokens a page: 512-byte pages in bf16."""
-
-
-class FakeHostPool:
-    """SGLang's `MHATokenToKVPoolHost` in its layer-first layout, reduced to what a storage
-    backend uses: `kv_buffer[2, layers, tokens, heads, head_dim]` and its page functions."""
-
-    def __init__(self, tokens: int = 64, dtype: torch.dtype = torch.bfloat16) -> None:
-        self.page_size = PAGE
-        self.layout = "layer_first"
-        self.storage_format_tag: str | None = None
-        self.logical_size = tokens
-        self.dtype = dtype
-        self.kv_buffer = torch.zeros((2, LAYERS, tokens, HEADS, HEAD_DIM), dtype=dtype)
-        self.fail_writes = False
-
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        page = self.kv_buffer[:, :, index : index + self.page_size, :, :]
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        return torch.zeros((2, LAYERS, self.page_size, HEADS, HEAD_DIM), dtype=self.dtype).flatten()
-
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        if self.fail_writes:
-            raise RuntimeError("host pool write failed")
-        shape = (2, LAYERS, self.page_size, HEADS, HEAD_DIM)
-        self.kv_buffer[:, :, index : index + self.page_size, :, :] = data_page.reshape(shape)
-
-    def fill(self, seed: int) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=generator))
-
-
-def hashes(n: int, salt: str = "") -> list[str]:
-    """n SGLang-style page keys (64 hex digits)."""
-    import hashlib
-
-    return [hashlib.sha256(f"{salt}page-{i}".encode()).hexdigest() for i in range(n)]
-
-
-def indices(pages: list[int]) -> torch.Tensor:
-    """Host indices of the token slots of `pages` (page p is tokens p*PAGE .. p*PAGE+3)."""
-    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
-
-
-def chain(disk: Path, cpu_blocks: int = 2) -> dict[str, Any]:
-    return {
-        "block_size": 4096,  # replaced by SGLang's page size
-        "tiers": [
-            {"name": "cpu", "medium": "cpu", "capacity": cpu_blocks},
-            {"name": "disk", "medium": "disk", "capacity": 64, "path": str(disk)},
-        ],
-    }
 
 
 @pytest.fixture
@@ -98,10 +40,6 @@ def opened(stores: list[PageStore], config: Any, pool: FakeHostPool, **shard: An
     stores.append(store)
     store.attach(pool)
     return store
-
-
-def page(pool: FakeHostPool, p: int) -> torch.Tensor:
-    return pool.get_data_page(p * PAGE).clone()
 
 
 # -- keys and namespaces -------------------------------------------------------------------------
@@ -340,130 +278,10 @@ def test_mla_ranks_share_one_namespace_through_a_shared_tier(
     reader = opened(
         open_stores, shared_chain(tmp_path), reader_pool, tp_rank=1, tp_size=2, replicated=True
     )
-    # A page only another node stored is found by a read (which waits for the shared
-    # tier's answer); exists() then knows it too.
+    # A page only another node stored is found by exists() (as SGLang asks, once per
+    # request, before any read): it awaits the shared tier's answer within the deadline.
+    assert reader.exists_prefix(keys + hashes(1, "absent")) == 3
     assert reader.get_pages(keys, indices([0, 1, 2])) == [True] * 3
-    assert reader.exists_prefix(keys) == 3
     assert torch.equal(
         reader_pool.kv_buffer[:, :, : 3 * PAGE], writer_pool.kv_buffer[:, :, : 3 * PAGE]
     )
-
-
-# -- through SGLang's own classes (where SGLang is installed) --------------------------------------
-
-
-def _sglang_importable() -> bool:
-    try:
-        return importlib.util.find_spec("sglang") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-needs_sglang = pytest.mark.skipif(
-    not _sglang_importable(),
-    reason="SGLang is not installed: it pins a CUDA torch (2.14.1) and torchvision that cannot "
-    "share .venv with the CPU torch 2.13.0 and vLLM; run these in an environment with "
-    "`pip install sglang==0.5.23` and kvtier",
-)
-
-
-def _extra_config(config: Any) -> dict[str, Any]:
-    return {
-        "backend_name": "kvtier",
-        "module_path": "kvtier.integrations.sglang",
-        "class_name": "KvtierHiCacheStorage",
-        "interface_v1": 1,
-        "kvtier_config": config,
-    }
-
-
-@needs_sglang
-def test_sglangs_factory_loads_the_backend_from_the_dynamic_extra_config(tmp_path: Path) -> None:
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    config = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
-        model_name="llama", extra_config=_extra_config(chain(tmp_path)),
-    )  # fmt: skip
-    pool = FakeHostPool()
-    pool.fill(30)
-    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
-    try:
-        assert isinstance(backend, HiCacheStorage)
-        backend.register_mem_pool_host(pool)
-        keys = hashes(3)
-        assert backend.batch_set_v1(keys, indices([0, 1, 2])) == [True] * 3
-        assert backend.batch_exists(keys + hashes(1, "x")) == 3
-        assert backend.batch_get_v1(keys, indices([5, 6, 7])) == [True] * 3
-        assert torch.equal(pool.get_data_page(6 * PAGE), page(pool, 1))
-        assert backend.exists(keys[0]) and not backend.exists(hashes(1, "x")[0])
-        dummies = [pool.get_dummy_flat_data_page() for _ in keys]
-        got = backend.batch_get(keys, dummies)
-        assert got[2] is not None and torch.equal(got[2], page(pool, 2))
-        assert backend.batch_set(hashes(2, "y"), [page(pool, 0), page(pool, 1)])
-    finally:
-        backend.close()
-
-
-def _controller(pool: FakeHostPool) -> Any:
-    """SGLang's `HiCacheController`, without a device pool: only its storage side (attach,
-    the backup thread, the hit query, the page transfer) is used, which runs on CPU."""
-    from sglang.srt.managers.cache_controller import HiCacheController
-
-    controller = HiCacheController.__new__(HiCacheController)
-    controller.mem_pool_host = pool
-    controller.storage_host_pool = pool
-    controller.page_size = PAGE
-    controller.host_memory_mode = "default"
-    controller.enable_storage = False
-    controller.enable_storage_metrics = False
-    controller.storage_stop_event = threading.Event()
-    controller.tp_group = controller.attn_tp_group = controller.attn_cp_group = None
-    controller.pp_group = None
-    controller.mem_pool_device = object()
-    return controller
-
-
-@needs_sglang
-def test_sglangs_controller_backs_up_queries_and_prefetches_through_kvtier(tmp_path: Path) -> None:
-    from sglang.srt.managers.cache_controller import PrefetchOperation, StorageOperation
-    from sglang.srt.mem_cache.utils import get_storage_hash_str
-    from sglang.srt.runtime_context import get_parallel
-
-    pool = FakeHostPool()
-    pool.fill(40)
-    controller = _controller(pool)
-    single = {"attn_dcp_size": 1, "attn_dcp_rank": 0, "tp_rank": 0, "tp_size": 1}
-    with get_parallel().override(**single, pp_rank=0, pp_size=1):
-        _drive(controller, tmp_path, PrefetchOperation, StorageOperation, get_storage_hash_str)
-
-
-def _drive(controller: Any, tmp_path: Path, prefetch: Any, storage: Any, hash_str: Any) -> None:
-    """Attach kvtier through the controller, back 5 pages up on its backup thread, query
-    them as its prefetch thread does, and transfer them into other host slots."""
-    pool = controller.mem_pool_host
-    controller.attach_storage_backend(
-        "dynamic", model_name="llama", storage_backend_extra_config=_extra_config(chain(tmp_path))
-    )
-    try:
-        assert controller.page_get_func == controller._page_get_zero_copy
-        tokens = list(range(5 * PAGE))
-        keys = hash_str(tokens, None, page_size=PAGE)  # SGLang's own page keys
-        controller.write_storage(indices([0, 1, 2, 3, 4]), tokens, hash_value=keys)
-        done = controller.ack_backup_queue.get(timeout=60)  # from SGLang's backup thread
-        assert done.completed_tokens == 5 * PAGE
-        found, hit_tokens = controller._storage_hit_query(prefetch("r1", tokens))
-        assert (found, hit_tokens) == (keys, 5 * PAGE)
-        longer = tokens + list(range(100, 100 + 2 * PAGE))
-        found, hit_tokens = controller._storage_hit_query(prefetch("r2", longer))
-        assert (found, hit_tokens) == (keys, 5 * PAGE)
-        operation = storage(indices([8, 9, 10, 11, 12]), tokens, hash_value=keys)
-        operation.request_id = "r3"
-        operation.is_terminated = lambda: False
-        assert controller._page_transfer(operation) == 5
-        loaded = pool.kv_buffer[:, :, 8 * PAGE : 13 * PAGE]
-        assert torch.equal(loaded, pool.kv_buffer[:, :, : 5 * PAGE])
-    finally:
-        controller.detach_storage_backend()

@@ -69,6 +69,23 @@ class KvtierHiCacheStorage(HiCacheStorage):
         super().register_mem_pool_host(mem_pool_host)
         self.store.attach(mem_pool_host)
 
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang's hybrid models (Mamba / linear-attention state, sliding-window KV, DSA
+        indexer and DeepSeek V4's compressed pools) register their extra host pools here
+        and move their pages with `batch_*_v2`, which kvtier does not serve: such a pool is
+        refused in one line naming it, so the server fails at start instead of caching
+        half of each page's state. The KV pool itself (`kv`, already registered) is fine."""
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        if name == "kv" and host_pool is self.store.pool:
+            return
+        self.store.close()
+        raise InvalidValueError(
+            f"kvtier's SGLang backend stores the KV pool only; SGLang registered the "
+            f"{name!r} host pool ({type(host_pool).__name__}) of a hybrid model, whose "
+            f"batch_*_v2 pages kvtier does not serve: use another --hicache-storage-backend "
+            f"for this model"
+        )
+
     def close(self) -> None:
         """Close the chain (SGLang calls it on detach)."""
         self.store.close()

@@ -17,6 +17,7 @@ prefetch thread in some versions.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hashlib
 import logging
@@ -154,6 +155,30 @@ def chain_config_for_sglang(
     return parse_config(data, source=source)
 
 
+async def shared_prefix(hierarchy: Hierarchy, keys: Sequence[OffloadKey], timeout_s: float) -> int:
+    """How many leading `keys` a shared tier (one that owns its index) holds, its answers
+    awaited for at most `timeout_s`: a tier's `lookup` never blocks, it answers None ("ask
+    again") while its query to the store runs, and remembers the keys found (so the `get`
+    that follows reads them). 0 at once where the chain has no shared tier."""
+    shared = [tier for tier in hierarchy.manager.tiers if getattr(tier, "owns_index", False)]
+    if not shared or not keys:
+        return 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pause = 0.001
+    while True:
+        answers: list[bool | None] = []
+        for key in keys:  # every key each round, so their queries run together
+            states = [tier.lookup(key) for tier in shared]
+            known = True in states or all(state is False for state in states)
+            answers.append((True in states) if known else None)
+        found = next((i for i, answer in enumerate(answers) if answer is not True), len(keys))
+        if found == len(keys) or answers[found] is False or loop.time() >= deadline:
+            return found
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 def _page_starts(host_indices: torch.Tensor, page_size: int, pages: int) -> list[int] | None:
     """The host pool index of each page's first token, or None when `host_indices` does not
     hold exactly `pages` pages of `page_size` tokens."""
@@ -219,6 +244,11 @@ class PageStore:
                 log.exception("closing kvtier's chain failed")
 
     @property
+    def pool(self) -> HostPagePool | None:
+        """The host pool the chain is open for (None before `attach`)."""
+        return self._pool
+
+    @property
     def hierarchy(self) -> SyncHierarchy | None:
         """The open chain (None before `attach` or after `close`)."""
         return self._hierarchy
@@ -246,15 +276,24 @@ class PageStore:
 
     def exists_prefix(self, keys: Sequence[str]) -> int:
         """How many leading pages of `keys` the chain holds (0 on any failure). Only a
-        prefix counts, so a rank never claims a page after one it lacks."""
+        prefix counts, so a rank never claims a page after one it lacks.
+
+        Past what this node's tiers know of, the shared tiers (Redis, a shared filesystem)
+        are asked and their answers awaited within the deadline: SGLang asks once per
+        request and prefetches only what this answer counts, so a page another server stored
+        must be found here, not on a later request."""
         try:
             offload_keys = [page_key(key) for key in keys]
         except Exception as error:
             log.warning("exists: %s; a miss", error)
             return 0
+        timeout_s = self._timeout_s
 
         async def lookup(hierarchy: Hierarchy) -> int:
-            return hierarchy.lookup(offload_keys)
+            held = hierarchy.lookup(offload_keys)
+            if held == len(offload_keys):
+                return held
+            return held + await shared_prefix(hierarchy, offload_keys[held:], timeout_s)
 
         found = self._run("exists", lookup)
         return 0 if found is None else found
