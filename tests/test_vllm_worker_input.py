@@ -9,8 +9,9 @@ group's padded pages copying only their un-padded bytes. What kvtier cannot copy
 refused when the worker starts, with one line naming the tensor or group and the fix: a
 tensor whose rows are not one page each (a page size that is not the block's), a group with
 nothing to copy, vLLM's canonical layout, pages larger than the region's cell. The region's
-file is gone after a refusal (nothing left behind). tests/engine/test_vllm_hybrid_models.py
-serves real hybrid models.
+file is gone after a refusal (nothing left behind). A KV-cache layout vLLM names is never
+interpreted, only bound into the namespace. tests/engine/test_vllm_hybrid_models.py serves
+real hybrid models.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvtier.errors import SpecError
 from kvtier.integrations.vllm import KvtierOffloadingSpec
+from kvtier.integrations.vllm.config import vllm_namespace
 from kvtier.integrations.vllm.testing import offloading_config
 from kvtier.integrations.vllm.visible import region_path
 from kvtier.integrations.vllm.worker import KvtierOffloadingWorker
@@ -162,3 +164,15 @@ def test_pages_larger_than_the_regions_cell_are_refused_at_start() -> None:
 def test_vllms_canonical_layout_is_refused_at_start() -> None:
     canonical = make_spec(canonical_layout=True)
     refused(canonical, caches()[0], "canonical_layout is not supported by kvtier's worker")
+
+
+def test_a_kv_cache_layout_is_bound_into_the_namespace_never_interpreted() -> None:
+    """kvtier copies pages without reading them, so any layout vLLM names is served; blocks
+    stored under one layout are never read under another (the namespace differs)."""
+    base = offloading_config({})
+    names = {
+        vllm_namespace(dataclasses.replace(base, kv_cache_layout=layout))
+        for layout in (None, "NHD", "HND", "some-future-layout")
+    }
+    assert len(names) == 4
+    assert "some-future-layout" in " ".join(names)
