@@ -91,3 +91,22 @@ def test_depth_rows_sum_each_bucket_per_way() -> None:
 def test_the_machine_line_names_cores_and_load() -> None:
     assert "cores" in machine()
     assert load().startswith("load average ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-blocks", "0"], "--max-blocks must be in"),
+        (["--max-blocks", "65"], "--max-blocks must be in"),
+        (["--turn-device-blocks", "33"], "--turn-device-blocks must hold one request"),
+    ],
+)
+def test_engine_ttft_refuses_a_workload_the_engine_cannot_hold(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtier_tools.bench import engine_ttft
+
+    with pytest.raises(SystemExit) as raised:
+        engine_ttft.main(argv)  # refused before any engine starts
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
