@@ -85,6 +85,11 @@ class CanonicalKVCaches:
         if len(devices) != 1:
             raise SpecError(f"every canonical tensor must be on one device, got {devices}")
         for group, refs in enumerate(self.group_data_refs):
+            if not refs:
+                raise SpecError(
+                    f"KV-cache group {group} has no layer's bytes to copy (no refs): its "
+                    "blocks would be offloaded without their KV"
+                )
             for ref in refs:
                 if not 0 <= ref.tensor_idx < len(self.tensors):
                     raise SpecError(

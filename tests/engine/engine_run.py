@@ -15,7 +15,9 @@ per request, the tokens, the top-3 logprobs, the prompt tokens vLLM reports as c
 time to the first token; vLLM's counters of prompt tokens by source; kvtier's disk-tier
 activity (hits, stores, corrupt blocks).
 
-`make_model(directory)` writes the tiny random-weight Llama the tests serve.
+`make_model(directory, kind)` writes the tiny random-weight model the tests serve (a Llama, or
+a hybrid-attention model: MODEL_KINDS). OUT.json also names the engine's KV-cache groups (the
+spec type of each) and its block size in tokens (vLLM raises it for a linear-attention model).
 """
 
 from __future__ import annotations
@@ -43,28 +45,74 @@ MAX_TOKENS = 8
 LOGPROBS = 3
 
 
-def make_model(directory: Path) -> None:
-    """A 2-layer Llama with random weights (seeded), saved for vLLM to load: no hub access,
-    no tokenizer (prompts are token ids)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+MODEL_KINDS = ("llama", "sliding-window", "linear-attention")
+"""The tiny models the lane serves: a Llama (full attention: one KV-cache group); a Gemma 3
+with sliding-window layers beside full-attention ones (two groups: vLLM keeps and offloads
+only the window's blocks of the sliding ones); a Qwen3-Next with Gated DeltaNet
+linear-attention (Mamba-style state) layers beside full-attention ones (two groups: one state
+per block, vLLM's `mamba_cache_mode = "align"`; vLLM raises its block size to 96 tokens so
+that a state fits a page)."""
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        initializer_range=0.1,  # outputs that depend on the whole prompt
-    )
+
+def make_model(directory: Path, kind: str = "llama") -> None:
+    """A tiny model of `kind` (MODEL_KINDS) with random weights (seeded), saved for vLLM to
+    load: no hub access, no tokenizer (prompts are token ids)."""
+    import torch
+    import transformers
+
+    common: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.1,  # outputs that depend on the whole prompt
+    }
+    if kind == "llama":
+        config: Any = transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **common
+        )
+        model_class: Any = transformers.LlamaForCausalLM
+    elif kind == "sliding-window":
+        # A 64-token window (2 blocks): prompts of 9-12 blocks reach far past it.
+        config = transformers.Gemma3TextConfig(
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            sliding_window=2 * BLOCK_TOKENS,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            **common,
+        )
+        model_class = transformers.Gemma3ForCausalLM
+    elif kind == "linear-attention":
+        # vLLM's CPU Gated DeltaNet kernel takes head dims of 128 only; 4 KV heads of 128
+        # keep the block vLLM aligns to the state's page at 96 tokens.
+        config = transformers.Qwen3NextConfig(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=128,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            layer_types=["linear_attention", "full_attention"],
+            **common,
+        )
+        model_class = transformers.Qwen3NextForCausalLM
+    else:
+        raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = model_class(config).to(torch.bfloat16)
     model.save_pretrained(directory)
 
 
@@ -208,6 +256,19 @@ def disk_activity(llm: Any) -> dict[str, int]:
     }
 
 
+def kv_cache_groups(llm: Any) -> list[dict[str, Any]]:
+    """The engine's KV-cache groups: each one's spec type, block size in tokens and layers."""
+    config = engine_core(llm).scheduler.kv_cache_config
+    return [
+        {
+            "spec": type(group.kv_cache_spec).__name__,
+            "block_tokens": int(group.kv_cache_spec.block_size),
+            "layers": len(group.layer_names),
+        }
+        for group in config.kv_cache_groups
+    ]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
@@ -235,6 +296,8 @@ def main(argv: list[str]) -> int:
             settle(llm)
         result["vllm"] = prompt_counters(llm)
         result["kvtier_disk"] = disk_activity(llm)
+        result["kv_cache_groups"] = kv_cache_groups(llm)
+        result["block_tokens"] = int(engine_core(llm).scheduler.block_size)
     finally:
         # Before the interpreter's exit: kvtier closes its disk tier (a clean close) here.
         llm.llm_engine.engine_core.shutdown()

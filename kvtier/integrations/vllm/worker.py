@@ -24,27 +24,45 @@ from kvtier.integrations.vllm._compat import forget_unlinked_region
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.specs.canonical import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
 
+UNSUPPORTED_LAYOUT_FIX = (
+    "kvtier's worker (vLLM's CPU engines) copies one page per block row; serve this model "
+    "on a GPU engine, where vLLM's own worker copies the blocks, or without "
+    "KvtierOffloadingSpec"
+)
+"""The fix a refused KV-cache layout names: where vLLM's own worker runs, kvtier's is not
+used (`KvtierOffloadingSpec.get_worker`)."""
+
 
 def kvtier_caches(kv_caches: Any) -> CanonicalKVCaches:
-    """vLLM's CanonicalKVCaches as kvtier's: each tensor seen as [num_blocks, page] bytes."""
+    """vLLM's CanonicalKVCaches as kvtier's: each tensor seen as [num_blocks, page] bytes.
+
+    SpecError, one line naming the tensor or group and the fix, where they are not that: a
+    tensor whose rows are not one page each (a page size that does not divide a block's
+    bytes would otherwise be read as other blocks' rows), a KV-cache group with nothing to
+    copy (its blocks would be offloaded as bytes never written), a ref beyond its tensor.
+    """
     tensors = []
     for index, item in enumerate(kv_caches.tensors):
         page = int(item.page_size_bytes)
         tensor = item.tensor
+        row = tensor.shape[-1] * tensor.element_size() if tensor.dim() == 2 else None
+        if row != page:
+            raise SpecError(
+                f"vLLM KV cache tensor {index} has shape {tuple(tensor.shape)} "
+                f"({tensor.dtype}), not one page of {page} bytes per block: "
+                f"{UNSUPPORTED_LAYOUT_FIX}"
+            )
         if tensor.dtype not in (torch.int8, torch.uint8):
             tensor = tensor.view(torch.int8)
-        try:
-            rows = tensor.view(-1, page)
-        except RuntimeError as error:
-            raise SpecError(
-                f"vLLM KV cache tensor {index} cannot be seen as rows of {page} bytes: {error}"
-            ) from None
-        tensors.append(CanonicalKVCacheTensor(rows, page))
+        tensors.append(CanonicalKVCacheTensor(tensor, page))
     groups = tuple(
         tuple(CanonicalKVCacheRef(int(ref.tensor_idx), int(ref.page_size_bytes)) for ref in refs)
         for refs in kv_caches.group_data_refs
     )
-    return CanonicalKVCaches(tuple(tensors), groups)
+    try:
+        return CanonicalKVCaches(tuple(tensors), groups)
+    except SpecError as error:
+        raise SpecError(f"vLLM's KV caches: {error}: {UNSUPPORTED_LAYOUT_FIX}") from None
 
 
 def _gpu_spec(spec: Any) -> GPULoadStoreSpec:

@@ -19,6 +19,7 @@ others run as `python -m kvtier_tools.bench.<name>`:
   the second half and the whole.
 - `policy_traces`: the policies' hit ratios across traces and generated workloads.
 - `engine_ttft`: time to first token of vLLM's CPU engine with and without kvtier underneath
-  (run with `.venv-engine/bin/python`, where vLLM's CPU build is); `greedy_match` is its rule
+  (run with `.venv-engine/bin/python`, where vLLM's CPU build is): a cached prefix, and a
+  multi-turn workload reported by turn depth (`engine_turns`); `greedy_match` is its rule
   (and the engine lane's) for telling a top-2 tie from a wrong token.
 """

@@ -19,15 +19,21 @@ blocks of 32 tokens, as a GPU's would be.
    cold run sums in another order, so where two tokens tie (random bf16 weights: margins of
    exactly 0.0 happen) it may pick the other: reported with the margin, not a failure. Any
    other difference is printed with its position and logprobs, and the run exits 1.
-2. **A slice of the shipped Mooncake trace** as real requests: the first `--requests` requests
-   of the conversations with at least 4 turns (requests sharing their first two blocks), in
-   trace order, one at a time, each cut to its first 64 blocks; each hash id is a fixed block
-   of 32 token ids, so shared prefixes are real shared prefixes. Served three ways: vLLM's
-   prefix cache only (no offloading), kvtier's cpu tier (`--cpu-blocks`), kvtier's cpu ->
-   disk chain (`--disk-blocks` more). Reported: TTFT p50 / p99, prompt tokens computed and
-   loaded (vLLM's counters: from its own prefix cache, from kvtier's cpu tier, from disk),
-   requests/s, kvtier's disk hits, and the slice's best case (every block's first access a
-   miss, nothing evicted).
+2. **A multi-turn workload** (`engine_turns`): the first `--conversations` conversations of
+   the shipped Mooncake trace with 8 turns or more, their first `--turns` turns in trace
+   order, each request cut to `--max-blocks` blocks of 32 tokens (each hash id a fixed block
+   of token ids, so a later turn's prompt begins with the earlier turns'), vLLM's own KV cache
+   held to `--turn-device-blocks` (below the conversations' blocks, so a conversation's
+   blocks have left it by the time it comes back). Served three ways: vLLM's prefix cache
+   only (no offloading), kvtier's cpu tier (`--turn-cpu-blocks`), kvtier's cpu -> disk chain
+   (`--disk-blocks` more). Reported per turn depth (1, 2-3, 4-7, 8+) and way: TTFT p50 / p99
+   and prefill tokens saved (loaded instead of computed); then per way: prompt tokens computed
+   and loaded (vLLM's counters: from its own prefix cache, from kvtier's cpu tier, from disk),
+   requests/s and kvtier's disk hits.
+
+`--parts prefix` or `--parts turns` runs one of the two (the default runs both: about 5
+minutes on 2 cores). Where it ran and the load average (before and after) are printed with
+the figures.
 
 Timings are of this machine at the time of the run (other load included); the ratios are the
 point. tests/engine/ asserts the same rule and the loads.
@@ -36,7 +42,6 @@ point. tests/engine/ asserts the same rule and the loads.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
@@ -51,6 +56,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtier_tools.bench.engine_turns import (
+    Conversations,
+    conversations,
+    depth_rows,
+    load,
+    machine,
+    ms,
+    percentile,
+    table,
+)
 from kvtier_tools.bench.greedy_match import Verdict, compare_greedy, steps_of
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
@@ -61,8 +76,6 @@ BLOCK = 32
 """Tokens per KV block, and per hash id of the trace."""
 VOCAB = 4096
 PREFIX_TOKENS = 2048
-MAX_TRACE_BLOCKS = 64
-MIN_TURNS = 4
 WARM_UP = list(range(3, 3 + BLOCK - 1))
 """The first request of every engine: shorter than a block, so nothing of it is offloaded."""
 
@@ -112,45 +125,6 @@ def prefix_prompts(count: int) -> list[list[int]]:
     return [[rng.randrange(3, VOCAB) for _ in range(PREFIX_TOKENS + 16)] for _ in range(count)]
 
 
-def block_tokens(hash_id: int) -> list[int]:
-    """The fixed token ids of one hash id of the trace."""
-    rng = random.Random(hash_id * 7919 + 1)
-    return [rng.randrange(3, VOCAB) for _ in range(BLOCK)]
-
-
-def trace_slice(requests: int) -> tuple[list[list[int]], dict[str, float]]:
-    """The prompts of the trace slice, and its figures (blocks, best-case hit ratio)."""
-    from kvtier_tools.workloads.traces import read_mooncake
-
-    trace = list(read_mooncake())
-    turns = collections.Counter(request.hash_ids[:2] for request in trace)
-    chosen = [
-        request.hash_ids[:MAX_TRACE_BLOCKS]
-        for request in trace
-        if turns[request.hash_ids[:2]] >= MIN_TURNS
-    ][:requests]
-    seen: set[int] = set()
-    accesses = leading_hits = 0
-    for hash_ids in chosen:
-        accesses += len(hash_ids)
-        index = 0
-        while index < len(hash_ids) and hash_ids[index] in seen:
-            index += 1
-        leading_hits += index
-        seen.update(hash_ids)
-    prompts = [
-        [token for hash_id in hash_ids for token in block_tokens(hash_id)] for hash_ids in chosen
-    ]
-    figures = {
-        "requests": len(chosen),
-        "blocks": accesses,
-        "unique_blocks": len(seen),
-        "best_hit_ratio": leading_hits / accesses if accesses else 0.0,
-        "tokens": sum(len(prompt) for prompt in prompts),
-    }
-    return prompts, figures
-
-
 # -- one engine life (a process of its own) ----------------------------------------------------
 
 
@@ -187,7 +161,7 @@ def start_engine(model: Path, way: str, disk: Path | None, args: dict[str, Any])
         skip_tokenizer_init=True,
         dtype="bfloat16",
         block_size=BLOCK,
-        max_model_len=PREFIX_TOKENS + 2 * BLOCK + 16,
+        max_model_len=args.get("max_model_len", PREFIX_TOKENS + 2 * BLOCK + 16),
         max_num_seqs=1,
         num_gpu_blocks_override=args["device_blocks"],
         enforce_eager=True,
@@ -311,30 +285,6 @@ def run_life(work: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 # -- the report --------------------------------------------------------------------------------
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.0f} ms"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = []
-    for index, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                cell.ljust(width) if column == 0 else cell.rjust(width)
-                for column, (cell, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def judge(
     reference: list[dict[str, Any]], served: list[dict[str, Any]], *, loaded: bool
 ) -> list[Verdict]:
@@ -350,45 +300,11 @@ def judge(
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=100, help="trace requests (100)")
-    parser.add_argument(
-        "--prefix-prompts",
-        type=int,
-        default=3,
-        help="2,048-token prompts for the cached-prefix TTFT (3)",
-    )
-    parser.add_argument(
-        "--device-blocks",
-        type=int,
-        default=256,
-        help="vLLM's own KV cache, in 32-token blocks (256)",
-    )
-    parser.add_argument("--cpu-blocks", type=int, default=512, help="kvtier cpu tier (512)")
-    parser.add_argument("--disk-blocks", type=int, default=8192, help="kvtier disk tier (8192)")
-    parser.add_argument("--out", type=Path, help="keep the model, logs and results here")
-    parser.add_argument("--life", nargs=2, type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.life:
-        spec_path, out = args.life
-        out.write_text(json.dumps(life(json.loads(spec_path.read_text()))))
-        return 0
-
-    work = args.out or Path(tempfile.mkdtemp(prefix="kvtier-engine-ttft-"))
-    work.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
-    print(f"engine_ttft: vLLM CPU engine, 4-layer Llama (random weights), work in {work}")
-    if not (work / "model").exists():
-        make_model(work / "model")
-    sizes = {
-        "device_blocks": args.device_blocks,
-        "cpu_blocks": args.cpu_blocks,
-        "disk_blocks": args.disk_blocks,
-    }
-    base = {"model": str(work / "model"), **sizes}
-
-    # 1. A fully cached prefix.
+def prefix_part(
+    args: argparse.Namespace, work: Path, base: dict[str, Any]
+) -> tuple[str, Any, bool]:
+    """Part 1: the report's text, its JSON, and whether every load gave the reference's
+    tokens (a cold run parting on a tie does not count against it)."""
     print(
         f"1. {args.prefix_prompts} prompts of {PREFIX_TOKENS} tokens: cold, from vLLM's own "
         "prefix cache, from kvtier's cpu tier, from kvtier's disk tier after a restart"
@@ -425,35 +341,58 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{loaded:,.0f} of {len(prompts[0]):,}",
             ]
         )
-    prefix_table = table(rows)
+    lines = [table(rows), "greedy tokens against vLLM's own prefix-cache hit (the reference):"]
+    for title, verdicts in checks.items():
+        for index, verdict in enumerate(verdicts):
+            lines.append(f"  {title}, prompt {index}: {verdict.describe()}")
+    report = {
+        "cold": cold,
+        "reference": hit,
+        "host": host,
+        "restarted": restarted,
+        "agree": same,
+        "verdicts": {
+            title: [verdict.describe() for verdict in verdicts]
+            for title, verdicts in checks.items()
+        },
+    }
+    return "\n".join(lines), report, same
 
-    # 2. The trace slice, three ways.
-    slice_prompts, figures = trace_slice(args.requests)
+
+def turns_part(args: argparse.Namespace, work: Path, base: dict[str, Any]) -> tuple[str, Any]:
+    """Part 2: the report's text and its JSON."""
+    workload: Conversations = conversations(args.conversations, args.turns, args.max_blocks, VOCAB)
     print(
-        f"2. Mooncake trace slice: {figures['requests']} requests, {figures['blocks']:,} "
-        f"blocks of {BLOCK} tokens ({figures['unique_blocks']:,} distinct), served three ways"
+        f"2. multi-turn: {workload.conversations} conversations of the Mooncake trace, "
+        f"{len(workload.prompts)} requests, {workload.blocks:,} blocks of {BLOCK} tokens "
+        f"({workload.unique_blocks:,} distinct), served three ways"
     )
+    sizes = {
+        "device_blocks": args.turn_device_blocks,
+        "cpu_blocks": args.turn_cpu_blocks,
+        "disk_blocks": args.disk_blocks,
+    }
     results = {}
     for way in WAYS:
         way_disk = None
         if way == "kvtier-disk":
-            way_disk = work / "trace-disk"
+            way_disk = work / "turns-disk"
             shutil.rmtree(way_disk, ignore_errors=True)
             way_disk.mkdir()
-        results[way] = run_life(
-            work,
-            f"trace-{way}",
-            {
-                **base,
-                "way": way,
-                "disk": str(way_disk) if way_disk else None,
-                "prompts": slice_prompts,
-                "max_tokens": 1,
-            },
-        )
+        spec = {
+            **base,
+            **sizes,
+            "way": way,
+            "disk": str(way_disk) if way_disk else None,
+            "prompts": workload.prompts,
+            "max_tokens": 1,
+            "max_model_len": (args.max_blocks + 2) * BLOCK,
+        }
+        results[way] = run_life(work, f"turns-{way}", spec)
+    served = {way: results[way]["serves"][0] for way in WAYS}
     rows = [
         [
-            "trace slice",
+            "all turns",
             "TTFT p50",
             "TTFT p99",
             "computed",
@@ -464,11 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "disk hits",
         ]
     ]
-    computed_vllm = results["vllm"]["vllm"].get("prompt_tokens_by_source:local_compute", 0.0)
     for way in WAYS:
         result = results[way]
-        (served,) = result["serves"]
-        ttfts = [request["ttft_s"] for request in served]
+        ttfts = [request["ttft_s"] for request in served[way]]
         counted = result["vllm"]
         disk_stats = result["kvtier_disk"]
         rows.append(
@@ -480,52 +417,118 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{counted.get('prompt_tokens_cached_by_source:device', 0):,.0f}",
                 f"{counted.get('prompt_tokens_cached_by_source:host', 0):,.0f}",
                 f"{counted.get('prompt_tokens_cached_by_source:disk', 0):,.0f}",
-                f"{len(served) / result['wall_s']:.2f}",
+                f"{len(served[way]) / result['wall_s']:.2f}",
                 f"{disk_stats['hits']:,}" if disk_stats else "-",
             ]
         )
-    trace_table = table(rows)
-    computed_disk = results["kvtier-disk"]["vllm"].get("prompt_tokens_by_source:local_compute", 0)
+    computed = {
+        way: results[way]["vllm"].get("prompt_tokens_by_source:local_compute", 0.0) for way in WAYS
+    }
+    fewer = 1 - computed["kvtier-disk"] / computed["vllm"] if computed["vllm"] else 0.0
+    text = "\n".join(
+        [
+            table(depth_rows(workload.turns, served, WAY_TITLES)),
+            "",
+            table(rows),
+            f"prompt tokens: {workload.tokens:,}; computed with kvtier cpu -> disk {fewer:.1%} "
+            "fewer than with vLLM's prefix cache alone",
+            f"sizes: vLLM cache {sizes['device_blocks']} blocks, kvtier cpu "
+            f"{sizes['cpu_blocks']}, disk {sizes['disk_blocks']} (blocks of {BLOCK} tokens)",
+        ]
+    )
+    report = {
+        "workload": {
+            "conversations": workload.conversations,
+            "requests": len(workload.prompts),
+            "turns": workload.turns,
+            "blocks": workload.blocks,
+            "unique_blocks": workload.unique_blocks,
+            "tokens": workload.tokens,
+        },
+        "sizes": sizes,
+        **{way: results[way] for way in WAYS},
+    }
+    return text, report
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--parts",
+        choices=("all", "prefix", "turns"),
+        default="all",
+        help="the cached-prefix part, the multi-turn part, or both (all)",
+    )
+    parser.add_argument(
+        "--prefix-prompts",
+        type=int,
+        default=3,
+        help="2,048-token prompts for the cached-prefix TTFT (3)",
+    )
+    parser.add_argument(
+        "--device-blocks",
+        type=int,
+        default=256,
+        help="vLLM's own KV cache in the prefix part, in 32-token blocks (256)",
+    )
+    parser.add_argument("--cpu-blocks", type=int, default=512, help="kvtier cpu tier (512)")
+    parser.add_argument("--disk-blocks", type=int, default=8192, help="kvtier disk tier (8192)")
+    parser.add_argument("--conversations", type=int, default=6, help="multi-turn: (6)")
+    parser.add_argument("--turns", type=int, default=10, help="multi-turn: per conversation (10)")
+    parser.add_argument(
+        "--max-blocks", type=int, default=32, help="multi-turn: blocks per request, at most (32)"
+    )
+    parser.add_argument(
+        "--turn-device-blocks",
+        type=int,
+        default=48,
+        help="multi-turn: vLLM's own KV cache, in 32-token blocks (48)",
+    )
+    parser.add_argument(
+        "--turn-cpu-blocks", type=int, default=96, help="multi-turn: kvtier cpu tier (96)"
+    )
+    parser.add_argument("--out", type=Path, help="keep the model, logs and results here")
+    parser.add_argument("--life", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.life:
+        spec_path, out = args.life
+        out.write_text(json.dumps(life(json.loads(spec_path.read_text()))))
+        return 0
+    longest = (PREFIX_TOKENS + 16) // BLOCK
+    if not 1 <= args.max_blocks <= longest:
+        parser.error(f"--max-blocks must be in [1, {longest}] (the engine's longest prompt)")
+    if args.turn_device_blocks < args.max_blocks + 2:
+        parser.error("--turn-device-blocks must hold one request: --max-blocks + 2 at least")
+
+    work = args.out or Path(tempfile.mkdtemp(prefix="kvtier-engine-ttft-"))
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    where = machine()
+    print(f"engine_ttft: vLLM CPU engine, 4-layer Llama (random weights), work in {work}")
+    print(f"ran on: {where}")
+    if not (work / "model").exists():
+        make_model(work / "model")
+    base = {
+        "model": str(work / "model"),
+        "device_blocks": args.device_blocks,
+        "cpu_blocks": args.cpu_blocks,
+        "disk_blocks": args.disk_blocks,
+    }
+    texts, report, same = [], {"machine": where}, True
+    if args.parts in ("all", "prefix"):
+        text, report["prefix"], same = prefix_part(args, work, base)
+        texts.append(text)
+    if args.parts in ("all", "turns"):
+        text, report["turns"] = turns_part(args, work, base)
+        texts.append(text)
+    report["load_after"] = load()
     print()
-    print(prefix_table)
-    print("greedy tokens against vLLM's own prefix-cache hit (the reference):")
-    for title, verdicts in checks.items():
-        for index, verdict in enumerate(verdicts):
-            print(f"  {title}, prompt {index}: {verdict.describe()}")
-    print()
-    print(trace_table)
-    saved = 1 - computed_disk / computed_vllm if computed_vllm else 0.0
+    print("\n\n".join(texts))
     print(
-        f"prompt tokens of the slice: {figures['tokens']:,}; computed with kvtier cpu -> disk "
-        f"{saved:.1%} fewer than with vLLM's prefix cache alone; the slice's best case "
-        f"(infinite cache) hits {figures['best_hit_ratio']:.1%} of its blocks"
+        f"ran on: {where}; after the run: {report['load_after']}; "
+        f"{time.perf_counter() - began:.0f} s in all"
     )
-    print(
-        f"sizes: vLLM cache {args.device_blocks} blocks, kvtier cpu {args.cpu_blocks}, disk "
-        f"{args.disk_blocks} (blocks of {BLOCK} tokens); {time.perf_counter() - began:.0f} s "
-        "in all"
-    )
-    (work / "report.json").write_text(
-        json.dumps(
-            {
-                "prefix": {
-                    "cold": cold,
-                    "reference": hit,
-                    "host": host,
-                    "restarted": restarted,
-                    "agree": same,
-                    "verdicts": {
-                        title: [verdict.describe() for verdict in verdicts]
-                        for title, verdicts in checks.items()
-                    },
-                },
-                "trace": {"figures": figures, **{way: results[way] for way in WAYS}},
-                "sizes": sizes,
-            },
-            indent=1,
-        )
-    )
+    (work / "report.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {work / 'report.json'}")
     return 0 if same else 1
 
