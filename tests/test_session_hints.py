@@ -109,6 +109,19 @@ def test_every_policy_evicts_ranked_blocks_lowest_first_after_never(name: str) -
     assert 99 not in policy
 
 
+def test_when_only_likely_blocks_are_left_the_ranked_ones_go_lowest_first() -> None:
+    policy = get_policy_class("lru")(4)
+    for i in range(4):
+        policy.insert(i, _ready())  # type: ignore[arg-type]
+        policy.hint(i, "likely")  # type: ignore[arg-type]
+    policy.rank(3, (1, -50.0, 0))  # type: ignore[arg-type]
+    policy.rank(2, (1, -10.0, 0))  # type: ignore[arg-type]
+    victims = policy.evict(3)
+    assert victims is not None
+    assert [k for k, _ in victims] == [3, 2, 0]  # then the policy's own order (LRU)
+    assert len(policy) == 1
+
+
 # -- the hierarchy ---------------------------------------------------------------------------
 
 
