@@ -15,6 +15,7 @@ from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies.hinted import HintBook
 
 
 class CachePolicy(ABC):
@@ -153,8 +154,6 @@ class CachePolicy(ABC):
         (the `_hints` attribute every built-in policy has), so every policy that honours
         reuse hints honours ranks with no code of its own; a policy without one ignores
         them."""
-        from kvtier.policies.hinted import HintBook
-
         book = getattr(self, "_hints", None)
         if isinstance(book, HintBook):
             book.set_rank(key, rank, self.get(key) is not None)
