@@ -141,11 +141,27 @@ async def test_sessions_through_the_hierarchy() -> None:
         assert [h.where(k) for k in (key(1), key(0), key(2), key(3))] == [None, "cpu0"] + [
             "cpu0"
         ] * 2
-        h.end_session("b")  # b's blocks now go first
+        h.end_session("b")  # b's blocks now go first ("never"), before idle a's and 4
         await h.put([key(5)], blocks_of([key(5)]))
-        assert h.where(key(2)) is None or h.where(key(3)) is None
-        assert h.where(key(0)) == "cpu0"
+        assert [h.where(key(i)) for i in (2, 3, 0, 4, 5)] == [None] + ["cpu0"] * 4
+        assert h.stats().chain.hint_dropped == 1
+        with pytest.raises(UnknownSessionError):
+            h.end_session("b")  # ended already
         h.check()
+
+
+def test_sync_hierarchy_has_the_session_verbs() -> None:
+    from kvtier import SyncHierarchy
+
+    with SyncHierarchy(one_tier()) as h:
+        keys = [key(0), key(1)]
+        h.put(keys, blocks_of(keys), session="a", expect_within_s=30)
+        h.expect_session("a", 10)
+        h.end_session("a")
+        h.put([key(2)], blocks_of([key(2)]))
+        h.put([key(3)], blocks_of([key(3)]))
+        h.put([key(4)], blocks_of([key(4)]))  # a's "never" blocks go first
+        assert [h.where(key(i)) for i in range(5)] == [None] + ["cpu0"] * 4
 
 
 async def test_bad_session_input_is_one_line_and_changes_nothing() -> None:
