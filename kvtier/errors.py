@@ -46,6 +46,10 @@ class InvalidValueError(KvtierError, ValueError):
     """An argument has a value outside its domain (a capacity below 1, a negative count, ...)."""
 
 
+class UnknownSessionError(InvalidValueError):
+    """A session hint names a session no put named, or one that ended (`kvtier.sessions`)."""
+
+
 class SpecError(KvtierError, ValueError):
     """A LoadStoreSpec was built from inconsistent data."""
 

@@ -70,6 +70,7 @@ from kvtier.keys import OffloadKey, check_key
 from kvtier.manager import OffloadingEvent, TieredManager, TieredStoreOutput
 from kvtier.manager.events import TierContents
 from kvtier.metrics import register_metrics, unregister_metrics
+from kvtier.sessions import SessionTable, check_session_id, check_within_s
 from kvtier.tiers.registry import options_keywords, registered_media
 from kvtier.tiers.storage import BlockStorage, TensorStorage
 
@@ -160,6 +161,7 @@ class Hierarchy:
         self.last_flush: FlushReport | None = None
         """What the last flush copied down and what it left (None until one ran)."""
         self._chain: Chain | None = None
+        self._sessions = SessionTable()
         self._publisher: EventPublisher | None = None
         """The `[events]` publisher while open (None when the table is off)."""
         self._disabled_logged_at: float | None = None  # when stats() last logged them
@@ -292,6 +294,8 @@ class Hierarchy:
         rows: checks.Rows | None = None,
         partial_last: bool = False,
         hint: ReuseHint | Reuse | None = None,
+        session: str | None = None,
+        expect_within_s: float | None = None,
     ) -> int:
         """Store blocks (row i is block `keys[i]`; with `rows`, row `rows[i]`, so blocks can
         be taken straight from an engine's buffer) in the top tier, demoting what it evicts.
@@ -304,15 +308,44 @@ class Hierarchy:
         `partial_last`: the last key is a prompt's partial block (fewer tokens than a block
         holds). No later prompt repeats its tokens exactly, so it is never stored (counted
         in `stats().calls.put_partial`); the engine knows, kvtier cannot. `hint`: a reuse
-        hint for every key, as `hint()` gives it once the put is done."""
+        hint for every key, as `hint()` gives it once the put is done. `session`: the
+        agentic session (a string) whose request these blocks are, for the session hints
+        of `kvtier.sessions` (blocks evicted by session, the least recently active first);
+        `expect_within_s`: its next request comes within that many seconds
+        (`expect_session`)."""
         chain = self._open()
         keys = checks.check_keys(keys, "put")
         row_ids = checks.check_rows(rows, blocks, self.block_size, len(keys), "put")
         if not isinstance(partial_last, bool):
             raise InvalidValueError(f"put: partial_last must be a bool, got {partial_last!r}")
         checked = checks.check_hint(hint, "put")
+        if session is not None or expect_within_s is not None:
+            check_session_id(session, "put")
+        if expect_within_s is not None:
+            check_within_s(expect_within_s, "put: expect_within_s")
         timeout_s = self.store_timeout_s
-        return await store.put(chain, keys, blocks, row_ids, partial_last, timeout_s, checked)
+        stored = await store.put(chain, keys, blocks, row_ids, partial_last, timeout_s, checked)
+        if session is not None:
+            changes = self._sessions.read(session, keys, time.monotonic())
+            if expect_within_s is not None:
+                changes.merge(self._sessions.expect(session, expect_within_s, time.monotonic()))
+            store.give_session_changes(chain, changes)
+        return stored
+
+    def end_session(self, session: str) -> None:
+        """`session` ended (`kvtier.sessions`): the blocks its puts named and no live
+        session shares become `"never"` (evicted first, not demoted). UnknownSessionError
+        for a session no put named or one that ended; nothing changes then."""
+        chain = self._open()
+        changes = self._sessions.end(session, time.monotonic())
+        store.give_session_changes(chain, changes)
+
+    def expect_session(self, session: str, within_s: float) -> None:
+        """`session`'s next request comes within `within_s` seconds (0 < T <= a week):
+        until then its blocks are evicted only after every idle session's."""
+        chain = self._open()
+        changes = self._sessions.expect(session, within_s, time.monotonic())
+        store.give_session_changes(chain, changes)
 
     def hint(self, keys: Sequence[OffloadKey], reuse: Reuse, ttl_s: float | None = None) -> None:
         """Say whether blocks will be read again (`kvtier.hints`): each tier holding one

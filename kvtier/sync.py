@@ -109,9 +109,23 @@ class SyncHierarchy:
         blocks: torch.Tensor,
         *,
         hint: ReuseHint | Reuse | None = None,
+        session: str | None = None,
+        expect_within_s: float | None = None,
     ) -> int:
         """`Hierarchy.put`, waited for."""
-        return self._call(self._hierarchy.put(keys, blocks, hint=hint))
+        return self._call(
+            self._hierarchy.put(
+                keys, blocks, hint=hint, session=session, expect_within_s=expect_within_s
+            )
+        )
+
+    def end_session(self, session: str) -> None:
+        """`Hierarchy.end_session`."""
+        self._sync(self._hierarchy.end_session, session)
+
+    def expect_session(self, session: str, within_s: float) -> None:
+        """`Hierarchy.expect_session`."""
+        self._sync(self._hierarchy.expect_session, session, within_s)
 
     def hint(self, keys: Sequence[OffloadKey], reuse: Reuse, ttl_s: float | None = None) -> None:
         """`Hierarchy.hint`."""

@@ -209,7 +209,7 @@ def test_an_entry_point_that_is_not_a_command_is_one_line(
 
 
 def test_the_tools_commands_are_installed_beside_the_product() -> None:
-    """The set-up installs kvtier-tools, whose entry points name the four tool commands."""
+    """The set-up installs kvtier-tools, whose entry points name the tool commands."""
     from kvtier.cli import app
 
     app.command_entry_points.cache_clear()

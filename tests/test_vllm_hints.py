@@ -206,3 +206,62 @@ def test_under_the_spec_one_hint_reaches_the_cpu_tier_and_the_disk_once(tmp_path
     finally:
         driver.close()
         manager.shutdown()
+
+
+# -- session hints ---------------------------------------------------------------------------
+
+
+def test_session_from_params_reads_the_three_keys() -> None:
+    from kvtier.integrations.vllm.hints import SessionParams, session_from_params
+
+    assert session_from_params(None) is None
+    assert session_from_params({"kvtier_reuse": "never"}) is None
+    assert session_from_params({"kvtier_session": "t"}) == SessionParams("t")
+    both = {"kvtier_session": "t", "kvtier_expect_within_s": 20, "kvtier_session_end": True}
+    assert session_from_params(both) == SessionParams("t", True, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"kvtier_session": 42}, "kvtier_session must be a non-empty string"),
+        ({"kvtier_session_end": True}, "kvtier_session_end given without kvtier_session"),
+        ({"kvtier_session": "t", "kvtier_session_end": 1}, "kvtier_session_end must be true"),
+        ({"kvtier_session": "t", "kvtier_expect_within_s": -5}, "kvtier_expect_within_s"),
+        ({"kvtier_session": "t", "kvtier_expect_within_s": 1e12}, "a week"),
+        ({"kvtier_session": "t", "kvtier_expect_within_s": float("inf")}, "above 0"),
+    ],
+)
+def test_session_from_params_names_the_bad_value(params: dict[str, Any], message: str) -> None:
+    from kvtier.integrations.vllm.hints import session_from_params
+
+    with pytest.raises(InvalidValueError, match=message):
+        session_from_params(params)
+
+
+def test_a_requests_session_reaches_kvtier_and_its_end_makes_its_blocks_never(
+    tiering: Any,
+) -> None:
+    manager, driver, tier = tiering
+    store(manager, driver, range(0, 2), {"kvtier_session": "a"})
+    store(manager, driver, range(2, 4), {"kvtier_session": "b", "kvtier_expect_within_s": 30})
+
+    def sessions(h: Any) -> tuple[list[Any], list[Any]]:
+        return h._sessions.keys_of("a"), h._sessions.keys_of("b")
+
+    a, b = tier.hierarchy.call(sessions)
+    assert a == [OffloadKey(key(i)) for i in (0, 1)] and len(b) == 2
+    store(manager, driver, range(4, 6), {"kvtier_session": "a", "kvtier_session_end": True})
+    assert hints_in_kvtier(tier, range(0, 6)) == ["never"] * 2 + [None] * 2 + ["never"] * 2
+    assert tier.hints.ignored == 0
+
+
+def test_a_bad_session_hint_is_logged_counted_and_ignored(
+    tiering: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager, driver, tier = tiering
+    with caplog.at_level(logging.WARNING, logger="kvtier.integrations.vllm"):
+        store(manager, driver, range(0, 2), {"kvtier_session": ["x"]})
+    assert hints_in_kvtier(tier, range(0, 2)) == [None] * 2  # stored all the same
+    assert tier.hints.ignored == 1
+    assert any("session hint ignored" in r.getMessage() for r in caplog.records)

@@ -30,6 +30,7 @@ from kvtier.chain.stats import FlushReport
 from kvtier.hints import HeldHint, ReuseHint
 from kvtier.keys import OffloadKey
 from kvtier.manager import TieredStoreOutput, TransferJob, slot_ids
+from kvtier.sessions import SessionChanges
 
 log = logging.getLogger("kvtier.chain")
 
@@ -110,6 +111,16 @@ def give_hint(chain: Chain, keys: list[OffloadKey], hint: ReuseHint) -> None:
     chain.check_open()
     expires_at = None if hint.ttl_s is None else time.monotonic() + hint.ttl_s
     chain.manager.hint(keys, HeldHint(hint.reuse, expires_at))
+
+
+def give_session_changes(chain: Chain, changes: SessionChanges) -> None:
+    """Give every tier what a session event asks (`kvtier.sessions`): the ranks, and the
+    `"never"` hint on the keys of an ended session no live one read."""
+    chain.check_open()
+    if changes.ranks:
+        chain.manager.rank(changes.ranks)
+    if changes.never:
+        chain.manager.hint(changes.never, HeldHint("never"))
 
 
 async def _put_part(

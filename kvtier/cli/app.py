@@ -4,10 +4,10 @@ Every command turns a kvtier error into one line on stderr and a non-zero exit s
 a traceback. Progress bars appear only when stderr is a terminal.
 
 The product's own commands are here (`kvtier check`, `kvtier keys`, `kvtier fleet index`).
-The tooling's commands (`kvtier replay`, `simulate`, `bench`, `demo`, `fleet simulate`) come
-with the kvtier-tools distribution (tools/ in the repository), which adds them through the
-`kvtier.commands` entry-point group: kvtier imports nothing of it, and without it those names
-say in one line where they are.
+The tooling's commands (`kvtier replay`, `simulate`, `bench`, `demo`, `workloads`, `fleet
+simulate`) come with the kvtier-tools distribution (tools/ in the repository), which adds them
+through the `kvtier.commands` entry-point group (and `kvtier.fleet.commands`): kvtier imports
+nothing of it, and without it those names say in one line where they are.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ EXIT_USAGE = 2
 COMMANDS_GROUP = "kvtier.commands"
 """The entry-point group through which another distribution adds a command to `kvtier`."""
 
-TOOL_COMMANDS = ("bench", "demo", "replay", "simulate")
+TOOL_COMMANDS = ("bench", "demo", "replay", "simulate", "workloads")
 """The commands kvtier-tools adds, named here only to say where they are when it is absent."""
 
 TOOLS_INSTALL = "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"

@@ -12,8 +12,8 @@ Two kinds implement it:
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Protocol
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
 
 from kvtier.blocks import BlockStatus
 from kvtier.hints import HeldHint
@@ -125,6 +125,10 @@ class ChainTier(Protocol):
 
     def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
         """An application's reuse hint on the keys the tier holds (None: withdraw it)."""
+        ...
+
+    def rank(self, ranks: Mapping[OffloadKey, Any]) -> None:
+        """An application's eviction rank of each key the tier holds (None: withdraw it)."""
         ...
 
     def hint_of(self, key: OffloadKey) -> HeldHint | None:

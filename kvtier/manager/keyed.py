@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
-from typing import Protocol
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError, ManagerClosedError
@@ -251,6 +251,10 @@ class KeyedTierManager:
             raise BlockStateError(f"tier {self.name!r} never drains blocks")
 
     def hint(self, keys: Collection[OffloadKey], hint: HeldHint | None) -> None:
+        """Ignored: the store evicts by its own rules, which kvtier does not steer."""
+        self._check_open()
+
+    def rank(self, ranks: Mapping[OffloadKey, Any]) -> None:
         """Ignored: the store evicts by its own rules, which kvtier does not steer."""
         self._check_open()
 

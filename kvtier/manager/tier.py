@@ -5,10 +5,10 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, ManagerClosedError
@@ -486,6 +486,17 @@ class TierManager(OffloadingManager):
             if hint.expires_at is not None:
                 self._deadline_seq += 1
                 heapq.heappush(self._deadlines, (hint.expires_at, self._deadline_seq, key, hint))
+
+    def rank(self, ranks: Mapping[OffloadKey, Any]) -> None:
+        """Give the policy the application's eviction rank of each resident key of `ranks`
+        (None: withdraw it; `CachePolicy.rank`); absent keys are ignored. A rank stays
+        with its block in this tier only: a demoted block is ranked below when its session
+        is next heard of."""
+        self._check_open()
+        policy, get = self.policy, self._get
+        for key, value in ranks.items():
+            if get(key) is not None:
+                policy.rank(key, value)
 
     def hint_of(self, key: OffloadKey) -> HeldHint | None:
         """The hint resident `key` holds now, or None."""

@@ -23,7 +23,8 @@ and its destinations are pending until it completes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from kvtier.errors import InvalidValueError, ManagerClosedError
 from kvtier.hints import HeldHint
@@ -287,6 +288,14 @@ class TieredManager(OffloadingManager):
         self._check_open()
         for tier in self.tiers:
             tier.hint(keys, hint)
+
+    def rank(self, ranks: Mapping[OffloadKey, Any]) -> None:
+        """Give every tier holding some of `ranks`' keys the application's eviction rank of
+        each (None: withdraw it; `CachePolicy.rank`, what session hints become); keys no
+        tier holds are ignored."""
+        self._check_open()
+        for tier in self.tiers:
+            tier.rank(ranks)
 
     # -- jobs: tracked by the ledger -------------------------------------------------------
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Container, Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies.hinted import HintBook
 
 
 class CachePolicy(ABC):
@@ -141,6 +142,21 @@ class CachePolicy(ABC):
         ignores hints, so a policy written before them keeps working; the built-in ones
         honour them with a `HintBook` (`kvtier.policies.hinted`)."""
         return
+
+    def rank(self, key: OffloadKey, rank: Any) -> None:
+        """Take the application's eviction rank of resident `key` (None: withdraw it); a key
+        that is not resident is ignored. Ranked blocks that hold no `"likely"` hint are
+        evicted lowest rank first, after the `"never"` and `"unlikely"` ones and before the
+        policy's own victims; ranked `"likely"` ones likewise before the other `"likely"`
+        ones (`kvtier.policies.hinted`). Session hints become ranks (`kvtier.sessions`:
+        the least recently active session's blocks first). A rank is any value comparable
+        with the others the driver gives. The default hands it to the policy's `HintBook`
+        (the `_hints` attribute every built-in policy has), so every policy that honours
+        reuse hints honours ranks with no code of its own; a policy without one ignores
+        them."""
+        book = getattr(self, "_hints", None)
+        if isinstance(book, HintBook):
+            book.set_rank(key, rank, self.get(key) is not None)
 
     @abstractmethod
     def clear(self) -> None:

@@ -9,10 +9,20 @@ policy's own eviction for the rest with the `"likely"` blocks protected; if that
 few, the unhinted blocks go first and the policy's own next victims among the `"likely"`
 ones make up the rest. Hinted victims leave by the policy's `remove` (an ARC ghost list does
 not remember them: the application said they will not be reused).
+
+An application may also *rank* resident blocks (`rank`: what a session hint becomes, see
+`kvtier.sessions`): after the `"never"` and `"unlikely"` blocks, the ranked blocks that are
+not `"likely"` go lowest rank first, before the policy's own eviction of the unranked ones;
+when only `"likely"` blocks are left, the ranked ones among them go lowest rank first too.
+A rank is any value comparable with the others the driver gives (a session's tuple); the
+book keeps them in a heap, so a ranked eviction costs O(log n) a block. A rank outlives no
+block: a victim's is dropped, and one left on a block the policy removed is dropped when it
+surfaces (the driver ranks a block again whenever its session changes).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -64,8 +74,29 @@ class HintBook:
             "likely": {},
         }
         self.active = False
-        """Whether `evict` must go through `evict_hinted`: some key is hinted, and no hinted
-        eviction is under way (which calls the policy's own eviction)."""
+        """Whether `evict` must go through `evict_hinted`: some key is hinted or ranked, and
+        no hinted eviction is under way (which calls the policy's own eviction)."""
+        self.ranks: dict[OffloadKey, Any] = {}
+        """Every ranked key and its rank (see the module doc)."""
+        self._heap: list[tuple[Any, int, OffloadKey]] = []
+        self._seq = 0
+
+    def _refresh(self) -> None:
+        self.active = bool(self.reuse) or bool(self.ranks)
+
+    def set_rank(self, key: OffloadKey, rank: Any, resident: bool) -> None:
+        """Rank `key` (`rank` None: unrank it); a key that is not resident is ignored."""
+        if rank is None or not resident:
+            if self.ranks.pop(key, None) is not None:
+                self._refresh()
+            return
+        self.ranks[key] = rank
+        self._seq += 1
+        heapq.heappush(self._heap, (rank, self._seq, key))
+        if len(self._heap) > 4 * len(self.ranks) + 64:  # stale entries: rebuild
+            self._heap = [(r, i, k) for i, (k, r) in enumerate(self.ranks.items())]
+            heapq.heapify(self._heap)
+        self.active = True
 
     def mark(self, key: OffloadKey, reuse: Reuse | None, resident: bool) -> None:
         """Hint `key` (`reuse` None: withdraw its hint). A key that is not resident is
@@ -80,11 +111,12 @@ class HintBook:
         self.active = True
 
     def discard(self, key: OffloadKey) -> None:
-        """Forget `key`'s hint, if any (it left the tier)."""
+        """Forget `key`'s hint and rank, if any (it left the tier)."""
         reuse = self.reuse.pop(key, None)
         if reuse is not None:
             del self._by_reuse[reuse][key]
-            self.active = bool(self.reuse)
+        if (self.ranks and self.ranks.pop(key, None) is not None) or reuse is not None:
+            self._refresh()
 
     def touched(self, keys: Sequence[OffloadKey]) -> None:
         """A hit on a `"never"` or `"unlikely"` block disproves its hint: withdraw it."""
@@ -97,6 +129,8 @@ class HintBook:
         self.reuse.clear()
         for keys in self._by_reuse.values():
             keys.clear()
+        self.ranks.clear()
+        self._heap.clear()
         self.active = False
 
     def evict_hinted(
@@ -112,6 +146,10 @@ class HintBook:
         `evict`, `get`, `remove` and `items` are the policy's own. None, changing nothing,
         when fewer than `n` blocks may be evicted."""
         chosen = self._hinted_victims(n, protected, get)
+        if self.ranks and len(chosen) < n:
+            chosen += self._ranked_victims(
+                n - len(chosen), _Union(protected, {key for key, _ in chosen}), get, likely=False
+            )
         rest = n - len(chosen)
         self.active = False  # `evict` below is the policy's own eviction
         try:
@@ -120,7 +158,7 @@ class HintBook:
                 shield = _Union(protected, {key for key, _ in chosen})
                 found = evict(rest, _Union(shield, self._by_reuse["likely"]))
                 if found is None:
-                    found = self._evict_likely_too(rest, shield, evict, get, items)
+                    found = self._evict_likely_too(rest, shield, evict, get, remove, items)
                 if found is None:
                     return None
                 plain = found
@@ -131,8 +169,38 @@ class HintBook:
             for key, _ in chosen:
                 self.discard(key)
         finally:
-            self.active = bool(self.reuse)
+            self._refresh()
         return chosen + plain
+
+    def _ranked_victims(
+        self,
+        n: int,
+        protected: Collection[OffloadKey],
+        get: Callable[[OffloadKey], BlockStatus | None],
+        *,
+        likely: bool,
+    ) -> list[_Entry]:
+        """Up to `n` evictable ranked blocks, lowest rank first: those not `"likely"`
+        (`likely` False) or only the `"likely"` ones (True). Skipped entries go back."""
+        heap, ranks, hinted = self._heap, self.ranks, self._by_reuse["likely"]
+        chosen: list[_Entry] = []
+        skipped: list[tuple[Any, int, OffloadKey]] = []
+        while heap and len(chosen) < n:
+            entry = heapq.heappop(heap)
+            rank, _, key = entry
+            if key not in ranks or ranks[key] is not rank:
+                continue  # stale: re-ranked or unranked since
+            block = get(key)
+            if block is None:
+                del ranks[key]  # the policy removed it
+                continue
+            if block.ref_cnt != 0 or key in protected or (key in hinted) is not likely:
+                skipped.append(entry)
+                continue
+            chosen.append((key, block))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return chosen
 
     def _hinted_victims(
         self,
@@ -157,6 +225,7 @@ class HintBook:
         shield: Collection[OffloadKey],
         evict: Evict,
         get: Callable[[OffloadKey], BlockStatus | None],
+        remove: Callable[[OffloadKey], None],
         items: Callable[[], Iterator[_Entry]],
     ) -> list[_Entry] | None:
         """Too few blocks besides the `"likely"` ones: every other evictable block, then the
@@ -178,7 +247,13 @@ class HintBook:
         first = evict(others, _Union(shield, likely)) if others else []
         if first is None:
             return None
-        second = evict(n - others, shield)  # only "likely" blocks are left to take
+        ranked: list[_Entry] = []
+        if self.ranks:  # the ranked "likely" blocks, lowest rank first
+            ranked = self._ranked_victims(n - others, shield, get, likely=True)
+            for key, _ in ranked:
+                remove(key)
+        taken = _Union(shield, {key for key, _ in ranked})
+        second = evict(n - others - len(ranked), taken) if n - others - len(ranked) else []
         if second is None:
             return None  # not reached: counted above
-        return first + second
+        return first + ranked + second

@@ -62,7 +62,7 @@ from kvtier.hierarchy import Hierarchy
 from kvtier.hints import ReuseHint
 from kvtier.integrations.engine_config import ConfigSource
 from kvtier.integrations.vllm.config import chain_config_for_vllm, vllm_namespace
-from kvtier.integrations.vllm.hints import RequestHints
+from kvtier.integrations.vllm.hints import RequestHints, SessionParams, end_session_quietly
 from kvtier.integrations.vllm.visible import (
     close_quietly,
     closing_line,
@@ -292,8 +292,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Store the job's rows of vLLM's CPU tier, in the background, with the reuse hint
         of the request they belong to, if it gave one."""
-        hint = self.hints.of(getattr(job_metadata, "req_context", None))
-        self._start(job_metadata, functools.partial(self._store, hint=hint))
+        context = getattr(job_metadata, "req_context", None)
+        hint = self.hints.of(context)
+        session = self.hints.session_of(context)
+        self._start(job_metadata, functools.partial(self._store, hint=hint, session=session))
 
     @_timed
     def submit_load(self, job_metadata: TransferJob) -> None:
@@ -434,6 +436,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         rows: np.ndarray,
         hierarchy: Hierarchy,
         hint: ReuseHint | None = None,
+        session: SessionParams | None = None,
     ) -> None:
         started = time.perf_counter()
         moved = 0
@@ -444,9 +447,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if new:
                 # Straight from vLLM's rows (pinned by vLLM until this job is reported).
                 await hierarchy.put(
-                    [keys[index] for index in new], self._rows, rows=rows[new], hint=hint
+                    [keys[index] for index in new],
+                    self._rows,
+                    rows=rows[new],
+                    hint=hint,
+                    session=None if session is None else session.session,
+                    expect_within_s=None if session is None else session.expect_within_s,
                 )
                 moved = len(new) * self._row_bytes
+            if session is not None and session.end:
+                end_session_quietly(hierarchy, session.session)
             held = [manager.locate(key) is not None for key in keys]
             success = all(held)
             stored = [keys[index] for index in new if held[index]]

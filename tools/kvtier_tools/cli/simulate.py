@@ -98,7 +98,9 @@ if TYPE_CHECKING:
     "future, made noisy: 'likely' for a block read again within the horizon, 'never' for "
     "one never read again, each given with probability R where true and F where false "
     "(optional horizon=H x the capacity [1], seed=S [0]); reports the hit ratio with and "
-    "without them.",
+    "without them. On a trace whose requests name their session (kvtier workloads "
+    "agentic): session hints instead, every block ranked by its session, and 'the "
+    "session ends' / 'its next request comes within T' said with those rates.",
 )
 @out_option("Directory for simulate.json and simulate.png.")
 @json_option()
@@ -336,6 +338,7 @@ def _simulate_sweep(
     from kvtier_tools.cli.charts import chart_sweep, draw_or_remove
     from kvtier_tools.workloads.simulation import render, run_sweep
     from kvtier_tools.workloads.simulation.hints import run_hinted
+    from kvtier_tools.workloads.simulation.sessions import run_session_hinted
     from kvtier_tools.workloads.simulation.sweep import (
         resolve_capacities,
         sweep_runs,
@@ -348,9 +351,13 @@ def _simulate_sweep(
     hinted = None
     with _progress("simulating", runs) as advance:
         report = run_sweep(trace, policies, capacities, progress=advance, partial=partial)
-        if hints is not None:
+        if hints is not None and trace.sessions is not None:
+            hinted = run_session_hinted(report, hints, partial=partial, progress=advance)
+        elif hints is not None:
             hinted = run_hinted(report, hints, partial=partial, progress=advance)
+        if hints is not None and hinted is not None:
             report.extra["hints"] = {
+                "kind": "session" if trace.sessions is not None else "block",
                 **hints.to_dict(),
                 "results": [row.to_dict() for row in hinted],
             }
@@ -366,5 +373,5 @@ def _simulate_sweep(
         if footer:
             out.print(footer, markup=False)
         if hints is not None and hinted is not None:
-            out.print(render.hinted_table(hints, hinted))
+            out.print(render.hinted_table(hints, hinted, sessions=trace.sessions is not None))
     return paths

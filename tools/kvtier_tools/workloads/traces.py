@@ -2,7 +2,10 @@
 
 A Mooncake trace (Qin et al., FAST 2025) has one JSON object per line, one line per request:
 `{"timestamp": <ms>, "input_length": <tokens>, "output_length": <tokens>, "hash_ids": [...]}`,
-where each hash id names one 512-token prefix block. kvtier ships the published conversation
+where each hash id names one 512-token prefix block. kvtier's agentic traces
+(`kvtier_tools.workloads.agentic`) add three optional keys, which other readers ignore:
+`"session"` (a non-empty string), `"parent_session"` (a string) and `"session_end"` (a bool:
+the session ends once the request is served). kvtier ships the published conversation
 trace (see `tools/kvtier_tools/workloads/data/NOTICE.md`); `read_mooncake()` with no
 argument reads it.
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -61,6 +64,12 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    session: str | None = None
+    """The agentic session the request belongs to (the optional `"session"` key)."""
+    parent_session: str | None = None
+    """A sub-agent's parent session (the optional `"parent_session"` key)."""
+    session_end: bool = False
+    """The session ends once this request is served (the optional `"session_end"` key)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +251,33 @@ def _parse_mooncake_line(line: bytes, source: Path, number: int) -> TraceRequest
             f'"hash_ids" has {len(hash_ids)} ids, but "input_length" {input_length} needs '
             f"ceil({input_length} / {MOONCAKE_BLOCK_TOKENS}) = {expected}"
         )
-    return TraceRequest(record["timestamp"], input_length, record["output_length"], tuple(hash_ids))
+    session, parent, end = _session_fields(record, fail)
+    return TraceRequest(
+        record["timestamp"],
+        input_length,
+        record["output_length"],
+        tuple(hash_ids),
+        session=session,
+        parent_session=parent,
+        session_end=end,
+    )
+
+
+def _session_fields(
+    record: dict[str, Any], fail: Callable[[str], TraceFormatError]
+) -> tuple[str | None, str | None, bool]:
+    """The optional session keys of a line: `"session"`, `"parent_session"`, `"session_end"`."""
+    session = record.get("session")
+    parent = record.get("parent_session")
+    end = record.get("session_end", False)
+    for name, value in (("session", session), ("parent_session", parent)):
+        if value is not None and (type(value) is not str or not value):
+            raise fail(f'"{name}" must be a non-empty string, got {_show(value)}')
+    if type(end) is not bool:
+        raise fail(f'"session_end" must be true or false, got {_show(end)}')
+    if (parent is not None or end) and session is None:
+        raise fail('"parent_session" and "session_end" need a "session"')
+    return session, parent, end
 
 
 def _iter_keys(source: Path) -> Iterator[int | str]:

@@ -47,12 +47,16 @@ def sweep_table(report: SweepReport) -> Table:
     return table
 
 
-def hinted_table(noise: HintNoise, rows: list[HintedRow]) -> Table:
-    """Each policy at each capacity without and with the noisy hints of `--hints`."""
-    table = Table(
-        title=f"With reuse hints from the trace's future (recall {noise.recall:g}, "
+def hinted_table(noise: HintNoise, rows: list[HintedRow], sessions: bool = False) -> Table:
+    """Each policy at each capacity without and with the noisy hints of `--hints` (session
+    hints when `sessions`)."""
+    title = (
+        f"With session hints (recall {noise.recall:g}, fpr {noise.fpr:g}, seed {noise.seed})"
+        if sessions
+        else f"With reuse hints from the trace's future (recall {noise.recall:g}, "
         f"fpr {noise.fpr:g}, horizon {noise.horizon:g} x capacity, seed {noise.seed})"
     )
+    table = Table(title=title)
     for column in ("capacity", "blocks", "policy", "hit ratio", "with hints", "gain"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for row in rows:

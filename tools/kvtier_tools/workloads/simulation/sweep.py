@@ -169,6 +169,11 @@ class SimTrace:
     accesses: list[Hashable]
     unique_blocks: int
     limited: bool
+    sessions: tuple[str, ...] | None = None
+    """Each request's session, when every request of the trace names one (an agentic
+    trace's `"session"` key): `simulate --hints` then gives session hints."""
+    times_s: tuple[float, ...] | None = None
+    """Each request's timestamp in seconds, with `sessions`."""
 
     @classmethod
     def from_requests(
@@ -195,6 +200,7 @@ class SimTrace:
             "block_accesses": len(self.accesses),
             "unique_blocks": self.unique_blocks,
             "limited": self.limited,
+            "sessions": len(set(self.sessions)) if self.sessions is not None else None,
             "shipped": self.is_shipped_trace,
         }
 
@@ -224,9 +230,16 @@ def load_trace(path: Path | None = None, limit: int | None = None) -> SimTrace:
     trace_format = "mooncake" if path is None else detect_trace_format(source)
     requests: list[tuple[Hashable, ...]]
     accesses: list[Hashable]
+    sessions: tuple[str, ...] | None = None
+    times_s: tuple[float, ...] | None = None
     if trace_format == "mooncake":
-        requests = [r.hash_ids for r in itertools.islice(read_mooncake(source), limit)]
+        read = list(itertools.islice(read_mooncake(source), limit))
+        requests = [r.hash_ids for r in read]
         accesses = [key for request in requests for key in request]
+        names = [r.session for r in read]
+        if read and all(name is not None for name in names):
+            sessions = tuple(cast("list[str]", names))
+            times_s = tuple(r.timestamp_ms / 1000 for r in read)
     else:
         accesses = list(itertools.islice(read_keys(source), limit))
         requests = [(key,) for key in accesses]
@@ -240,6 +253,8 @@ def load_trace(path: Path | None = None, limit: int | None = None) -> SimTrace:
         accesses=accesses,
         unique_blocks=len(set(accesses)),
         limited=limit is not None and len(requests) >= limit,
+        sessions=sessions,
+        times_s=times_s,
     )
 
 
