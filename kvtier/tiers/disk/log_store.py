@@ -1,0 +1,414 @@
+"""`LogStore`: a disk tier's bytes in a log of regions (`layout = "log"`), after CacheLib
+Navy's BlockCache: demotions appended in large sequential writes, group commit, regions
+reclaimed whole, an in-memory index checkpointed in the background.
+
+A facade over its parts, each a module with one job:
+
+    log_format.py      records, region headers, the bound checksum, the scan of a region
+    log_files.py       the lock, the regions file (O_DIRECT where it can), the geometry
+    log_index.py       slot -> newest record, as packed arrays; regions' epochs and live bytes
+    log_lane.py        the write lane: groups appended and synced once, regions reclaimed
+    log_reader.py      reads, each block verified (and read again if its record moved)
+    log_recovery.py    the open: checkpoint, region headers, the regions written since
+    log_checkpoint.py  the index's checkpoint in LMDB
+
+The per-block layout (`DiskStore`, store.py) stays the default; see docs/ARCHITECTURE.md for
+why and for what each promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError, StorageClosedError
+from kvtier.keys import OffloadKey
+from kvtier.tiers.codec import BlockCodec, Compression
+from kvtier.tiers.disk.batch import check_batch, check_keys
+from kvtier.tiers.disk.fsck import CheckProblem, CheckReport
+from kvtier.tiers.disk.io import FileIO
+from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
+from kvtier.tiers.disk.layout import StoreLayout, layout_fingerprint
+from kvtier.tiers.disk.log_files import LogFiles, geometry
+from kvtier.tiers.disk.log_format import (
+    DEFAULT_REGION_BYTES,
+    PAGE,
+    TOMBSTONE,
+    log_fingerprint,
+    record_bytes,
+)
+from kvtier.tiers.disk.log_index import LogIndex
+from kvtier.tiers.disk.log_lane import LogLane
+from kvtier.tiers.disk.log_reader import LogReader
+from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
+from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
+from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
+
+__all__ = ["DEFAULT_SPARE", "LogStore"]
+
+DEFAULT_SPARE = 0.25
+"""Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
+
+_T = TypeVar("_T")
+_LOG = logging.getLogger(__name__)
+
+
+class LogStore(BlockStorage):
+    """`num_blocks` slots whose bytes live in a log of regions under `directory`.
+
+    Same contract and arguments as `DiskStore` (store.py) plus `region_bytes` (the size of a
+    region, shrunk for a store too small for eight) and `spare` (space for reclaiming, as a
+    fraction of the blocks' own). Blocking constructor: use `open_async` from a coroutine.
+    A directory holding a per-block store of the same block size and model is refused with a
+    DiskLayoutError saying what to do.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        block_size: int,
+        num_blocks: int,
+        model_id: str = "",
+        compression: Compression = "none",
+        zstd_level: int = 3,
+        direct_io: bool | str = "auto",
+        fsync: bool = True,
+        max_workers: int = 4,
+        io: FileIO | None = None,
+        region_bytes: int = DEFAULT_REGION_BYTES,
+        spare: float = DEFAULT_SPARE,
+        create_parents: bool = True,
+    ) -> None:
+        shape = StoreLayout(num_blocks, block_size, 1, model_id)
+        if isinstance(region_bytes, bool) or not isinstance(region_bytes, int):
+            raise InvalidValueError(f"region_bytes must be an int, got {region_bytes!r}")
+        if region_bytes < 16 * PAGE or region_bytes % PAGE:
+            raise InvalidValueError(
+                f"region_bytes must be a multiple of {PAGE} of at least {16 * PAGE}, "
+                f"got {region_bytes}"
+            )
+        if not isinstance(spare, int | float) or not 0.05 <= spare <= 4:
+            raise InvalidValueError(f"spare must be a number in [0.05, 4], got {spare!r}")
+        if not (isinstance(direct_io, bool) or direct_io == "auto"):
+            raise InvalidValueError(f'direct_io must be true, false or "auto", got {direct_io!r}')
+        if not isinstance(fsync, bool):
+            raise InvalidValueError(f"fsync must be a bool, got {fsync!r}")
+        self._shape = shape
+        self.block_size = shape.block_size
+        self.num_blocks = shape.num_blocks
+        self.model_id = model_id
+        self.fsync = fsync
+        self.directory = Path(directory)
+        self.fingerprint = log_fingerprint(block_size, model_id)
+        self.path = self.directory / f"kvtier-log-{self.fingerprint}"
+        old = self.directory / f"kvtier-{layout_fingerprint(block_size, model_id)}"
+        if old.exists():
+            raise DiskLayoutError(
+                f'{old} is a per-block disk store (format 2), which layout = "log" (format 3) '
+                f"does not read: remove that directory to start empty (it is a cache: its "
+                f'blocks are lost, nothing else), or keep layout = "slots"'
+            )
+        self._namespace = self.fingerprint.encode("ascii")
+        self._codec = BlockCodec(compression, zstd_level)
+        self._counters = StoreCounters()
+        self._max_workers = max_workers
+        try:
+            self.path.mkdir(mode=0o700, parents=create_parents, exist_ok=True)
+        except OSError as error:
+            raise DiskTierError(f"cannot create {self.path}: {error.strerror}") from None
+        record_max = record_bytes(255, block_size + block_size // 8 + 64)
+        geo = geometry(num_blocks, record_max, region_bytes, float(spare))
+        self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
+        try:
+            self._index = LogIndex(num_blocks, geo.num_regions)
+            self.opened = recover(self._files, self._index, self.fingerprint, self._namespace)
+            self._files.allocate()
+        except BaseException:
+            self._files.close()
+            raise
+        self._counters.set_dropped_at_open(self.opened.dropped)
+        self._restored = self._index.restored()
+        self._checkpoints = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-checkpoint")
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_busy = False
+        self._checkpointed_at = 0
+        self.checkpoint_every = max(2, geo.num_regions // 8)
+        """Regions opened between two background checkpoints (what a restart may scan)."""
+        self._lane = LogLane(
+            self._files,
+            self._index,
+            self._codec,
+            self._counters,
+            self._namespace,
+            fsync=fsync,
+            next_seq=self.opened.next_seq,
+            next_epoch=self.opened.next_epoch,
+            on_flush=self._maybe_checkpoint,
+        )
+        self._reader = LogReader(
+            self._files, self._index, self._codec, self._counters, self._namespace
+        )
+        self._read_pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            max_workers, thread_name_prefix="kvtier-log-read"
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    @classmethod
+    async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> LogStore:
+        """The constructor, run in a thread."""
+        return await asyncio.to_thread(functools.partial(cls, directory, **kwargs))
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _maybe_checkpoint(self, opened: int) -> None:
+        """After a durable flush: a background checkpoint once `checkpoint_every` regions
+        were opened since the last one (never more than one at a time)."""
+        with self._checkpoint_lock:
+            if self._checkpoint_busy or opened - self._checkpointed_at < self.checkpoint_every:
+                return
+            self._checkpoint_busy = True
+            self._checkpointed_at = opened
+        self._checkpoints.submit(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        try:
+            self.checkpoint()
+        except Exception as error:  # a failed checkpoint costs a longer scan, nothing else
+            _LOG.warning("log store %s: checkpoint failed: %s", self.path, error)
+        finally:
+            with self._checkpoint_lock:
+                self._checkpoint_busy = False
+
+    def checkpoint(self) -> None:
+        """Write the index as the checkpoint now (blocking; tools, tests and close)."""
+        lane = self._lane
+        save_checkpoint(
+            self.path,
+            self.fingerprint,
+            self._index,
+            self._files.geo.region_bytes,
+            lane.next_seq,
+            lane.next_epoch,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish every queued call, write a last checkpoint, close the files. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lane.close()
+            self._checkpoints.shutdown(wait=True)
+            if self._read_pool is not None:
+                self._read_pool.shutdown(wait=True)
+                self._read_pool = None
+            if self._lane.lost is None:
+                try:
+                    self.checkpoint()
+                except Exception as error:
+                    _LOG.warning("log store %s: last checkpoint failed: %s", self.path, error)
+            self._files.close()
+
+    async def aclose(self) -> None:
+        """`close()` in a thread (on the caller's thread when none can start)."""
+        if self._closed:
+            return
+        try:
+            await asyncio.to_thread(self.close)
+        except RuntimeError:
+            self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store was closed."""
+        return self._closed
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why the store disabled itself (its files were removed or replaced), or None."""
+        return self._lane.lost
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def persistent(self) -> bool:
+        return True
+
+    @property
+    def direct_io_active(self) -> bool:
+        """Whether the regions are written with O_DIRECT."""
+        return self._files.direct_fd is not None
+
+    @property
+    def compression(self) -> Compression:
+        """The codec new blocks are written with."""
+        return self._codec.compression
+
+    @property
+    def region_bytes(self) -> int:
+        """The size of one region."""
+        return self._files.geo.region_bytes
+
+    @property
+    def num_regions(self) -> int:
+        """The regions the store's space is cut into."""
+        return self._files.geo.num_regions
+
+    @property
+    def write_amplification(self) -> float:
+        """Bytes appended (new records and records moved by reclaiming) per byte of new
+        records since the store opened (1.0 before any write)."""
+        new = self._lane.appended_bytes
+        return (new + self._lane.moved_bytes) / new if new else 1.0
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes of live records moved by reclaiming since the store opened."""
+        return self._lane.moved_bytes
+
+    def index_bytes(self) -> int:
+        """Bytes the in-memory index holds (arrays and key map, the keys' objects counted)."""
+        index = self._index
+        arrays = sum(int(getattr(index, name).nbytes) for name in (*index.ARRAYS, "keys"))
+        keys = sum(sys.getsizeof(key) + 28 for key in index.slot_of)  # a key and its slot int
+        return arrays + sys.getsizeof(index.slot_of) + keys
+
+    def describe(self) -> str:
+        """Where the bytes live."""
+        mode = "O_DIRECT" if self.direct_io_active else "buffered"
+        codec = "" if self.compression == "none" else f", {self.compression}"
+        return f"log of {self.num_regions} regions in {self.path} ({mode}{codec})"
+
+    @property
+    def stats(self) -> DiskStoreStats:
+        """A snapshot of the store's counters."""
+        return self._counters.snapshot()
+
+    def __len__(self) -> int:
+        return self._index.blocks
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index.slot_of
+
+    def keys(self) -> list[OffloadKey]:
+        """The keys held now."""
+        with self._index.lock:
+            return list(self._index.slot_of)
+
+    def restore(self) -> list[RestoredBlock]:
+        """The blocks found at open, oldest first, less those written over or forgotten."""
+        index = self._index
+        with index.lock:
+            return [
+                RestoredBlock(key, slot)
+                for key, slot in self._restored
+                if index.slot_of.get(key) == slot
+            ]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} blocks"
+        return f"LogStore({str(self.path)!r}, block_size={self.block_size}, {state})"
+
+    # -- the calls -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError(f"the disk tier at {self.path} is closed")
+
+    async def _run(self, call: Callable[[], _T]) -> _T:
+        executor = self._read_pool
+        if self._closed or executor is None:
+            raise StorageClosedError(f"the disk tier at {self.path} is closed")
+        try:
+            future = asyncio.get_running_loop().run_in_executor(executor, call)
+        except RuntimeError:
+            raise StorageClosedError(f"the disk tier at {self.path} is closed") from None
+        return await future
+
+    async def write(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[OSError | None]:
+        """Store the blocks (`BlockStorage.write`): appended with the lane's next group and
+        reported stored once that group's write and fdatasync are done and it is indexed."""
+        self._check_open()
+        key_list, slot_list, buffer_list = check_batch(
+            self._shape, keys, slots, buffers, writable=False
+        )
+        if not key_list:
+            return []
+        future: asyncio.Future[list[OSError | None]] = asyncio.get_running_loop().create_future()
+        self._lane.submit(WriteJob(key_list, slot_list, buffer_list, future))
+        return await future
+
+    async def forget(self, keys: Sequence[OffloadKey]) -> None:
+        """Forget `keys` (absent ones ignored): a forget record each, durable like a write."""
+        self._check_open()
+        key_list = check_keys(keys)
+        if not key_list:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lane.submit(ForgetJob(list(dict.fromkeys(key_list)), future))
+        await future
+
+    async def read(
+        self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
+    ) -> list[ReadFailure | None]:
+        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value."""
+        self._check_open()
+        key_list, slot_list, buffer_list = check_batch(
+            self._shape, keys, slots, buffers, writable=True
+        )
+        if not key_list:
+            return []
+        if self._lane.lost is not None:
+            return [ReadFailure.IO_ERROR] * len(key_list)
+        return await self._run(
+            functools.partial(self._reader.read, key_list, slot_list, buffer_list)
+        )
+
+    def check(self, repair: bool = False) -> CheckReport:
+        """Read back every block and verify it; with `repair`, forget the bad ones in memory
+        and write a checkpoint without them. Blocking; run it with no batch in flight."""
+        self._check_open()
+        index = self._index
+        problems: list[CheckProblem] = []
+        bad: list[int] = []
+        with index.lock:
+            held = [s for s in range(self.num_blocks) if index.region[s] >= 0]
+        records = 0
+        for slot in held:
+            row = index.row(slot)
+            if row is None or index.codec[slot] == TOMBSTONE:
+                continue
+            records += 1
+            buffer = np.empty(self.block_size, dtype=np.uint8)
+            result = self._reader.read([row.key], [slot], [buffer])[0]
+            if result is not None:
+                problems.append(CheckProblem(row.key, slot, f"unreadable: {result}"))
+                bad.append(slot)
+        repaired = 0
+        if repair and bad:
+            index.drop(bad)
+            repaired = len(bad)
+            self.checkpoint()
+        return CheckReport(
+            records, tuple(problems), repaired=repaired, opened=tuple(self.opened.problems)
+        )
+
+    async def acheck(self, repair: bool = False) -> CheckReport:
+        """`check()` in the store's read threads."""
+        return await self._run(functools.partial(self.check, repair))
