@@ -416,3 +416,41 @@ async def test_kill_loop_during_reclaim_loses_no_stored_block_and_serves_no_wron
             await store.aclose()
     if not tear_at:
         assert moved > 0, "no region was reclaimed before a kill"
+
+
+# --------------------------------------------------------------------------------------------
+# In a chain: `layout = "log"` in a config, a restart served from the compact restored view
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+async def test_a_restarted_chain_on_the_log_layout_serves_cold_blocks(
+    tmp_path: Path, policy: str
+) -> None:
+    import torch
+    from hierarchy_helpers import blocks_of, chain_config, key
+
+    from kvtier import Hierarchy
+    from kvtier.manager import TierManager
+
+    config = chain_config(
+        tmp_path, gpu=None, cpu=2, disk=8, policy=policy, write_policy="write-through"
+    )
+    config["tiers"][-1]["layout"] = "log"
+    ks = [key(i) for i in range(8)]
+    async with Hierarchy.from_config(config) as h:
+        assert isinstance(h._open().storages[-1], LogStore)
+        for i in range(8):
+            assert await h.put([ks[i]], blocks_of([ks[i]])) == 1
+            await h.drain()
+    async with Hierarchy.from_config(config) as h:
+        disk = h._open().manager.tiers[-1]
+        assert isinstance(disk, TierManager)
+        assert len(disk) == 8 and disk.num_cold == 8
+        assert torch.equal(await h.get([ks[0]]), blocks_of([ks[0]]))
+        new = key(100)
+        assert await h.put([new], blocks_of([new])) == 1
+        await h.drain()
+        assert h.where(ks[1]) is None  # the oldest restored block not used since made room
+        assert all(h.where(k) is not None for k in [new, ks[0], *ks[2:]])
+        h.check()

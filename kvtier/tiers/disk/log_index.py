@@ -1,14 +1,19 @@
 """The in-memory index of a log-structured disk store: slot -> record, as packed arrays.
 
 One row per slot (30 bytes plus the key's bytes): the region and offset of the slot's newest
-record, its stored length, codec, sequence number and bound checksum, and the key. A dict
-key -> slot serves `forget` and `in`. Regions have their epoch, their durable fill (where the
-next scan after a restart starts) and their live bytes. Only the write lane changes the index,
-and only with records already durable; readers take a row under the lock.
+record, its stored length, codec, sequence number and bound checksum, and the key. A key is
+found (`find`: `forget`, `in`, the bookkeeping's look-ups of restored blocks) without an
+object per key: the 64-bit hashes of the keys held at open, sorted (12 bytes a slot, built
+with array operations), and a dict of the keys written since; every candidate is confirmed
+against the slot's own key, so a stale entry finds nothing. Regions have their epoch, their
+durable fill (where the next scan after a restart starts) and their live bytes. Only the
+write lane changes the index, and only with records already durable; readers take a row
+under the lock.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.log_format import TOMBSTONE, Record, record_bytes
+from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
 
 NO_REGION = -1
 
@@ -72,7 +77,10 @@ class LogIndex:
         self.fill = np.zeros(num_regions, dtype=np.int64)
         """Bytes of each region durably written (a page boundary): a restart scans past it."""
         self.live = np.zeros(num_regions, dtype=np.int64)
-        self.slot_of: dict[OffloadKey, int] = {}
+        self.written: dict[OffloadKey, int] = {}
+        """Slots of the keys written since the open (the hashes cover the others)."""
+        self._hashes = np.zeros(0, dtype=np.uint64)
+        self._hashed_slots = np.zeros(0, dtype=np.int32)
         self.blocks = 0
 
     # -- reads ---------------------------------------------------------------------------------
@@ -106,12 +114,26 @@ class LogIndex:
         with self.lock:
             return np.flatnonzero(self.region == region).tolist()
 
-    def restored(self) -> list[tuple[OffloadKey, int]]:
-        """(key, slot) of every block, oldest (lowest sequence) first."""
+    def held_slots(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The slots holding a block, oldest (lowest sequence) first."""
         with self.lock:
             held = np.flatnonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE))
-            order = held[np.argsort(self.seq[held], kind="stable")]
-            return [(self._key(int(slot)), int(slot)) for slot in order]
+            return held[np.argsort(self.seq[held], kind="stable")]
+
+    def key_at(self, slot: int) -> OffloadKey | None:
+        """The key of the block in `slot`, or None."""
+        with self.lock:
+            if self.region[slot] == NO_REGION or self.codec[slot] == TOMBSTONE:
+                return None
+            return self._key(slot)
+
+    def memory_bytes(self) -> int:
+        """Bytes the index holds: its arrays, the key hashes, and the dict of keys written
+        since the open with its keys."""
+        arrays = sum(int(getattr(self, name).nbytes) for name in (*self.ARRAYS, "keys"))
+        arrays += int(self._hashes.nbytes + self._hashed_slots.nbytes)
+        written = sys.getsizeof(self.written) + sum(sys.getsizeof(key) + 28 for key in self.written)
+        return arrays + written
 
     # -- changes (the write lane only) -----------------------------------------------------
 
@@ -129,21 +151,12 @@ class LogIndex:
                 self._set(slot, record, item.region)
 
     def _set(self, slot: int, record: Record, region: int) -> None:
-        old_region = int(self.region[slot])
-        old_key = self._key(slot)
-        if old_region != NO_REGION:
-            self.live[old_region] -= record_bytes(int(self.key_len[slot]), int(self.length[slot]))
-            if self.codec[slot] != TOMBSTONE:
-                self.blocks -= 1
-                if self.slot_of.get(old_key) == slot:
-                    del self.slot_of[old_key]
         key = record.key
-        if len(key) > self.keys.shape[1]:
-            width = -(-len(key) // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
-            wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
-            wider[:, : self.keys.shape[1]] = self.keys
-            self.keys = wider
-        self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
+        other = self._find(key) if record.codec != TOMBSTONE else None
+        if other is not None and other != slot:
+            self._clear(other)  # a key lives in one slot: its newest
+        self._clear(slot)
+        self._put_key(slot, key)
         self.key_len[slot] = len(key)
         self.region[slot] = region
         self.offset[slot] = record.offset
@@ -154,10 +167,58 @@ class LogIndex:
         self.live[region] += record.size
         if record.codec != TOMBSTONE:
             self.blocks += 1
-            other = self.slot_of.get(key)
-            if other is not None and other != slot:
-                self._clear(other)  # a key lives in one slot: its newest
-            self.slot_of[key] = slot
+            self.written[key] = slot
+
+    def _put_key(self, slot: int, key: bytes) -> None:
+        if len(key) > self.keys.shape[1]:
+            width = -(-len(key) // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
+            wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
+            wider[:, : self.keys.shape[1]] = self.keys
+            self.keys = wider
+            self._hash_held()  # the hashes depend on the width
+        self.keys[slot] = 0
+        self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
+        self.key_len[slot] = len(key)
+
+    # -- finding a key -----------------------------------------------------------------
+
+    def find(self, key: OffloadKey) -> int | None:
+        """The slot holding block `key`, or None."""
+        with self.lock:
+            return self._find(key)
+
+    def _find(self, key: bytes) -> int | None:
+        slot = self.written.get(OffloadKey(key))
+        if slot is not None and self._holds_key(slot, key):
+            return slot
+        if len(key) > self.keys.shape[1] or not self._hashes.size:
+            return None
+        row = np.zeros((1, self.keys.shape[1]), dtype=np.uint8)
+        row[0, : len(key)] = np.frombuffer(key, dtype=np.uint8)
+        wanted = _row_hashes(row, np.array([len(key)], dtype=np.uint8))[0]
+        first = int(np.searchsorted(self._hashes, wanted, side="left"))
+        while first < self._hashes.size and self._hashes[first] == wanted:
+            slot = int(self._hashed_slots[first])
+            if self._holds_key(slot, key):
+                return slot
+            first += 1
+        return None
+
+    def _holds_key(self, slot: int, key: bytes) -> bool:
+        return (
+            self.region[slot] != NO_REGION
+            and self.codec[slot] != TOMBSTONE
+            and int(self.key_len[slot]) == len(key)
+            and self.keys[slot, : len(key)].tobytes() == key
+        )
+
+    def _hash_held(self) -> None:
+        """Hash the keys of every block held now, sorted (what `_find` searches)."""
+        held = np.flatnonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE))
+        hashes = _row_hashes(self.keys[held], self.key_len[held])
+        order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[order]
+        self._hashed_slots = held[order].astype(np.int32)
 
     def _clear(self, slot: int) -> None:
         region = int(self.region[slot])
@@ -169,12 +230,10 @@ class LogIndex:
         self.region[slot] = NO_REGION
 
     def drop(self, slots: list[int]) -> None:
-        """Forget the blocks in `slots` in memory (records found bad by a check)."""
+        """Forget the blocks in `slots` in memory (records found bad by a check, or left in
+        a region reclaimed without them)."""
         with self.lock:
             for slot in slots:
-                key = self._key(slot)
-                if self.slot_of.get(key) == slot:
-                    del self.slot_of[key]
                 self._clear(slot)
 
     # -- checkpoint and restart ------------------------------------------------------------
@@ -218,15 +277,7 @@ class LogIndex:
             self._set_raw(slot, record, region)
 
     def _set_raw(self, slot: int, record: Record, region: int) -> None:
-        key = record.key
-        if len(key) > self.keys.shape[1]:
-            width = -(-len(key) // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
-            wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
-            wider[:, : self.keys.shape[1]] = self.keys
-            self.keys = wider
-        self.keys[slot] = 0
-        self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
-        self.key_len[slot] = len(key)
+        self._put_key(slot, record.key)
         self.region[slot] = region
         self.offset[slot] = record.offset
         self.length[slot] = record.length
@@ -235,25 +286,87 @@ class LogIndex:
         self.checksum[slot] = record.checksum
 
     def rebuild(self) -> int:
-        """After a restart: the live bytes per region, the block count and the key map, a key
-        held in several slots kept only in its newest; the blocks dropped as duplicates."""
+        """After a restart: the live bytes per region, the block count and the key hashes,
+        a key held in several slots kept only in its newest; the blocks dropped as
+        duplicates. Array operations only (no object per block)."""
         held = np.flatnonzero(self.region != NO_REGION)
-        sizes = 48 + ((self.key_len[held].astype(np.int64) + 7) & ~7)
+        sizes = RECORD_HEADER_BYTES + ((self.key_len[held].astype(np.int64) + 7) & ~7)
         sizes += (self.length[held].astype(np.int64) + 7) & ~7
         self.live[:] = np.bincount(self.region[held], weights=sizes, minlength=self.num_regions)
-        blocks = held[self.codec[held] != TOMBSTONE]
-        blocks = blocks[np.argsort(self.seq[blocks], kind="stable")]
-        slot_of: dict[OffloadKey, int] = {}
-        dropped = []
-        keys, lengths = self.keys, self.key_len
-        for slot in blocks.tolist():
-            key = OffloadKey(keys[slot, : lengths[slot]].tobytes())
-            older = slot_of.get(key)
-            if older is not None:
-                dropped.append(older)
-            slot_of[key] = slot
-        self.slot_of = slot_of
-        for slot in dropped:
-            self._clear(slot)
-        self.blocks = len(slot_of)
-        return len(dropped)
+        self._hash_held()
+        same = np.flatnonzero(self._hashes[1:] == self._hashes[:-1])
+        dropped = 0
+        seen: dict[bytes, int] = {}
+        for at in np.unique(np.concatenate([same, same + 1])).tolist():
+            slot = int(self._hashed_slots[at])
+            key = self._key(slot)
+            older = seen.get(key)
+            if older is None:
+                seen[key] = slot
+                continue
+            keep, drop = (slot, older) if self.seq[slot] > self.seq[older] else (older, slot)
+            seen[key] = keep
+            self._clear(drop)
+            dropped += 1
+        self.blocks = int(np.count_nonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE)))
+        return dropped
+
+
+def _row_hashes(rows: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A 64-bit hash of each zero-padded key row (its length mixed in), with array operations."""
+    words = np.ascontiguousarray(rows).view(np.uint64)
+    hashes = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for column in range(words.shape[1]):
+            hashes ^= words[:, column]
+            hashes *= np.uint64(0xFF51AFD7ED558CCD)
+            hashes ^= hashes >> np.uint64(33)
+    return hashes
+
+
+class LogRestored:
+    """The blocks a log store held when it opened (`LogStore.restore_cold`), as a view over
+    its index: a slot counts while it holds the record it held then (same sequence number:
+    a record moved by reclaiming is the same record). Its look-ups take no disk access."""
+
+    __slots__ = ("_index", "_seq")
+
+    def __init__(self, index: LogIndex) -> None:
+        self._index = index
+        with index.lock:
+            held = (index.region != NO_REGION) & (index.codec != TOMBSTONE)
+            self._seq = np.where(held, index.seq, np.uint64(0))
+
+    def _still(self, slot: int) -> bool:
+        index = self._index
+        return bool(
+            self._seq[slot] != 0
+            and index.seq[slot] == self._seq[slot]
+            and index.region[slot] != NO_REGION
+            and index.codec[slot] != TOMBSTONE
+        )
+
+    def slots(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The slots of the restored blocks still held, oldest first."""
+        index = self._index
+        with index.lock:
+            slots = np.flatnonzero(self._seq != 0)
+            still = (index.seq[slots] == self._seq[slots]) & (index.region[slots] != NO_REGION)
+            slots = slots[still & (index.codec[slots] != TOMBSTONE)]
+            ordered: np.ndarray[Any, np.dtype[np.int64]] = slots[
+                np.argsort(self._seq[slots], kind="stable")
+            ].astype(np.int64)
+            return ordered
+
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of restored block `key` while the store holds it there, or None."""
+        index = self._index
+        with index.lock:
+            slot = index._find(key)
+            return slot if slot is not None and self._still(slot) else None
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        """The key of the restored block in `slot` while it holds it, or None."""
+        index = self._index
+        with index.lock:
+            return index._key(slot) if self._still(slot) else None

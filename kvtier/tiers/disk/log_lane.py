@@ -210,7 +210,7 @@ class LogLane:
                         raw += buffer.nbytes
                 else:
                     for key in job.keys:
-                        held = self.index.slot_of.get(key)
+                        held = self.index.find(key)
                         if held is not None and held not in written:  # else written over
                             self._append(pending, key, held, TOMBSTONE, b"")
                             where.append((-1, 0))
@@ -374,9 +374,9 @@ class LogLane:
             for region, end in ends.items():
                 self.index.fill[region] = -(-end // PAGE) * PAGE
             for victim in pending.victims:
-                if self.index.live[victim] != 0:
-                    stale = np.flatnonzero(self.index.region == victim).tolist()
-                    self._drop_locked(stale)
+                if self.index.live[victim] != 0:  # records that could not be moved
+                    for slot in np.flatnonzero(self.index.region == victim).tolist():
+                        self.index._clear(slot)
         for region, end in ends.items():
             self.cursor[region] = max(int(self.cursor[region]), -(-end // PAGE) * PAGE)
         pending.segments.clear()
@@ -384,15 +384,6 @@ class LogLane:
         pending.placed.clear()
         pending.victims.clear()
         self.on_flush(self.opened)
-
-    def _drop_locked(self, slots: list[int]) -> None:
-        """Drop records left in a reclaimed region (ones that could not be moved)."""
-        index = self.index
-        for slot in slots:
-            key = index._key(slot)
-            if index.slot_of.get(key) == slot:
-                del index.slot_of[key]
-            index._clear(slot)
 
     def _skip(self, pending: _Pending) -> None:
         """After a failed write: the group's space is skipped (never rewritten: a later scan

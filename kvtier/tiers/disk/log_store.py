@@ -22,7 +22,6 @@ import asyncio
 import functools
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +31,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError, StorageClosedError
-from kvtier.keys import OffloadKey
+from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.batch import check_batch, check_keys
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
+from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.layout import StoreLayout, layout_fingerprint
 from kvtier.tiers.disk.log_files import LogFiles, geometry
 from kvtier.tiers.disk.log_format import (
@@ -47,7 +47,7 @@ from kvtier.tiers.disk.log_format import (
     log_fingerprint,
     record_bytes,
 )
-from kvtier.tiers.disk.log_index import LogIndex
+from kvtier.tiers.disk.log_index import LogIndex, LogRestored
 from kvtier.tiers.disk.log_lane import LogLane
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
@@ -124,10 +124,11 @@ class LogStore(BlockStorage):
         self._counters = StoreCounters()
         self._max_workers = max_workers
         try:
-            self.path.mkdir(mode=0o700, parents=create_parents, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=create_parents, exist_ok=True)
+            self.path.mkdir(mode=0o700, exist_ok=True)
         except OSError as error:
             raise DiskTierError(f"cannot create {self.path}: {error.strerror}") from None
-        record_max = record_bytes(255, block_size + block_size // 8 + 64)
+        record_max = record_bytes(MAX_KEY_BYTES, block_size)  # a zstd frame is shorter
         geo = geometry(num_blocks, record_max, region_bytes, float(spare))
         self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
         try:
@@ -138,7 +139,7 @@ class LogStore(BlockStorage):
             self._files.close()
             raise
         self._counters.set_dropped_at_open(self.opened.dropped)
-        self._restored = self._index.restored()
+        self._cold = LogRestored(self._index)
         self._checkpoints = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-checkpoint")
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_busy = False
@@ -164,6 +165,29 @@ class LogStore(BlockStorage):
         )
         self._closed = False
         self._close_lock = threading.Lock()
+
+    @classmethod
+    def from_config(
+        cls, tier: DiskTierConfig, block_size: int, model_id: str = "", **kwargs: Any
+    ) -> LogStore:
+        """A store for a validated disk tier config with `layout = "log"` (`kwargs`:
+        `max_workers`, `io`, `spare`, ...); as `DiskStore.from_config` for the path."""
+        from kvtier.config_fields import default_cache_dir
+
+        kwargs.setdefault("create_parents", tier.path == default_cache_dir())
+        kwargs.pop("slab_file_bytes", None)
+        return cls(
+            tier.path,
+            block_size=block_size,
+            num_blocks=tier.num_blocks,
+            model_id=model_id,
+            compression=tier.compression,
+            zstd_level=tier.zstd_level,
+            direct_io=tier.direct_io,
+            fsync=tier.fsync,
+            region_bytes=tier.region_bytes,
+            **kwargs,
+        )
 
     @classmethod
     async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> LogStore:
@@ -282,10 +306,7 @@ class LogStore(BlockStorage):
 
     def index_bytes(self) -> int:
         """Bytes the in-memory index holds (arrays and key map, the keys' objects counted)."""
-        index = self._index
-        arrays = sum(int(getattr(index, name).nbytes) for name in (*index.ARRAYS, "keys"))
-        keys = sum(sys.getsizeof(key) + 28 for key in index.slot_of)  # a key and its slot int
-        return arrays + sys.getsizeof(index.slot_of) + keys
+        return self._index.memory_bytes()
 
     def describe(self) -> str:
         """Where the bytes live."""
@@ -302,22 +323,23 @@ class LogStore(BlockStorage):
         return self._index.blocks
 
     def __contains__(self, key: object) -> bool:
-        return key in self._index.slot_of
+        return isinstance(key, bytes) and self._index.find(OffloadKey(key)) is not None
 
     def keys(self) -> list[OffloadKey]:
         """The keys held now."""
-        with self._index.lock:
-            return list(self._index.slot_of)
+        found = (self._index.key_at(int(slot)) for slot in self._index.held_slots())
+        return [key for key in found if key is not None]
 
     def restore(self) -> list[RestoredBlock]:
-        """The blocks found at open, oldest first, less those written over or forgotten."""
-        index = self._index
-        with index.lock:
-            return [
-                RestoredBlock(key, slot)
-                for key, slot in self._restored
-                if index.slot_of.get(key) == slot
-            ]
+        """The blocks found at open, oldest first, less those written over or forgotten
+        since (an object per block: a chain uses `restore_cold`)."""
+        cold = self._cold
+        found = ((cold.key_of(int(slot)), int(slot)) for slot in cold.slots())
+        return [RestoredBlock(key, slot) for key, slot in found if key is not None]
+
+    def restore_cold(self) -> LogRestored:
+        """The blocks found at open as a compact view for a tier's bookkeeping."""
+        return self._cold
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} blocks"
