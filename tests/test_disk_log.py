@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from kvtier.errors import DirectIOError, DiskLayoutError
+from kvtier.errors import DirectIOError, DiskLayoutError, DiskTierError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import StorageTests, empty_buffers
 from kvtier.tiers.disk import DiskStore
@@ -454,3 +454,109 @@ async def test_a_restarted_chain_on_the_log_layout_serves_cold_blocks(
         assert h.where(ks[1]) is None  # the oldest restored block not used since made room
         assert all(h.where(k) is not None for k in [new, ks[0], *ks[2:]])
         h.check()
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_a_store_whose_regions_file_is_taken_fails_closed(tmp_path: Path, how: str) -> None:
+    store = open_log(tmp_path)
+    try:
+        await write_ok(store, [1], [0])
+        path = store._files.root / "regions.bin"
+        path.unlink()
+        if how == "replaced":
+            path.write_bytes(bytes(store.region_bytes))
+        results = await store.write([k(2)], [1], [deterministic_block(2, BLOCK)])
+        assert isinstance(results[0], OSError) and results[0].errno == errno.ESTALE
+        assert store.disabled_reason is not None and how in store.disabled_reason
+        assert len(store) == 0 and k(1) not in store
+        misses, _ = await read(store, [1, 2], [0, 1])
+        assert misses == [ReadFailure.IO_ERROR] * 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_read_only_filesystem_is_one_clear_error_or_failed_stores(
+    tmp_path: Path,
+) -> None:
+    """EROFS opening the regions file fails the open with one line; EROFS on writes (the
+    filesystem remounted read-only while open) fails those stores, and reads go on."""
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    io.inject("open", errno.EROFS, path_suffix="regions.bin")
+    with pytest.raises(DiskTierError, match=r"cannot open .*regions\.bin") as caught:
+        open_log(tmp_path, io=io)
+    assert "\n" not in str(caught.value)
+    io.clear()
+    store = open_log(tmp_path, io=io)
+    try:
+        await write_ok(store, [1], [0])
+        io.inject("pwritev", errno.EROFS)
+        results = await store.write([k(2)], [1], [deterministic_block(2, BLOCK)])
+        assert isinstance(results[0], OSError) and results[0].errno == errno.EROFS
+        await assert_intact(store, [1], [0])
+    finally:
+        await store.aclose()
+
+
+async def test_enospc_while_reclaiming_fails_groups_and_keeps_every_stored_block(
+    tmp_path: Path,
+) -> None:
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    store = open_log(tmp_path, num_blocks=32, io=io)
+    model: dict[int, int] = {}
+    rng = random.Random(5)
+    failed = 0
+    try:
+        for step in range(150):
+            if step == 60:
+                io.inject("pwritev", errno.ENOSPC, times=6)
+            slots = rng.sample(range(32), 4)
+            ids = [step * 10 + i for i in range(4)]
+            blocks = [deterministic_block(i, BLOCK) for i in ids]
+            results = await store.write([k(i) for i in ids], slots, blocks)
+            for slot, i, result in zip(slots, ids, results, strict=True):
+                if result is None:
+                    model[slot] = i
+                else:
+                    failed += 1
+        assert failed > 0 and store.moved_bytes > 0
+        held = [slot for slot in model if store._index.row(slot) is not None]
+        await assert_intact(store, [model[slot] for slot in held], held)
+        assert len(held) == len(model)  # a failed write leaves the slot's last stored block
+    finally:
+        await store.aclose()
+
+
+async def test_a_checkpoint_newer_than_the_regions_serves_no_wrong_byte(tmp_path: Path) -> None:
+    """The regions file put back as it was before later writes (a restored backup), under
+    the checkpoint of those writes: each block reads as itself or a counted miss."""
+    import shutil
+
+    store = open_log(tmp_path, num_blocks=32)
+    for first in range(0, 32, 4):
+        await write_ok(store, list(range(first, first + 4)), list(range(first, first + 4)))
+    await store.aclose()
+    path = store._files.root / "regions.bin"
+    shutil.copy(path, tmp_path / "backup")
+    store = open_log(tmp_path, num_blocks=32)
+    for first in range(100, 196, 4):
+        ids = list(range(first, first + 4))
+        await write_ok(store, ids, [i % 32 for i in ids])
+    await store.aclose()
+    shutil.copy(tmp_path / "backup", path)
+    again = open_log(tmp_path, num_blocks=32)
+    try:
+        served = 0
+        for newest in (range(0, 32), range(164, 196)):
+            ids = list(newest)
+            results, buffers = await read(again, ids, [i % 32 for i in ids])
+            for i, result, buffer in zip(ids, results, buffers, strict=True):
+                if result is None:
+                    served += 1
+                    assert np.array_equal(buffer, deterministic_block(i, BLOCK)), i
+        assert again.stats.read_failures or served == 32
+    finally:
+        await again.aclose()

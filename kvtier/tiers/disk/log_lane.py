@@ -367,6 +367,10 @@ class LogLane:
         if self.fsync and pending.segments:
             self.files.sync()
             self.syncs += 1
+        lost = self.files.check_ground()
+        if lost is not None:  # the files are no longer the store's: fail closed
+            self.lost = lost
+            raise OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {lost}")
         ends = dict(pending.ends)
         pending.flushed += sum(1 for _, new in pending.placed if new)
         self.index.apply([placed for placed, _ in pending.placed])

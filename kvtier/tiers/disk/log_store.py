@@ -320,10 +320,12 @@ class LogStore(BlockStorage):
         return self._counters.snapshot()
 
     def __len__(self) -> int:
-        return self._index.blocks
+        return 0 if self._lane.lost is not None else self._index.blocks
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, bytes) and self._index.find(OffloadKey(key)) is not None
+        if self._lane.lost is not None or not isinstance(key, bytes):
+            return False
+        return self._index.find(OffloadKey(key)) is not None
 
     def keys(self) -> list[OffloadKey]:
         """The keys held now."""
