@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
 from kvtier.tiers.disk.io import FileIO, preadv_fill, pwritev_all, staging_buffer
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
@@ -94,10 +92,10 @@ class LogFiles:
         """The file offset of `region`."""
         return region * self.geo.region_bytes
 
-    def write_at(self, region: int, start: int, data: np.ndarray[Any, np.dtype[np.uint8]]) -> None:
+    def write_at(self, region: int, start: int, data: memoryview) -> None:
         """Write `data` (whole pages, page-aligned memory) at `start` of `region`."""
         fd = self.direct_fd if self.direct_fd is not None else self.fd
-        pwritev_all(fd, [data.data], self.base(region) + start, io=self.io, nbytes=data.nbytes)
+        pwritev_all(fd, [data], self.base(region) + start, io=self.io, nbytes=data.nbytes)
 
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at

@@ -193,9 +193,7 @@ class LogIndex:
             return slot
         if len(key) > self.keys.shape[1] or not self._hashes.size:
             return None
-        row = np.zeros((1, self.keys.shape[1]), dtype=np.uint8)
-        row[0, : len(key)] = np.frombuffer(key, dtype=np.uint8)
-        wanted = _row_hashes(row, np.array([len(key)], dtype=np.uint8))[0]
+        wanted = np.uint64(_key_hash(key, self.keys.shape[1]))
         first = int(np.searchsorted(self._hashes, wanted, side="left"))
         while first < self._hashes.size and self._hashes[first] == wanted:
             slot = int(self._hashed_slots[first])
@@ -312,14 +310,30 @@ class LogIndex:
         return dropped
 
 
+_MASK = (1 << 64) - 1
+_LENGTH_MIX = 0x9E3779B97F4A7C15
+_WORD_MIX = 0xFF51AFD7ED558CCD
+
+
+def _key_hash(key: bytes, width: int) -> int:
+    """`_row_hashes` of one key, in Python integers (no array built for one key)."""
+    padded = key.ljust(width, b"\0")
+    value = (len(key) * _LENGTH_MIX) & _MASK
+    for at in range(0, width, 8):
+        value ^= int.from_bytes(padded[at : at + 8], "little")
+        value = (value * _WORD_MIX) & _MASK
+        value ^= value >> 33
+    return value
+
+
 def _row_hashes(rows: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A 64-bit hash of each zero-padded key row (its length mixed in), with array operations."""
     words = np.ascontiguousarray(rows).view(np.uint64)
-    hashes = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     with np.errstate(over="ignore"):
+        hashes = lengths.astype(np.uint64) * np.uint64(_LENGTH_MIX)
         for column in range(words.shape[1]):
             hashes ^= words[:, column]
-            hashes *= np.uint64(0xFF51AFD7ED558CCD)
+            hashes *= np.uint64(_WORD_MIX)
             hashes ^= hashes >> np.uint64(33)
     return hashes
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import mmap
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,6 @@ import numpy as np
 from kvtier.errors import StorageClosedError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec
-from kvtier.tiers.disk.io import staging_buffer
 from kvtier.tiers.disk.jobs import ForgetJob, Job, Settlement, WriteJob, settle
 from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
@@ -56,20 +56,43 @@ RESERVE_REGIONS = 1
 
 @dataclass(slots=True)
 class _Pending:
-    """What a group has placed and not yet written: per region its first offset and the
-    pieces to write from there, the records to index, and the regions being reclaimed."""
+    """What a group has placed and not yet written: per region an image of the bytes from
+    its first offset (page-aligned memory, written as whole pages), the records to index,
+    and the regions being reclaimed."""
 
-    segments: dict[int, tuple[int, list[bytes | memoryview]]] = field(default_factory=dict)
+    region_bytes: int
+    images: dict[int, tuple[int, memoryview]] = field(default_factory=dict)
     placed: list[tuple[Placed, bool]] = field(default_factory=list)
     victims: list[int] = field(default_factory=list)
     ends: dict[int, int] = field(default_factory=dict)
     flushed: int = 0
     """New records (not moves) of the group already durable and indexed."""
+    spare: list[memoryview] = field(default_factory=list)
+    """Images' memory for reuse (the lane's: kept from group to group, faulted in once)."""
 
-    def add(self, region: int, offset: int, *pieces: bytes | memoryview) -> None:
-        _, parts = self.segments.setdefault(region, (offset, []))
-        parts.extend(pieces)
-        self.ends[region] = offset + sum(memoryview(piece).nbytes for piece in pieces)
+    def add(self, region: int, offset: int, piece: Any, nbytes: int) -> None:
+        """Copy `piece` (`nbytes` bytes) to `offset` of `region` in the group's image."""
+        image = self.images.get(region)
+        if image is None:
+            buffer = self.spare.pop() if self.spare else _region_buffer(self.region_bytes)
+            image = self.images[region] = (offset, buffer)
+        start, buffer = image
+        at = offset - start
+        buffer[at : at + nbytes] = piece
+        self.ends[region] = offset + nbytes
+
+    def clear(self) -> None:
+        """Forget what was placed, keeping the images' memory for the next flush."""
+        self.spare.extend(buffer for _, buffer in self.images.values())
+        self.images.clear()
+        self.ends.clear()
+        self.placed.clear()
+        self.victims.clear()
+
+
+def _region_buffer(nbytes: int) -> memoryview:
+    """Page-aligned memory for one region's image (anonymous mmap)."""
+    return memoryview(mmap.mmap(-1, nbytes))
 
 
 class LogLane:
@@ -108,6 +131,7 @@ class LogLane:
         self.lost: str | None = None
         self.syncs = 0
         self._reclaiming = False
+        self._images: list[memoryview] = []
         self._queue: deque[Job] = deque()
         self._queue_lock = threading.Lock()
         self._draining = False
@@ -193,7 +217,7 @@ class LogLane:
                 [error] * len(r) if isinstance(j, WriteJob) else None
                 for j, r in zip(jobs, results, strict=True)
             ]
-        pending = _Pending()
+        pending = _Pending(self.region_bytes, spare=self._images)
         before, syncs = self.appended_bytes, self.syncs
         raw = 0
         written: set[int] = set()
@@ -248,8 +272,8 @@ class LogLane:
         region, offset = self._place(pending, size)
         epoch = int(self.index.epoch[region])
         header = pack_header(self.namespace, key, slot, view.nbytes, codec, epoch, seq, checksum)
-        pad = bytes(size - len(header) - view.nbytes)
-        pending.add(region, offset, header, view, pad)
+        pending.add(region, offset, header, len(header))
+        pending.add(region, offset + len(header), view, view.nbytes)
         record = Record(key, slot, view.nbytes, codec, epoch, seq, checksum, offset)
         pending.placed.append((Placed(record, region), True))
         self.appended_bytes += size
@@ -265,7 +289,7 @@ class LogLane:
 
     def _clean(self, pending: _Pending) -> list[int]:
         """Regions that hold nothing live and are in no unsynced write or reclaim."""
-        busy = set(pending.segments) | set(pending.victims)
+        busy = set(pending.images) | set(pending.victims)
         if self.open is not None:
             busy.add(self.open)
         with self.index.lock:
@@ -274,7 +298,7 @@ class LogLane:
 
     def _open_region(self, pending: _Pending) -> None:
         clean = self._clean(pending)
-        if len(clean) <= RESERVE_REGIONS and not self._reclaiming and pending.segments:
+        if len(clean) <= RESERVE_REGIONS and not self._reclaiming and pending.images:
             self._flush(pending)  # what was placed becomes durable; reclaimed regions clean
             clean = self._clean(pending)
         if not clean:
@@ -288,14 +312,14 @@ class LogLane:
         self.open = region
         self.opened += 1
         header = pack_region_header(self.namespace, epoch, region, self.region_bytes)
-        pending.add(region, 0, header)
+        pending.add(region, 0, header, len(header))
         self.cursor[region] = REGION_HEADER_BYTES
         if len(clean) - 1 <= RESERVE_REGIONS and not self._reclaiming:
             self._reclaim(pending)
 
     def _reclaim(self, pending: _Pending) -> None:
         """Move the live records of the region with the fewest live bytes into the group."""
-        busy = set(pending.segments) | set(pending.victims)
+        busy = set(pending.images) | set(pending.victims)
         with self.index.lock:
             live = self.index.live.copy()
         candidates = [r for r in np.argsort(live, kind="stable").tolist() if live[r] > 0]
@@ -329,8 +353,9 @@ class LogLane:
                 region, at = self._place(pending, record.size)
                 head = view[offset : offset + record.payload_offset].tobytes()
                 new_epoch = int(self.index.epoch[region])
-                pending.add(region, at, with_epoch(self.namespace, head, new_epoch))
-                pending.add(region, at + record.payload_offset, view[start : offset + record.size])
+                moved_head = with_epoch(self.namespace, head, new_epoch)
+                pending.add(region, at, moved_head, len(moved_head))
+                pending.add(region, at + record.payload_offset, payload, record.length)
                 moved = Record(
                     record.key,
                     slot,
@@ -353,18 +378,12 @@ class LogLane:
         """Write every segment of the group (one write per region, whole pages), sync, then
         index what it placed and release the reclaimed regions; raises the OSError of a
         failed write or sync (nothing of the group is then indexed)."""
-        for region, (start, parts) in pending.segments.items():
-            end = pending.ends[region]
-            span = -(-(end - start) // PAGE) * PAGE
-            data = staging_buffer(span)
-            at = 0
-            for piece in parts:
-                n = memoryview(piece).nbytes
-                data[at : at + n] = np.frombuffer(piece, dtype=np.uint8)
-                at += n
-            data[at:span] = 0
-            self.files.write_at(region, start, data)
-        if self.fsync and pending.segments:
+        for region, (start, buffer) in pending.images.items():
+            used = pending.ends[region] - start
+            span = -(-used // PAGE) * PAGE
+            buffer[used:span] = bytes(span - used)  # the page's rest: nothing a scan parses
+            self.files.write_at(region, start, buffer[:span])
+        if self.fsync and pending.images:
             self.files.sync()
             self.syncs += 1
         lost = self.files.check_ground()
@@ -383,10 +402,7 @@ class LogLane:
                         self.index._clear(slot)
         for region, end in ends.items():
             self.cursor[region] = max(int(self.cursor[region]), -(-end // PAGE) * PAGE)
-        pending.segments.clear()
-        pending.ends.clear()
-        pending.placed.clear()
-        pending.victims.clear()
+        pending.clear()
         self.on_flush(self.opened)
 
     def _skip(self, pending: _Pending) -> None:
@@ -395,7 +411,4 @@ class LogLane:
         for region, end in pending.ends.items():
             self.cursor[region] = -(-end // PAGE) * PAGE
         self.open = None  # a region whose header may not be written takes no more records
-        pending.segments.clear()
-        pending.ends.clear()
-        pending.placed.clear()
-        pending.victims.clear()
+        pending.clear()
