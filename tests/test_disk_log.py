@@ -4,6 +4,7 @@ live block kept, forgets that survive a restart, the old format refused, faults 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import random
@@ -560,3 +561,49 @@ async def test_a_checkpoint_newer_than_the_regions_serves_no_wrong_byte(tmp_path
         assert again.stats.read_failures or served == 32
     finally:
         await again.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# `kvtier check` of a log store
+# --------------------------------------------------------------------------------------------
+
+
+def test_kvtier_check_reports_and_repairs_a_damaged_log_store(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kvtier.cli import main
+    from kvtier.config import load_config
+    from kvtier.tiers.disk.kind import DiskTierConfig
+
+    config_path = tmp_path / "chain.toml"
+    config_path.write_text(
+        f'block_size = {BLOCK}\nmodel_id = "m"\n[[tiers]]\nname = "ssd"\nmedium = "disk"\n'
+        f'capacity = 16\nlayout = "log"\npath = "{tmp_path / "tier"}"\n'
+    )
+    config = load_config(config_path)
+    tier = config.tiers[-1]
+    assert isinstance(tier, DiskTierConfig) and tier.layout == "log"
+    store = LogStore.from_config(tier, config.block_size, config.model_id)
+    ids = list(range(6))
+    blocks = [deterministic_block(i, BLOCK) for i in ids]
+    assert not any(asyncio.run(store.write([k(i) for i in ids], ids, blocks)))
+    row = store._index.row(2)
+    assert row is not None
+    at = store._files.base(row.region) + row.payload_offset + 10
+    store.close()
+    with open(store._files.root / "regions.bin", "r+b") as file:
+        file.seek(at)
+        file.write(b"\x55\xaa")
+
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(main, ["check", *args])
+        return result.exit_code, result.stdout + result.stderr
+
+    code, out = run("--config", str(config_path))
+    assert code == 1, out
+    assert "6 blocks checked" in out and "checksum" in out
+    code, out = run("--config", str(config_path), "--repair")
+    assert code == 3, out
+    code, out = run(str(tmp_path / "tier"))
+    assert code == 0, out
+    assert "5 blocks checked" in out

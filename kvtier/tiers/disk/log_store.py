@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ from kvtier.tiers.disk.layout import StoreLayout, layout_fingerprint
 from kvtier.tiers.disk.log_files import LogFiles, geometry
 from kvtier.tiers.disk.log_format import (
     DEFAULT_REGION_BYTES,
+    LOG_FORMAT_VERSION,
     PAGE,
     TOMBSTONE,
     log_fingerprint,
@@ -54,7 +56,7 @@ from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
 
-__all__ = ["DEFAULT_SPARE", "LogStore"]
+__all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "LogStore", "read_layout"]
 
 DEFAULT_SPARE = 0.25
 """Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
@@ -68,7 +70,10 @@ class LogStore(BlockStorage):
 
     Same contract and arguments as `DiskStore` (store.py) plus `region_bytes` (the size of a
     region, shrunk for a store too small for eight) and `spare` (space for reclaiming, as a
-    fraction of the blocks' own). Blocking constructor: use `open_async` from a coroutine.
+    fraction of the blocks' own); `inspect` opens an existing store only to `check` it
+    (nothing created, grown or written; writes raise DiskTierError). Blocking constructor:
+    use `open_async` from a coroutine. A new store records its geometry in `layout.json`
+    (what `kvtier check` opens it by).
     A directory holding a per-block store of the same block size and model is refused with a
     DiskLayoutError saying what to do.
     """
@@ -89,6 +94,7 @@ class LogStore(BlockStorage):
         region_bytes: int = DEFAULT_REGION_BYTES,
         spare: float = DEFAULT_SPARE,
         create_parents: bool = True,
+        inspect: bool = False,
     ) -> None:
         shape = StoreLayout(num_blocks, block_size, 1, model_id)
         if isinstance(region_bytes, bool) or not isinstance(region_bytes, int):
@@ -123,6 +129,9 @@ class LogStore(BlockStorage):
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
         self._max_workers = max_workers
+        self.inspect = inspect
+        if inspect and not self.path.is_dir():
+            raise DiskTierError(f"nothing to check: {self.path} does not exist")
         try:
             self.directory.mkdir(mode=0o700, parents=create_parents, exist_ok=True)
             self.path.mkdir(mode=0o700, exist_ok=True)
@@ -134,7 +143,9 @@ class LogStore(BlockStorage):
         try:
             self._index = LogIndex(num_blocks, geo.num_regions)
             self.opened = recover(self._files, self._index, self.fingerprint, self._namespace)
-            self._files.allocate()
+            if not inspect:
+                self._files.allocate()
+                write_layout(self.path, block_size, num_blocks, model_id, region_bytes)
         except BaseException:
             self._files.close()
             raise
@@ -240,7 +251,7 @@ class LogStore(BlockStorage):
             if self._read_pool is not None:
                 self._read_pool.shutdown(wait=True)
                 self._read_pool = None
-            if self._lane.lost is None:
+            if self._lane.lost is None and not self.inspect:
                 try:
                     self.checkpoint()
                 except Exception as error:
@@ -353,6 +364,10 @@ class LogStore(BlockStorage):
         if self._closed:
             raise StorageClosedError(f"the disk tier at {self.path} is closed")
 
+    def _check_writable(self) -> None:
+        if self.inspect:
+            raise DiskTierError(f"the disk tier at {self.path} is open only to be checked")
+
     async def _run(self, call: Callable[[], _T]) -> _T:
         executor = self._read_pool
         if self._closed or executor is None:
@@ -381,6 +396,7 @@ class LogStore(BlockStorage):
     async def forget(self, keys: Sequence[OffloadKey]) -> None:
         """Forget `keys` (absent ones ignored): a forget record each, durable like a write."""
         self._check_open()
+        self._check_writable()
         key_list = check_keys(keys)
         if not key_list:
             return
@@ -425,7 +441,7 @@ class LogStore(BlockStorage):
                 problems.append(CheckProblem(row.key, slot, f"unreadable: {result}"))
                 bad.append(slot)
         repaired = 0
-        if repair and bad:
+        if repair and bad and not self.inspect:
             index.drop(bad)
             repaired = len(bad)
             self.checkpoint()
@@ -436,3 +452,39 @@ class LogStore(BlockStorage):
     async def acheck(self, repair: bool = False) -> CheckReport:
         """`check()` in the store's read threads."""
         return await self._run(functools.partial(self.check, repair))
+
+
+LAYOUT_FILE = "layout.json"
+"""A log store's geometry, written when it is created: what `kvtier check` opens it by."""
+
+
+def write_layout(
+    path: Path, block_size: int, num_blocks: int, model_id: str, region_bytes: int
+) -> None:
+    """Record the store's geometry in `path/layout.json` (atomically; kept when present)."""
+    target = path / LAYOUT_FILE
+    if target.exists():
+        return
+    text = json.dumps(
+        {
+            "format": LOG_FORMAT_VERSION,
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "model_id": model_id,
+            "region_bytes": region_bytes,
+        }
+    )
+    temporary = path / f".{LAYOUT_FILE}.tmp"
+    temporary.write_text(text)
+    os.replace(temporary, target)
+
+
+def read_layout(path: Path) -> dict[str, Any] | None:
+    """The geometry a log store in `path` recorded, or None (absent or unreadable)."""
+    try:
+        data = json.loads((path / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != LOG_FORMAT_VERSION:
+        return None
+    return data
