@@ -607,3 +607,27 @@ def test_kvtier_check_reports_and_repairs_a_damaged_log_store(tmp_path: Path) ->
     code, out = run(str(tmp_path / "tier"))
     assert code == 0, out
     assert "5 blocks checked" in out
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+async def test_a_key_moved_to_another_slot_is_restored_only_in_its_newest(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    store = open_log(tmp_path)
+    await write_ok(store, [7, 8], [1, 2])
+    if checkpointed:
+        await store.aclose()
+        store = open_log(tmp_path)
+    await write_ok(store, [7], [5])  # the same key, another slot: slot 1 no longer holds it
+    assert k(7) in store and store._index.find(k(7)) == 5
+    store._lane.close()  # killed: no checkpoint of the move
+    store._files.close()
+    again = open_log(tmp_path)
+    try:
+        assert sorted((b.slot, b.key) for b in again.restore()) == [(2, k(8)), (5, k(7))]
+        assert again._index.find(k(7)) == 5
+        await assert_intact(again, [7, 8], [5, 2])
+        misses, _ = await read(again, [7], [1])
+        assert misses == [ReadFailure.NOT_INDEXED]
+    finally:
+        await again.aclose()

@@ -32,6 +32,8 @@ _DTYPES = {
     "keys": np.uint8,
     "epoch": np.uint64,
     "fill": np.int64,
+    "hashes": np.uint64,
+    "hashed_slots": np.int32,
 }
 
 
@@ -48,7 +50,9 @@ def save(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any
     values = {name: np.ascontiguousarray(array).tobytes() for name, array in arrays.items()}
     meta = {**meta, "key_width": int(arrays["keys"].shape[1])}
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    need = sum(len(value) for value in values.values()) * 2 + (16 << 20)
+    # Room for the last checkpoint (kept until this one commits) and this one, many times
+    # over: LMDB places a large value in contiguous pages, and the map is only address space.
+    need = max(1 << 30, sum(len(value) for value in values.values()) * 4 + (64 << 20))
     path.mkdir(mode=0o700, exist_ok=True)
     env = lmdb.open(str(path), map_size=need, subdir=True, max_dbs=0, lock=False)
     try:
@@ -102,9 +106,13 @@ def load(path: Path, meta: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]] | 
     if width <= 0 or arrays["keys"].size != blocks * width:
         return None
     arrays["keys"] = arrays["keys"].reshape(blocks, width)
-    if any(
-        arrays[name].size != blocks for name in _DTYPES if name not in ("keys", "epoch", "fill")
-    ):
+    per_slot = ("region", "offset", "length", "codec", "key_len", "seq", "checksum")
+    if any(arrays[name].size != blocks for name in per_slot):
+        return None
+    hashed = arrays["hashed_slots"]
+    if arrays["hashes"].size != hashed.size or hashed.size > blocks:
+        return None
+    if hashed.size and (int(hashed.min()) < 0 or int(hashed.max()) >= blocks):
         return None
     if arrays["epoch"].size != regions or arrays["fill"].size != regions:
         return None

@@ -212,11 +212,9 @@ class LogIndex:
 
     def _hash_held(self) -> None:
         """Hash the keys of every block held now, sorted (what `_find` searches)."""
-        held = np.flatnonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE))
-        hashes = _row_hashes(self.keys[held], self.key_len[held])
-        order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[order]
-        self._hashed_slots = held[order].astype(np.int32)
+        self._hashes, self._hashed_slots = sorted_hashes(
+            self.keys, self.key_len, self.region, self.codec
+        )
 
     def _clear(self, slot: int) -> None:
         region = int(self.region[slot])
@@ -246,12 +244,15 @@ class LogIndex:
             return arrays
 
     def load(self, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
-        """Take a checkpoint's arrays (checked by the caller for shape and type)."""
+        """Take a checkpoint's arrays (checked by the caller for shape and type), its key
+        hashes among them (the keys held when it was written)."""
         for name in self.ARRAYS:
             getattr(self, name)[:] = arrays[name]
         self.keys = arrays["keys"].copy()
         self.epoch[:] = arrays["epoch"]
         self.fill[:] = arrays["fill"]
+        self._hashes = arrays["hashes"]
+        self._hashed_slots = arrays["hashed_slots"]
 
     def settle(self, epochs: np.ndarray[Any, Any], sizes_ok: np.ndarray[Any, Any]) -> int:
         """After loading a checkpoint: drop the records in regions whose epoch on disk is not
@@ -272,6 +273,13 @@ class LogIndex:
             slot = record.slot
             if slot >= self.num_blocks or record.seq < int(self.seq[slot]):
                 continue
+            if record.codec != TOMBSTONE:
+                other = self._find(record.key)
+                if other is not None and other != slot:
+                    if int(self.seq[other]) > record.seq:
+                        continue  # the key's newer record is in another slot
+                    self.region[other] = NO_REGION
+                self.written[record.key] = slot
             self._set_raw(slot, record, region)
 
     def _set_raw(self, slot: int, record: Record, region: int) -> None:
@@ -283,14 +291,22 @@ class LogIndex:
         self.seq[slot] = record.seq
         self.checksum[slot] = record.checksum
 
-    def rebuild(self) -> int:
-        """After a restart: the live bytes per region, the block count and the key hashes,
-        a key held in several slots kept only in its newest; the blocks dropped as
+    def rebuild(self, hashed: bool) -> int:
+        """After a restart: the live bytes per region, the block count, and unless the
+        checkpoint brought them (`hashed`: the keys found since are in `written`) the key
+        hashes, a key held in several slots kept only in its newest; the blocks dropped as
         duplicates. Array operations only (no object per block)."""
         held = np.flatnonzero(self.region != NO_REGION)
         sizes = RECORD_HEADER_BYTES + ((self.key_len[held].astype(np.int64) + 7) & ~7)
         sizes += (self.length[held].astype(np.int64) + 7) & ~7
         self.live[:] = np.bincount(self.region[held], weights=sizes, minlength=self.num_regions)
+        if hashed:
+            self.blocks = int(
+                np.count_nonzero(self.region[held] >= 0)
+                - np.count_nonzero(self.codec[held] == TOMBSTONE)
+            )
+            return 0
+        self.written.clear()
         self._hash_held()
         same = np.flatnonzero(self._hashes[1:] == self._hashes[:-1])
         dropped = 0
@@ -308,6 +324,20 @@ class LogIndex:
             dropped += 1
         self.blocks = int(np.count_nonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE)))
         return dropped
+
+
+def sorted_hashes(
+    keys: np.ndarray[Any, Any],
+    key_len: np.ndarray[Any, Any],
+    region: np.ndarray[Any, Any],
+    codec: np.ndarray[Any, Any],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(the hashes of the keys of the slots holding a block, sorted; those slots in the same
+    order): what a look-up searches, and what a checkpoint stores so an open need not."""
+    held = np.flatnonzero((region != NO_REGION) & (codec != TOMBSTONE))
+    hashes = _row_hashes(keys[held], key_len[held])
+    order = np.argsort(hashes)  # any order among equal hashes: each is confirmed
+    return hashes[order], held[order].astype(np.int32)
 
 
 _MASK = (1 << 64) - 1

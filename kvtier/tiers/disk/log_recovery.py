@@ -30,7 +30,7 @@ from kvtier.tiers.disk.log_format import (
     parse_region_header,
     scan_records,
 )
-from kvtier.tiers.disk.log_index import LogIndex
+from kvtier.tiers.disk.log_index import LogIndex, sorted_hashes
 
 _LOG = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
         opened.problems.append(f"{torn} records of an interrupted write were not indexed")
     opened.scanned_records = len(found)
     index.replay(found)
-    duplicates = index.rebuild()
+    duplicates = index.rebuild(hashed=arrays is not None)
     opened.dropped += duplicates
     seqs = [record.seq for _, record in found]
     top_seq = max([int(index.seq.max()) if index.num_blocks else 0, *seqs, 0])
@@ -148,6 +148,9 @@ def save_checkpoint(
 ) -> None:
     """Write the index as the store's checkpoint (blocking: call it off the write path)."""
     arrays = index.snapshot()
+    arrays["hashes"], arrays["hashed_slots"] = sorted_hashes(
+        arrays["keys"], arrays["key_len"], arrays["region"], arrays["codec"]
+    )
     meta = checkpoint_meta(fingerprint, index, region_bytes)
     meta.update(next_seq=next_seq, next_epoch=epoch)
     log_checkpoint.save(root / CHECKPOINT_DIR, meta, arrays)
