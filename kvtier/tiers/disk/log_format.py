@@ -138,16 +138,21 @@ def parse_header(
     this store and this epoch of the region, and ends before `limit`; else None."""
     if offset + RECORD_HEADER_BYTES > limit:
         return None
-    head = bytes(data[offset : offset + _HEADER.size])
-    magic, version, codec, key_len, slot, length, rec_epoch, seq, checksum = _HEADER.unpack(head)
+    fields = _HEADER.unpack_from(data, offset)
+    magic, version, codec, key_len, slot, length, rec_epoch, seq, checksum = fields
     if magic != _HEADER_MAGIC or version != LOG_FORMAT_VERSION or rec_epoch != epoch:
         return None
     key_at = offset + RECORD_HEADER_BYTES
-    if key_len == 0 or key_at + pad8(key_len) + pad8(length) > limit:
+    if key_len == 0 or key_at + ((key_len + 7) & ~7) + ((length + 7) & ~7) > limit:
         return None
-    key = bytes(data[key_at : key_at + key_len])
+    key = data[key_at : key_at + key_len].tobytes()
     (check,) = _CHECK.unpack_from(data, offset + _HEADER.size)
-    if check != xxhash.xxh3_64_intdigest(head + key, seed=_seed(namespace)):
+    seed = _SEEDS.get(namespace)
+    if seed is None:
+        seed = _SEEDS[namespace] = _seed(namespace)
+    if check != xxhash.xxh3_64_intdigest(
+        data[offset : offset + _HEADER.size].tobytes() + key, seed=seed
+    ):
         return None
     return Record(OffloadKey(key), slot, length, codec, rec_epoch, seq, checksum, offset)
 
@@ -186,6 +191,10 @@ def parse_region_header(data: bytes, namespace: bytes, index: int, region_bytes:
     ):
         return 0
     return int(epoch)
+
+
+_SEEDS: dict[bytes, int] = {}
+"""The header checksum's seed of each namespace seen (computed once)."""
 
 
 def _seed(namespace: bytes) -> int:

@@ -127,6 +127,10 @@ class LogIndex:
                 return None
             return self._key(slot)
 
+    def checkpoint_bytes(self) -> int:
+        """About the bytes a checkpoint of this index writes."""
+        return self.num_blocks * (30 + 12 + int(self.keys.shape[1]))
+
     def memory_bytes(self) -> int:
         """Bytes the index holds: its arrays, the key hashes, and the dict of keys written
         since the open with its keys."""
@@ -169,13 +173,17 @@ class LogIndex:
             self.blocks += 1
             self.written[key] = slot
 
-    def _put_key(self, slot: int, key: bytes) -> None:
-        if len(key) > self.keys.shape[1]:
-            width = -(-len(key) // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
+    def _widen(self, key_len: int) -> None:
+        """Make the key rows at least `key_len` bytes wide (rare: a longer key than ever)."""
+        if key_len > self.keys.shape[1]:
+            width = -(-key_len // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
             wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
             wider[:, : self.keys.shape[1]] = self.keys
             self.keys = wider
             self._hash_held()  # the hashes depend on the width
+
+    def _put_key(self, slot: int, key: bytes) -> None:
+        self._widen(len(key))
         self.keys[slot] = 0
         self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
         self.key_len[slot] = len(key)
@@ -269,27 +277,48 @@ class LogIndex:
     def replay(self, records: list[tuple[int, Record]]) -> None:
         """Apply records found by scanning regions (region, record): the newest per slot wins
         (a tie is the same record, moved), never one older than what the slot held."""
-        for region, record in sorted(records, key=lambda item: item[1].seq):
+        newest: dict[int, tuple[int, Record]] = {}
+        for region, record in records:
             slot = record.slot
-            if slot >= self.num_blocks or record.seq < int(self.seq[slot]):
+            if slot >= self.num_blocks:
                 continue
+            held = newest.get(slot)
+            floor = held[1].seq if held is not None else int(self.seq[slot])
+            if record.seq >= floor:
+                newest[slot] = (region, record)
+        kept: dict[int, tuple[int, Record]] = {}
+        key_slot: dict[OffloadKey, int] = {}
+        for region, record in sorted(newest.values(), key=lambda item: item[1].seq):
             if record.codec != TOMBSTONE:
-                other = self._find(record.key)
-                if other is not None and other != slot:
-                    if int(self.seq[other]) > record.seq:
-                        continue  # the key's newer record is in another slot
-                    self.region[other] = NO_REGION
-                self.written[record.key] = slot
-            self._set_raw(slot, record, region)
-
-    def _set_raw(self, slot: int, record: Record, region: int) -> None:
-        self._put_key(slot, record.key)
-        self.region[slot] = region
-        self.offset[slot] = record.offset
-        self.length[slot] = record.length
-        self.codec[slot] = record.codec
-        self.seq[slot] = record.seq
-        self.checksum[slot] = record.checksum
+                other = key_slot.get(record.key)
+                if other is None:
+                    other = self._find(record.key)  # the checkpoint's slot of the key
+                    if other is not None and other in newest:
+                        other = None  # that slot was written over since
+                if (
+                    other is not None
+                    and other != record.slot
+                    and kept.pop(other, None) is None  # else a scanned record: not kept
+                ):
+                    self.region[other] = NO_REGION  # the checkpoint's older slot: dropped
+                key_slot[record.key] = record.slot
+            kept[record.slot] = (region, record)
+        if not kept:
+            return
+        items = list(kept.values())
+        slots = np.array([record.slot for _, record in items], dtype=np.int64)
+        self.region[slots] = [region for region, _ in items]
+        self.offset[slots] = [record.offset for _, record in items]
+        self.length[slots] = [record.length for _, record in items]
+        self.codec[slots] = [record.codec for _, record in items]
+        self.seq[slots] = [record.seq for _, record in items]
+        self.checksum[slots] = [record.checksum for _, record in items]
+        self._widen(max(len(record.key) for _, record in items))
+        width = self.keys.shape[1]
+        rows = b"".join(record.key.ljust(width, b"\0") for _, record in items)
+        self.keys[slots] = np.frombuffer(rows, dtype=np.uint8).reshape(len(items), width)
+        self.key_len[slots] = [len(record.key) for _, record in items]
+        self.written.update(key_slot)
 
     def rebuild(self, hashed: bool) -> int:
         """After a restart: the live bytes per region, the block count, and unless the

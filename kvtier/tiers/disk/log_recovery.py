@@ -102,14 +102,12 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
         start = max(int(index.fill[region]), REGION_HEADER_BYTES)
         if start >= geo.region_bytes:
             continue
-        data = np.empty(geo.region_bytes - start, dtype=np.uint8)
+        full = np.zeros(geo.region_bytes, dtype=np.uint8)
         try:
-            got = files.read_into(region, start, data)
+            got = files.read_into(region, start, full[start:])
         except OSError as error:
             opened.problems.append(f"region {region}: unreadable past the checkpoint ({error})")
             continue
-        full = np.zeros(geo.region_bytes, dtype=np.uint8)
-        full[start : start + got] = data[:got]
         view = full.data
         records, end = scan_records(view, namespace, int(epochs[region]), start, start + got)
         opened.scanned_regions += 1

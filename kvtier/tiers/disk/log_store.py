@@ -154,9 +154,15 @@ class LogStore(BlockStorage):
         self._checkpoints = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-checkpoint")
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_busy = False
-        self._checkpointed_at = 0
+        self._checkpointed_at = (0, 0)
         self.checkpoint_every = max(2, geo.num_regions // 8)
-        """Regions opened between two background checkpoints (what a restart may scan)."""
+        """Regions opened after which a background checkpoint is written (at most what a
+        restart after a crash scans)."""
+        self.checkpoint_records = max(8192, num_blocks // 32)
+        """Records appended after which a checkpoint is written sooner, once they are ten
+        times its size in bytes (a restart scans fewer records; checkpoints add at most a
+        tenth to the bytes written)."""
+        self._record_estimate = record_bytes(16, block_size)
         self._lane = LogLane(
             self._files,
             self._index,
@@ -209,12 +215,21 @@ class LogStore(BlockStorage):
 
     def _maybe_checkpoint(self, opened: int) -> None:
         """After a durable flush: a background checkpoint once `checkpoint_every` regions
-        were opened since the last one (never more than one at a time)."""
+        were opened since the last one, or `checkpoint_records` records and ten checkpoints'
+        worth of bytes were appended (never more than one at a time)."""
+        lane = self._lane
+        appended = lane.appended_bytes + lane.moved_bytes
         with self._checkpoint_lock:
-            if self._checkpoint_busy or opened - self._checkpointed_at < self.checkpoint_every:
+            regions_at, bytes_at = self._checkpointed_at
+            records = (appended - bytes_at) // self._record_estimate
+            due = opened - regions_at >= self.checkpoint_every or (
+                records >= self.checkpoint_records
+                and appended - bytes_at >= 10 * self._index.checkpoint_bytes()
+            )
+            if self._checkpoint_busy or not due:
                 return
             self._checkpoint_busy = True
-            self._checkpointed_at = opened
+            self._checkpointed_at = (opened, appended)
         self._checkpoints.submit(self._checkpoint)
 
     def _checkpoint(self) -> None:
