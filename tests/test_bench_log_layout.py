@@ -24,10 +24,8 @@ def test_log_writes_prints_raw_and_both_layouts(
 ) -> None:
     from kvtier_tools.bench import log_writes
 
-    log_writes.main(
-        ["--dir", str(tmp_path), "--block-bytes", "4096", "--group", "8", "--repeats", "4"]
-        + ["--reads", "8"]
-    )
+    small = ["--block-bytes", "4096", "--group", "8", "--repeats", "4", "--reads", "8"]
+    log_writes.main(["--dir", str(tmp_path), *small])
     out = capsys.readouterr().out
     assert out.startswith("raw ")
     for row in ("slots fsync=on ", "slots fsync=off", "log   fsync=on ", "log   fsync=off"):
