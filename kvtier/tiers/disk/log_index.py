@@ -210,6 +210,39 @@ class LogIndex:
             first += 1
         return None
 
+    def _find_many(self, keys: list[OffloadKey]) -> list[int | None]:
+        """`_find` of many keys at once over the hashes alone (an open's replay: nothing is
+        written since the open yet), with array operations; a hash met twice (a collision)
+        takes the one-key path."""
+        if not keys or not self._hashes.size:
+            return [None] * len(keys)
+        width = self.keys.shape[1]
+        if max(len(key) for key in keys) > width:
+            return [self._find(key) for key in keys]
+        rows = np.frombuffer(b"".join(key.ljust(width, b"\0") for key in keys), dtype=np.uint8)
+        rows = rows.reshape(len(keys), width)
+        lengths = np.array([len(key) for key in keys], dtype=np.uint8)
+        wanted = _row_hashes(rows, lengths)
+        at = np.minimum(np.searchsorted(self._hashes, wanted), self._hashes.size - 1)
+        hit = self._hashes[at] == wanted
+        slots = self._hashed_slots[at].astype(np.int64)
+        same = (
+            hit
+            & (self.region[slots] != NO_REGION)
+            & (self.codec[slots] != TOMBSTONE)
+            & (self.key_len[slots] == lengths)
+            & (self.keys[slots] == rows).all(axis=1)
+        )
+        twice = hit & ~same & (at + 1 < self._hashes.size)
+        twice &= self._hashes[np.minimum(at + 1, self._hashes.size - 1)] == wanted
+        result: list[int | None] = [
+            int(slot) if ok else None
+            for slot, ok in zip(slots.tolist(), same.tolist(), strict=True)
+        ]
+        for i in np.flatnonzero(twice).tolist():
+            result[i] = self._find(keys[i])
+        return result
+
     def _holds_key(self, slot: int, key: bytes) -> bool:
         return (
             self.region[slot] != NO_REGION
@@ -288,11 +321,13 @@ class LogIndex:
                 newest[slot] = (region, record)
         kept: dict[int, tuple[int, Record]] = {}
         key_slot: dict[OffloadKey, int] = {}
-        for region, record in sorted(newest.values(), key=lambda item: item[1].seq):
+        ordered = sorted(newest.values(), key=lambda item: item[1].seq)
+        found = self._find_many([record.key for _, record in ordered])
+        for (region, record), checkpointed in zip(ordered, found, strict=True):
             if record.codec != TOMBSTONE:
                 other = key_slot.get(record.key)
                 if other is None:
-                    other = self._find(record.key)  # the checkpoint's slot of the key
+                    other = checkpointed  # the checkpoint's slot of the key
                     if other is not None and other in newest:
                         other = None  # that slot was written over since
                 if (
