@@ -631,3 +631,25 @@ async def test_a_key_moved_to_another_slot_is_restored_only_in_its_newest(
         assert misses == [ReadFailure.NOT_INDEXED]
     finally:
         await again.aclose()
+
+
+async def test_a_checkpoint_shrinks_the_key_dict_and_every_key_is_still_found(
+    tmp_path: Path,
+) -> None:
+    store = open_log(tmp_path, num_blocks=64)
+    store.checkpoint_every = store.checkpoint_records = 1 << 30  # none in the background
+    try:
+        for first in range(0, 64, 8):
+            await write_ok(store, list(range(first, first + 8)), list(range(first, first + 8)))
+        assert len(store._index.written) == 64
+        before = store.index_bytes()
+        store.checkpoint()
+        assert not store._index.written and store.index_bytes() < before
+        await write_ok(store, [100, 3], [3, 40])  # 3 moved from slot 3 to 40; 100 in slot 3
+        assert all(k(i) in store for i in [*range(3), *range(4, 40), *range(41, 64), 100, 3])
+        assert store._index.find(k(3)) == 40 and store._index.find(k(40)) is None
+        await store.forget([k(5)])
+        assert k(5) not in store
+        await assert_intact(store, [100, 3, 6], [3, 40, 6])
+    finally:
+        await store.aclose()

@@ -275,14 +275,37 @@ class LogIndex:
 
     # -- checkpoint and restart ------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Copies of every array, consistent with each other (the checkpoint's content)."""
+    def snapshot(self) -> tuple[dict[str, np.ndarray[Any, Any]], dict[OffloadKey, int]]:
+        """Copies of every array, consistent with each other (the checkpoint's content), and
+        of the dict of keys written since the open (what `adopt` may then forget)."""
         with self.lock:
             arrays = {name: getattr(self, name).copy() for name in self.ARRAYS}
             arrays["keys"] = self.keys.copy()
             arrays["epoch"] = self.epoch.copy()
             arrays["fill"] = self.fill.copy()
-            return arrays
+            return arrays, dict(self.written)
+
+    def adopt(
+        self,
+        hashes: np.ndarray[Any, Any],
+        slots: np.ndarray[Any, Any],
+        width: int,
+        written: dict[OffloadKey, int],
+    ) -> None:
+        """Search the sorted hashes of a snapshot's keys from now on (`width`: its key rows'
+        width), and forget the keys the snapshot's dict had that have not moved since: the
+        hashes find them. Keeps the dict to the keys written since the last checkpoint, so
+        the index stays near its size after an open. In chunks: never holds the lock long."""
+        with self.lock:
+            if self.keys.shape[1] != width:
+                return  # the rows were widened since: those hashes are of another width
+            self._hashes, self._hashed_slots = hashes, slots
+        items = list(written.items())
+        for first in range(0, len(items), 4096):
+            with self.lock:
+                for key, slot in items[first : first + 4096]:
+                    if self.written.get(key) == slot:
+                        del self.written[key]
 
     def load(self, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         """Take a checkpoint's arrays (checked by the caller for shape and type), its key

@@ -145,10 +145,12 @@ def save_checkpoint(
     root: Path, fingerprint: str, index: LogIndex, region_bytes: int, next_seq: int, epoch: int
 ) -> None:
     """Write the index as the store's checkpoint (blocking: call it off the write path)."""
-    arrays = index.snapshot()
-    arrays["hashes"], arrays["hashed_slots"] = sorted_hashes(
+    arrays, written = index.snapshot()
+    hashes, slots = sorted_hashes(
         arrays["keys"], arrays["key_len"], arrays["region"], arrays["codec"]
     )
+    arrays["hashes"], arrays["hashed_slots"] = hashes, slots
     meta = checkpoint_meta(fingerprint, index, region_bytes)
     meta.update(next_seq=next_seq, next_epoch=epoch)
     log_checkpoint.save(root / CHECKPOINT_DIR, meta, arrays)
+    index.adopt(hashes, slots, int(arrays["keys"].shape[1]), written)
