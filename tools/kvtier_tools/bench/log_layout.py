@@ -8,8 +8,8 @@ replay`) twice, with the disk tier's `layout = "slots"` and `layout = "log"`, ev
 verified, and prints per layout: the hit ratio of each tier (hits / block accesses), the
 bytes the disk tier's files were written with (every pwritev of the store: blocks, headers,
 moved records; the LMDB index or checkpoint not counted), and the write amplification, that
-over the bytes of the blocks the disk tier stored. For the log layout it also prints the
-share of those bytes that reclaiming moved.
+over the bytes of the blocks the disk tier stored; and the pair into the disk tier's
+throughput (its bytes over the seconds its copies took, as `kvtier replay` reports it).
 """
 
 from __future__ import annotations
@@ -73,13 +73,16 @@ async def _replay(config: HierarchyConfig, trace: Any, io: CountingIO) -> dict[s
         await h.drain()
         stats = h.stats()
         disks = {info.name for info in stats.info if info.medium == "disk"}
-        disk_bytes = sum(moved[1] for (_, target), moved in stats.pairs.items() if target in disks)
+        into = [moved for (_, target), moved in stats.pairs.items() if target in disks]
+        disk_bytes = sum(moved[1] for moved in into)
+        disk_seconds = sum(moved[2] for moved in into)
     counters = replayer.counters
     return {
         "accesses": counters.accesses,
         "tier_hits": dict(counters.tier_hits),
         "mismatches": counters.mismatches,
         "disk_bytes": disk_bytes,
+        "disk_gbps": disk_bytes / disk_seconds / 1e9 if disk_seconds else 0.0,
         "written": io.written,
         "seconds": time.perf_counter() - started,
     }
@@ -109,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"{layout:5s}  hit ratio: {ratios}; blocks into disk {stored / 2**20:.0f} MiB,"
             f" files written {row['written'] / 2**20:.0f} MiB, write amplification"
-            f" {amplification:.3f}; mismatches {row['mismatches']}; {row['seconds']:.1f} s"
+            f" {amplification:.3f}; into disk {row['disk_gbps']:.2f} GB/s;"
+            f" mismatches {row['mismatches']}; {row['seconds']:.1f} s"
         )
 
 
