@@ -653,3 +653,27 @@ async def test_a_checkpoint_shrinks_the_key_dict_and_every_key_is_still_found(
         await assert_intact(store, [100, 3, 6], [3, 40, 6])
     finally:
         await store.aclose()
+
+
+async def test_a_large_read_is_split_over_the_read_threads_and_stays_exact(
+    tmp_path: Path,
+) -> None:
+    from kvtier.tiers.disk.reader import READ_SPLIT_BYTES
+
+    block = 64 << 10
+    count = max(8, 4 * READ_SPLIT_BYTES // block)
+    store = open_log(tmp_path, block_size=block, num_blocks=count, max_workers=4)
+    try:
+        ids = list(range(count))
+        await write_ok(store, ids, ids[::-1])
+        await assert_intact(store, ids, ids[::-1])
+    finally:
+        await store.aclose()
+
+
+def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
+    from kvtier.errors import InvalidValueError
+
+    for bad in ({"max_workers": 0}, {"region_bytes": 5000}, {"spare": 9}, {"fsync": "yes"}):
+        with pytest.raises(InvalidValueError, match=next(iter(bad))):
+            open_log(tmp_path, **bad)

@@ -53,6 +53,7 @@ from kvtier.tiers.disk.log_index import LogIndex, LogRestored
 from kvtier.tiers.disk.log_lane import LogLane
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
+from kvtier.tiers.disk.reader import read_parts, read_split
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
 
@@ -96,6 +97,8 @@ class LogStore(BlockStorage):
         create_parents: bool = True,
         inspect: bool = False,
     ) -> None:
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise InvalidValueError(f"max_workers must be a positive int, got {max_workers!r}")
         shape = StoreLayout(num_blocks, block_size, 1, model_id)
         if isinstance(region_bytes, bool) or not isinstance(region_bytes, int):
             raise InvalidValueError(f"region_bytes must be an int, got {region_bytes!r}")
@@ -422,7 +425,8 @@ class LogStore(BlockStorage):
     async def read(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[ReadFailure | None]:
-        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value."""
+        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value. A large
+        batch is split over the read threads (as the per-block layout's, `read_parts`)."""
         self._check_open()
         key_list, slot_list, buffer_list = check_batch(
             self._shape, keys, slots, buffers, writable=True
@@ -431,8 +435,9 @@ class LogStore(BlockStorage):
             return []
         if self._lane.lost is not None:
             return [ReadFailure.IO_ERROR] * len(key_list)
-        return await self._run(
-            functools.partial(self._reader.read, key_list, slot_list, buffer_list)
+        parts = read_parts(slot_list, self.block_size, self._max_workers)
+        return await read_split(
+            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
         )
 
     def check(self, repair: bool = False) -> CheckReport:
