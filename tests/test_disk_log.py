@@ -292,7 +292,7 @@ def slot(i):
 
 async def main():
     store = LogStore(sys.argv[1], block_size={BLOCK}, num_blocks={_SLOTS}, direct_io=False,
-                     compression=sys.argv[2], io=TornIO())
+                     compression=sys.argv[2], io=TornIO(), fsync=sys.argv[5] == "1")
     store.checkpoint_every = 3
     first = int(sys.argv[4])
     while True:
@@ -319,7 +319,7 @@ def _slot(i: int) -> int:
 
 
 def _run_writer(
-    directory: Path, compression: str, tear_at: int, first: int, bursts: int
+    directory: Path, compression: str, tear_at: int, first: int, bursts: int, fsync: bool
 ) -> tuple[set[int], int, int]:
     """Run the writer until `bursts` bursts are reported (then SIGKILL it) or it tears a
     write and kills itself; (ids reported stored, last id attempted, bytes moved)."""
@@ -329,7 +329,10 @@ def _run_writer(
     import threading
 
     child = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(directory), compression, str(tear_at), str(first)],
+        [
+            *(sys.executable, "-c", _WRITER, str(directory), compression, str(tear_at)),
+            *(str(first), "1" if fsync else "0"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -376,12 +379,12 @@ def _run_writer(
 
 
 @pytest.mark.parametrize(
-    ("compression", "tear_at"),
-    [("none", 0), ("zstd", 0), ("none", 23)],
-    ids=["killed-raw", "killed-zstd", "torn-write-raw"],
+    ("compression", "tear_at", "fsync"),
+    [("none", 0, True), ("zstd", 0, True), ("none", 23, True), ("none", 0, False)],
+    ids=["killed-raw", "killed-zstd", "torn-write-raw", "killed-raw-no-fsync"],
 )
 async def test_kill_loop_during_reclaim_loses_no_stored_block_and_serves_no_wrong_one(
-    tmp_path: Path, compression: str, tear_at: int
+    tmp_path: Path, compression: str, tear_at: int, fsync: bool
 ) -> None:
     """A writer over 48 slots in small regions (reclaiming all the time) is killed with
     SIGKILL again and again (or tears its 23rd write in half and kills itself), reopened
@@ -393,7 +396,7 @@ async def test_kill_loop_during_reclaim_loses_no_stored_block_and_serves_no_wron
     rounds = 1 if tear_at else 4
     for number in range(rounds):
         got, attempted, moved_now = _run_writer(
-            tmp_path, compression, tear_at, attempted + 1, bursts=8 + 3 * number
+            tmp_path, compression, tear_at, attempted + 1, bursts=8 + 3 * number, fsync=fsync
         )
         stored |= got
         moved = max(moved, moved_now)
