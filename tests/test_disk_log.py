@@ -680,3 +680,19 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
     for bad in ({"max_workers": 0}, {"region_bytes": 5000}, {"spare": 9}, {"fsync": "yes"}):
         with pytest.raises(InvalidValueError, match=next(iter(bad))):
             open_log(tmp_path, **bad)
+
+
+@pytest.mark.parametrize("block", [8192, 12288])
+async def test_a_record_never_crosses_its_region_when_reclaiming_fills_the_new_one(
+    tmp_path: Path, block: int
+) -> None:
+    """Few regions, each holding a handful of blocks: opening a region reclaims another
+    into it, which may leave no room for the record that asked; it goes to the next."""
+    store = open_log(tmp_path, block_size=block, num_blocks=8, direct_io="auto")
+    try:
+        for group in range(24):
+            ids = list(range(group * 8, group * 8 + 8))
+            await write_ok(store, ids, list(range(8)))
+        await assert_intact(store, ids, list(range(8)))
+    finally:
+        await store.aclose()

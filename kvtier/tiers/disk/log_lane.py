@@ -280,8 +280,8 @@ class LogLane:
 
     def _place(self, pending: _Pending, size: int) -> tuple[int, int]:
         """(region, offset) for `size` bytes: the open region, or a new one."""
-        if self.open is None or self.cursor[self.open] + size > self.region_bytes:
-            self._open_region(pending)
+        while self.open is None or self.cursor[self.open] + size > self.region_bytes:
+            self._open_region(pending)  # (its reclaiming may fill the region it opened)
         assert self.open is not None
         offset = int(self.cursor[self.open])
         self.cursor[self.open] = offset + size
