@@ -131,6 +131,8 @@ class LogLane:
         self.lost: str | None = None
         self.syncs = 0
         self._reclaiming = False
+        self._overwritten: set[int] = set()
+        """The slots the running group writes: a reclaim moves none of their old records."""
         self._images: list[memoryview] = []
         self._queue: deque[Job] = deque()
         self._queue_lock = threading.Lock()
@@ -218,6 +220,9 @@ class LogLane:
                 for j, r in zip(jobs, results, strict=True)
             ]
         pending = _Pending(self.region_bytes, spare=self._images)
+        self._overwritten = {
+            slot for job in jobs if isinstance(job, WriteJob) for slot in job.slots
+        }
         before, syncs = self.appended_bytes, self.syncs
         raw = 0
         written: set[int] = set()
@@ -334,6 +339,8 @@ class LogLane:
             view = data.data[:got]
             epoch = int(self.index.epoch[victim])
             for slot in self.index.live_slots(victim):
+                if slot in self._overwritten:
+                    continue  # this group writes the slot over: its old block is not moved
                 offset = int(self.index.offset[slot])
                 record = parse_header(view, offset, self.namespace, epoch, got)
                 if record is None or record.slot != slot:
