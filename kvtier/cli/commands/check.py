@@ -153,13 +153,14 @@ SEARCH_DEPTH = 4
 `kvtier replay --out OUT` (its stores are OUT/disk/<tier>/kvtier-<fingerprint>, three levels
 down) and a directory of such outputs."""
 
-_STORE_NAME = re.compile(r"kvtier-[0-9a-f]{20}")
+_STORE_NAME = re.compile(r"kvtier-(log-)?[0-9a-f]{20}")
 
 
 def store_dirs_at(path: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
     """The stores at `path`: the store directory itself, or the store directories below it,
     up to `depth` levels down (a store's own subdirectories are not searched, nor symbolic
-    links). A store directory holds a `headers.bin` or is named `kvtier-<fingerprint>`."""
+    links). A store directory holds a `headers.bin` or is named `kvtier-<fingerprint>` (a
+    log store: `kvtier-log-<fingerprint>`)."""
     from kvtier.tiers.disk.layout import HEADERS_FILE
 
     if (path / HEADERS_FILE).exists():
@@ -193,6 +194,8 @@ def check_store(
     from kvtier.tiers.disk import DiskStore
     from kvtier.tiers.disk.files import move_aside_odd_files, odd_files
 
+    if store_dir.name.startswith("kvtier-log-"):
+        return check_log_store(name, store_dir, repair)
     result = TierCheck(name, store_dir)
     shape = store_shape(store_dir)
     if shape is None:
@@ -287,11 +290,68 @@ def check_store(
     return result
 
 
+def check_log_store(name: str, store_dir: Path, repair: bool) -> TierCheck:
+    """Check (and with `repair`, repair) the log store (`layout = "log"`) in `store_dir`:
+    opened by the geometry its `layout.json` records, every block read back and verified,
+    what its open dropped reported; `repair` forgets the bad blocks and writes a checkpoint
+    without them, else nothing is written."""
+    from kvtier.errors import DiskLockedError, DiskTierError
+    from kvtier.tiers.disk.log_store import LAYOUT_FILE, LogStore, read_layout
+
+    result = TierCheck(name, store_dir)
+    shape = read_layout(store_dir)
+    if shape is None:
+        result.status = EXIT_UNCHECKED
+        result.lines.append(f"cannot check: {store_dir} has no readable {LAYOUT_FILE}")
+        return result
+    try:
+        store = LogStore(
+            store_dir.parent,
+            block_size=int(shape["block_size"]),
+            num_blocks=int(shape["num_blocks"]),
+            model_id=str(shape["model_id"]),
+            region_bytes=int(shape["region_bytes"]),
+            direct_io=False,
+            max_workers=1,
+            inspect=not repair,
+        )
+    except DiskLockedError:
+        result.status = EXIT_UNCHECKED
+        result.lines.append(f"cannot check: {store_dir} is in use; stop it and check again")
+        return result
+    except DiskTierError as error:
+        result.status = EXIT_UNCHECKED
+        result.lines.append(f"cannot check: {error}")
+        return result
+    try:
+        report = store.check(repair)
+        dropped_at_open = store.stats.dropped_at_open
+    finally:
+        store.close()
+    result.records = report.records
+    result.lines.append(
+        f"{report.records:,} blocks checked ({store_dir}, log of {store.num_regions} regions "
+        f"of {store.region_bytes:,} bytes, {shape['block_size']:,}-byte blocks)"
+    )
+    result.problems.extend(report.opened)
+    result.problems.extend(str(problem) for problem in report.problems)
+    result.dropped += dropped_at_open + report.repaired
+    if result.problems:
+        result.status = EXIT_REPAIRED if repair else EXIT_PROBLEMS
+    return result
+
+
 def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool) -> TierCheck:
     """Check (and with `repair`, repair) the store of one disk tier of `config`."""
     from kvtier.tiers.disk import layout_fingerprint
+    from kvtier.tiers.disk.log_format import log_fingerprint
 
-    store_dir = tier.path / f"kvtier-{layout_fingerprint(config.block_size, config.model_id)}"
+    if tier.layout == "log":
+        fingerprint = log_fingerprint(config.block_size, config.model_id)
+        store_dir = tier.path / f"kvtier-log-{fingerprint}"
+    else:
+        fingerprint = layout_fingerprint(config.block_size, config.model_id)
+        store_dir = tier.path / f"kvtier-{fingerprint}"
     if not store_dir.exists():
         result = TierCheck(tier.name, store_dir)
         result.lines.append(f"nothing stored yet: {store_dir} does not exist")

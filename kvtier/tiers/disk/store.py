@@ -470,14 +470,21 @@ class DiskStore(BlockStorage):
         return await self._run(functools.partial(self.check, repair))
 
 
-async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> DiskStore:
+async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> BlockStorage:
     """The disk kind's opener: a store opened off the event loop (it may scan its index and
     preallocate files); `context.options` are `DiskStore`'s own (`max_workers`, `io`, ...).
     A tenant narrows the namespace of the store's blocks (and so its directory), as it does
-    for the shared tiers; without one the store is the model's."""
+    for the shared tiers; without one the store is the model's. `layout = "log"` opens a
+    `LogStore` (log_store.py) instead."""
     model_id = (
         combined_model_id(context.model_id, context.tenant) if context.tenant else context.model_id
     )
+    if config.layout == "log":
+        from kvtier.tiers.disk.log_store import LogStore
+
+        return await asyncio.to_thread(
+            LogStore.from_config, config, context.block_size, model_id, **context.options
+        )
     return await asyncio.to_thread(
         DiskStore.from_config, config, context.block_size, model_id, **context.options
     )

@@ -71,6 +71,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import gc
 import json
 import math
@@ -549,11 +550,15 @@ async def measure_disk(
     repeats: int,
     directory: Path,
     rng: np.random.Generator,
+    layout: str = "slots",
 ) -> tuple[list[Row], dict[str, Any]]:
     """`DiskStore.write` and `DiskStore.read` of one batch against a raw O_DIRECT pwrite +
     fdatasync and a raw O_DIRECT preadv of the same bytes (buffered where the filesystem
-    refuses O_DIRECT); also what the store and the baselines used."""
+    refuses O_DIRECT); also what the store and the baselines used. `layout = "log"`: the
+    same for a `LogStore` (rows of case "log layout"; the raw read reads as many bytes from
+    the start of its regions file)."""
     from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
+    from kvtier.tiers.disk.log_store import LogStore
 
     count = _blocks(nbytes, block_size)
     total = count * block_size
@@ -566,15 +571,25 @@ async def measure_disk(
     slots = list(range(count))
     sources = pool.rows(write_ids)
     targets = target.rows(read_ids)
-    store = await DiskStore.open_async(
-        directory / f"store-{block_size}",
-        block_size=block_size,
-        num_blocks=count,
-        fsync=True,
-        direct_io="auto",
-        # every slot in one slab file, so the raw read can cover them in one call
-        slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, total),
-    )
+    store: Any
+    if layout == "log":
+        store = await LogStore.open_async(
+            directory / f"log-store-{block_size}",
+            block_size=block_size,
+            num_blocks=count,
+            fsync=True,
+            direct_io="auto",
+        )
+    else:
+        store = await DiskStore.open_async(
+            directory / f"store-{block_size}",
+            block_size=block_size,
+            num_blocks=count,
+            fsync=True,
+            direct_io="auto",
+            # every slot in one slab file, so the raw read can cover them in one call
+            slab_file_bytes=max(DEFAULT_SLAB_FILE_BYTES, total),
+        )
     info: dict[str, Any] = {"direct_io": store.direct_io_active}
     generation = [0]
 
@@ -615,7 +630,10 @@ async def measure_disk(
 
         # Reads of the blocks just written; then fresh blocks are written and read back once
         # more, to check that both directions moved the right bytes.
-        slab, offset = store.slot_location(0)
+        if layout == "log":
+            slab, offset = store.path / "regions.bin", 0
+        else:
+            slab, offset = store.slot_location(0)
         raw_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
         try:
             with _page_aligned(total) as landing:
@@ -643,10 +661,11 @@ async def measure_disk(
         verified = all(failure is None for failure in failures) and _rows_match(
             pool_rows, write_ids, target_rows, read_ids, rng
         )
+        case = "log layout" if layout == "log" else ""
         rows = [
             Row(
                 "cpu -> disk",
-                "",
+                case,
                 block_size,
                 count,
                 total,
@@ -657,13 +676,13 @@ async def measure_disk(
             ),
             Row(
                 "disk -> cpu",
-                "",
+                case,
                 block_size,
                 count,
                 total,
                 *read_s,
-                f"os.preadv, {_raw_mode(raw_direct)}, of the same bytes from the store's slab "
-                "file in one call (queue depth 1)",
+                f"os.preadv, {_raw_mode(raw_direct)}, of the same bytes from the store's "
+                f"{'regions' if layout == 'log' else 'slab'} file in one call (queue depth 1)",
                 verified,
             ),
         ]
@@ -1240,6 +1259,7 @@ async def _measure(
             assert workdir is not None
             for measure, step in (
                 (measure_disk, "one batch"),
+                (functools.partial(measure_disk, layout="log"), "one batch, log layout"),
                 (measure_disk_serving, "serving-sized batches"),
             ):
                 rows, info = await measure(

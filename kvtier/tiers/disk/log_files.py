@@ -1,0 +1,167 @@
+"""The files of a log store: its lock, its regions file (one descriptor, plus an O_DIRECT one
+where the filesystem takes it) and the geometry of its regions.
+
+Every byte of a region is moved through here: `write_at` (whole pages, from an aligned
+buffer), `read_into` (any range: with O_DIRECT through an aligned staging buffer) and `sync`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
+from kvtier.tiers.disk.io import FileIO, preadv_fill, pwritev_all, staging_buffer
+from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
+
+WRITE_PART_BYTES = 1 << 20
+"""The largest part of a region's write one thread writes (whole pages)."""
+
+MIN_REGION_BYTES = 64 << 10
+"""The smallest region (a small store's regions shrink to this so it still has several)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """How a store's space is cut: `num_regions` regions of `region_bytes`."""
+
+    region_bytes: int
+    num_regions: int
+
+    @property
+    def file_bytes(self) -> int:
+        """The size of the regions file."""
+        return self.region_bytes * self.num_regions
+
+
+def geometry(num_blocks: int, record_max: int, region_bytes: int, spare: float) -> Geometry:
+    """Regions enough for `num_blocks` records of at most `record_max` bytes each (each
+    counted as whole pages: a group of one block is padded to a page), plus `spare` of that
+    for the space reclaiming needs, plus two (the open region and the reserve). A store too
+    small for eight regions of `region_bytes` gets smaller ones (at least MIN_REGION_BYTES)."""
+    footprint = -(-record_max // PAGE) * PAGE
+    live = num_blocks * footprint
+    region = min(region_bytes, max(MIN_REGION_BYTES, -(-live // (8 * PAGE)) * PAGE))
+    region = max(region, -(-(4 * footprint + PAGE) // PAGE) * PAGE)
+    usable = region - PAGE
+    regions = -(-int(live * (1 + spare)) // usable) + 2
+    return Geometry(region, regions)
+
+
+class LogFiles:
+    """The open files of one log store (the caller holds nothing else)."""
+
+    def __init__(self, root: Path, geo: Geometry, io: FileIO, direct_io: bool | str) -> None:
+        self.root = root
+        self.geo = geo
+        self.io = io
+        self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
+        try:
+            self._lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            raise DiskTierError(f"cannot open {root / LOCK_FILE}: {error.strerror}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DiskLockedError(f"the log store at {root} is open in another process") from None
+        path = str(root / REGIONS_FILE)
+        try:
+            self.fd = io.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            os.close(self._lock_fd)
+            raise DiskTierError(f"cannot open {path}: {error.strerror}") from None
+        self.found_bytes = io.size(self.fd)
+        """The regions file's size when opened (shorter than the geometry: truncated)."""
+        self.direct_fd: int | None = None
+        if direct_io is not False:
+            try:
+                self.direct_fd = io.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT, 0o600)
+            except (OSError, AttributeError) as error:
+                if direct_io is True:
+                    self.close()
+                    raise DirectIOError(f"O_DIRECT unavailable for {path}: {error}") from None
+
+    def allocate(self) -> None:
+        """Size the regions file to the geometry (preallocated where the filesystem can)."""
+        if self.found_bytes < self.geo.file_bytes:
+            self.io.allocate(self.fd, self.geo.file_bytes)
+
+    def base(self, region: int) -> int:
+        """The file offset of `region`."""
+        return region * self.geo.region_bytes
+
+    def write_at(self, region: int, start: int, data: memoryview) -> None:
+        """Write `data` (whole pages, page-aligned memory) at `start` of `region`: a large
+        write cut into WRITE_PART_BYTES parts written at once by the write threads (a
+        device keeps several writes in flight faster than one)."""
+        fd = self.direct_fd if self.direct_fd is not None else self.fd
+        at = self.base(region) + start
+        if data.nbytes < 2 * WRITE_PART_BYTES:
+            pwritev_all(fd, [data], at, io=self.io, nbytes=data.nbytes)
+            return
+        parts = [
+            (data[offset : offset + WRITE_PART_BYTES], at + offset)
+            for offset in range(0, data.nbytes, WRITE_PART_BYTES)
+        ]
+        done = self._writers.map(
+            lambda part: pwritev_all(fd, [part[0]], part[1], io=self.io, nbytes=part[0].nbytes),
+            parts,
+        )
+        for _ in done:  # raises the first part's OSError
+            pass
+
+    def read_into(self, region: int, start: int, out: Any) -> int:
+        """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
+        the end of the file)."""
+        view = memoryview(out).cast("B")
+        at = self.base(region) + start
+        if self.direct_fd is None:
+            return preadv_fill(self.fd, [view], at, io=self.io)
+        first = at - at % PAGE
+        span = -(-(at + view.nbytes - first) // PAGE) * PAGE
+        staging = staging_buffer(span)
+        got = preadv_fill(self.direct_fd, [staging.data], first, io=self.io)
+        usable = max(0, min(view.nbytes, got - (at - first)))
+        view[:usable] = staging[at - first : at - first + usable].data
+        return usable
+
+    def sync(self) -> None:
+        """fdatasync the regions file."""
+        self.io.fsync(self.fd)
+
+    def check_ground(self) -> str | None:
+        """Why the store's files are no longer its own (removed or replaced), or None."""
+        try:
+            here = os.stat(self.root / REGIONS_FILE)
+        except OSError:
+            return f"{self.root / REGIONS_FILE} was removed"
+        mine = os.fstat(self.fd)
+        if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
+            return f"{self.root / REGIONS_FILE} was replaced"
+        return None
+
+    def close(self) -> None:
+        """Close every descriptor (idempotent)."""
+        self._writers.shutdown(wait=True)
+        for fd in (self.direct_fd, getattr(self, "fd", None)):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+        self.direct_fd = None
+        self.fd = -1
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def is_enospc(error: BaseException) -> bool:
+    """Whether `error` says the disk is full."""
+    return isinstance(error, OSError) and error.errno == errno.ENOSPC

@@ -1,0 +1,503 @@
+"""The in-memory index of a log-structured disk store: slot -> record, as packed arrays.
+
+One row per slot (30 bytes plus the key's bytes): the region and offset of the slot's newest
+record, its stored length, codec, sequence number and bound checksum, and the key. A key is
+found (`find`: `forget`, `in`, the bookkeeping's look-ups of restored blocks) without an
+object per key: the 64-bit hashes of the keys held at open, sorted (12 bytes a slot, built
+with array operations), and a dict of the keys written since; every candidate is confirmed
+against the slot's own key, so a stale entry finds nothing. Regions have their epoch, their
+durable fill (where the next scan after a restart starts) and their live bytes. Only the
+write lane changes the index, and only with records already durable; readers take a row
+under the lock.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvtier.keys import OffloadKey
+from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
+
+NO_REGION = -1
+
+_KEY_WIDTH_STEP = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One slot's newest record, copied out of the index (`region` is never NO_REGION)."""
+
+    key: OffloadKey
+    region: int
+    offset: int
+    length: int
+    codec: int
+    seq: int
+    checksum: int
+
+    @property
+    def payload_offset(self) -> int:
+        """Offset of the stored bytes from the region's start."""
+        return self.offset + record_bytes(len(self.key), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A record written and synced: what `LogIndex.apply` puts in the index. A moved record
+    (`moved_from`: its region before a reclaim) applies only while the slot still holds it."""
+
+    record: Record
+    region: int
+    moved_from: int = NO_REGION
+
+
+class LogIndex:
+    """The slots' records and the regions' accounting of one open log store."""
+
+    ARRAYS = ("region", "offset", "length", "codec", "key_len", "seq", "checksum")
+
+    def __init__(self, num_blocks: int, num_regions: int) -> None:
+        self.num_blocks = num_blocks
+        self.num_regions = num_regions
+        self.lock = threading.Lock()
+        self.region = np.full(num_blocks, NO_REGION, dtype=np.int32)
+        self.offset = np.zeros(num_blocks, dtype=np.uint32)
+        self.length = np.zeros(num_blocks, dtype=np.uint32)
+        self.codec = np.zeros(num_blocks, dtype=np.uint8)
+        self.key_len = np.zeros(num_blocks, dtype=np.uint8)
+        self.seq = np.zeros(num_blocks, dtype=np.uint64)
+        self.checksum = np.zeros(num_blocks, dtype=np.uint64)
+        self.keys = np.zeros((num_blocks, _KEY_WIDTH_STEP * 2), dtype=np.uint8)
+        self.epoch = np.zeros(num_regions, dtype=np.uint64)
+        self.fill = np.zeros(num_regions, dtype=np.int64)
+        """Bytes of each region durably written (a page boundary): a restart scans past it."""
+        self.live = np.zeros(num_regions, dtype=np.int64)
+        self.written: dict[OffloadKey, int] = {}
+        """Slots of the keys written since the open (the hashes cover the others)."""
+        self._hashes = np.zeros(0, dtype=np.uint64)
+        self._hashed_slots = np.zeros(0, dtype=np.int32)
+        self.blocks = 0
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def row(self, slot: int) -> Row | None:
+        """The block in `slot` (a copy), or None when it holds none."""
+        with self.lock:
+            region = int(self.region[slot])
+            if region == NO_REGION or self.codec[slot] == TOMBSTONE:
+                return None
+            return Row(
+                self._key(slot),
+                region,
+                int(self.offset[slot]),
+                int(self.length[slot]),
+                int(self.codec[slot]),
+                int(self.seq[slot]),
+                int(self.checksum[slot]),
+            )
+
+    def holds(self, slot: int, region: int, seq: int) -> bool:
+        """Whether `slot` still holds the record of `seq` in `region` (a read's re-check)."""
+        with self.lock:
+            return int(self.region[slot]) == region and int(self.seq[slot]) == seq
+
+    def _key(self, slot: int) -> OffloadKey:
+        return OffloadKey(self.keys[slot, : int(self.key_len[slot])].tobytes())
+
+    def live_slots(self, region: int) -> list[int]:
+        """The slots whose newest record (block or forget) lives in `region`."""
+        with self.lock:
+            return np.flatnonzero(self.region == region).tolist()
+
+    def held_slots(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The slots holding a block, oldest (lowest sequence) first."""
+        with self.lock:
+            held = np.flatnonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE))
+            return held[np.argsort(self.seq[held], kind="stable")]
+
+    def key_at(self, slot: int) -> OffloadKey | None:
+        """The key of the block in `slot`, or None."""
+        with self.lock:
+            if self.region[slot] == NO_REGION or self.codec[slot] == TOMBSTONE:
+                return None
+            return self._key(slot)
+
+    def checkpoint_bytes(self) -> int:
+        """About the bytes a checkpoint of this index writes."""
+        return self.num_blocks * (30 + 12 + int(self.keys.shape[1]))
+
+    def memory_bytes(self) -> int:
+        """Bytes the index holds: its arrays, the key hashes, and the dict of keys written
+        since the open with its keys."""
+        arrays = sum(int(getattr(self, name).nbytes) for name in (*self.ARRAYS, "keys"))
+        arrays += int(self._hashes.nbytes + self._hashed_slots.nbytes)
+        written = sys.getsizeof(self.written) + sum(sys.getsizeof(key) + 28 for key in self.written)
+        return arrays + written
+
+    # -- changes (the write lane only) -----------------------------------------------------
+
+    def apply(self, placed: list[Placed]) -> None:
+        """Put durable records in the index, in the order written: each replaces its slot's
+        record (a moved one only while the slot still holds it where it was)."""
+        with self.lock:
+            for item in placed:
+                record = item.record
+                slot = record.slot
+                if item.moved_from != NO_REGION and not (
+                    self.region[slot] == item.moved_from and int(self.seq[slot]) == record.seq
+                ):
+                    continue
+                self._set(slot, record, item.region)
+
+    def _set(self, slot: int, record: Record, region: int) -> None:
+        key = record.key
+        other = self._find(key) if record.codec != TOMBSTONE else None
+        if other is not None and other != slot:
+            self._clear(other)  # a key lives in one slot: its newest
+        self._clear(slot)
+        self._put_key(slot, key)
+        self.key_len[slot] = len(key)
+        self.region[slot] = region
+        self.offset[slot] = record.offset
+        self.length[slot] = record.length
+        self.codec[slot] = record.codec
+        self.seq[slot] = record.seq
+        self.checksum[slot] = record.checksum
+        self.live[region] += record.size
+        if record.codec != TOMBSTONE:
+            self.blocks += 1
+            self.written[key] = slot
+
+    def _widen(self, key_len: int) -> None:
+        """Make the key rows at least `key_len` bytes wide (rare: a longer key than ever)."""
+        if key_len > self.keys.shape[1]:
+            width = -(-key_len // _KEY_WIDTH_STEP) * _KEY_WIDTH_STEP
+            wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
+            wider[:, : self.keys.shape[1]] = self.keys
+            self.keys = wider
+            self._hash_held()  # the hashes depend on the width
+
+    def _put_key(self, slot: int, key: bytes) -> None:
+        self._widen(len(key))
+        self.keys[slot] = 0
+        self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
+        self.key_len[slot] = len(key)
+
+    # -- finding a key -----------------------------------------------------------------
+
+    def find(self, key: OffloadKey) -> int | None:
+        """The slot holding block `key`, or None."""
+        with self.lock:
+            return self._find(key)
+
+    def _find(self, key: bytes) -> int | None:
+        slot = self.written.get(OffloadKey(key))
+        if slot is not None and self._holds_key(slot, key):
+            return slot
+        if len(key) > self.keys.shape[1] or not self._hashes.size:
+            return None
+        wanted = np.uint64(_key_hash(key, self.keys.shape[1]))
+        first = int(np.searchsorted(self._hashes, wanted, side="left"))
+        while first < self._hashes.size and self._hashes[first] == wanted:
+            slot = int(self._hashed_slots[first])
+            if self._holds_key(slot, key):
+                return slot
+            first += 1
+        return None
+
+    def _find_many(self, keys: list[OffloadKey]) -> list[int | None]:
+        """`_find` of many keys at once over the hashes alone (an open's replay: nothing is
+        written since the open yet), with array operations; a hash met twice (a collision)
+        takes the one-key path."""
+        if not keys or not self._hashes.size:
+            return [None] * len(keys)
+        width = self.keys.shape[1]
+        if max(len(key) for key in keys) > width:
+            return [self._find(key) for key in keys]
+        rows = np.frombuffer(b"".join(key.ljust(width, b"\0") for key in keys), dtype=np.uint8)
+        rows = rows.reshape(len(keys), width)
+        lengths = np.array([len(key) for key in keys], dtype=np.uint8)
+        wanted = _row_hashes(rows, lengths)
+        at = np.minimum(np.searchsorted(self._hashes, wanted), self._hashes.size - 1)
+        hit = self._hashes[at] == wanted
+        slots = self._hashed_slots[at].astype(np.int64)
+        same = (
+            hit
+            & (self.region[slots] != NO_REGION)
+            & (self.codec[slots] != TOMBSTONE)
+            & (self.key_len[slots] == lengths)
+            & (self.keys[slots] == rows).all(axis=1)
+        )
+        twice = hit & ~same & (at + 1 < self._hashes.size)
+        twice &= self._hashes[np.minimum(at + 1, self._hashes.size - 1)] == wanted
+        result: list[int | None] = [
+            int(slot) if ok else None
+            for slot, ok in zip(slots.tolist(), same.tolist(), strict=True)
+        ]
+        for i in np.flatnonzero(twice).tolist():
+            result[i] = self._find(keys[i])
+        return result
+
+    def _holds_key(self, slot: int, key: bytes) -> bool:
+        return (
+            self.region[slot] != NO_REGION
+            and self.codec[slot] != TOMBSTONE
+            and int(self.key_len[slot]) == len(key)
+            and self.keys[slot, : len(key)].tobytes() == key
+        )
+
+    def _hash_held(self) -> None:
+        """Hash the keys of every block held now, sorted (what `_find` searches)."""
+        self._hashes, self._hashed_slots = sorted_hashes(
+            self.keys, self.key_len, self.region, self.codec
+        )
+
+    def _clear(self, slot: int) -> None:
+        region = int(self.region[slot])
+        if region == NO_REGION:
+            return
+        self.live[region] -= record_bytes(int(self.key_len[slot]), int(self.length[slot]))
+        if self.codec[slot] != TOMBSTONE:
+            self.blocks -= 1
+        self.region[slot] = NO_REGION
+
+    def drop(self, slots: list[int]) -> None:
+        """Forget the blocks in `slots` in memory (records found bad by a check, or left in
+        a region reclaimed without them)."""
+        with self.lock:
+            for slot in slots:
+                self._clear(slot)
+
+    # -- checkpoint and restart ------------------------------------------------------------
+
+    def snapshot(self) -> tuple[dict[str, np.ndarray[Any, Any]], dict[OffloadKey, int]]:
+        """Copies of every array, consistent with each other (the checkpoint's content), and
+        of the dict of keys written since the open (what `adopt` may then forget)."""
+        with self.lock:
+            arrays = {name: getattr(self, name).copy() for name in self.ARRAYS}
+            arrays["keys"] = self.keys.copy()
+            arrays["epoch"] = self.epoch.copy()
+            arrays["fill"] = self.fill.copy()
+            return arrays, dict(self.written)
+
+    def adopt(
+        self,
+        hashes: np.ndarray[Any, Any],
+        slots: np.ndarray[Any, Any],
+        width: int,
+        written: dict[OffloadKey, int],
+    ) -> None:
+        """Search the sorted hashes of a snapshot's keys from now on (`width`: its key rows'
+        width), and forget the keys the snapshot's dict had that have not moved since: the
+        hashes find them. Keeps the dict to the keys written since the last checkpoint, so
+        the index stays near its size after an open. In chunks: never holds the lock long."""
+        with self.lock:
+            if self.keys.shape[1] != width:
+                return  # the rows were widened since: those hashes are of another width
+            self._hashes, self._hashed_slots = hashes, slots
+        items = list(written.items())
+        for first in range(0, len(items), 4096):
+            with self.lock:
+                for key, slot in items[first : first + 4096]:
+                    if self.written.get(key) == slot:
+                        del self.written[key]
+
+    def load(self, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
+        """Take a checkpoint's arrays (checked by the caller for shape and type), its key
+        hashes among them (the keys held when it was written)."""
+        for name in self.ARRAYS:
+            getattr(self, name)[:] = arrays[name]
+        self.keys = arrays["keys"].copy()
+        self.epoch[:] = arrays["epoch"]
+        self.fill[:] = arrays["fill"]
+        self._hashes = arrays["hashes"]
+        self._hashed_slots = arrays["hashed_slots"]
+
+    def settle(self, epochs: np.ndarray[Any, Any], sizes_ok: np.ndarray[Any, Any]) -> int:
+        """After loading a checkpoint: drop the records in regions whose epoch on disk is not
+        the checkpoint's (reused since) or that the file no longer holds (`sizes_ok` False),
+        keeping their sequence numbers as floors; the records dropped."""
+        stale = (self.epoch != epochs) | ~sizes_ok
+        held = self.region != NO_REGION
+        gone = held & stale[np.where(held, self.region, 0)]
+        self.region[gone] = NO_REGION
+        self.epoch[:] = epochs
+        self.fill[stale] = 0
+        return int(np.count_nonzero(gone & (self.codec != TOMBSTONE)))
+
+    def replay(self, records: list[tuple[int, Record]]) -> None:
+        """Apply records found by scanning regions (region, record): the newest per slot wins
+        (a tie is the same record, moved), never one older than what the slot held."""
+        newest: dict[int, tuple[int, Record]] = {}
+        for region, record in records:
+            slot = record.slot
+            if slot >= self.num_blocks:
+                continue
+            held = newest.get(slot)
+            floor = held[1].seq if held is not None else int(self.seq[slot])
+            if record.seq >= floor:
+                newest[slot] = (region, record)
+        kept: dict[int, tuple[int, Record]] = {}
+        key_slot: dict[OffloadKey, int] = {}
+        ordered = sorted(newest.values(), key=lambda item: item[1].seq)
+        found = self._find_many([record.key for _, record in ordered])
+        for (region, record), checkpointed in zip(ordered, found, strict=True):
+            if record.codec != TOMBSTONE:
+                other = key_slot.get(record.key)
+                if other is None:
+                    other = checkpointed  # the checkpoint's slot of the key
+                    if other is not None and other in newest:
+                        other = None  # that slot was written over since
+                if (
+                    other is not None
+                    and other != record.slot
+                    and kept.pop(other, None) is None  # else a scanned record: not kept
+                ):
+                    self.region[other] = NO_REGION  # the checkpoint's older slot: dropped
+                key_slot[record.key] = record.slot
+            kept[record.slot] = (region, record)
+        if not kept:
+            return
+        items = list(kept.values())
+        slots = np.array([record.slot for _, record in items], dtype=np.int64)
+        self.region[slots] = [region for region, _ in items]
+        self.offset[slots] = [record.offset for _, record in items]
+        self.length[slots] = [record.length for _, record in items]
+        self.codec[slots] = [record.codec for _, record in items]
+        self.seq[slots] = [record.seq for _, record in items]
+        self.checksum[slots] = [record.checksum for _, record in items]
+        self._widen(max(len(record.key) for _, record in items))
+        width = self.keys.shape[1]
+        rows = b"".join(record.key.ljust(width, b"\0") for _, record in items)
+        self.keys[slots] = np.frombuffer(rows, dtype=np.uint8).reshape(len(items), width)
+        self.key_len[slots] = [len(record.key) for _, record in items]
+        self.written.update(key_slot)
+
+    def rebuild(self, hashed: bool) -> int:
+        """After a restart: the live bytes per region, the block count, and unless the
+        checkpoint brought them (`hashed`: the keys found since are in `written`) the key
+        hashes, a key held in several slots kept only in its newest; the blocks dropped as
+        duplicates. Array operations only (no object per block)."""
+        held = np.flatnonzero(self.region != NO_REGION)
+        sizes = RECORD_HEADER_BYTES + ((self.key_len[held].astype(np.int64) + 7) & ~7)
+        sizes += (self.length[held].astype(np.int64) + 7) & ~7
+        self.live[:] = np.bincount(self.region[held], weights=sizes, minlength=self.num_regions)
+        if hashed:
+            self.blocks = int(
+                np.count_nonzero(self.region[held] >= 0)
+                - np.count_nonzero(self.codec[held] == TOMBSTONE)
+            )
+            return 0
+        self.written.clear()
+        self._hash_held()
+        same = np.flatnonzero(self._hashes[1:] == self._hashes[:-1])
+        dropped = 0
+        seen: dict[bytes, int] = {}
+        for at in np.unique(np.concatenate([same, same + 1])).tolist():
+            slot = int(self._hashed_slots[at])
+            key = self._key(slot)
+            older = seen.get(key)
+            if older is None:
+                seen[key] = slot
+                continue
+            keep, drop = (slot, older) if self.seq[slot] > self.seq[older] else (older, slot)
+            seen[key] = keep
+            self._clear(drop)
+            dropped += 1
+        self.blocks = int(np.count_nonzero((self.region != NO_REGION) & (self.codec != TOMBSTONE)))
+        return dropped
+
+
+def sorted_hashes(
+    keys: np.ndarray[Any, Any],
+    key_len: np.ndarray[Any, Any],
+    region: np.ndarray[Any, Any],
+    codec: np.ndarray[Any, Any],
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(the hashes of the keys of the slots holding a block, sorted; those slots in the same
+    order): what a look-up searches, and what a checkpoint stores so an open need not."""
+    held = np.flatnonzero((region != NO_REGION) & (codec != TOMBSTONE))
+    hashes = _row_hashes(keys[held], key_len[held])
+    order = np.argsort(hashes)  # any order among equal hashes: each is confirmed
+    return hashes[order], held[order].astype(np.int32)
+
+
+_MASK = (1 << 64) - 1
+_LENGTH_MIX = 0x9E3779B97F4A7C15
+_WORD_MIX = 0xFF51AFD7ED558CCD
+
+
+def _key_hash(key: bytes, width: int) -> int:
+    """`_row_hashes` of one key, in Python integers (no array built for one key)."""
+    padded = key.ljust(width, b"\0")
+    value = (len(key) * _LENGTH_MIX) & _MASK
+    for at in range(0, width, 8):
+        value ^= int.from_bytes(padded[at : at + 8], "little")
+        value = (value * _WORD_MIX) & _MASK
+        value ^= value >> 33
+    return value
+
+
+def _row_hashes(rows: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A 64-bit hash of each zero-padded key row (its length mixed in), with array operations."""
+    words = np.ascontiguousarray(rows).view(np.uint64)
+    with np.errstate(over="ignore"):
+        hashes = lengths.astype(np.uint64) * np.uint64(_LENGTH_MIX)
+        for column in range(words.shape[1]):
+            hashes ^= words[:, column]
+            hashes *= np.uint64(_WORD_MIX)
+            hashes ^= hashes >> np.uint64(33)
+    return hashes
+
+
+class LogRestored:
+    """The blocks a log store held when it opened (`LogStore.restore_cold`), as a view over
+    its index: a slot counts while it holds the record it held then (same sequence number:
+    a record moved by reclaiming is the same record). Its look-ups take no disk access."""
+
+    __slots__ = ("_index", "_seq")
+
+    def __init__(self, index: LogIndex) -> None:
+        self._index = index
+        with index.lock:
+            held = (index.region != NO_REGION) & (index.codec != TOMBSTONE)
+            self._seq = np.where(held, index.seq, np.uint64(0))
+
+    def _still(self, slot: int) -> bool:
+        index = self._index
+        return bool(
+            self._seq[slot] != 0
+            and index.seq[slot] == self._seq[slot]
+            and index.region[slot] != NO_REGION
+            and index.codec[slot] != TOMBSTONE
+        )
+
+    def slots(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The slots of the restored blocks still held, oldest first."""
+        index = self._index
+        with index.lock:
+            slots = np.flatnonzero(self._seq != 0)
+            still = (index.seq[slots] == self._seq[slots]) & (index.region[slots] != NO_REGION)
+            slots = slots[still & (index.codec[slots] != TOMBSTONE)]
+            ordered: np.ndarray[Any, np.dtype[np.int64]] = slots[
+                np.argsort(self._seq[slots], kind="stable")
+            ].astype(np.int64)
+            return ordered
+
+    def slot_of(self, key: OffloadKey) -> int | None:
+        """The slot of restored block `key` while the store holds it there, or None."""
+        index = self._index
+        with index.lock:
+            slot = index._find(key)
+            return slot if slot is not None and self._still(slot) else None
+
+    def key_of(self, slot: int) -> OffloadKey | None:
+        """The key of the restored block in `slot` while it holds it, or None."""
+        index = self._index
+        with index.lock:
+            return index._key(slot) if self._still(slot) else None

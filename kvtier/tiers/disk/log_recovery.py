@@ -1,0 +1,156 @@
+"""Opening a log store: its index from the last checkpoint, then only the regions written
+since scanned, every record found there verified before it is indexed.
+
+In order: the checkpoint (log_checkpoint.py; absent, damaged or of another geometry: none);
+every region's first page (its epoch: a region reused since the checkpoint, or one whose page
+is damaged or cut off, loses the checkpoint's records in it); the regions scanned from where
+the checkpoint left them (from their start when reused), each record's bytes verified; the
+newest record per slot kept (never one older than what the checkpoint held there), a key kept
+only in its newest slot. What was dropped is counted and said (`problems`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.tiers.disk import log_checkpoint
+from kvtier.tiers.disk.log_files import LogFiles
+from kvtier.tiers.disk.log_format import (
+    CHECKPOINT_DIR,
+    LOG_FORMAT_VERSION,
+    REGION_HEADER_BYTES,
+    TOMBSTONE,
+    Record,
+    bound_checksum,
+    parse_region_header,
+    scan_records,
+)
+from kvtier.tiers.disk.log_index import LogIndex, sorted_hashes
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Opened:
+    """What an open found: where numbering resumes, and what it dropped, one line each."""
+
+    next_seq: int = 1
+    next_epoch: int = 1
+    from_checkpoint: bool = False
+    scanned_regions: int = 0
+    scanned_records: int = 0
+    dropped: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def checkpoint_meta(fingerprint: str, index: LogIndex, region_bytes: int) -> dict[str, Any]:
+    """What a checkpoint must have been written for to be used."""
+    return {
+        "version": LOG_FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "num_blocks": index.num_blocks,
+        "num_regions": index.num_regions,
+        "region_bytes": region_bytes,
+    }
+
+
+def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes) -> Opened:
+    """Fill `index` from the checkpoint and the regions written since (see the module)."""
+    opened = Opened()
+    geo = files.geo
+    meta = checkpoint_meta(fingerprint, index, geo.region_bytes)
+    arrays = log_checkpoint.load(files.root / CHECKPOINT_DIR, meta)
+    epochs = np.zeros(geo.num_regions, dtype=np.uint64)
+    whole = np.zeros(geo.num_regions, dtype=bool)
+    page = np.empty(REGION_HEADER_BYTES, dtype=np.uint8)
+    for region in range(geo.num_regions):
+        if files.base(region) + geo.region_bytes > files.found_bytes:
+            continue
+        whole[region] = True
+        try:
+            got = files.read_into(region, 0, page)
+        except OSError as error:
+            opened.problems.append(f"region {region}: its first page is unreadable ({error})")
+            continue
+        epochs[region] = parse_region_header(
+            page[:got].tobytes(), namespace, region, geo.region_bytes
+        )
+        if epochs[region] == 0 and page[:got].any():
+            opened.problems.append(f"region {region}: its first page is damaged (not read)")
+    if arrays is not None:
+        meta_values = arrays.pop("meta")
+        index.load(arrays)
+        dropped = index.settle(epochs, whole)
+        if dropped:
+            opened.problems.append(
+                f"{dropped} checkpointed blocks in regions reused or lost since were dropped"
+            )
+        opened.dropped += dropped
+        opened.from_checkpoint = True
+        opened.next_seq = int(meta_values[0])
+        opened.next_epoch = int(meta_values[1])
+    else:
+        index.epoch[:] = epochs
+    found: list[tuple[int, Record]] = []
+    torn = 0
+    for region in np.flatnonzero(epochs).tolist():
+        start = max(int(index.fill[region]), REGION_HEADER_BYTES)
+        if start >= geo.region_bytes:
+            continue
+        full = np.zeros(geo.region_bytes, dtype=np.uint8)
+        try:
+            got = files.read_into(region, start, full[start:])
+        except OSError as error:
+            opened.problems.append(f"region {region}: unreadable past the checkpoint ({error})")
+            continue
+        view = full.data
+        records, end = scan_records(view, namespace, int(epochs[region]), start, start + got)
+        opened.scanned_regions += 1
+        for record in records:
+            at = record.offset + record.payload_offset
+            if record.codec != TOMBSTONE and record.checksum != bound_checksum(
+                namespace,
+                record.key,
+                record.slot,
+                record.length,
+                record.codec,
+                record.seq,
+                view[at : at + record.length],
+            ):
+                torn += 1
+                continue
+            found.append((region, record))
+        index.fill[region] = end
+    if torn:
+        opened.problems.append(f"{torn} records of an interrupted write were not indexed")
+    opened.scanned_records = len(found)
+    index.replay(found)
+    duplicates = index.rebuild(hashed=arrays is not None)
+    opened.dropped += duplicates
+    seqs = [record.seq for _, record in found]
+    top_seq = max([int(index.seq.max()) if index.num_blocks else 0, *seqs, 0])
+    opened.next_seq = max(opened.next_seq, top_seq + 1)
+    opened.next_epoch = max(opened.next_epoch, int(epochs.max(initial=0)) + 1)
+    for problem in opened.problems:
+        _LOG.warning("log store %s: %s", files.root, problem)
+    return opened
+
+
+def save_checkpoint(
+    root: Path, fingerprint: str, index: LogIndex, region_bytes: int, next_seq: int, epoch: int
+) -> None:
+    """Write the index as the store's checkpoint (blocking: call it off the write path)."""
+    arrays, written = index.snapshot()
+    hashes, slots = sorted_hashes(
+        arrays["keys"], arrays["key_len"], arrays["region"], arrays["codec"]
+    )
+    arrays["hashes"], arrays["hashed_slots"] = hashes, slots
+    meta = checkpoint_meta(fingerprint, index, region_bytes)
+    meta.update(next_seq=next_seq, next_epoch=epoch)
+    log_checkpoint.save(root / CHECKPOINT_DIR, meta, arrays)
+    index.adopt(hashes, slots, int(arrays["keys"].shape[1]), written)

@@ -1,0 +1,33 @@
+"""The log layout's benchmarks run end to end at a small size and print their rows (figures
+are not asserted: only that every row is there and every block read back was intact)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_log_restart_prints_both_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtier_tools.bench import log_restart
+
+    log_restart.main(["--blocks", "3000", "--after", "600", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "clean    3000 blocks" in out and "kill -9  3000 blocks" in out
+    assert "B/block" in out
+
+
+def test_log_writes_prints_raw_and_both_layouts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtier_tools.bench import log_writes
+
+    small = ["--block-bytes", "4096", "--group", "8", "--repeats", "4", "--reads", "8"]
+    log_writes.main(["--dir", str(tmp_path), *small])
+    out = capsys.readouterr().out
+    assert out.startswith("raw ")
+    for row in ("slots fsync=on ", "slots fsync=off", "log   fsync=on ", "log   fsync=off"):
+        assert row in out, out
+    assert not list(tmp_path.iterdir())  # its files removed

@@ -1,0 +1,712 @@
+"""LogStore (`layout = "log"`): the BlockStorage suite, then what the log layout promises:
+restart from the checkpoint and the regions written since, reclaiming by region with every
+live block kept, forgets that survive a restart, the old format refused, faults as misses."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from kvtier.errors import DirectIOError, DiskLayoutError, DiskTierError
+from kvtier.keys import OffloadKey, key_from_int
+from kvtier.testing.storage import StorageTests, empty_buffers
+from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk.jobs import WriteJob
+from kvtier.tiers.disk.log_store import LogStore
+from kvtier.tiers.disk.testing import deterministic_block
+from kvtier.tiers.storage import BlockStorage, ReadFailure
+
+BLOCK = 4096
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def k(i: int) -> OffloadKey:
+    return key_from_int(i)
+
+
+def open_log(directory: Path, **kwargs: Any) -> LogStore:
+    options: dict[str, Any] = {"block_size": BLOCK, "num_blocks": 16, "direct_io": False}
+    options.update(kwargs)
+    return LogStore(directory, **options)
+
+
+async def write_ok(store: LogStore, ids: list[int], slots: list[int]) -> None:
+    blocks = [deterministic_block(i, store.block_size) for i in ids]
+    assert await store.write([k(i) for i in ids], slots, blocks) == [None] * len(ids)
+
+
+async def read(store: LogStore, ids: list[int], slots: list[int]) -> tuple[list[Any], list[Any]]:
+    buffers = empty_buffers(len(ids), store.block_size)
+    return await store.read([k(i) for i in ids], slots, buffers), buffers
+
+
+async def assert_intact(store: LogStore, ids: list[int], slots: list[int]) -> None:
+    results, buffers = await read(store, ids, slots)
+    assert results == [None] * len(ids)
+    for i, buffer in zip(ids, buffers, strict=True):
+        assert np.array_equal(buffer, deterministic_block(i, store.block_size)), i
+
+
+class LogStorageTests(StorageTests):
+    compression: ClassVar[str] = "none"
+    direct_io: ClassVar[bool] = False
+
+    def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> BlockStorage:
+        try:
+            return LogStore(
+                tmp_path / "disk",
+                block_size=block_size,
+                num_blocks=num_blocks,
+                compression=self.compression,  # type: ignore[arg-type]
+                direct_io=self.direct_io,
+            )
+        except DirectIOError as error:
+            pytest.skip(f"no O_DIRECT here: {error}")
+
+    def backdoor_read(self, storage: BlockStorage, slot: int) -> bytes:
+        assert isinstance(storage, LogStore)
+        row = storage._index.row(slot)
+        assert row is not None
+        buffer = np.empty(storage.block_size, dtype=np.uint8)
+        assert storage._reader.read([row.key], [slot], [buffer]) == [None]
+        return buffer.tobytes()
+
+    def backdoor_write(
+        self, storage: BlockStorage, key: OffloadKey, slot: int, data: bytes
+    ) -> None:
+        assert isinstance(storage, LogStore)
+        buffer = np.frombuffer(data, dtype=np.uint8).copy()
+        assert storage._lane.commit([WriteJob([key], [slot], [buffer], None)]) == [[None]]
+
+
+class TestLogStoreRaw(LogStorageTests):
+    pass
+
+
+class TestLogStoreZstd(LogStorageTests):
+    compression = "zstd"
+
+
+class TestLogStoreDirect(LogStorageTests):
+    direct_io = True
+
+
+# --------------------------------------------------------------------------------------------
+# Restart, reclaiming, forgets
+# --------------------------------------------------------------------------------------------
+
+
+async def test_reopened_store_restores_every_block_oldest_first(tmp_path: Path) -> None:
+    store = open_log(tmp_path)
+    await write_ok(store, [10, 11, 12], [5, 0, 9])
+    await write_ok(store, [13], [1])
+    await store.aclose()
+    again = open_log(tmp_path)
+    try:
+        assert [(b.key, b.slot) for b in again.restore()] == [
+            (k(10), 5),
+            (k(11), 0),
+            (k(12), 9),
+            (k(13), 1),
+        ]
+        assert again.opened.from_checkpoint and again.opened.scanned_records == 0
+        await assert_intact(again, [10, 11, 12, 13], [5, 0, 9, 1])
+    finally:
+        await again.aclose()
+
+
+async def test_restart_without_a_checkpoint_scans_the_regions(tmp_path: Path) -> None:
+    store = open_log(tmp_path)
+    await write_ok(store, [1, 2, 3], [0, 1, 2])
+    await store.forget([k(2)])
+    await write_ok(store, [4], [0])  # slot 0 written over
+    store._lane.close()  # as a killed process: no last checkpoint
+    store._files.close()
+    again = open_log(tmp_path)
+    try:
+        assert not again.opened.from_checkpoint
+        assert sorted((b.key, b.slot) for b in again.restore()) == [(k(3), 2), (k(4), 0)]
+        await assert_intact(again, [3, 4], [2, 0])
+        results, _ = await read(again, [1, 2], [0, 1])
+        assert results == [ReadFailure.NOT_INDEXED] * 2
+    finally:
+        await again.aclose()
+
+
+async def test_reclaiming_keeps_every_live_block_through_many_overwrites(tmp_path: Path) -> None:
+    store = open_log(tmp_path, num_blocks=32)
+    model: dict[int, int] = {}
+    rng = random.Random(3)
+    try:
+        for step in range(120):
+            slots = rng.sample(range(32), 4)
+            ids = [step * 10 + i for i in range(4)]
+            await write_ok(store, ids, slots)
+            model.update(zip(slots, ids, strict=True))
+        assert store.moved_bytes > 0, "no region was reclaimed"
+        assert store._lane.opened > store.num_regions
+        await assert_intact(store, list(model.values()), list(model))
+        assert len(store) == len(model)
+    finally:
+        await store.aclose()
+    again = open_log(tmp_path, num_blocks=32)
+    try:
+        assert sorted((b.slot, b.key) for b in again.restore()) == sorted(
+            (slot, k(i)) for slot, i in model.items()
+        )
+        await assert_intact(again, list(model.values()), list(model))
+    finally:
+        await again.aclose()
+
+
+async def test_an_lru_workload_moves_little(tmp_path: Path) -> None:
+    """Slots written over oldest first (an LRU tier's evictions): regions empty as they age,
+    so reclaiming moves almost nothing (write amplification near 1)."""
+    store = open_log(tmp_path, num_blocks=64)
+    try:
+        for step in range(40):
+            ids = list(range(step * 16, step * 16 + 16))
+            await write_ok(store, ids, [i % 64 for i in ids])
+        assert store.write_amplification < 1.2, store.write_amplification
+    finally:
+        await store.aclose()
+
+
+async def test_a_per_block_store_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    old = DiskStore(tmp_path, block_size=BLOCK, num_blocks=4, direct_io=False)
+    await old.aclose()
+    with pytest.raises(DiskLayoutError) as caught:
+        open_log(tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and "remove" in message and "lost" in message
+
+
+async def test_a_damaged_region_header_loses_its_blocks_never_serves_them(tmp_path: Path) -> None:
+    store = open_log(tmp_path, num_blocks=8)
+    await write_ok(store, [1, 2], [0, 1])
+    region = int(store._index.region[0])
+    path, base = store._files.root / "regions.bin", store._files.base(region)
+    store._lane.close()
+    store._files.close()
+    with open(path, "r+b") as file:
+        file.seek(base + 8)
+        file.write(b"\xff\xff")
+    again = open_log(tmp_path, num_blocks=8)
+    try:
+        assert any("damaged" in problem for problem in again.opened.problems)
+        results, _ = await read(again, [1, 2], [0, 1])
+        assert results == [ReadFailure.NOT_INDEXED] * 2
+        await write_ok(again, [3], [0])
+        await assert_intact(again, [3], [0])
+    finally:
+        await again.aclose()
+
+
+async def test_a_truncated_regions_file_and_a_rotten_byte_are_misses(tmp_path: Path) -> None:
+    store = open_log(tmp_path, num_blocks=64)
+    ids = list(range(64))
+    for first in range(0, 64, 8):
+        await write_ok(store, ids[first : first + 8], ids[first : first + 8])
+    await store.aclose()
+    path = store._files.root / "regions.bin"
+    size = path.stat().st_size
+    with open(path, "r+b") as file:
+        file.truncate(store.region_bytes * 2)  # the regions past the second are cut off
+    again = open_log(tmp_path, num_blocks=64)
+    try:
+        restored = {b.slot for b in again.restore()}
+        held = [i for i in ids if i in restored]
+        gone = [i for i in ids if i not in restored]
+        assert gone, "the truncation cut nothing"
+        await assert_intact(again, held, held)
+        results, _ = await read(again, gone, gone)
+        assert results == [ReadFailure.NOT_INDEXED] * len(gone)
+        assert path.stat().st_size == size  # grown back
+        if held:
+            row = again._index.row(held[0])
+            assert row is not None
+            with open(path, "r+b") as file:
+                file.seek(again._files.base(row.region) + row.payload_offset + 100)
+                file.write(b"\x00\x01\x02")
+            results, _ = await read(again, held[:1], held[:1])
+            assert results == [ReadFailure.CHECKSUM]
+            report = again.check(repair=True)
+            assert len(report.problems) == 1 and report.repaired == 1
+    finally:
+        await again.aclose()
+
+
+async def test_write_failures_fail_their_blocks_and_nothing_else(tmp_path: Path) -> None:
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    store = open_log(tmp_path, io=io)
+    try:
+        await write_ok(store, [1], [0])
+        io.inject("pwritev", errno.ENOSPC)
+        results = await store.write(
+            [k(2), k(3)], [1, 2], [deterministic_block(i, BLOCK) for i in (2, 3)]
+        )
+        assert all(isinstance(result, OSError) for result in results)
+        io.clear()
+        await write_ok(store, [4], [3])
+        await assert_intact(store, [1, 4], [0, 3])
+        misses, _ = await read(store, [2, 3], [1, 2])
+        assert misses == [ReadFailure.NOT_INDEXED] * 2
+    finally:
+        await store.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# kill -9 in a loop while regions are reclaimed
+# --------------------------------------------------------------------------------------------
+
+_SLOTS = 48
+_WRITER = f"""
+import asyncio, os, random, signal, sys
+from kvtier.keys import key_from_int
+from kvtier.tiers.disk import FileIO
+from kvtier.tiers.disk.log_store import LogStore
+from kvtier.tiers.disk.testing import deterministic_block
+
+class TornIO(FileIO):
+    calls = 0
+    def pwritev(self, fd, buffers, offset):
+        TornIO.calls += 1
+        if TornIO.calls == TEAR_AT:
+            data = b"".join(bytes(buffer) for buffer in buffers)
+            os.pwrite(fd, data[: len(data) // 2], offset)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().pwritev(fd, buffers, offset)
+
+def slot(i):
+    return random.Random(i // 4).sample(range({_SLOTS}), 4)[i % 4]
+
+async def main():
+    store = LogStore(sys.argv[1], block_size={BLOCK}, num_blocks={_SLOTS}, direct_io=False,
+                     compression=sys.argv[2], io=TornIO(), fsync=sys.argv[5] == "1")
+    store.checkpoint_every = 3
+    first = int(sys.argv[4])
+    while True:
+        groups = [list(range(first + g * 4, first + (g + 1) * 4)) for g in range(3)]
+        print("begin", groups[-1][-1], flush=True)
+        writes = [
+            store.write([key_from_int(i) for i in group], [slot(i) for i in group],
+                        [deterministic_block(i, {BLOCK}) for i in group])
+            for group in groups
+        ]
+        results = await asyncio.gather(*writes)
+        done = [i for g, r in zip(groups, results) for i, e in zip(g, r) if e is None]
+        print("stored", *done, "moved", store.moved_bytes, flush=True)
+        first += 12
+
+TEAR_AT = int(sys.argv[3])
+asyncio.run(main())
+"""
+
+
+def _slot(i: int) -> int:
+    """The slot of block `i`: random, distinct within each batch of four."""
+    return random.Random(i // 4).sample(range(_SLOTS), 4)[i % 4]
+
+
+def _run_writer(
+    directory: Path, compression: str, tear_at: int, first: int, bursts: int, fsync: bool
+) -> tuple[set[int], int, int]:
+    """Run the writer until `bursts` bursts are reported (then SIGKILL it) or it tears a
+    write and kills itself; (ids reported stored, last id attempted, bytes moved)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    child = subprocess.Popen(
+        [
+            *(sys.executable, "-c", _WRITER, str(directory), compression, str(tear_at)),
+            *(str(first), "1" if fsync else "0"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stored: set[int] = set()
+    attempted = first - 1
+    moved = 0
+    seen = 0
+
+    def take(line: str) -> None:
+        nonlocal attempted, moved, seen
+        words = line.split()
+        if words and words[0] == "begin":
+            attempted = int(words[1])
+        elif words and words[0] == "stored":
+            stored.update(int(w) for w in words[1:-2])
+            moved = int(words[-1])
+            seen += 1
+
+    watchdog = threading.Timer(60, child.kill)
+    watchdog.start()
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        while tear_at or seen < bursts:
+            line = child.stdout.readline()
+            if not line:
+                break
+            take(line)
+        if not tear_at:
+            os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        for line in child.stdout:
+            take(line)
+        errors = child.stderr.read()
+    finally:
+        watchdog.cancel()
+        child.kill()
+        child.wait()
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+    assert child.returncode == -signal.SIGKILL, errors
+    return stored, attempted, moved
+
+
+@pytest.mark.parametrize(
+    ("compression", "tear_at", "fsync"),
+    [("none", 0, True), ("zstd", 0, True), ("none", 23, True), ("none", 0, False)],
+    ids=["killed-raw", "killed-zstd", "torn-write-raw", "killed-raw-no-fsync"],
+)
+async def test_kill_loop_during_reclaim_loses_no_stored_block_and_serves_no_wrong_one(
+    tmp_path: Path, compression: str, tear_at: int, fsync: bool
+) -> None:
+    """A writer over 48 slots in small regions (reclaiming all the time) is killed with
+    SIGKILL again and again (or tears its 23rd write in half and kills itself), reopened
+    each time; every block reported stored and not written over since is restored intact,
+    and no block ever attempted reads as anything but itself or a miss."""
+    stored: set[int] = set()
+    attempted = -1
+    moved = 0
+    rounds = 1 if tear_at else 4
+    for number in range(rounds):
+        got, attempted, moved_now = _run_writer(
+            tmp_path, compression, tear_at, attempted + 1, bursts=8 + 3 * number, fsync=fsync
+        )
+        stored |= got
+        moved = max(moved, moved_now)
+        store = open_log(tmp_path, num_blocks=_SLOTS, compression=compression)
+        try:
+            restored = {int.from_bytes(b.key[:8], "big"): b.slot for b in store.restore()}
+            assert all(_slot(i) == slot and i <= attempted for i, slot in restored.items())
+            last: dict[int, int] = {}
+            for i in range(attempted + 1):
+                last[_slot(i)] = i
+            survivors = {i for i in stored if last[_slot(i)] == i}
+            assert survivors <= set(restored), sorted(survivors - set(restored))
+            await assert_intact(store, list(restored), list(restored.values()))
+            for first in range(0, attempted + 1, 4):
+                ids = list(range(first, min(first + 4, attempted + 1)))
+                results, buffers = await read(store, ids, [_slot(i) for i in ids])
+                for i, result, buffer in zip(ids, results, buffers, strict=True):
+                    if result is None:
+                        assert np.array_equal(buffer, deterministic_block(i, BLOCK)), i
+        finally:
+            await store.aclose()
+    if not tear_at:
+        assert moved > 0, "no region was reclaimed before a kill"
+
+
+# --------------------------------------------------------------------------------------------
+# In a chain: `layout = "log"` in a config, a restart served from the compact restored view
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+async def test_a_restarted_chain_on_the_log_layout_serves_cold_blocks(
+    tmp_path: Path, policy: str
+) -> None:
+    import torch
+    from hierarchy_helpers import blocks_of, chain_config, key
+
+    from kvtier import Hierarchy
+    from kvtier.manager import TierManager
+
+    config = chain_config(
+        tmp_path, gpu=None, cpu=2, disk=8, policy=policy, write_policy="write-through"
+    )
+    config["tiers"][-1]["layout"] = "log"
+    ks = [key(i) for i in range(8)]
+    async with Hierarchy.from_config(config) as h:
+        assert isinstance(h._open().storages[-1], LogStore)
+        for i in range(8):
+            assert await h.put([ks[i]], blocks_of([ks[i]])) == 1
+            await h.drain()
+    async with Hierarchy.from_config(config) as h:
+        disk = h._open().manager.tiers[-1]
+        assert isinstance(disk, TierManager)
+        assert len(disk) == 8 and disk.num_cold == 8
+        assert torch.equal(await h.get([ks[0]]), blocks_of([ks[0]]))
+        new = key(100)
+        assert await h.put([new], blocks_of([new])) == 1
+        await h.drain()
+        assert h.where(ks[1]) is None  # the oldest restored block not used since made room
+        assert all(h.where(k) is not None for k in [new, ks[0], *ks[2:]])
+        h.check()
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_a_store_whose_regions_file_is_taken_fails_closed(tmp_path: Path, how: str) -> None:
+    store = open_log(tmp_path)
+    try:
+        await write_ok(store, [1], [0])
+        path = store._files.root / "regions.bin"
+        path.unlink()
+        if how == "replaced":
+            path.write_bytes(bytes(store.region_bytes))
+        results = await store.write([k(2)], [1], [deterministic_block(2, BLOCK)])
+        assert isinstance(results[0], OSError) and results[0].errno == errno.ESTALE
+        assert store.disabled_reason is not None and how in store.disabled_reason
+        assert len(store) == 0 and k(1) not in store
+        misses, _ = await read(store, [1, 2], [0, 1])
+        assert misses == [ReadFailure.IO_ERROR] * 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_read_only_filesystem_is_one_clear_error_or_failed_stores(
+    tmp_path: Path,
+) -> None:
+    """EROFS opening the regions file fails the open with one line; EROFS on writes (the
+    filesystem remounted read-only while open) fails those stores, and reads go on."""
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    io.inject("open", errno.EROFS, path_suffix="regions.bin")
+    with pytest.raises(DiskTierError, match=r"cannot open .*regions\.bin") as caught:
+        open_log(tmp_path, io=io)
+    assert "\n" not in str(caught.value)
+    io.clear()
+    store = open_log(tmp_path, io=io)
+    try:
+        await write_ok(store, [1], [0])
+        io.inject("pwritev", errno.EROFS)
+        results = await store.write([k(2)], [1], [deterministic_block(2, BLOCK)])
+        assert isinstance(results[0], OSError) and results[0].errno == errno.EROFS
+        await assert_intact(store, [1], [0])
+    finally:
+        await store.aclose()
+
+
+async def test_enospc_while_reclaiming_fails_groups_and_keeps_every_stored_block(
+    tmp_path: Path,
+) -> None:
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    store = open_log(tmp_path, num_blocks=32, io=io)
+    model: dict[int, int] = {}
+    rng = random.Random(5)
+    failed = 0
+    try:
+        for step in range(150):
+            if step == 60:
+                io.inject("pwritev", errno.ENOSPC, times=6)
+            slots = rng.sample(range(32), 4)
+            ids = [step * 10 + i for i in range(4)]
+            blocks = [deterministic_block(i, BLOCK) for i in ids]
+            results = await store.write([k(i) for i in ids], slots, blocks)
+            for slot, i, result in zip(slots, ids, results, strict=True):
+                if result is None:
+                    model[slot] = i
+                else:
+                    failed += 1
+        assert failed > 0 and store.moved_bytes > 0
+        held = [slot for slot in model if store._index.row(slot) is not None]
+        await assert_intact(store, [model[slot] for slot in held], held)
+        assert len(held) == len(model)  # a failed write leaves the slot's last stored block
+    finally:
+        await store.aclose()
+
+
+async def test_a_checkpoint_newer_than_the_regions_serves_no_wrong_byte(tmp_path: Path) -> None:
+    """The regions file put back as it was before later writes (a restored backup), under
+    the checkpoint of those writes: each block reads as itself or a counted miss."""
+    import shutil
+
+    store = open_log(tmp_path, num_blocks=32)
+    for first in range(0, 32, 4):
+        await write_ok(store, list(range(first, first + 4)), list(range(first, first + 4)))
+    await store.aclose()
+    path = store._files.root / "regions.bin"
+    shutil.copy(path, tmp_path / "backup")
+    store = open_log(tmp_path, num_blocks=32)
+    for first in range(100, 196, 4):
+        ids = list(range(first, first + 4))
+        await write_ok(store, ids, [i % 32 for i in ids])
+    await store.aclose()
+    shutil.copy(tmp_path / "backup", path)
+    again = open_log(tmp_path, num_blocks=32)
+    try:
+        served = 0
+        for newest in (range(0, 32), range(164, 196)):
+            ids = list(newest)
+            results, buffers = await read(again, ids, [i % 32 for i in ids])
+            for i, result, buffer in zip(ids, results, buffers, strict=True):
+                if result is None:
+                    served += 1
+                    assert np.array_equal(buffer, deterministic_block(i, BLOCK)), i
+        assert again.stats.read_failures or served == 32
+    finally:
+        await again.aclose()
+
+
+# --------------------------------------------------------------------------------------------
+# `kvtier check` of a log store
+# --------------------------------------------------------------------------------------------
+
+
+def test_kvtier_check_reports_and_repairs_a_damaged_log_store(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kvtier.cli import main
+    from kvtier.config import load_config
+    from kvtier.tiers.disk.kind import DiskTierConfig
+
+    config_path = tmp_path / "chain.toml"
+    config_path.write_text(
+        f'block_size = {BLOCK}\nmodel_id = "m"\n[[tiers]]\nname = "ssd"\nmedium = "disk"\n'
+        f'capacity = 16\nlayout = "log"\npath = "{tmp_path / "tier"}"\n'
+    )
+    config = load_config(config_path)
+    tier = config.tiers[-1]
+    assert isinstance(tier, DiskTierConfig) and tier.layout == "log"
+    store = LogStore.from_config(tier, config.block_size, config.model_id)
+    ids = list(range(6))
+    blocks = [deterministic_block(i, BLOCK) for i in ids]
+    assert not any(asyncio.run(store.write([k(i) for i in ids], ids, blocks)))
+    row = store._index.row(2)
+    assert row is not None
+    at = store._files.base(row.region) + row.payload_offset + 10
+    store.close()
+    with open(store._files.root / "regions.bin", "r+b") as file:
+        file.seek(at)
+        file.write(b"\x55\xaa")
+
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(main, ["check", *args])
+        return result.exit_code, result.stdout + result.stderr
+
+    code, out = run("--config", str(config_path))
+    assert code == 1, out
+    assert "6 blocks checked" in out and "checksum" in out
+    code, out = run("--config", str(config_path), "--repair")
+    assert code == 3, out
+    code, out = run(str(tmp_path / "tier"))
+    assert code == 0, out
+    assert "5 blocks checked" in out
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+async def test_a_key_moved_to_another_slot_is_restored_only_in_its_newest(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    store = open_log(tmp_path)
+    await write_ok(store, [7, 8], [1, 2])
+    if checkpointed:
+        await store.aclose()
+        store = open_log(tmp_path)
+    await write_ok(store, [7], [5])  # the same key, another slot: slot 1 no longer holds it
+    assert k(7) in store and store._index.find(k(7)) == 5
+    store._lane.close()  # killed: no checkpoint of the move
+    store._files.close()
+    again = open_log(tmp_path)
+    try:
+        assert sorted((b.slot, b.key) for b in again.restore()) == [(2, k(8)), (5, k(7))]
+        assert again._index.find(k(7)) == 5
+        await assert_intact(again, [7, 8], [5, 2])
+        misses, _ = await read(again, [7], [1])
+        assert misses == [ReadFailure.NOT_INDEXED]
+    finally:
+        await again.aclose()
+
+
+async def test_a_checkpoint_shrinks_the_key_dict_and_every_key_is_still_found(
+    tmp_path: Path,
+) -> None:
+    store = open_log(tmp_path, num_blocks=64)
+    store.checkpoint_every = store.checkpoint_records = 1 << 30  # none in the background
+    try:
+        for first in range(0, 64, 8):
+            await write_ok(store, list(range(first, first + 8)), list(range(first, first + 8)))
+        assert len(store._index.written) == 64
+        before = store.index_bytes()
+        store.checkpoint()
+        assert not store._index.written and store.index_bytes() < before
+        await write_ok(store, [100, 3], [3, 40])  # 3 moved from slot 3 to 40; 100 in slot 3
+        assert all(k(i) in store for i in [*range(3), *range(4, 40), *range(41, 64), 100, 3])
+        assert store._index.find(k(3)) == 40 and store._index.find(k(40)) is None
+        await store.forget([k(5)])
+        assert k(5) not in store
+        await assert_intact(store, [100, 3, 6], [3, 40, 6])
+    finally:
+        await store.aclose()
+
+
+async def test_a_large_read_is_split_over_the_read_threads_and_stays_exact(
+    tmp_path: Path,
+) -> None:
+    from kvtier.tiers.disk.reader import READ_SPLIT_BYTES
+
+    block = 64 << 10
+    count = max(8, 4 * READ_SPLIT_BYTES // block)
+    store = open_log(tmp_path, block_size=block, num_blocks=count, max_workers=4)
+    try:
+        ids = list(range(count))
+        await write_ok(store, ids, ids[::-1])
+        await assert_intact(store, ids, ids[::-1])
+    finally:
+        await store.aclose()
+
+
+def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
+    from kvtier.errors import InvalidValueError
+
+    for bad in ({"max_workers": 0}, {"region_bytes": 5000}, {"spare": 9}, {"fsync": "yes"}):
+        with pytest.raises(InvalidValueError, match=next(iter(bad))):
+            open_log(tmp_path, **bad)
+
+
+@pytest.mark.parametrize("block", [8192, 12288])
+async def test_a_record_never_crosses_its_region_when_reclaiming_fills_the_new_one(
+    tmp_path: Path, block: int
+) -> None:
+    """Few regions, each holding a handful of blocks: opening a region reclaims another
+    into it, which may leave no room for the record that asked; it goes to the next."""
+    store = open_log(tmp_path, block_size=block, num_blocks=8, direct_io="auto")
+    try:
+        for group in range(24):
+            ids = list(range(group * 8, group * 8 + 8))
+            await write_ok(store, ids, list(range(8)))
+        await assert_intact(store, ids, list(range(8)))
+    finally:
+        await store.aclose()
+
+
+async def test_a_group_that_writes_every_slot_over_moves_nothing(tmp_path: Path) -> None:
+    """Reclaiming skips the old records of the slots the running group writes over: a store
+    rewritten whole, group after group, moves no byte (write amplification 1)."""
+    store = open_log(tmp_path, num_blocks=64)
+    try:
+        for group in range(12):
+            ids = list(range(group * 64, group * 64 + 64))
+            await write_ok(store, ids, list(range(64)))
+        assert store.moved_bytes == 0 and store._lane.opened > store.num_regions
+        await assert_intact(store, ids, list(range(64)))
+    finally:
+        await store.aclose()
