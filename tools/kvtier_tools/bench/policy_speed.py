@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", type=int, default=None, help="first N requests (default all)")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
-    ap.add_argument("--policies", nargs="+", default=["lru", "arc", "lct", "auto"])
+    ap.add_argument("--policies", nargs="+", default=["lru", "arc", "s3fifo", "lct", "auto"])
     ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
     ap.add_argument(
         "--no-floor",
