@@ -302,6 +302,7 @@ class LCTCachePolicy(CachePolicy):
         """Give the core the settings; bind its per-key calls to the instance: every caller
         reaches the core with no Python frame, unless a subclass overrides the method."""
         core, states = self._core, self._states
+        core.capacity = self.cache_capacity
         core.configure(
             self._solve,
             self._horizons,
