@@ -178,6 +178,7 @@ def test_an_lct_takes_over_with_what_its_shadow_learned() -> None:
 def test_a_policy_that_stops_serving_goes_on_as_a_shadow() -> None:
     policy = _warmed(("lct", "lru"))
     lct = policy.policy
+    assert isinstance(lct, LCTCachePolicy)
     policy.serve_with("lru")
     assert policy.shadow("lct") is lct
     _drive(policy, [500, 501, 500])
