@@ -1,5 +1,6 @@
-"""Cache-policy bookkeeping speed: kvtier's LRU / ARC / lct / auto against vLLM 0.33.0's own
-`LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per second.
+"""Cache-policy bookkeeping speed: kvtier's LRU / ARC / S3-FIFO / lct / auto against vLLM
+0.33.0's own `LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per
+second.
 
     VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier_tools.bench.policy_speed \
         [--repeats 5] [--limit N]
