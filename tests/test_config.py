@@ -346,7 +346,7 @@ def test_unknown_policy_lists_valid_ones() -> None:
     data = minimal()
     data["tiers"][2]["policy"] = "mru"
     assert the_problem(data, "tiers[2].policy") == (
-        'tiers[2].policy: unknown cache policy "mru"; valid policies: arc, auto, lct, lru'
+        'tiers[2].policy: unknown cache policy "mru"; valid policies: arc, auto, lct, lru, s3fifo'
     )
 
 

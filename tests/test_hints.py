@@ -109,7 +109,7 @@ async def read_back(h: Hierarchy, i: int) -> None:
     assert out.shape[0] == 1 and torch.equal(out.cpu(), blocks_of([key(i)]))
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc", "lct", "auto"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "lct", "auto"])
 async def test_never_is_dropped_at_the_top_not_demoted(tmp_path: Path, policy: str) -> None:
     async with Hierarchy.from_config(three_tiers(tmp_path, policy)) as h:
         for i in range(3):

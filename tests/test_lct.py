@@ -249,10 +249,11 @@ def _shipped_accesses() -> tuple[list[int], list[bool]]:
     return [block for request in requests for block in request], flags
 
 
-LCT_ON_THE_SHIPPED_TRACE = {0.01: 0.1065, 0.05: 0.2241, 0.10: 0.2960}
+LCT_ON_THE_SHIPPED_TRACE = {0.01: 0.1069, 0.05: 0.2255, 0.10: 0.2960}
 """lct's hit ratios on the whole shipped trace, partial blocks skipped, with the parameters
 chosen on its first half (kvtier_tools.bench.lct_tuning). Before the learned horizon and the sound
-solver (issue 22, item 1): 0.1100, 0.2156, 0.2942."""
+solver (issue 22, item 1): 0.1100, 0.2156, 0.2942; before a class admitted in part took
+a fixed share of its keys (issue 34): 0.1065, 0.2241, 0.2960."""
 ISSUE_TARGETS = {0.01: 0.110, 0.05: 0.220, 0.10: 0.295}
 
 
@@ -276,9 +277,24 @@ def test_lct_figures_on_the_shipped_trace_hold(fraction: float) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="issue 12's target at 1 % (0.110) is not met by the set tuned on the first half "
-    "(0.1065); those at 5 and 10 % are (0.2241, 0.2960)",
+    "(0.1069); those at 5 and 10 % are (0.2255, 0.2960)",
 )
 @pytest.mark.slow
 def test_lct_meets_the_issue_targets_on_the_shipped_trace() -> None:
     for fraction, target in ISSUE_TARGETS.items():
         assert _lct_on_the_shipped_trace(fraction) >= target, fraction
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("length", [600, 1_500])
+def test_a_loop_longer_than_the_cache_keeps_a_fixed_part_of_itself(length: int) -> None:
+    """A loop of 1.2 and 3 capacities: LRU and ARC evict each block just before its turn
+    (0 hits); the optimum keeps a fixed capacity's worth (hit ratio ~ capacity / length).
+    lct learns the loop's class and admits a fixed share of its keys by their hash, only
+    while nothing still expected back would be evicted for them (issue 34: it admitted every
+    n-th miss, each evicting the next block needed: 0.005 at 1.2 capacities)."""
+    capacity = 500
+    keys = list(itertools.islice(itertools.cycle(range(length)), 60 * length))
+    assert simulate("lru", capacity, keys).hits == 0
+    found = simulate("lct", capacity, keys).hit_ratio
+    assert found > 0.75 * capacity / length, found

@@ -17,6 +17,8 @@ from kvtier.keys import key_from_int
 from kvtier.policies import LCTCachePolicy, simulate
 from kvtier.policies import lct as lct_module
 from kvtier.policies.lct import UNLIMITED, _allocate, _Curve
+from kvtier.policies.sampling import sample_point
+from kvtier.testing.policy import ready_block
 
 # -- generated workloads ------------------------------------------------------------------
 
@@ -238,18 +240,28 @@ def test_the_allocation_is_the_relaxed_optimum() -> None:
     assert limits == [100.0, 400.0] and shares == [1.0, 1.0] and fits
 
 
-def test_a_class_admitted_in_part_takes_every_nth_new_block() -> None:
+def test_a_class_admitted_in_part_takes_a_fixed_share_of_its_keys_when_full() -> None:
+    """While the cache has room every key of the class is admitted; once full, the keys whose
+    hash falls in the share, the same keys every time, and only while some resident block
+    is past its limit (nothing still expected back is given up for them)."""
     policy = LCTCachePolicy(8)
     policy.period = 10**9  # keep the limits set below
     policy.limits = [100.0, UNLIMITED, UNLIMITED, UNLIMITED]
     policy.shares = [0.25, 1.0, 1.0, 1.0]
-    keys = [key_from_int(i) for i in range(8)]
-    policy.on_store_miss(keys)
-    assert [policy.admit([key])[0] for key in keys] == [False, False, False, True] * 2
-    assert policy.admit(keys) == [False] * 8  # one call: one decision for the class
-    assert policy.admit(keys) == [False] * 8
-    assert policy.admit(keys) == [False] * 8
-    assert policy.admit(keys) == [True] * 8
+    keys = [key_from_int(i) for i in range(400)]
+    policy.on_store_miss(keys[:8])
+    assert policy.admit(keys[:8]) == [True] * 8  # room: all
+    for key in keys[:8]:
+        policy.insert(key, ready_block())
+    policy.on_store_miss(keys[8:])
+    assert policy.admit(keys[8:20]) == [False] * 12  # full, nothing past its limit
+    policy.on_store_miss([key_from_int(10_000 + i) for i in range(200)])  # all past 100 now
+    chosen = [policy.admit([key])[0] for key in keys[8:]]
+    expected = [sample_point(key) < 0.25 * (1 << 32) for key in keys[8:]]
+    assert chosen == expected and 0.15 < sum(chosen) / len(chosen) < 0.35
+    assert [policy.admit([key])[0] for key in keys[8:]] == chosen  # the same keys again
+    first = policy.admit(keys[8:20])
+    assert len(set(first)) == 1  # one call: one decision for the class
 
 
 # -- evidence -----------------------------------------------------------------------------

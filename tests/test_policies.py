@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.errors import UnknownPolicyError
-from kvtier.policies import POLICIES, ARCCachePolicy, LRUCachePolicy, get_policy_class, simulate
+from kvtier.errors import InvalidValueError, UnknownPolicyError
+from kvtier.policies import (
+    POLICIES,
+    ARCCachePolicy,
+    LRUCachePolicy,
+    S3FIFOCachePolicy,
+    get_policy_class,
+    simulate,
+)
 from kvtier.testing import PolicyTests
 from kvtier.testing.policy import k, ready_block
 
@@ -93,12 +100,72 @@ class TestARC(PolicyTests):
 
 
 def test_registry_names() -> None:
-    assert set(POLICIES) == {"lru", "arc", "lct", "auto"}
+    assert set(POLICIES) == {"lru", "arc", "s3fifo", "lct", "auto"}
     assert get_policy_class("arc") is ARCCachePolicy
 
 
 def test_unknown_policy_lists_the_valid_ones() -> None:
-    with pytest.raises(UnknownPolicyError, match="valid policies: arc, auto, lct, lru"):
+    with pytest.raises(UnknownPolicyError, match="valid policies: arc, auto, lct, lru, s3fifo"):
         get_policy_class("mru")
     with pytest.raises(UnknownPolicyError):
         simulate("fifo", 4, [1, 2, 3])
+
+
+class TestS3FIFO(PolicyTests):
+    policy_class = S3FIFOCachePolicy
+
+    def test_new_blocks_enter_the_small_queue_and_leave_it_first(self) -> None:
+        policy = S3FIFOCachePolicy(10)  # S holds 1 block's share
+        self.fill(policy, range(10))
+        assert policy.queues()["small"] == [k(i) for i in range(10)]
+        evicted = policy.evict(1)
+        assert evicted is not None and evicted[0][0] == k(0)
+        assert policy.queues()["ghost"] == [k(0)]
+
+    def test_a_block_hit_in_the_small_queue_moves_to_main(self) -> None:
+        policy = S3FIFOCachePolicy(10)
+        self.fill(policy, range(10))
+        policy.touch([k(0)])
+        evicted = policy.evict(1)
+        assert evicted is not None and evicted[0][0] == k(1)  # 0 moved to M instead
+        assert policy.queues()["main"] == [k(0)] and policy.frequency(k(0)) == 0
+
+    def test_a_ghost_comes_back_to_main(self) -> None:
+        policy = S3FIFOCachePolicy(10)
+        self.fill(policy, range(10))
+        assert policy.evict(1) is not None  # 0 becomes a ghost
+        policy.on_store_miss([k(0)])
+        policy.insert(k(0), ready_block(0))
+        assert policy.queues()["main"] == [k(0)] and policy.queues()["ghost"] == []
+
+    def test_main_reinserts_a_block_while_its_counter_is_above_zero(self) -> None:
+        policy = S3FIFOCachePolicy(10, small=0.1)
+        for i in range(3):  # three blocks in M, via the ghost queue
+            policy.insert(k(i), ready_block(i))
+            assert policy.evict(1) is not None
+            policy.insert(k(i), ready_block(i))
+        assert policy.queues()["main"] == [k(0), k(1), k(2)]
+        policy.touch([k(0), k(0)])  # counter 2
+        evicted = policy.evict(2)  # S is empty: M, where 0 is reinserted twice
+        assert evicted is not None and [key for key, _ in evicted] == [k(1), k(2)]
+        assert policy.queues()["main"] == [k(0)] and policy.frequency(k(0)) == 1
+
+    def test_the_counter_stops_at_three(self) -> None:
+        policy = S3FIFOCachePolicy(10)
+        self.fill(policy, range(1))
+        policy.touch([k(0)] * 5)
+        assert policy.frequency(k(0)) == 3
+
+    def test_it_beats_lru_on_one_off_scans_over_a_hot_set(self) -> None:
+        keys: list[int] = []
+        fresh = 10_000
+        for _ in range(200):
+            keys.extend(range(20))  # a hot set of 20
+            keys.extend(range(fresh, fresh + 40))  # a scan, never read again
+            fresh += 40
+        assert simulate("s3fifo", 40, keys).hit_ratio > simulate("lru", 40, keys).hit_ratio + 0.2
+
+    @pytest.mark.parametrize("options", [{"small": 0.0}, {"ghosts": -1.0}, {"move_threshold": 4}])
+    def test_rejects_bad_options(self, options: dict[str, float]) -> None:
+        with pytest.raises(InvalidValueError, match="s3fifo"):
+            S3FIFOCachePolicy(10, **options)  # type: ignore[arg-type]

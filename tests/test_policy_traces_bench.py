@@ -84,7 +84,7 @@ def test_the_table_covers_a_public_trace(
         == 0
     )
     printed = capsys.readouterr().out
-    for policy in ("arc", "lru", "lct", "auto", "belady"):
+    for policy in ("arc", "lru", "s3fifo", "lct", "auto", "belady"):
         assert "web12" in printed and f" {policy} " in printed
     table = markdown.read_text()
-    assert table.count("| web12 (4,000,") == 1 and table.count("\n") == 2 + 5
+    assert table.count("| web12 (4,000,") == 1 and table.count("\n") == 2 + 6

@@ -131,7 +131,7 @@ def test_bad_capacities_are_rejected(bad: str) -> None:
 
 def test_policies_are_validated_and_deduplicated() -> None:
     assert parse_policies("LRU, arc,lru") == ("lru", "arc")
-    with pytest.raises(UnknownPolicyError, match="valid policies: arc, auto, lct, lru"):
+    with pytest.raises(UnknownPolicyError, match="valid policies: arc, auto, lct, lru, s3fifo"):
         parse_policies("lru,fifo")
     with pytest.raises(InvalidValueError, match="empty name"):
         parse_policies("lru,,arc")
@@ -321,7 +321,7 @@ def test_unknown_policy_lists_the_valid_ones(tmp_path: Path) -> None:
     one_line_error(
         ["simulate", "--policy", "lru,belady", "--out", str(tmp_path)],
         "'belady'",
-        "valid policies: arc, auto, lct, lru",
+        "valid policies: arc, auto, lct, lru, s3fifo",
     )
 
 

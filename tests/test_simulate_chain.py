@@ -276,7 +276,7 @@ def one_line_error(args: list[str], *needles: str) -> None:
         (["--tiers", "1%,abc"], "--tiers: 'abc'"),
         (["--tiers", "1%,0%"], "--tiers: '0%'"),
         (["--tiers", "1%,5%", "--policy", "lru,arc,lru"], "3 policies for 2 tiers"),
-        (["--tiers", "1%", "--policy", "fifo"], "valid policies: arc, auto, lct, lru"),
+        (["--tiers", "1%", "--policy", "fifo"], "valid policies: arc, auto, lct, lru, s3fifo"),
         (["--tiers", "1%", "--capacity", "5%"], "a chain takes --tiers"),
         (["--tiers", "1%", "--config", "x.toml"], "not both"),
         (["--write-policy", "write-through"], "needs a chain"),

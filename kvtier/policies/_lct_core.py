@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
+from kvtier.policies.sampling import SCALE, sample_point
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
     from kvtier.policies import _cython_shim as cython
@@ -129,6 +130,7 @@ class LCTState:
     clock = cython.declare(cython.longlong, visibility="public")
     since_solve = cython.declare(cython.longlong, visibility="public")
     period = cython.declare(cython.longlong, visibility="public")
+    capacity = cython.declare(cython.longlong, visibility="public")  # the policy's, blocks
     ratio = cython.declare(cython.bint, visibility="public")  # `order == "ratio"`
     _memory: cython.longlong
     _horizons = cython.declare(cython.longlong[::1])  # type: ignore[misc]
@@ -175,6 +177,7 @@ class LCTState:
         self._decided = [-1, -1, -1, -1]
         self.clock = self.since_solve = 0
         self.period = 1
+        self.capacity = 1
         self.ratio = True
         self._memory = 0
         self._horizons = _longs([])
@@ -517,7 +520,6 @@ class LCTState:
         answers: list[bool] = []
         node: cython.int
         cls: cython.int
-        credit: cython.double
         for cls in range(4):
             self._decided[cls] = -1
         for key in keys:
@@ -530,12 +532,35 @@ class LCTState:
             elif self._shares[cls] >= 1.0:
                 answers.append(True)
             else:
-                if self._decided[cls] < 0:
-                    credit = self._credit[cls] + self._shares[cls]
-                    self._decided[cls] = credit >= 1.0
-                    self._credit[cls] = credit - 1.0 if self._decided[cls] else credit
+                if self._decided[cls] < 0:  # the call's first key of the class decides
+                    self._decided[cls] = self._admits_share(key, self._shares[cls])
                 answers.append(self._decided[cls] == 1)
         return answers
+
+    @cython.cfunc
+    def _admits_share(self, key: OffloadKey, share: cython.double) -> cython.int:
+        """Whether a class admitted in part (`share` of its keys) takes `key` (and the keys
+        of its class that follow it in the call): always while the cache has room; when it
+        is full, only a key of the share, by its hash (the same keys every time, so that a
+        loop longer than the cache keeps a fixed part of itself, as the optimum does,
+        instead of each admitted key evicting the next one needed), and only if some
+        resident block is past its limit (a block still expected back is not given up for
+        one of a class that pays less)."""
+        cls: cython.int
+        node: cython.int
+        if len(self._resident) < self.capacity:
+            return 1
+        if sample_point(key) >= share * SCALE:
+            return 0
+        for cls in range(4):
+            node = self._head[cls]
+            if (
+                node >= 0
+                and self._limits[cls] != _INF
+                and self.clock - self._last[node] > self._limits[cls]
+            ):
+                return 1
+        return 0
 
     # -- evict -------------------------------------------------------------------------------
 

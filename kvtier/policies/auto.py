@@ -1,56 +1,57 @@
-"""`auto`: serve with whichever candidate policy (lct, ARC, LRU) a miniature simulation of
-the same workload says is winning now.
+"""`auto`: serve with whichever candidate policy (lct, ARC, S3-FIFO, LRU) a full-size
+simulation of the same accesses says is winning, and switch only when the lead is clear.
 
-No single policy suits every workload: lct wins by a wide margin on conversation traces and
-scan-heavy ones, ARC on some frequency mixes, and plain LRU on a loop that fits (issue 22).
-`auto` keeps, for each candidate, a *shadow*: a real instance of that policy, a small
-fraction of the capacity in size, driven with the accesses of a spatially hashed sample of
-the keys (SHARDS, Waldspurger et al., FAST 2015: a key is sampled when a seeded hash of it,
-as a fraction of 2**32, is below the sampling rate; a sampled key is sampled at every one of
-its accesses, so reuse distances scale with the rate and a shadow of `rate` x capacity
-blocks sees what the full cache would, in miniature). The rate is `SAMPLE_RATE` (1 %), or
-more for a small cache, so that a shadow holds at least `SHADOW_BLOCKS` blocks: a shadow of a
-dozen blocks says nothing.
+No single policy suits every workload: lct wins by a wide margin on conversation traces,
+S3-FIFO and ARC on block-I/O mixes, plain LRU on a loop that fits (issues 22 and 34). `auto`
+runs every candidate at the full capacity, over every access: the one serving is the live
+policy, holding the tier's blocks; each other one is a *shadow*, the same policy holding
+keys only (every key shares one ready `BlockStatus`: metadata, no bytes), driven as
+`simulate` drives a policy. A shadow is not a sample: its hits are the hits that candidate
+would have had, so the choice depends on the workload only, never on which keys a hash
+happened to pick (issue 34: a 1 % SHARDS sample made the result depend on its seed, 0.133 to
+0.178 on one trace).
 
-Every `EPOCH` x shadow capacity sampled accesses (about `EPOCH` capacities of real
-accesses), each shadow's hits of that epoch join an exponentially fading score (`DECAY` per
-epoch), and `auto` switches to the candidate with the best score when it leads the one
-serving by more than `MARGIN` (a hit ratio, over the faded number of sampled accesses) and
-the scores have seen `WARMUP` epochs: the hysteresis that keeps it from flapping on noise.
-Shadows are compared with shadows, on the same sample and at the same scale, so a policy
-that has just taken over (and is still learning) is not judged by its cold start.
+Every `EPOCH` x capacity accesses (at least `MIN_EPOCH`) each candidate's hits of the epoch
+join an exponentially fading score (`DECAY` per epoch). `auto` switches to the best one
+when, after `WARMUP` epochs, and `DWELL` epochs and `MIN_GAP` accesses after its last
+switch (at most one switch per `MIN_GAP` accesses, whatever the noise):
+  - its lead over the serving candidate is above `MARGIN` (a hit ratio) over the faded
+    accesses, plus the cost of a switch (`SWITCH_COST` x capacity hits: what a takeover
+    loses, ARC's ghosts and target; a rebuild of the order is O(capacity) once);
+  - and above `Z` standard deviations of the lead's own noise, estimated from the epochs
+    (batch means: the lead is a faded sum of per-epoch differences, whose variance is their
+    faded spread).
+On a stationary workload the lead of a winner grows as the epochs do and noise as their
+square root; what can still move is a learner's standing (lct trails for its first
+capacities, then leads), hence `MIN_GAP`.
 
-A switch drops nothing: a fresh instance of the winner, at full capacity, adopts every
-resident block (pinned and pending ones too), inserted least recently used first, so its
-first victims are the blocks the old policy's recency would have given up (the adopted
-blocks carry no learned history: lct counts them as seen once, ARC as recent). An lct that
-stops serving is parked, not dropped: it gives up its blocks but hears every access as a
-miss, so it keeps learning, and takes over again, if it does, with its classes' statistics
-and horizon current (a fresh one is LRU-like for its first capacities: on a stationary Zipf
-mix where the shadows judge ARC ahead early, the switch to ARC and back left auto at 0.4323
-against lct's 0.4447; parked, 0.4447). An lct that takes over for the first time starts at
-the horizon its shadow learned. `auto` keeps its own index of the
-resident blocks in recency order for that (and for `get`, `len` and `items`, so a getter
-stays valid across switches); every other decision (admission, eviction order) is the
-serving policy's.
+A switch takes over warm: the winner's shadow becomes the live policy, its state (its
+order, its lists, its counters, its ghosts where the policy allows) for every block the
+tier holds, with the tier's blocks in it; a block the tier holds that the shadow had let go
+comes first in line for eviction (it was already gone, for the winner). The policy that
+stops serving goes on as a shadow with what it held (block references, no bytes; a block
+the tier pins meanwhile is skipped by its evictions, as the live policy's would be).
+  - LRU: the shadow's recency order;
+  - ARC: T1 then T2 in the shadow's order (the T2 blocks touched again), ghosts and target
+    start afresh (`ARCLists` keeps them private);
+  - S3-FIFO: its queues, counters and ghosts (`S3FIFOCachePolicy.adopted`);
+  - lct: the shadow itself, each block removed (remembered as a ghost with its history)
+    and inserted again with the tier's block, oldest access first: its statistics, limits,
+    horizon and every key's class carry over.
 
-Deterministic: the sample is a function of the key and `seed` (CRC-32 of a bytes key,
-splitmix64's finalizer of an int), with no clock and no randomness.
+`auto` keeps its own index of the resident blocks in recency order (for `get`, `len` and
+`items`, so a getter stays valid across switches, and for the blocks a shadow let go);
+every other decision (admission, eviction order) is the serving policy's.
 
-Cost per access: the serving policy's, plus a hash of each accessed key, an ordered-dict
-move for a hit, for the sampled keys (`rate`) one access to each of the three shadows, and,
-while another candidate serves after lct did, the parked lct's bookkeeping of the access.
-Memory: the shadows hold `rate` x capacity blocks each (with their ghosts: lct remembers
-`MEMORY` capacities of keys), plus the index, plus, once lct has stopped serving, the parked
-lct's memory of keys (as much as a serving lct's).
+Cost per access: every candidate's (the live one's and three shadows'), plus an
+ordered-dict move per hit. Memory: per candidate, its own per-key state at full capacity
+(lct remembers `MEMORY` capacities of keys), measured in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
-import itertools
-import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
@@ -62,121 +63,128 @@ from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
+from kvtier.policies.s3fifo import S3FIFOCachePolicy
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
     LCTCachePolicy.name: LCTCachePolicy,
     ARCCachePolicy.name: ARCCachePolicy,
+    S3FIFOCachePolicy.name: S3FIFOCachePolicy,
     LRUCachePolicy.name: LRUCachePolicy,
 }
 """The policies `auto` may serve with, by name."""
-# The tunables were chosen on the first half (by time) of the shipped conversation trace and
-# are reported on other traces too (kvtier_tools.bench.policy_traces).
-CANDIDATES: tuple[str, ...] = ("lct", "arc", "lru")
-"""The candidates, in order of preference on a tie; the first serves until a shadow leads."""
-SAMPLE_RATE = 0.01
-"""Share of the keys the shadows simulate (SHARDS' sampling rate), at the least."""
-SHADOW_BLOCKS = 128
-"""The smallest shadow, in blocks: the rate is raised for a cache smaller than this / rate."""
+CANDIDATES: tuple[str, ...] = ("lct", "arc", "s3fifo", "lru")
+"""The candidates, in order of preference on a tie; the first serves until another leads."""
 EPOCH = 1.0
-"""Sampled accesses between decisions, as a multiple of the shadow capacity."""
+"""Accesses between decisions, as a multiple of the capacity."""
+MIN_EPOCH = 1_000
+"""The shortest epoch, in accesses: a small cache's epochs would be all noise."""
 DECAY = 0.9
-"""Weight a shadow's score keeps at each decision (older hits fade)."""
+"""Weight a candidate's score keeps at each decision (older hits fade)."""
 MARGIN = 0.005
-"""The lead, in hit ratio, a candidate's shadow needs over the serving one's to take over."""
+"""The lead, in hit ratio over the faded accesses, a candidate needs to take over."""
+SWITCH_COST = 0.02
+"""What a switch costs, in hits, as a multiple of the capacity: added to the lead needed."""
+Z = 3.0
+"""The lead must also exceed this many standard deviations of its noise."""
 WARMUP = 4
-Z = 2.0
-"""The lead must also exceed this many standard deviations of the noise between the two
-shadows (about the square root of the sampled accesses where one hit and the other missed)."""
-"""Decisions before the first switch: the shadows' first capacities are all cold misses."""
-
-_SCALE = 1 << 32
-_MASK32 = _SCALE - 1
-_MASK64 = (1 << 64) - 1
-_MIX32 = 0x9E3779B1
-_MIX64 = 0x9E3779B97F4A7C15
-_SPLIT1 = 0xBF58476D1CE4E5B9
-_SPLIT2 = 0x94D049BB133111EB
+"""Decisions before the first switch: every candidate's first capacity is cold misses."""
+DWELL = 4
+"""Decisions after a switch before the next one may be made."""
+MIN_GAP = 100_000
+"""Accesses after a switch before the next one may be made: at most one switch per this
+many accesses, whatever the noise (issue 34's bound on flapping). A candidate that learns
+(lct) trails the others for its first capacities and then leads; without it, a stationary
+Zipf mix had auto switch to S3-FIFO and back to lct within 55,000 accesses."""
 
 
-def sample_point(key: Hashable, seed: int = 0) -> int:
-    """Where `key` falls in [0, 2**32): a seeded, deterministic hash (never Python's `hash`,
-    which is salted per process for bytes). A bytes key (an `OffloadKey`) is hashed by
-    CRC-32, an int (a trace's block id) by splitmix64's finalizer, anything else by the
-    CRC-32 of its repr; a CRC is multiplied by an odd constant so its high bits, which the
-    sampling compares, depend on every bit of the key.
+def _access(
+    policy: CachePolicy,
+    get: Callable[[OffloadKey], BlockStatus | None],
+    key: OffloadKey,
+    block: BlockStatus,
+) -> bool:
+    """One access of a shadow, as `simulate` drives a policy: True on a hit."""
+    one = (key,)
+    if get(key) is not None:
+        policy.touch(one)
+        return True
+    policy.on_store_miss(one)
+    _store(policy, key, block)
+    return False
 
-    Ints are mixed, not just multiplied: a multiplicative hash maps key 0 to point 0, in
-    every sample, and key 0 is the shipped trace's hottest block (the first block of most
-    prompts: 6,016 of the second half's 135,498 accesses). It was 62 % of the sampled
-    accesses at 5 %, every shadow's hits were mostly its hits, and the real differences
-    between the candidates drowned (auto left lct for ARC there: 0.1420, lct 0.1490)."""
-    if type(key) is bytes:
-        point = zlib.crc32(key, seed & _MASK32)
-    elif type(key) is int:
-        mixed = (key + (seed + 1) * _MIX64) & _MASK64
-        mixed = ((mixed ^ (mixed >> 30)) * _SPLIT1) & _MASK64
-        mixed = ((mixed ^ (mixed >> 27)) * _SPLIT2) & _MASK64
-        return (mixed ^ (mixed >> 31)) >> 32
+
+def _store(policy: CachePolicy, key: OffloadKey, block: BlockStatus) -> None:
+    """Store `key` in a shadow if admitted, evicting one block if it is full (skipped when
+    every block is pinned: a former live policy may hold the tier's pinned blocks)."""
+    if not policy.admits_all and not policy.admit((key,))[0]:
+        return
+    if len(policy) >= policy.cache_capacity and not policy.evict(1):
+        return
+    policy.insert(key, block)
+
+
+def _lct_order(policy: LCTCachePolicy) -> list[OffloadKey]:
+    """lct's resident keys, oldest last access first."""
+    last: dict[OffloadKey, int] = {}
+    for key, _ in policy.items():
+        seen = policy._seen(key)
+        last[key] = seen[1] if seen is not None else 0
+    return sorted(last, key=last.__getitem__)
+
+
+def _lct_takes_over(
+    shadow: LCTCachePolicy,
+    entries: Sequence[tuple[OffloadKey, BlockStatus]],
+    blocks: dict[OffloadKey, BlockStatus],
+) -> LCTCachePolicy:
+    """`take_over` of an lct shadow: the shadow itself, with the tier's blocks."""
+    order = _lct_order(shadow)
+    for key in order:
+        shadow.remove(key)  # remembered as a ghost, its history kept
+    held = set(order)
+    for key, block in entries:
+        if key not in held:
+            shadow.insert(key, block)
+    for key in order:
+        if key in blocks:
+            shadow.insert(key, blocks[key])
+    return shadow
+
+
+def take_over(
+    shadow: CachePolicy, entries: Sequence[tuple[OffloadKey, BlockStatus]]
+) -> CachePolicy:
+    """The live policy made of `shadow`: exactly the blocks of `entries` ((key, block),
+    least recently used first, what the tier holds), in the shadow's state; the keys the
+    shadow does not hold first in line for eviction (see the module doc)."""
+    blocks = dict(entries)
+    if isinstance(shadow, S3FIFOCachePolicy):
+        return shadow.adopted(entries)
+    if isinstance(shadow, LCTCachePolicy):
+        return _lct_takes_over(shadow, entries, blocks)
+    live = type(shadow)(shadow.cache_capacity)
+    if isinstance(shadow, ARCCachePolicy):
+        lists = shadow.lists()
+        order, frequent = lists["t1"] + lists["t2"], lists["t2"]
+    elif isinstance(shadow, LRUCachePolicy):
+        order, frequent = shadow.lru_order(), []
     else:
-        point = zlib.crc32(repr(key).encode(), seed & _MASK32)
-    return (point * _MIX32) & _MASK32
-
-
-def _frequent(policy: CachePolicy) -> Collection[OffloadKey]:
-    """The resident keys `policy` knows were accessed more than once (none for LRU)."""
-    if isinstance(policy, ARCCachePolicy):
-        return set(policy.lists()["t2"])
-    if isinstance(policy, LCTCachePolicy):
-        return {key for key, _ in policy.items() if policy.count(key) >= 2}
-    return ()
-
-
-class _Shadow:
-    """A candidate policy at the shadow capacity, driven as `simulate` drives a policy."""
-
-    __slots__ = ("block", "get", "hits", "policy", "total_hits")
-
-    def __init__(self, policy: CachePolicy) -> None:
-        self.policy = policy
-        self.get = policy.getter()
-        self.hits = 0
-        """Hits since the last decision."""
-        self.total_hits = 0
-        self.block = BlockStatus(0)
-        """The one ready block every stored key shares: a shadow stores no data."""
-        self.block.ref_cnt = 0
-
-    def access(self, key: OffloadKey) -> bool:
-        """One access: a hit is touched; a miss is announced and stored if admitted. True
-        on a hit."""
-        one = (key,)
-        if self.get(key) is not None:
-            self.hits += 1
-            self.total_hits += 1
-            self.policy.touch(one)
-            return True
-        self.policy.on_store_miss(one)
-        self._store(one)
-        return False
-
-    def move(self, key: OffloadKey) -> None:
-        """A block moved in from the tier above (not an access): stored if admitted."""
-        if self.get(key) is None:
-            one = (key,)
-            self.policy.on_store_move(one)
-            self._store(one)
-
-    def _store(self, one: tuple[OffloadKey]) -> None:
-        policy = self.policy
-        if not policy.admits_all and not policy.admit(one)[0]:
-            return
-        if len(policy) >= policy.cache_capacity:
-            policy.evict(1)  # every shadow block is ready and unprotected: never None
-        policy.insert(one[0], self.block)
+        order, frequent = [key for key, _ in shadow.items()], []
+    held = set(order)
+    for key, block in entries:
+        if key not in held:
+            live.insert(key, block)
+    for key in order:
+        if key in blocks:
+            live.insert(key, blocks[key])
+    for key in frequent:
+        if key in blocks:
+            live.touch((key,))
+    return live
 
 
 class AutoCachePolicy(CachePolicy):
-    """Serves with the candidate whose shadow is winning (see the module doc)."""
+    """Serves with the candidate whose full-size shadow is clearly winning (module doc)."""
 
     name: ClassVar[str] = "auto"
     admits_all: ClassVar[bool] = False
@@ -186,14 +194,15 @@ class AutoCachePolicy(CachePolicy):
         cache_capacity: int,
         *,
         candidates: Sequence[str] = CANDIDATES,
-        sample_rate: float = SAMPLE_RATE,
-        shadow_blocks: int = SHADOW_BLOCKS,
         epoch: float = EPOCH,
+        min_epoch: int = MIN_EPOCH,
         decay: float = DECAY,
         margin: float = MARGIN,
-        warmup: int = WARMUP,
+        switch_cost: float = SWITCH_COST,
         z: float = Z,
-        seed: int = 0,
+        warmup: int = WARMUP,
+        dwell: int = DWELL,
+        min_gap: int = MIN_GAP,
     ) -> None:
         """Every parameter defaults to the module's constant of that name (the one set chosen
         for every capacity); they are parameters for tuning and tests."""
@@ -206,28 +215,37 @@ class AutoCachePolicy(CachePolicy):
             raise InvalidValueError(
                 f"auto: unknown candidates {unknown!r}; valid: {', '.join(CANDIDATE_CLASSES)}"
             )
-        if not 0.0 < sample_rate <= 1.0:
-            raise InvalidValueError(f"auto: sample_rate must be in (0, 1], got {sample_rate!r}")
-        if not (epoch > 0.0 and 0.0 < decay < 1.0 and margin >= 0.0 and warmup >= 0):
+        if not (
+            epoch > 0.0
+            and 0.0 < decay < 1.0
+            and margin >= 0.0
+            and switch_cost >= 0.0
+            and z >= 0.0
+            and warmup >= 0
+            and dwell >= 0
+            and min_gap >= 0
+        ):
             raise InvalidValueError(
-                f"auto: needs epoch > 0, 0 < decay < 1, margin >= 0, warmup >= 0; got "
-                f"{epoch!r}, {decay!r}, {margin!r}, {warmup!r}"
+                f"auto: needs epoch > 0, 0 < decay < 1, margin, switch_cost, z, warmup, dwell "
+                f"and min_gap >= 0; got {epoch!r}, {decay!r}, {margin!r}, {switch_cost!r}, "
+                f"{z!r}, {warmup!r}, {dwell!r}, {min_gap!r}"
             )
         self.candidates = candidates
-        rate = min(1.0, max(sample_rate, shadow_blocks / cache_capacity))
-        self.shadow_capacity = max(1, round(cache_capacity * rate))
-        """The capacity of every shadow, in blocks."""
-        self.rate = min(1.0, self.shadow_capacity / cache_capacity)
-        """The share of the keys sampled: exactly the shadows' scale."""
-        self._threshold = round(self.rate * _SCALE)
-        self._seed = seed
-        self._epoch = max(1, round(epoch * self.shadow_capacity))
+        self.epoch = max(int(min_epoch), round(epoch * cache_capacity), 1)
+        """Accesses between decisions."""
         self.decay = decay
         self.margin = margin
-        self.warmup = warmup
+        self.switch_cost = switch_cost * cache_capacity
+        """What a switch costs, in hits."""
         self.z = z
+        self.warmup = warmup
+        self.dwell = dwell
+        self.min_gap = min_gap
+        self._block = BlockStatus(0)
+        """The one ready block every shadow's key shares: a shadow stores no data."""
+        self._block.ref_cnt = 0
         self._resident: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        """Every resident block, least recently used first (what a new policy adopts)."""
+        """Every resident block, least recently used first."""
         self._hints = HintBook()
         """Reuse hints on resident blocks: auto's own, so they survive a switch; the serving
         policy's eviction is asked for the rest (`HintBook.evict_hinted`)."""
@@ -239,31 +257,34 @@ class AutoCachePolicy(CachePolicy):
 
     def _start_afresh(self) -> None:
         """The state of a new policy: the first candidate serving, cold shadows, no scores."""
-        self._serving: CachePolicy = CANDIDATE_CLASSES[self.candidates[0]](self.cache_capacity)
-        self._parked: LCTCachePolicy | None = None
-        """The lct that served before a switch away from it: it holds no block but keeps
-        learning from every access, so that it takes over again with what it learned."""
+        capacity = self.cache_capacity
+        self._policies: list[CachePolicy] = [
+            CANDIDATE_CLASSES[name](capacity) for name in self.candidates
+        ]
+        """Per candidate, its instance: the live policy for the serving one, else a shadow."""
+        self._getters = [policy.getter() for policy in self._policies]
         self.serving_index = 0
         """The index in `candidates` of the policy serving now."""
-        self._shadows = [
-            _Shadow(CANDIDATE_CLASSES[name](self.shadow_capacity)) for name in self.candidates
-        ]
+        self._serving = self._policies[0]
+        self._others = [i for i in range(len(self.candidates)) if i != 0]
+        self._hits = [0] * len(self.candidates)
+        """Hits per candidate since the last decision."""
+        self.total_hits = [0] * len(self.candidates)
+        """Hits per candidate since the start."""
         self.scores = [0.0] * len(self.candidates)
-        """Per candidate, its shadow's hits, faded by `decay` at each decision."""
-        self._pairs = list(itertools.combinations(range(len(self.candidates)), 2))
-        self._squares = [0.0] * len(self._pairs)
-        """Per pair of candidates (i, j), the faded sum of (hits i - hits j)**2 per epoch."""
+        """Per candidate, its hits, faded by `decay` at each decision."""
+        self._squares = [0.0] * len(self.candidates)
+        """Per candidate, the faded sum of (its hits - the serving one's)**2 per epoch."""
         self._epochs = 0.0
-        """The faded number of epochs (the sum of the weights)."""
         self._weights2 = 0.0
-        """The faded sum of the squared weights (a faded sum's variance, per unit)."""
         self.weight = 0.0
-        """The sampled accesses the scores are over, faded as they are."""
+        """The accesses the scores are over, faded as they are."""
         self.decisions = 0
+        self._last_switch = 0
         self.switches: list[tuple[int, str]] = []
-        """Each switch: (sampled accesses so far, the candidate that took over)."""
-        self.sampled = 0
-        """Sampled accesses so far (the shadows' clock)."""
+        """Each switch: (accesses so far, the candidate that took over)."""
+        self.accesses = 0
+        self._until_decision = self.epoch
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -278,123 +299,96 @@ class AutoCachePolicy(CachePolicy):
         return self._serving
 
     def shadow(self, name: str) -> CachePolicy:
-        """The shadow of candidate `name` (for inspection)."""
-        return self._shadows[self.candidates.index(name)].policy
+        """The instance of candidate `name`: a shadow, or the live policy if it serves."""
+        return self._policies[self.candidates.index(name)]
 
     def shadow_hit_ratios(self) -> dict[str, float]:
-        """Per candidate, its shadow's hit ratio over every sampled access so far."""
+        """Per candidate, its hit ratio over every access so far (the serving ones' live)."""
         return {
-            name: shadow.total_hits / self.sampled if self.sampled else 0.0
-            for name, shadow in zip(self.candidates, self._shadows, strict=True)
+            name: hits / self.accesses if self.accesses else 0.0
+            for name, hits in zip(self.candidates, self.total_hits, strict=True)
         }
 
     def lru_order(self) -> list[OffloadKey]:
-        """Resident keys, least recently used first (the order a new policy adopts them)."""
+        """Resident keys, least recently used first."""
         return list(self._resident)
 
     # -- the shadows and the choice ---------------------------------------------------------
 
-    def _sampled(self, keys: Sequence[OffloadKey]) -> list[OffloadKey]:
-        """The keys of `keys` in the sample, in order."""
-        if self._threshold >= _SCALE:
-            return list(keys)
-        threshold, seed = self._threshold, self._seed
-        return [key for key in keys if sample_point(key, seed) < threshold]
-
-    def _observe(self, keys: Sequence[OffloadKey]) -> None:
-        """Accesses of `keys` (one request's, head first): the sampled ones drive every
-        shadow, tail first as the policies take a request; a decision at each epoch's end."""
-        if self._parked is not None:
-            self._parked.on_store_miss(keys)  # every access, hit or miss: it holds nothing
-        sampled = self._sampled(keys)
-        shadows = self._shadows
-        for key in reversed(sampled):
-            for shadow in shadows:
-                shadow.access(key)
-            self.sampled += 1
-            if self.sampled % self._epoch == 0:
-                self._decide()
+    def _observe(self, keys: Sequence[OffloadKey], live_hits: int) -> None:
+        """Accesses of `keys` (one request's, head first, of which the live policy hit
+        `live_hits`): every shadow takes them tail first, as the policies take a request."""
+        if not keys:
+            return
+        hits = self._hits
+        hits[self.serving_index] += live_hits
+        block = self._block
+        for index in self._others:
+            policy, get = self._policies[index], self._getters[index]
+            found = 0
+            for key in reversed(keys):
+                found += _access(policy, get, key, block)
+            hits[index] += found
+        self.accesses += len(keys)
+        self._until_decision -= len(keys)
+        if self._until_decision <= 0:
+            self._until_decision += self.epoch
+            self._decide()
 
     def _decide(self) -> None:
-        """Fade the scores, add the epoch's hits, and switch to the leader if its lead over
-        the serving candidate is above the margin and above `z` standard deviations of its
-        own noise (after the warm-up).
-
-        The noise is estimated from the epochs themselves (batch means): the lead is a faded
-        sum of per-epoch differences, whose variance is estimated by their faded spread. A
-        per-access estimate would be too small, as a sampled key's accesses come in runs."""
-        decay = self.decay
-        hits = [shadow.hits for shadow in self._shadows]
-        for shadow in self._shadows:
-            shadow.hits = 0
+        """Fade the scores, add the epoch's hits, and switch if the leader's lead is clear
+        (see the module doc)."""
+        decay, hits, serving = self.decay, self._hits, self.serving_index
         for index, count in enumerate(hits):
+            self.total_hits[index] += count
             self.scores[index] = self.scores[index] * decay + count
-        for pair, (i, j) in enumerate(self._pairs):
-            difference = hits[i] - hits[j]
-            self._squares[pair] = self._squares[pair] * decay + difference * difference
-        self.weight = self.weight * decay + self._epoch
+            difference = count - hits[serving]
+            self._squares[index] = self._squares[index] * decay + difference * difference
+        self._hits = [0] * len(hits)
+        self.weight = self.weight * decay + self.epoch
         self._epochs = self._epochs * decay + 1.0
         self._weights2 = self._weights2 * decay * decay + 1.0
         self.decisions += 1
-        serving = self.serving_index
+        if (
+            self.decisions <= self.warmup
+            or (self.switches and self.decisions - self._last_switch <= self.dwell)
+            or (self.switches and self.accesses - self.switches[-1][0] < self.min_gap)
+        ):
+            return
         best = max(range(len(self.scores)), key=lambda i: (self.scores[i], i == serving, -i))
-        if best != serving and self.decisions > self.warmup and self._leads(best, serving):
+        if best != serving and self._leads(best):
             self.serve_with(self.candidates[best])
 
-    def _leads(self, best: int, serving: int) -> bool:
-        """Whether candidate `best` leads `serving` by more than the margin and the noise."""
-        lead = self.scores[best] - self.scores[serving]
-        if lead <= self.margin * self.weight:
+    def _leads(self, best: int) -> bool:
+        """Whether candidate `best` leads the serving one by more than the margin plus the
+        switch's cost, and by more than `z` standard deviations of the lead's noise."""
+        lead = self.scores[best] - self.scores[self.serving_index]
+        if lead <= self.margin * self.weight + self.switch_cost:
             return False
-        squares = self._squares[self._pairs.index((min(best, serving), max(best, serving)))]
         mean = lead / self._epochs
-        variance = max(0.0, squares / self._epochs - mean * mean)
+        variance = max(0.0, self._squares[best] / self._epochs - mean * mean)
         return lead * lead > self.z * self.z * variance * self._weights2
 
     def serve_with(self, name: str) -> None:
         """Serve with candidate `name` from now on (what a decision does; public for tests
-        and for an operator who knows better): a fresh instance (for lct, the one parked
-        when it last stopped serving, see `_park`) adopts every resident block, least
-        recently used first; nothing is dropped. The blocks the old policy
-        knows to be frequent (ARC's T2, lct's blocks accessed twice or more) are then
-        touched in the same order, so an ARC that takes over keeps them in its T2. Serving
-        with the candidate that serves already changes nothing."""
+        and for an operator who knows better): its shadow takes over warm (`take_over`);
+        nothing the tier holds is dropped. Serving with the candidate that serves already
+        changes nothing."""
         if name not in self.candidates:
             raise InvalidValueError(f"auto: {name!r} is not a candidate of {self.candidates!r}")
         index = self.candidates.index(name)
         if index == self.serving_index:
             return
-        policy: CachePolicy
-        if name == LCTCachePolicy.name and self._parked is not None:
-            policy, self._parked = self._parked, None  # what it learned while parked
-        elif name == LCTCachePolicy.name:
-            shadow = self._shadows[index].policy
-            assert isinstance(shadow, LCTCachePolicy)
-            policy = LCTCachePolicy(self.cache_capacity, start=shadow.horizon)
-        else:
-            policy = CANDIDATE_CLASSES[name](self.cache_capacity)
-        for key, block in self._resident.items():
-            policy.insert(key, block)
-        if isinstance(policy, ARCCachePolicy):
-            frequent = _frequent(self._serving)
-            policy.touch([key for key in reversed(self._resident) if key in frequent])
-        if isinstance(self._serving, LCTCachePolicy):
-            self._park(self._serving)
-        self._serving = policy
+        live = take_over(self._policies[index], list(self._resident.items()))
+        self._policies[index] = live
+        self._getters[index] = live.getter()
+        self._serving = live
         self.serving_index = index
-        self.switches.append((self.sampled, name))
-
-    def _park(self, lct: LCTCachePolicy) -> None:
-        """Keep `lct`, which no longer serves, learning: its blocks are dropped from it (each
-        remembered as a ghost, with its access history) and every access is announced to it
-        as a miss from now on (`_observe`), so a later switch back adopts the resident blocks
-        into an lct that knows the workload. Without it an lct that takes over again starts
-        afresh, LRU-like until it has a capacity's worth of evidence: a misjudged switch to
-        ARC during lct's first capacities, and the one back, cost more than the switch
-        (issue 22, the stationary Zipf test)."""
-        for key in list(self._resident):
-            lct.remove(key)
-        self._parked = lct
+        self._others = [i for i in range(len(self.candidates)) if i != index]
+        # the lead was measured against the old serving candidate: start the noise afresh
+        self._squares = [0.0] * len(self.candidates)
+        self._last_switch = self.decisions
+        self.switches.append((self.accesses, name))
 
     # -- CachePolicy ------------------------------------------------------------------------
 
@@ -411,17 +405,19 @@ class AutoCachePolicy(CachePolicy):
         return self._serving.admit(keys)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
-        self._observe(keys)  # first: a switch it makes is heard by the policy that serves
         self._serving.on_store_miss(keys)
+        self._observe(keys, 0)  # after: a switch it makes adopts what the tier holds now
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
-        """Not an access: the sampled keys are stored in the shadows (if absent and
-        admitted) as the tier stores them, and nothing is scored."""
-        for key in reversed(self._sampled(keys)):
-            for shadow in self._shadows:
-                shadow.move(key)
-        if self._parked is not None:
-            self._parked.on_store_move(keys)
+        """Not an access: each shadow stores the keys (if absent and admitted) as the tier
+        does, and nothing is scored."""
+        block = self._block
+        for index in self._others:
+            policy, get = self._policies[index], self._getters[index]
+            for key in reversed(keys):
+                if get(key) is None:
+                    policy.on_store_move((key,))
+                    _store(policy, key, block)
         self._serving.on_store_move(keys)
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -452,11 +448,11 @@ class AutoCachePolicy(CachePolicy):
             self._hints.touched(keys)
         resident = self._resident
         hits = [key for key in keys if key in resident]
-        self._observe(hits)
         move_to_end = resident.move_to_end
         for key in reversed(hits):  # tail first: the request's head is the most recent
             move_to_end(key)
         self._serving.touch(hits)
+        self._observe(hits, len(hits))
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()

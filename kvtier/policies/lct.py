@@ -49,11 +49,16 @@ The solver, and why it is sound:
     curves' concave hulls, steepest first, are taken while they fit (the Lagrangian solution,
     one price per slot for every class, found exactly). The first segment that does not fit
     is the marginal one: its class keeps its shorter option, except when that is 0 (refused),
-    where it takes the longer one for the share of its new blocks that fits (`shares`: the
-    class's blocks of every n-th `admit` call, so a request's blocks of one class go together
-    and a prefix is not cut; deterministic); this realizes the relaxation's optimum, whose
-    value is what the candidates' horizons are compared by. When every segment fits, the
-    classes that pay are unlimited.
+    where it takes the longer one for the share of its keys that fits (`shares`: while the
+    cache has room, all of them; once it is full, the keys whose hash, `sample_point`, falls
+    below the share, the same keys every time, and only while some resident block is past
+    its limit; the first key of the class in an `admit` call decides for the call's keys of
+    that class, so a request's blocks of one class go together and a prefix is not cut;
+    deterministic). A fixed share is what the optimum keeps of a loop longer than the cache;
+    admitting every n-th miss instead (before issue 34) made each admitted block of such a
+    loop evict the next one needed, LRU's zero. This realizes the relaxation's optimum,
+    whose value is what the candidates' horizons are compared by. When every segment fits,
+    the classes that pay are unlimited.
 
 Within one request the deepest blocks go first: `on_store_miss` and `touch` take a request's
 keys tail to head, so its head is the newest access and a prefix outlives its tail.
@@ -302,6 +307,7 @@ class LCTCachePolicy(CachePolicy):
         """Give the core the settings; bind its per-key calls to the instance: every caller
         reaches the core with no Python frame, unless a subclass overrides the method."""
         core, states = self._core, self._states
+        core.capacity = self.cache_capacity
         core.configure(
             self._solve,
             self._horizons,
@@ -559,6 +565,8 @@ class LCTCachePolicy(CachePolicy):
 
     @property
     def _credit(self) -> list[float]:
+        """Per class, a credit no decision reads since issue 34 (admission by hash); kept
+        in the core's state so that its compiled and pure forms stay comparable."""
         return self._core.get_vector(CREDIT)
 
     @_credit.setter
@@ -593,9 +601,10 @@ class LCTCachePolicy(CachePolicy):
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Whether each (absent) key is worth storing: its class's limit is above 0, and, for
-        a class admitted in part (`shares`), whether this call is the next of that share:
-        every n-th call, by a running credit (deterministic), takes that class's keys, all of
-        them, so a request's blocks of one class are stored together or not at all."""
+        a class admitted in part (`shares`), whether the cache has room, or else whether the
+        call's first key of that class is in the share by its hash and some resident block
+        is past its limit (see the module doc): the call's keys of one class are stored
+        together or not at all."""
         return self._core.admit(keys)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:

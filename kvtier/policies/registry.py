@@ -6,11 +6,13 @@ from kvtier.policies.auto import AutoCachePolicy
 from kvtier.policies.base import CachePolicy
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
+from kvtier.policies.s3fifo import S3FIFOCachePolicy
 
 POLICIES: dict[str, type[CachePolicy]] = {
     LRUCachePolicy.name: LRUCachePolicy,
     ARCCachePolicy.name: ARCCachePolicy,
     LCTCachePolicy.name: LCTCachePolicy,
+    S3FIFOCachePolicy.name: S3FIFOCachePolicy,
     AutoCachePolicy.name: AutoCachePolicy,
 }
 """Policy classes by the name a config file uses."""

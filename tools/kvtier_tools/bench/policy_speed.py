@@ -1,5 +1,6 @@
-"""Cache-policy bookkeeping speed: kvtier's LRU / ARC / lct / auto against vLLM 0.33.0's own
-`LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per second.
+"""Cache-policy bookkeeping speed: kvtier's LRU / ARC / S3-FIFO / lct / auto against vLLM
+0.33.0's own `LRUCachePolicy` / `ARCCachePolicy`, driven the same way, in block accesses per
+second.
 
     VLLM_TARGET_DEVICE=cpu .venv/bin/python -m kvtier_tools.bench.policy_speed \
         [--repeats 5] [--limit N]
@@ -334,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", type=int, default=None, help="first N requests (default all)")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
-    ap.add_argument("--policies", nargs="+", default=["lru", "arc", "lct", "auto"])
+    ap.add_argument("--policies", nargs="+", default=["lru", "arc", "s3fifo", "lct", "auto"])
     ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
     ap.add_argument(
         "--no-floor",
