@@ -17,6 +17,8 @@ ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 """The ZMQ transports an endpoint may name."""
 MAX_QUEUE_EVENTS = 10_000_000
 """The largest `queue_events` (events held for the publisher thread)."""
+BLOCK_HASH_FORMATS = ("bytes", "vllm-int", "sglang-int")
+"""The ways a key may be written on the wire (`EventsConfig.block_hashes`)."""
 MAX_REPLAY_BATCHES = 1_000_000
 """The largest `replay_batches` (batches kept for the replay socket)."""
 
@@ -41,6 +43,12 @@ class EventsConfig(FrozenModel):
     wire_block_size: int = 0
     """The `block_size` the events announce, in tokens as vLLM's consumers read it (kvtier's
     own block size is in bytes): the serving engine's tokens per block; 0 when unknown."""
+    block_hashes: str = "bytes"
+    """How a block's key is written in `block_hashes` (`BLOCK_HASH_FORMATS`): "bytes",
+    kvtier's whole key (exact; the index's default); "vllm-int", the int vLLM's own events
+    carry for that block (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, vLLM's default), so a
+    router joins kvtier's tiers to vLLM's device events; "sglang-int", the int64 SGLang's
+    events carry for a page (`hash_str_to_int64`), which SGLang's own decoder requires."""
     auth_key_file: str = ""
     """A key file (as the shared tiers': `kvtier keys new PATH`): every message gets a
     fourth frame, its MAC (`kvtier.fleet.auth`). Off ("") by default: vLLM's consumers read
@@ -89,6 +97,13 @@ class EventsConfig(FrozenModel):
     def _check_wire_block_size(cls, value: int) -> int:
         if value < 0:
             raise config_error("wire_block_size", "expected 0 (unknown) or a token count")
+        return value
+
+    @field_validator("block_hashes")
+    @classmethod
+    def _check_block_hashes(cls, value: str) -> str:
+        if value not in BLOCK_HASH_FORMATS:
+            raise config_error("block_hashes", f"expected one of {', '.join(BLOCK_HASH_FORMATS)}")
         return value
 
     @field_validator("tiers", mode="before")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 
@@ -15,8 +16,16 @@ from kvtier import Hierarchy
 from kvtier.config import parse_config
 from kvtier.config_events import EventsConfig
 from kvtier.errors import ConfigError, EventsEndpointError
-from kvtier.fleet.events import KVEventBatch, decode_batch, encode_batch, to_wire, wire_medium
+from kvtier.fleet.events import (
+    SGLANG_PAGE_TAG,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+    to_wire,
+    wire_medium,
+)
 from kvtier.fleet.publisher import END_SEQ, SEQ_BITS, EventPublisher
+from kvtier.keys import make_offload_key
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared
 
@@ -298,12 +307,58 @@ def test_the_events_table_is_off_by_default_and_checked() -> None:
         ({"replay_batches": -1}, "events.replay_batches: expected 1 to"),
         ({"tiers": ["gpu"]}, 'events.tiers: no tier is named "gpu"'),
         ({"wire_block_size": -16}, "events.wire_block_size: expected 0"),
+        ({"block_hashes": "int"}, "events.block_hashes: expected one of bytes, vllm-int"),
         ({"port": 5557}, "events.port: unknown key"),
     ]
     for table, message in cases:
         with pytest.raises(ConfigError) as caught:
             parse_config({**base, "events": table})
         assert str(caught.value).splitlines()[-1].startswith(message), str(caught.value)
+
+
+def test_vllm_int_hashes_are_the_ints_vllms_own_events_carry() -> None:
+    """With `block_hashes = "vllm-int"` a block's key is the int vLLM's events give the same
+    block (its default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES), so a router matches kvtier's
+    tiers to the engine's own device events; vLLM's classes decode the batch."""
+    kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+    hashes = [bytes([n]) * 32 for n in (1, 0x80, 0xFF)]  # high bits set: unsigned ints
+    event = OffloadingEvent(
+        tuple(make_offload_key(h, group) for h, group in zip(hashes, (0, 1, 2), strict=True)),
+        BLOCK,
+        "disk",
+        False,
+        "disk",
+    )
+    wire = to_wire(event, 16, "vllm-int")
+    assert wire.block_hashes == [kv_cache_utils.maybe_convert_block_hash(h) for h in hashes]
+    assert all(isinstance(h, int) and 0 <= h < 1 << 64 for h in wire.block_hashes)
+    batch = KVEventBatch(ts=1.0, events=[wire])
+    decoded = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch).decode(encode_batch(batch))
+    assert decoded.events[0].block_hashes == wire.block_hashes
+
+
+def test_sglang_int_hashes_are_sglangs_int64_of_the_page_hash() -> None:
+    """With `block_hashes = "sglang-int"` a page's key is SGLang's `hash_str_to_int64` of its
+    page hash (the first 16 hex digits, signed), for the keys kvtier's SGLang backend makes."""
+    store = pytest.importorskip("kvtier.integrations.sglang.store")
+    pages = ["00" * 32, "7f" + "ab" * 31, "ff" * 32, "80" + "01" * 31]
+
+    def hash_str_to_int64(hash_str: str) -> int:  # SGLang 0.5.23, mem_cache/utils.py
+        value = int(hash_str[:16], 16)
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    keys = tuple(store.page_key(page) for page in pages)
+    assert all(key.startswith(SGLANG_PAGE_TAG) for key in keys)
+    wire = to_wire(OffloadingEvent(keys, BLOCK, "cpu", True, "cpu"), 0, "sglang-int")
+    assert wire.block_hashes == [hash_str_to_int64(page) for page in pages]
+
+
+def test_the_publisher_writes_keys_as_configured() -> None:
+    """A publisher with `block_hashes = "vllm-int"` sends ints, by its config."""
+    config = EventsConfig(enabled=True, endpoint="inproc://vllm-int", block_hashes="vllm-int")
+    publisher = EventPublisher(config)
+    assert publisher.block_hashes == "vllm-int"
+    publisher.close()
 
 
 def test_no_secret_reaches_an_event() -> None:

@@ -12,6 +12,9 @@ What a chain event becomes (`to_wire`):
   `token_ids` [] (the chain never sees tokens), `block_size` the `[events]`
   `wire_block_size` (tokens; 0 unknown), `medium` the tier's medium (`wire_medium`),
   `ownership` the tier's name (vLLM: "secondary offloading tier identifier");
+- keys are kvtier's key bytes, or with `[events] block_hashes` the int vLLM's own events
+  carry for the block ("vllm-int") or SGLang's ("sglang-int"), so a router that also reads
+  the engine's events sees one key for one block;
 - a removed batch -> `BlockRemoved` (keys, medium, ownership);
 - the chain closed (and a publisher's first batch: what an earlier incarnation announced is
   void) -> `AllBlocksCleared`.
@@ -19,10 +22,12 @@ What a chain event becomes (`to_wire`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from kvtier.keys import GROUP_IDX_BYTES
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared, ChainEvent
 
@@ -100,13 +105,43 @@ def wire_medium(medium: str) -> str:
     return _VLLM_MEDIA.get(medium, medium.upper())
 
 
-def to_wire(event: ChainEvent, block_size: int) -> WireEvent:
-    """`event` as vLLM's class (`block_size`: the tokens a block holds, 0 unknown)."""
+_INT64 = (1 << 64) - 1
+SGLANG_PAGE_TAG = b"\x01"
+"""The first byte of a kvtier key made from an SGLang page hash (a 64-digit hex digest:
+`kvtier.integrations.sglang.store.page_key`, tested to agree); its 32 digest bytes follow."""
+
+
+def vllm_int_hash(key: bytes) -> int:
+    """The int vLLM's events carry for the block whose kvtier key is `key` (vLLM's
+    `maybe_convert_block_hash` with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`, its default: the
+    block hash's low 64 bits; the key is the block hash then its group index)."""
+    return int.from_bytes(key[:-GROUP_IDX_BYTES], "big") & _INT64
+
+
+def sglang_int_hash(key: bytes) -> int:
+    """The int64 SGLang's events carry for the page whose kvtier key is `key` (SGLang's
+    `hash_str_to_int64`: the digest's first 8 bytes, signed). A key not made from a hex page
+    hash (another tag) gets the same rule over its own digest: an int SGLang's decoder
+    reads, which no SGLang event carries."""
+    return int.from_bytes(key[len(SGLANG_PAGE_TAG) : len(SGLANG_PAGE_TAG) + 8], "big", signed=True)
+
+
+_BLOCK_HASHES: dict[str, Callable[[bytes], bytes | int]] = {
+    "bytes": bytes,
+    "vllm-int": vllm_int_hash,
+    "sglang-int": sglang_int_hash,
+}
+
+
+def to_wire(event: ChainEvent, block_size: int, block_hashes: str = "bytes") -> WireEvent:
+    """`event` as vLLM's class (`block_size`: the tokens a block holds, 0 unknown;
+    `block_hashes`: how keys are written, `EventsConfig.block_hashes`)."""
     if isinstance(event, AllCleared):
         return AllBlocksCleared()
     if not isinstance(event, OffloadingEvent):
         raise TypeError(f"not a chain event: {type(event).__name__}")
-    keys: list[bytes | int] = [bytes(key) for key in event.keys]
+    convert = _BLOCK_HASHES[block_hashes]
+    keys: list[bytes | int] = [convert(bytes(key)) for key in event.keys]
     medium = wire_medium(str(event.medium))
     if event.removed:
         return BlockRemoved(block_hashes=keys, medium=medium, ownership=event.tier)

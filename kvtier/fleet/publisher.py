@@ -197,6 +197,7 @@ class EventPublisher:
             )
         self.config = config
         self.block_size = config.wire_block_size if block_size_tokens is None else block_size_tokens
+        self.block_hashes = config.block_hashes
         self.topic = config.topic.encode()
         self.auth = auth
         self.incarnation = secrets.randbelow((1 << 31) - 1) + 1
@@ -338,7 +339,9 @@ class EventPublisher:
             self._publish(run, dropped)
 
     def _publish(self, items: Sequence[ChainEvent], dropped: int) -> None:
-        self._send_batch([to_wire(item, self.block_size) for item in items], dropped)
+        self._send_batch(
+            [to_wire(item, self.block_size, self.block_hashes) for item in items], dropped
+        )
         self._events += len(items)
 
     def _send_batch(self, events: list[WireEvent], dropped: int) -> None:
@@ -420,7 +423,9 @@ class EventPublisher:
             self._next += 1  # the snapshot takes the skipped number: it covers the drops
         self._asked_at = None
         tiers = [item for item in marker.contents if not self._tiers or item.tier in self._tiers]
-        stored = [event for item in tiers for event in _stored(item, self.block_size)]
+        stored = [
+            event for item in tiers for event in _stored(item, self.block_size, self.block_hashes)
+        ]
         if self._announce:
             self._announce = False
             for start in range(0, len(stored), MAX_BATCH_EVENTS):
@@ -449,10 +454,14 @@ class EventPublisher:
             replay.send_multipart((client, b"", SNAPSHOT, END_SEQ, b""), flags=zmq.NOBLOCK)
 
 
-def _stored(contents: TierContents, block_size: int) -> list[WireEvent]:
+def _stored(contents: TierContents, block_size: int, block_hashes: str) -> list[WireEvent]:
     """One tier's contents as `BlockStored` events of at most SNAPSHOT_KEYS keys each."""
     keys, medium, tier = contents.keys, contents.medium, contents.tier
     return [
-        to_wire(OffloadingEvent(keys[at : at + SNAPSHOT_KEYS], 0, medium, False, tier), block_size)
+        to_wire(
+            OffloadingEvent(keys[at : at + SNAPSHOT_KEYS], 0, medium, False, tier),
+            block_size,
+            block_hashes,
+        )
         for at in range(0, len(keys), SNAPSHOT_KEYS)
     ]
