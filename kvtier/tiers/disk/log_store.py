@@ -19,22 +19,22 @@ why and for what each promises.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError, StorageClosedError
+from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.batch import check_batch, check_keys
+from kvtier.tiers.disk.facade import StoreFacade, store_options
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
@@ -54,19 +54,18 @@ from kvtier.tiers.disk.log_lane import LogLane
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
 from kvtier.tiers.disk.reader import read_parts, read_split
-from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
-from kvtier.tiers.storage import BlockStorage, HostBuffer, ReadFailure, RestoredBlock
+from kvtier.tiers.disk.stats import StoreCounters
+from kvtier.tiers.storage import HostBuffer, ReadFailure, RestoredBlock
 
 __all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "LogStore", "read_layout"]
 
 DEFAULT_SPARE = 0.25
 """Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
 
-_T = TypeVar("_T")
 _LOG = logging.getLogger(__name__)
 
 
-class LogStore(BlockStorage):
+class LogStore(StoreFacade):
     """`num_blocks` slots whose bytes live in a log of regions under `directory`.
 
     Same contract and arguments as `DiskStore` (store.py) plus `region_bytes` (the size of a
@@ -192,27 +191,9 @@ class LogStore(BlockStorage):
     ) -> LogStore:
         """A store for a validated disk tier config with `layout = "log"` (`kwargs`:
         `max_workers`, `io`, `spare`, ...); as `DiskStore.from_config` for the path."""
-        from kvtier.config_fields import default_cache_dir
-
-        kwargs.setdefault("create_parents", tier.path == default_cache_dir())
         kwargs.pop("slab_file_bytes", None)
-        return cls(
-            tier.path,
-            block_size=block_size,
-            num_blocks=tier.num_blocks,
-            model_id=model_id,
-            compression=tier.compression,
-            zstd_level=tier.zstd_level,
-            direct_io=tier.direct_io,
-            fsync=tier.fsync,
-            region_bytes=tier.region_bytes,
-            **kwargs,
-        )
-
-    @classmethod
-    async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> LogStore:
-        """The constructor, run in a thread."""
-        return await asyncio.to_thread(functools.partial(cls, directory, **kwargs))
+        options = store_options(tier, block_size, model_id, kwargs)
+        return cls(tier.path, region_bytes=tier.region_bytes, **options)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -276,20 +257,6 @@ class LogStore(BlockStorage):
                     _LOG.warning("log store %s: last checkpoint failed: %s", self.path, error)
             self._files.close()
 
-    async def aclose(self) -> None:
-        """`close()` in a thread (on the caller's thread when none can start)."""
-        if self._closed:
-            return
-        try:
-            await asyncio.to_thread(self.close)
-        except RuntimeError:
-            self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the store was closed."""
-        return self._closed
-
     @property
     def disabled_reason(self) -> str | None:
         """Why the store disabled itself (its files were removed or replaced), or None."""
@@ -298,18 +265,9 @@ class LogStore(BlockStorage):
     # -- introspection ---------------------------------------------------------------------
 
     @property
-    def persistent(self) -> bool:
-        return True
-
-    @property
     def direct_io_active(self) -> bool:
         """Whether the regions are written with O_DIRECT."""
         return self._files.direct_fd is not None
-
-    @property
-    def compression(self) -> Compression:
-        """The codec new blocks are written with."""
-        return self._codec.compression
 
     @property
     def region_bytes(self) -> int:
@@ -343,11 +301,6 @@ class LogStore(BlockStorage):
         codec = "" if self.compression == "none" else f", {self.compression}"
         return f"log of {self.num_regions} regions in {self.path} ({mode}{codec})"
 
-    @property
-    def stats(self) -> DiskStoreStats:
-        """A snapshot of the store's counters."""
-        return self._counters.snapshot()
-
     def __len__(self) -> int:
         return 0 if self._lane.lost is not None else self._index.blocks
 
@@ -377,24 +330,6 @@ class LogStore(BlockStorage):
         return f"LogStore({str(self.path)!r}, block_size={self.block_size}, {state})"
 
     # -- the calls -------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageClosedError(f"the disk tier at {self.path} is closed")
-
-    def _check_writable(self) -> None:
-        if self.inspect:
-            raise DiskTierError(f"the disk tier at {self.path} is open only to be checked")
-
-    async def _run(self, call: Callable[[], _T]) -> _T:
-        executor = self._read_pool
-        if self._closed or executor is None:
-            raise StorageClosedError(f"the disk tier at {self.path} is closed")
-        try:
-            future = asyncio.get_running_loop().run_in_executor(executor, call)
-        except RuntimeError:
-            raise StorageClosedError(f"the disk tier at {self.path} is closed") from None
-        return await future
 
     async def write(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
@@ -468,10 +403,6 @@ class LogStore(BlockStorage):
         return CheckReport(
             records, tuple(problems), repaired=repaired, opened=tuple(self.opened.problems)
         )
-
-    async def acheck(self, repair: bool = False) -> CheckReport:
-        """`check()` in the store's read threads."""
-        return await self._run(functools.partial(self.check, repair))
 
 
 LAYOUT_FILE = "layout.json"

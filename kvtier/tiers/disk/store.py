@@ -16,6 +16,7 @@ hands every call to one of its parts, each a module with one job and its own tes
     guard.py     failing closed: a store whose files were taken disables itself
     io.py        the system calls (`FileIO`, `FaultyIO`) and the short-I/O resume loops
     neighbours.py  the other stores in its directory (a changed block size), said at open
+    facade.py    what it shares with the log layout's `LogStore` (`StoreFacade`)
 
 Reads never wait behind writes: they run in their own thread pool, and the write lane is one
 thread (with helpers) that always makes progress. Every read verifies its blocks' checksums,
@@ -28,21 +29,20 @@ event loop.
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from kvtier.errors import DiskTierError, InvalidValueError, StorageClosedError
+from kvtier.errors import InvalidValueError
 from kvtier.keys import OffloadKey
 from kvtier.namespaces import combined_model_id
 from kvtier.tiers.codec import BlockCodec, Compression, Stored
 from kvtier.tiers.disk.batch import check_batch, check_keys, check_slot
 from kvtier.tiers.disk.catalog import RestoredBlocks
+from kvtier.tiers.disk.facade import StoreFacade, store_options
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport, StoreChecker
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import FileIO
@@ -73,12 +73,8 @@ DirectIO = bool | Literal["auto"]
 DEFAULT_SLAB_FILE_BYTES = 1 << 30
 """Largest slab file a new store creates (rounded down to whole slots, at least one slot)."""
 
-_T = TypeVar("_T")
 
-_LOG = logging.getLogger(__name__)
-
-
-class DiskStore(BlockStorage):
+class DiskStore(StoreFacade):
     """`num_blocks` slots of `block_size` bytes in files under `directory`.
 
     The constructor opens the store (creating or checking its files, replaying its index and
@@ -210,25 +206,7 @@ class DiskStore(BlockStorage):
         """A store for a validated disk tier config (`kwargs`: `max_workers`, `io`, ...).
         Only the default path (the per-user cache directory) gets its missing ancestors
         created; a configured path must have an existing parent."""
-        from kvtier.config_fields import default_cache_dir
-
-        kwargs.setdefault("create_parents", tier.path == default_cache_dir())
-        return cls(
-            tier.path,
-            block_size=block_size,
-            num_blocks=tier.num_blocks,
-            model_id=model_id,
-            compression=tier.compression,
-            zstd_level=tier.zstd_level,
-            direct_io=tier.direct_io,
-            fsync=tier.fsync,
-            **kwargs,
-        )
-
-    @classmethod
-    async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> DiskStore:
-        """The constructor, run in a thread so the event loop does not wait on the disk."""
-        return await asyncio.to_thread(functools.partial(cls, directory, **kwargs))
+        return cls(tier.path, **store_options(tier, block_size, model_id, kwargs))
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -247,24 +225,6 @@ class DiskStore(BlockStorage):
             clean = not self.inspect and self._guard.reason is None
             self._files.close(clean=clean, catalog=self._catalog)
 
-    async def aclose(self) -> None:
-        """`close()` in a thread. Idempotent. When no thread can be started any more (the
-        loop's executor is shut down: an embedder's interpreter is exiting without closing
-        its serving engine), the store closes on the calling thread instead, so its files are
-        still closed cleanly and the next open finds a clean shutdown."""
-        if self._closed:
-            return
-        try:
-            await asyncio.to_thread(self.close)
-        except RuntimeError:
-            _LOG.info("disk tier %s: no thread to close in; closing on the loop", self.path)
-            self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the store was closed."""
-        return self._closed
-
     @property
     def disabled_reason(self) -> str | None:
         """Why the store disabled itself while open (its files were removed or replaced
@@ -276,18 +236,9 @@ class DiskStore(BlockStorage):
     # -- introspection ------------------------------------------------------------------------
 
     @property
-    def persistent(self) -> bool:
-        return True
-
-    @property
     def direct_io_active(self) -> bool:
         """Whether the slab files are read and written with O_DIRECT."""
         return self._files.direct_io
-
-    @property
-    def compression(self) -> Compression:
-        """The codec new blocks are written with ("none" or "zstd")."""
-        return self._codec.compression
 
     def describe(self) -> str:
         """Where the bytes live: "files in DIR (O_DIRECT|buffered[, codec][, N other stores
@@ -299,11 +250,6 @@ class DiskStore(BlockStorage):
         if others:
             codec += f", {others} other store{'s' if others > 1 else ''} beside it"
         return f"files in {self.path} ({mode}{codec})"
-
-    @property
-    def stats(self) -> DiskStoreStats:
-        """A snapshot of the store's counters."""
-        return self._counters.snapshot()
 
     def __len__(self) -> int:
         return len(self._catalog)
@@ -372,25 +318,6 @@ class DiskStore(BlockStorage):
         )
 
     # -- the calls ----------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StorageClosedError(f"the disk tier at {self.path} is closed")
-
-    def _check_writable(self) -> None:
-        if self.inspect:
-            raise DiskTierError(f"the disk tier at {self.path} is open only to be checked")
-
-    async def _run(self, call: Callable[[], _T]) -> _T:
-        """`call` in the read pool (reads and `acheck`; never the write lane)."""
-        executor = self._read_pool
-        if self._closed or executor is None:
-            raise StorageClosedError(f"the disk tier at {self.path} is closed")
-        try:
-            future = asyncio.get_running_loop().run_in_executor(executor, call)
-        except RuntimeError:  # the executor was shut down between the check and the submit
-            raise StorageClosedError(f"the disk tier at {self.path} is closed") from None
-        return await future
 
     async def write(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
@@ -464,10 +391,6 @@ class DiskStore(BlockStorage):
         (an overlapping write could be reported as a problem). See also `acheck`."""
         self._check_open()
         return self._checker.check(repair)
-
-    async def acheck(self, repair: bool = False) -> CheckReport:
-        """`check()` in the store's read threads."""
-        return await self._run(functools.partial(self.check, repair))
 
 
 async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> BlockStorage:
