@@ -1,12 +1,20 @@
-"""The calls a disk store queues on its write lane (lane.py): a `WriteJob` per `write`, a
-`ForgetJob` per `forget`, and how their futures are settled once their group is done."""
+"""The calls a disk store queues on its write lane (lane.py, log_lane.py): a `WriteJob` per
+`write`, a `ForgetJob` per `forget`, the queue that drains them in groups on the lane's one
+thread (`JobQueue`), and how their futures are settled once their group is done."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from kvtier.errors import StorageClosedError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.storage import HostBuffer
 
@@ -46,3 +54,76 @@ def settle(settlements: list[Settlement]) -> None:
             future.set_result(result)
         else:
             future.set_exception(error)
+
+
+def settle_by_loop(settlements: list[Settlement]) -> None:
+    """Settle a group's futures with one callback per event loop (not one wake-up per
+    call); a loop already closed has nobody waiting and is skipped."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
+    for settlement in settlements:
+        by_loop.setdefault(settlement[0].get_loop(), []).append(settlement)
+    for loop, some in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, some)
+
+
+def _nothing() -> None:
+    return None
+
+
+class JobQueue:
+    """The queue of one write lane and its one thread: `submit` queues a job and starts a
+    drain task unless one is queued or running; the task takes groups (`take_group`, under
+    the queue's lock) and runs each (`run_group`, outside it) until the queue is empty,
+    calling `before_group` before each. `_closed` is set under the lock too, so nothing is
+    queued after `close()` drains."""
+
+    def __init__(
+        self,
+        where: Path,
+        thread_name: str,
+        take_group: Callable[[deque[Job]], list[Job]],
+        run_group: Callable[[list[Job]], None],
+        before_group: Callable[[], None] = _nothing,
+    ) -> None:
+        self._where = where
+        self._take_group = take_group
+        self._run_group = run_group
+        self._before_group = before_group
+        self._queue: deque[Job] = deque()
+        self._lock = threading.Lock()
+        self._draining = False
+        self._closed = False
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting in the queue (not counting the group running)."""
+        with self._lock:
+            return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; StorageClosedError once the lane is closing."""
+        with self._lock:
+            if self._closed:
+                raise StorageClosedError(f"the disk tier at {self._where} is closed")
+            self._queue.append(job)
+            if not self._draining:
+                self._thread.submit(self._drain)
+                self._draining = True
+
+    def close(self) -> None:
+        """Refuse new calls and run every group queued before (blocking)."""
+        with self._lock:
+            self._closed = True
+        self._thread.shutdown(wait=True)
+
+    def _drain(self) -> None:
+        while True:
+            self._before_group()
+            with self._lock:
+                jobs = self._take_group(self._queue)
+                if not jobs:
+                    self._draining = False
+                    return
+            self._run_group(jobs)

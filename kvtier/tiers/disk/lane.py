@@ -36,12 +36,9 @@ on the lane), so the lane always makes progress; reads never wait behind it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
 import functools
 import logging
-import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,14 +48,22 @@ from dataclasses import dataclass
 import lmdb
 import numpy as np
 
-from kvtier.errors import DiskTierError, StorageClosedError
+from kvtier.errors import DiskTierError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec, Codec, Stored
 from kvtier.tiers.disk.catalog import Catalog, Records
 from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.index import BlockIndex
-from kvtier.tiers.disk.jobs import ForgetJob, Job, Results, Settlement, WriteJob, settle
+from kvtier.tiers.disk.jobs import (
+    ForgetJob,
+    Job,
+    JobQueue,
+    Results,
+    Settlement,
+    WriteJob,
+    settle_by_loop,
+)
 from kvtier.tiers.disk.layout import (
     EMPTY_ENTRY,
     ENTRY_BYTES,
@@ -165,37 +170,28 @@ class WriteLane:
         self.max_workers = max_workers
         self.fsync = fsync
         self._where = files.root
-        # _draining: whether a drain task is queued or running. _closed is set under
-        # _queue_lock too, so nothing is queued after close() drains.
-        self._queue: deque[Job] = deque()
-        self._queue_lock = threading.Lock()
-        self._draining = False
-        self._closed = False
-        self._lane = ThreadPoolExecutor(1, thread_name_prefix="kvtier-disk-write")
+        self._jobs = JobQueue(
+            files.root,
+            "kvtier-disk-write",
+            self._take_group,
+            self._run_group,
+            functools.partial(guard.wait_for_reads, READS_FIRST_WAIT_S),
+        )
         self._helpers = ThreadPoolExecutor(max_workers, thread_name_prefix="kvtier-disk-write-io")
 
     @property
     def queued(self) -> int:
         """Calls waiting in the queue (not counting the group running)."""
-        with self._queue_lock:
-            return len(self._queue)
+        return self._jobs.queued
 
     def submit(self, job: Job) -> None:
         """Queue `job`, starting a drain task if none is queued or running;
         StorageClosedError once the lane is closing."""
-        with self._queue_lock:
-            if self._closed:
-                raise StorageClosedError(f"the disk tier at {self._where} is closed")
-            self._queue.append(job)
-            if not self._draining:
-                self._lane.submit(self._drain)
-                self._draining = True
+        self._jobs.submit(job)
 
     def close(self) -> None:
         """Refuse new calls and run every group queued before (blocking)."""
-        with self._queue_lock:
-            self._closed = True
-        self._lane.shutdown(wait=True)
+        self._jobs.close()
         self._helpers.shutdown(wait=True)
 
     def lost_error(self, why: str) -> OSError:
@@ -218,25 +214,13 @@ class WriteLane:
 
     # -- the lane thread ----------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """The lane's task: run groups until the queue is empty; each group lets the reads in
-        flight finish first (for at most READS_FIRST_WAIT_S)."""
-        while True:
-            self.guard.wait_for_reads(READS_FIRST_WAIT_S)
-            with self._queue_lock:
-                jobs = self._take_group()
-                if not jobs:
-                    self._draining = False
-                    return
-            self._run_group(jobs)
-
-    def _take_group(self) -> list[Job]:
-        """Pop the jobs of the next group (the caller holds _queue_lock): queued jobs in
+    def _take_group(self, queue: deque[Job]) -> list[Job]:
+        """Pop the jobs of the next group (the `JobQueue`'s task, holding its lock; it first
+        lets the reads in flight finish, for at most READS_FIRST_WAIT_S): queued jobs in
         order, up to WRITE_GROUP_BYTES of blocks (at least one job), stopping before a job
         that touches a slot or a key the group already touches, so that merging never
         reorders two operations on one slot or key. Jobs cancelled while queued are dropped
         (a caller cancelled after this point finds its group run anyway)."""
-        queue = self._queue
         jobs: list[Job] = []
         slots: set[int] = set()
         keys: set[OffloadKey] = set()
@@ -279,12 +263,7 @@ class WriteLane:
                     settlements.append((write.future, results[start:end], None))
                 start = end
             settlements += [(forget.future, None, forget_error) for forget in forgets]
-        by_loop: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
-        for settlement in settlements:
-            by_loop.setdefault(settlement[0].get_loop(), []).append(settlement)
-        for loop, some in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(settle, some)
+        settle_by_loop(settlements)
 
     # -- one group ----------------------------------------------------------------------------
 

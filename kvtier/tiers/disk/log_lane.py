@@ -14,23 +14,18 @@ slots), so the hit ratio is the per-block layout's; the cost is the bytes moved,
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
 import mmap
-import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kvtier.errors import StorageClosedError
 from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec
-from kvtier.tiers.disk.jobs import ForgetJob, Job, Settlement, WriteJob, settle
+from kvtier.tiers.disk.jobs import ForgetJob, Job, JobQueue, Settlement, WriteJob, settle_by_loop
 from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     PAGE,
@@ -134,51 +129,30 @@ class LogLane:
         self._overwritten: set[int] = set()
         """The slots the running group writes: a reclaim moves none of their old records."""
         self._images: list[memoryview] = []
-        self._queue: deque[Job] = deque()
-        self._queue_lock = threading.Lock()
-        self._draining = False
-        self._closed = False
-        self._lane = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-write")
+        self._jobs = JobQueue(files.root, "kvtier-log-write", self._take_group, self._run_group)
 
     # -- the queue -------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
         """Queue `job`; StorageClosedError once the lane is closing."""
-        with self._queue_lock:
-            if self._closed:
-                raise StorageClosedError(f"the disk tier at {self.files.root} is closed")
-            self._queue.append(job)
-            if not self._draining:
-                self._lane.submit(self._drain)
-                self._draining = True
+        self._jobs.submit(job)
 
     def close(self) -> None:
         """Refuse new calls and run every group queued before (blocking)."""
-        with self._queue_lock:
-            self._closed = True
-        self._lane.shutdown(wait=True)
+        self._jobs.close()
 
-    def _drain(self) -> None:
-        while True:
-            with self._queue_lock:
-                jobs = self._take_group()
-                if not jobs:
-                    self._draining = False
-                    return
-            self._run_group(jobs)
-
-    def _take_group(self) -> list[Job]:
+    def _take_group(self, queue: deque[Job]) -> list[Job]:
         """Queued jobs in order up to GROUP_BYTES, stopping before one that touches a key
         the group touches (a forget looks its key's slot up before the group is indexed)."""
         jobs: list[Job] = []
         keys: set[OffloadKey] = set()
         nbytes = 0
-        while self._queue:
-            job = self._queue[0]
+        while queue:
+            job = queue[0]
             size = sum(b.nbytes for b in job.buffers) if isinstance(job, WriteJob) else 0
             if jobs and (nbytes + size > GROUP_BYTES or not keys.isdisjoint(job.keys)):
                 break
-            self._queue.popleft()
+            queue.popleft()
             if job.future is not None and job.future.cancelled():
                 continue
             jobs.append(job)
@@ -196,12 +170,7 @@ class LogLane:
             for job, result in zip(jobs, results, strict=True):
                 if job.future is not None:
                     settlements.append((job.future, result, None))
-        by_loop: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
-        for settlement in settlements:
-            by_loop.setdefault(settlement[0].get_loop(), []).append(settlement)
-        for loop, some in by_loop.items():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, some)
+        settle_by_loop(settlements)
 
     # -- one group -------------------------------------------------------------------------
 
