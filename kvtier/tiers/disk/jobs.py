@@ -56,6 +56,37 @@ def settle(settlements: list[Settlement]) -> None:
             future.set_exception(error)
 
 
+def take_group(queue: deque[Job], max_bytes: int, *, distinct_slots: bool) -> list[Job]:
+    """Pop the jobs of the next group from `queue`: queued jobs in order, up to `max_bytes`
+    of blocks (at least one job), stopping before a job that touches a key the group already
+    touches (and, with `distinct_slots`, a slot), so that merging never reorders two
+    operations on one key or slot. Jobs cancelled while queued are dropped (a caller
+    cancelled after this point finds its group run anyway)."""
+    jobs: list[Job] = []
+    slots: set[int] = set()
+    keys: set[OffloadKey] = set()
+    nbytes = 0
+    while queue:
+        job = queue[0]
+        # the slots a write would add to the group (none for a forget, or when slots may repeat)
+        touched = job.slots if distinct_slots and isinstance(job, WriteJob) else ()
+        size = sum(b.nbytes for b in job.buffers) if isinstance(job, WriteJob) else 0
+        if jobs and (
+            nbytes + size > max_bytes
+            or not keys.isdisjoint(job.keys)
+            or not slots.isdisjoint(touched)
+        ):
+            break
+        queue.popleft()
+        if job.future is not None and job.future.cancelled():
+            continue
+        jobs.append(job)
+        nbytes += size
+        keys.update(job.keys)
+        slots.update(touched)
+    return jobs
+
+
 def settle_by_loop(settlements: list[Settlement]) -> None:
     """Settle a group's futures with one callback per event loop (not one wake-up per
     call); a loop already closed has nobody waiting and is skipped."""

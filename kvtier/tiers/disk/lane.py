@@ -63,6 +63,7 @@ from kvtier.tiers.disk.jobs import (
     Settlement,
     WriteJob,
     settle_by_loop,
+    take_group,
 )
 from kvtier.tiers.disk.layout import (
     EMPTY_ENTRY,
@@ -215,34 +216,10 @@ class WriteLane:
     # -- the lane thread ----------------------------------------------------------------------
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
-        """Pop the jobs of the next group (the `JobQueue`'s task, holding its lock; it first
-        lets the reads in flight finish, for at most READS_FIRST_WAIT_S): queued jobs in
-        order, up to WRITE_GROUP_BYTES of blocks (at least one job), stopping before a job
-        that touches a slot or a key the group already touches, so that merging never
-        reorders two operations on one slot or key. Jobs cancelled while queued are dropped
-        (a caller cancelled after this point finds its group run anyway)."""
-        jobs: list[Job] = []
-        slots: set[int] = set()
-        keys: set[OffloadKey] = set()
-        nbytes = 0
-        while queue:
-            job = queue[0]
-            size = len(job.keys) * self.layout.block_size if isinstance(job, WriteJob) else 0
-            if jobs and (
-                nbytes + size > WRITE_GROUP_BYTES
-                or not keys.isdisjoint(job.keys)
-                or (isinstance(job, WriteJob) and not slots.isdisjoint(job.slots))
-            ):
-                break
-            queue.popleft()
-            if job.future is not None and job.future.cancelled():
-                continue
-            jobs.append(job)
-            nbytes += size
-            keys.update(job.keys)
-            if isinstance(job, WriteJob):
-                slots.update(job.slots)
-        return jobs
+        """The next group (`take_group`, by the `JobQueue`'s task, which first lets the reads
+        in flight finish, for at most READS_FIRST_WAIT_S): up to WRITE_GROUP_BYTES, never two
+        jobs on one slot or key."""
+        return take_group(queue, WRITE_GROUP_BYTES, distinct_slots=True)
 
     def _run_group(self, jobs: list[Job]) -> None:
         """Run one group and settle the futures of its jobs, with one callback per event

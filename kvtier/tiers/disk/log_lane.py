@@ -25,7 +25,15 @@ import numpy as np
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec
-from kvtier.tiers.disk.jobs import ForgetJob, Job, JobQueue, Settlement, WriteJob, settle_by_loop
+from kvtier.tiers.disk.jobs import (
+    ForgetJob,
+    Job,
+    JobQueue,
+    Settlement,
+    WriteJob,
+    settle_by_loop,
+    take_group,
+)
 from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     PAGE,
@@ -142,23 +150,9 @@ class LogLane:
         self._jobs.close()
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
-        """Queued jobs in order up to GROUP_BYTES, stopping before one that touches a key
-        the group touches (a forget looks its key's slot up before the group is indexed)."""
-        jobs: list[Job] = []
-        keys: set[OffloadKey] = set()
-        nbytes = 0
-        while queue:
-            job = queue[0]
-            size = sum(b.nbytes for b in job.buffers) if isinstance(job, WriteJob) else 0
-            if jobs and (nbytes + size > GROUP_BYTES or not keys.isdisjoint(job.keys)):
-                break
-            queue.popleft()
-            if job.future is not None and job.future.cancelled():
-                continue
-            jobs.append(job)
-            nbytes += size
-            keys.update(job.keys)
-        return jobs
+        """The next group (`take_group`): up to GROUP_BYTES, never two jobs on one key (a
+        forget looks its key's slot up before the group is indexed)."""
+        return take_group(queue, GROUP_BYTES, distinct_slots=False)
 
     def _run_group(self, jobs: list[Job]) -> None:
         settlements: list[Settlement] = []
