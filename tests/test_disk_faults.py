@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from disk_helpers import BLOCK, assert_intact, k, open_small, read, write
 
 from kvtier.errors import DirectIOError
-from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import empty_buffers
 from kvtier.tiers.disk import Codec, DiskStore, FaultyIO, IndexRecord
 from kvtier.tiers.disk.testing import (
@@ -28,37 +28,9 @@ from kvtier.tiers.disk.testing import (
 )
 from kvtier.tiers.storage import ReadFailure
 
-BLOCK = 4096
-
-
-def k(i: int) -> OffloadKey:
-    return key_from_int(i)
-
 
 def open_store(directory: Path, **kwargs: Any) -> DiskStore:
-    options: dict[str, Any] = {"block_size": BLOCK, "num_blocks": 16, "direct_io": False}
-    options.update(kwargs)
-    return DiskStore(directory, **options)
-
-
-async def write(disk: DiskStore, ids: list[int], slots: list[int]) -> list[OSError | None]:
-    return await disk.write(
-        [k(i) for i in ids], slots, [deterministic_block(i, BLOCK) for i in ids]
-    )
-
-
-async def read(
-    disk: DiskStore, ids: list[int], slots: list[int]
-) -> tuple[list[ReadFailure | None], list[np.ndarray[Any, np.dtype[np.uint8]]]]:
-    buffers = empty_buffers(len(ids), BLOCK)
-    return await disk.read([k(i) for i in ids], slots, buffers), buffers
-
-
-async def assert_intact(disk: DiskStore, ids: list[int], slots: list[int]) -> None:
-    results, buffers = await read(disk, ids, slots)
-    assert results == [None] * len(ids)
-    for i, buffer in zip(ids, buffers, strict=True):
-        assert np.array_equal(buffer, deterministic_block(i, BLOCK)), f"block {i} differs"
+    return open_small(DiskStore, directory, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------

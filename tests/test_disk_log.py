@@ -13,46 +13,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from disk_helpers import BLOCK, assert_intact, k, open_small, read, write_ok
 
 from kvtier.errors import DirectIOError, DiskLayoutError, DiskTierError
-from kvtier.keys import OffloadKey, key_from_int
-from kvtier.testing.storage import StorageTests, empty_buffers
+from kvtier.keys import OffloadKey
+from kvtier.testing.storage import StorageTests
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.jobs import WriteJob
 from kvtier.tiers.disk.log_store import LogStore
 from kvtier.tiers.disk.testing import deterministic_block
 from kvtier.tiers.storage import BlockStorage, ReadFailure
 
-BLOCK = 4096
-
 pytestmark = pytest.mark.timeout(120)
 
 
-def k(i: int) -> OffloadKey:
-    return key_from_int(i)
-
-
 def open_log(directory: Path, **kwargs: Any) -> LogStore:
-    options: dict[str, Any] = {"block_size": BLOCK, "num_blocks": 16, "direct_io": False}
-    options.update(kwargs)
-    return LogStore(directory, **options)
-
-
-async def write_ok(store: LogStore, ids: list[int], slots: list[int]) -> None:
-    blocks = [deterministic_block(i, store.block_size) for i in ids]
-    assert await store.write([k(i) for i in ids], slots, blocks) == [None] * len(ids)
-
-
-async def read(store: LogStore, ids: list[int], slots: list[int]) -> tuple[list[Any], list[Any]]:
-    buffers = empty_buffers(len(ids), store.block_size)
-    return await store.read([k(i) for i in ids], slots, buffers), buffers
-
-
-async def assert_intact(store: LogStore, ids: list[int], slots: list[int]) -> None:
-    results, buffers = await read(store, ids, slots)
-    assert results == [None] * len(ids)
-    for i, buffer in zip(ids, buffers, strict=True):
-        assert np.array_equal(buffer, deterministic_block(i, store.block_size)), i
+    return open_small(LogStore, directory, **kwargs)
 
 
 class LogStorageTests(StorageTests):
