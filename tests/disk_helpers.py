@@ -1,6 +1,7 @@
 """What the disk tier's tests of both layouts (test_disk_log.py for `LogStore`,
-test_disk_faults.py for `DiskStore`) do alike: a small store opened, blocks
-`deterministic_block(i)` written under key `k(i)`, read back, and checked intact."""
+test_disk_faults.py and test_disk_store.py for `DiskStore`) do alike: a small store opened
+(or one for the `StorageTests` suite), blocks `deterministic_block(i)` written under key
+`k(i)`, read back, and checked intact."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pytest
 
+from kvtier.errors import DirectIOError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.testing.storage import empty_buffers
 from kvtier.tiers.disk.testing import deterministic_block
@@ -61,3 +64,25 @@ async def assert_intact(store: BlockStorage, ids: list[int], slots: list[int]) -
         assert np.array_equal(buffer, deterministic_block(i, store.block_size)), (
             f"block {i} differs"
         )
+
+
+def open_or_skip(
+    kind: Callable[..., _S],
+    directory: Path,
+    num_blocks: int,
+    block_size: int,
+    compression: str,
+    direct_io: bool,
+) -> _S:
+    """A store of `kind` for the `StorageTests` suite; the test is skipped where the
+    filesystem of `directory` has no O_DIRECT and `direct_io` asks for it."""
+    try:
+        return kind(
+            directory,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            compression=compression,
+            direct_io=direct_io,
+        )
+    except DirectIOError as error:
+        pytest.skip(f"no O_DIRECT here: {error}")

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from disk_helpers import BLOCK, assert_intact, k, open_small, read, write_ok
+from disk_helpers import BLOCK, assert_intact, k, open_or_skip, open_small, read, write_ok
 
-from kvtier.errors import DirectIOError, DiskLayoutError, DiskTierError
+from kvtier.errors import DiskLayoutError, DiskTierError
 from kvtier.keys import OffloadKey
 from kvtier.testing.storage import StorageTests
 from kvtier.tiers.disk import DiskStore
@@ -36,16 +36,9 @@ class LogStorageTests(StorageTests):
     direct_io: ClassVar[bool] = False
 
     def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> BlockStorage:
-        try:
-            return LogStore(
-                tmp_path / "disk",
-                block_size=block_size,
-                num_blocks=num_blocks,
-                compression=self.compression,  # type: ignore[arg-type]
-                direct_io=self.direct_io,
-            )
-        except DirectIOError as error:
-            pytest.skip(f"no O_DIRECT here: {error}")
+        return open_or_skip(
+            LogStore, tmp_path / "disk", num_blocks, block_size, self.compression, self.direct_io
+        )
 
     def backdoor_read(self, storage: BlockStorage, slot: int) -> bytes:
         assert isinstance(storage, LogStore)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import pytest_asyncio
+from disk_helpers import open_or_skip
 
 from kvtier.config import parse_config
 from kvtier.errors import (
@@ -101,16 +102,9 @@ class DiskStorageTests(StorageTests):
     direct_io: ClassVar[bool] = False
 
     def make_storage(self, num_blocks: int, block_size: int, tmp_path: Path) -> BlockStorage:
-        try:
-            return DiskStore(
-                tmp_path / "disk",
-                block_size=block_size,
-                num_blocks=num_blocks,
-                compression=self.compression,  # type: ignore[arg-type]
-                direct_io=self.direct_io,
-            )
-        except DirectIOError as error:
-            pytest.skip(f"no O_DIRECT here: {error}")
+        return open_or_skip(
+            DiskStore, tmp_path / "disk", num_blocks, block_size, self.compression, self.direct_io
+        )
 
     def backdoor_read(self, storage: BlockStorage, slot: int) -> bytes:
         assert isinstance(storage, DiskStore)
