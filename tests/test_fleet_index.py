@@ -24,6 +24,7 @@ from kvtier.fleet.events import (
     BlockStored,
     KVEventBatch,
     WireEvent,
+    block_stored,
     decode_batch,
     encode_batch,
 )
@@ -54,16 +55,7 @@ def seq(n: int, incarnation: int = INC) -> int:
 def stored(
     keys: Sequence[bytes | int], medium: str | None = "CPU", tier: str = "cpu"
 ) -> BlockStored:
-    return BlockStored(
-        block_hashes=list(keys),
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=16,
-        lora_id=None,
-        medium=medium,
-        lora_name=None,
-        ownership=tier,
-    )
+    return block_stored(keys, medium, block_size=16, ownership=tier)
 
 
 def removed(keys: Sequence[bytes | int], medium: str = "CPU") -> BlockRemoved:
@@ -223,15 +215,7 @@ def test_a_removal_of_a_key_not_held_changes_nothing() -> None:
 
 def test_a_medium_of_none_is_the_gpu_and_int_keys_are_their_64_bits() -> None:
     index = PrefixIndex()
-    event = BlockStored(
-        block_hashes=[-1, 5],
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=16,
-        lora_id=None,
-        medium=None,
-        lora_name=None,
-    )
+    event = block_stored([-1, 5], None, block_size=16)
     fed(index, "a", batch(event))
     assert index.holdings("a") == {b"\xff" * 8: {"GPU"}, (5).to_bytes(8, "big"): {"GPU"}}
     assert index.score([-1, 5])[0].matched_blocks == 2

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("msgspec")
 
 from kvtier.errors import FleetQueryError
-from kvtier.fleet.events import BlockStored, KVEventBatch
+from kvtier.fleet.events import BlockStored, KVEventBatch, block_stored
 from kvtier.fleet.index import SEQ_BITS, PrefixIndex
 from kvtier.fleet.query import MAX_BODY_BYTES, MAX_KEYS, IndexClient, QueryServer
 
@@ -27,15 +27,7 @@ def k(i: int) -> bytes:
 
 
 def stored(keys: list[bytes], medium: str) -> BlockStored:
-    return BlockStored(
-        block_hashes=list(keys),
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=16,
-        lora_id=None,
-        medium=medium,
-        lora_name=None,
-    )
+    return block_stored(keys, medium, block_size=16)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from kvtier.fleet.events import (  # noqa: E402
     BlockStored,
     KVEventBatch,
     WireEvent,
+    block_stored,
     encode_batch,
 )
 from kvtier.fleet.index import PrefixIndex  # noqa: E402
@@ -52,15 +53,7 @@ def until(condition: Callable[[], bool], what: str) -> None:
 
 
 def stored(keys: list[OffloadKey], medium: str = "CPU") -> BlockStored:
-    return BlockStored(
-        block_hashes=list(keys),
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=0,
-        lora_id=None,
-        medium=medium,
-        lora_name=None,
-    )
+    return block_stored(keys, medium)
 
 
 def payload(*events: WireEvent) -> bytes:

@@ -22,7 +22,7 @@ What a chain event becomes (`to_wire`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -145,15 +145,27 @@ def to_wire(event: ChainEvent, block_size: int, block_hashes: str = "bytes") -> 
     medium = wire_medium(str(event.medium))
     if event.removed:
         return BlockRemoved(block_hashes=keys, medium=medium, ownership=event.tier)
+    return block_stored(keys, medium, block_size=block_size, ownership=event.tier)
+
+
+def block_stored(
+    keys: Sequence[bytes | int],
+    medium: str | None,
+    *,
+    block_size: int = 0,
+    ownership: str | None = None,
+) -> BlockStored:
+    """A `BlockStored` of `keys` on `medium`, vLLM's fields that kvtier does not know (parent,
+    token ids, LoRA) empty: what a node publishes, and what tests and benchmarks feed."""
     return BlockStored(
-        block_hashes=keys,
+        block_hashes=list(keys),
         parent_block_hash=None,
         token_ids=[],
         block_size=block_size,
         lora_id=None,
         medium=medium,
         lora_name=None,
-        ownership=event.tier,
+        ownership=ownership,
     )
 
 

@@ -25,7 +25,7 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvtier.fleet.events import BlockRemoved, BlockStored, KVEventBatch, encode_batch
+from kvtier.fleet.events import BlockRemoved, BlockStored, KVEventBatch, block_stored, encode_batch
 from kvtier.fleet.index import SEQ_BITS, PrefixIndex
 
 BATCH_KEYS = 512
@@ -39,16 +39,7 @@ def _key(i: int, size: int) -> bytes:
 
 
 def _stored(keys: list[bytes], medium: str) -> BlockStored:
-    return BlockStored(
-        block_hashes=list(keys),
-        parent_block_hash=None,
-        token_ids=[],
-        block_size=16,
-        lora_id=None,
-        medium=medium,
-        lora_name=None,
-        ownership=medium.lower(),
-    )
+    return block_stored(keys, medium, block_size=16, ownership=medium.lower())
 
 
 def _median(runs: int, once: Callable[[], float]) -> float:
