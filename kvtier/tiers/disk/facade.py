@@ -25,21 +25,15 @@ from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.storage import BlockStorage
 
-__all__ = ["StoreFacade", "store_options"]
+__all__ = ["StoreFacade", "creates_parents", "store_options"]
 
 _T = TypeVar("_T")
 _LOG = logging.getLogger(__name__)
 
 
-def store_options(
-    tier: DiskTierConfig, block_size: int, model_id: str, kwargs: dict[str, Any]
-) -> dict[str, Any]:
-    """A store's keyword arguments for a validated disk tier config, `kwargs` (the caller's:
-    `max_workers`, `io`, ...) added. Only the default path (the per-user cache directory)
-    gets its missing ancestors created; a configured path must have an existing parent."""
-    from kvtier.config_fields import default_cache_dir
-
-    kwargs.setdefault("create_parents", tier.path == default_cache_dir())
+def store_options(tier: DiskTierConfig, block_size: int, model_id: str) -> dict[str, Any]:
+    """A store's keyword arguments that a validated disk tier config sets. A caller's option
+    that repeats one of them stays a TypeError (the chain's open names it)."""
     return {
         "block_size": block_size,
         "num_blocks": tier.num_blocks,
@@ -48,8 +42,16 @@ def store_options(
         "zstd_level": tier.zstd_level,
         "direct_io": tier.direct_io,
         "fsync": tier.fsync,
-        **kwargs,
     }
+
+
+def creates_parents(tier: DiskTierConfig) -> bool:
+    """Whether a store for `tier` creates the missing ancestors of its path: only for the
+    default path (the per-user cache directory); a configured path must have an existing
+    parent (a typo should not grow a directory tree)."""
+    from kvtier.config_fields import default_cache_dir
+
+    return tier.path == default_cache_dir()
 
 
 class StoreFacade(BlockStorage):

@@ -34,7 +34,7 @@ from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.batch import check_batch, check_keys
-from kvtier.tiers.disk.facade import StoreFacade, store_options
+from kvtier.tiers.disk.facade import StoreFacade, creates_parents, store_options
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
@@ -191,9 +191,10 @@ class LogStore(StoreFacade):
     ) -> LogStore:
         """A store for a validated disk tier config with `layout = "log"` (`kwargs`:
         `max_workers`, `io`, `spare`, ...); as `DiskStore.from_config` for the path."""
+        kwargs.setdefault("create_parents", creates_parents(tier))
         kwargs.pop("slab_file_bytes", None)
-        options = store_options(tier, block_size, model_id, kwargs)
-        return cls(tier.path, region_bytes=tier.region_bytes, **options)
+        options = store_options(tier, block_size, model_id)
+        return cls(tier.path, region_bytes=tier.region_bytes, **options, **kwargs)
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from kvtier.namespaces import combined_model_id
 from kvtier.tiers.codec import BlockCodec, Compression, Stored
 from kvtier.tiers.disk.batch import check_batch, check_keys, check_slot
 from kvtier.tiers.disk.catalog import RestoredBlocks
-from kvtier.tiers.disk.facade import StoreFacade, store_options
+from kvtier.tiers.disk.facade import StoreFacade, creates_parents, store_options
 from kvtier.tiers.disk.fsck import CheckProblem, CheckReport, StoreChecker
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import FileIO
@@ -206,7 +206,8 @@ class DiskStore(StoreFacade):
         """A store for a validated disk tier config (`kwargs`: `max_workers`, `io`, ...).
         Only the default path (the per-user cache directory) gets its missing ancestors
         created; a configured path must have an existing parent."""
-        return cls(tier.path, **store_options(tier, block_size, model_id, kwargs))
+        kwargs.setdefault("create_parents", creates_parents(tier))
+        return cls(tier.path, **store_options(tier, block_size, model_id), **kwargs)
 
     # -- closing ------------------------------------------------------------------------------
 
