@@ -227,6 +227,22 @@ def _metrics_server(port: int | None, console: Console) -> tuple[Any, MetricsSer
     help="Serve the hierarchy's Prometheus metrics on http://127.0.0.1:PORT/metrics while "
     "the replay runs (needs pip install 'kvtier[metrics]').",
 )
+@click.option(
+    "--sessions",
+    "with_sessions",
+    is_flag=True,
+    help="Session hints: each put carries its request's session, a session_end request "
+    "ends it (a trace of kvtier workloads agentic).",
+)
+@click.option(
+    "--expect-within",
+    "expect_slack_s",
+    type=float,
+    default=None,
+    metavar="S",
+    help="With --sessions, an ORACLE: expect each session's next request within the "
+    "trace's gap to it plus S seconds (reads the trace's future).",
+)
 @json_option()
 @no_plot_option()
 def replay(
@@ -237,6 +253,8 @@ def replay(
     out_dir: Path,
     clean: bool,
     metrics_port: int | None,
+    with_sessions: bool,
+    expect_slack_s: float | None,
     as_json: bool,
     no_plot: bool,
 ) -> None:
@@ -270,6 +288,7 @@ def replay(
       kvtier replay --config configs/three-tier.toml --block-bytes 64KiB --limit 500
       kvtier replay --trace keys.txt --json --no-plot
       kvtier replay --metrics-port 9400 --limit 5000
+      kvtier replay --trace agentic.jsonl.zst --config chain.toml --sessions
     """
     from kvtier.config import load_config, load_default_config
     from kvtier_tools.cli.charts import draw_or_remove, require_matplotlib
@@ -304,6 +323,13 @@ def replay(
 
         require_prometheus()  # a missing extra fails before the trace is read
     trace = load_replay_trace(trace_path, limit)
+    sessions = None
+    if with_sessions:
+        from kvtier_tools.workloads.replay_sessions import load_session_plan
+
+        sessions = load_session_plan(trace_path, len(trace.requests), expect_slack_s)
+    elif expect_slack_s is not None:
+        raise InvalidValueError("--expect-within needs --sessions")
     load_trace_s = time.perf_counter() - started
     check_out_dir(out_dir)
     disk_dirs = prepare_disk_dirs(config)
@@ -325,6 +351,7 @@ def replay(
                     load_trace_s=load_trace_s,
                     metrics=registry,
                     freeze_gc=True,  # this process is the replay's: see `replay`
+                    sessions=sessions,
                 )
             )
     finally:

@@ -54,6 +54,7 @@ from kvtier.config import HierarchyConfig, format_size, parse_config, parse_size
 from kvtier.errors import InvalidValueError, TraceFormatError
 from kvtier.hierarchy import Hierarchy, HierarchyStats, TierInfo
 from kvtier.keys import OffloadKey
+from kvtier_tools.workloads.replay_sessions import SessionPlan
 from kvtier_tools.workloads.simulation.chain import offload_key_of
 from kvtier_tools.workloads.simulation.sweep import SimTrace, load_trace
 from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_mooncake
@@ -424,9 +425,15 @@ class Replayer:
             return await asyncio.to_thread(work, keys, *args)
         return work(keys, *args)
 
-    async def serve(self, keys: Sequence[OffloadKey], input_length: int | None = None) -> int:
+    async def serve(
+        self,
+        keys: Sequence[OffloadKey],
+        input_length: int | None = None,
+        session: str | None = None,
+    ) -> int:
         """Serve one request (its block keys, in prefix order); return how many leading
-        blocks were loaded (hits). `input_length` caps the tokens counted as reused."""
+        blocks were loaded (hits). `input_length` caps the tokens counted as reused; every put
+        carries `session`, and one more names the hits (`replay_sessions`)."""
         h = self.hierarchy
         keys = list(keys)
         looked_up = h.lookup(keys)
@@ -440,9 +447,13 @@ class Replayer:
                 bad = await self._off_loop(self.contents.bad_rows, keys[:got], loaded)
             del loaded
         await h.drain()
+        if session is not None and got:  # held already: the session's read, nothing stored
+            await h.put(
+                keys[:got], await self._off_loop(self.contents.make, keys[:got]), session=session
+            )
         for start in range(got, len(keys), self.put_batch):
             part = keys[start : start + self.put_batch]
-            await h.put(part, await self._off_loop(self.contents.make, part))
+            await h.put(part, await self._off_loop(self.contents.make, part), session=session)
             await h.drain()
         events = h.take_events()
 
@@ -492,6 +503,7 @@ class ReplayResult:
     timings: dict[str, float]
     disk_dirs: tuple[Path, ...]
     interrupted: bool
+    sessions: SessionPlan | None = None
 
     @property
     def partial(self) -> bool:
@@ -667,6 +679,7 @@ class ReplayResult:
                 for tier in self.stats.tiers
             ],
             "timings": self.timings,
+            "sessions": None if self.sessions is None else self.sessions.to_dict(),
             "series": {
                 "requests": [p.requests for p in self.series],
                 "block_accesses": [p.accesses for p in self.series],
@@ -737,11 +750,13 @@ async def replay(
     load_trace_s: float = 0.0,
     metrics: CollectorRegistry | None = None,
     freeze_gc: bool = False,
+    sessions: SessionPlan | None = None,
 ) -> ReplayResult:
     """Replay `trace` through a hierarchy opened from `config` (the replayed configuration;
     `given` is the user's, for the report) and return what it measured. `metrics`: a
     prometheus_client registry to export the hierarchy's metrics on while it runs
-    (`hierarchy="replay"`).
+    (`hierarchy="replay"`). `sessions`: give the trace's sessions to the hierarchy
+    (`kvtier_tools.workloads.replay_sessions`).
 
     `freeze_gc` (for a process that is the replay's own, as `kvtier replay`'s): once the
     hierarchy is open, every object alive (the interpreter's, torch's, the trace's, the
@@ -783,7 +798,10 @@ async def replay(
                     interrupted = True
                     break
                 keys = [offload_key_of(key) for key in request]
-                await replayer.serve(keys, None if lengths is None else lengths[index])
+                session = None if sessions is None else sessions.session_of(index)
+                await replayer.serve(keys, None if lengths is None else lengths[index], session)
+                if sessions is not None:
+                    sessions.after(h, index)  # the session ended, or its next request expected
                 number = index + 1
                 if number % every == 0 or number == len(requests):
                     series.append(_point(replayer, opened))
@@ -822,6 +840,7 @@ async def replay(
         timings={key: round(value, 4) for key, value in timings.items()},
         disk_dirs=tuple(disk_dirs),
         interrupted=interrupted,
+        sessions=sessions,
     )
 
 

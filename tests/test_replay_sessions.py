@@ -1,0 +1,120 @@
+"""`kvtier replay --sessions`: a trace's sessions given to a real Hierarchy
+(`kvtier_tools.workloads.replay_sessions`): an ended session's blocks are evicted first,
+the replay still verifies every block, and bad uses are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from kvtier.cli import main
+from kvtier.config import parse_config
+from kvtier.errors import InvalidValueError
+from kvtier_tools.workloads.replay import load_replay_trace, replay, replay_config
+from kvtier_tools.workloads.replay_sessions import load_session_plan, next_gaps
+
+pytestmark = pytest.mark.timeout(120)
+
+ONE_TIER = {
+    "block_size": 4096,
+    "tiers": [
+        {"name": "cpu", "medium": "cpu", "capacity": 6, "policy": "lru", "pin_memory": False}
+    ],
+}
+"""One tier of six blocks: the three sessions below fill it, and a fourth must evict."""
+
+REQUESTS: list[dict[str, Any]] = [
+    {"session": "a", "hash_ids": [1, 2]},
+    {"session": "b", "hash_ids": [10, 11, 12]},
+    {"session": "a", "hash_ids": [1, 2, 3], "session_end": True},  # a ends, last used
+    {"session": "c", "hash_ids": [20, 21, 22]},  # needs three slots: a's, or b's (LRU)
+    {"session": "b", "hash_ids": [10, 11, 12, 13]},  # b's next turn: hits only if b's stayed
+]
+
+
+def write_trace(path: Path) -> Path:
+    lines = [
+        {"timestamp": 1000 * i, "input_length": 512 * len(r["hash_ids"]), "output_length": 1, **r}
+        for i, r in enumerate(REQUESTS)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+async def tier_hits(trace_path: Path, with_sessions: bool) -> tuple[int, int, dict[str, Any]]:
+    config = replay_config(parse_config(ONE_TIER), 4096, None)
+    trace = load_replay_trace(trace_path, None)
+    plan = load_session_plan(trace_path, len(trace.requests)) if with_sessions else None
+    result = await replay(config, trace, sessions=plan)
+    report = result.to_dict()
+    return result.counters.hits, result.counters.mismatches, report
+
+
+async def test_an_ended_sessions_blocks_go_first_and_the_live_sessions_stay(
+    tmp_path: Path,
+) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl")
+    # Without sessions, LRU evicts b's three blocks (least recently used) for c's, so b's
+    # next turn misses them; a's next request "would" have hit, but a ended.
+    hits, mismatches, report = await tier_hits(trace, with_sessions=False)
+    assert (hits, mismatches) == (2, 0)  # request 3 re-reads a's two blocks, and no more
+    assert report["sessions"] is None
+    # With sessions, a's ended blocks go first: b's three survive and serve its next turn.
+    hits, mismatches, report = await tier_hits(trace, with_sessions=True)
+    assert (hits, mismatches) == (2 + 3, 0)
+    assert report["sessions"]["ended"] == 1
+    assert report["sessions"]["end_refused"] == 0
+
+
+def test_next_gaps_are_each_requests_wait_for_its_sessions_next() -> None:
+    assert next_gaps(["a", "b", "a", "b", "a"], [0.0, 1.0, 5.0, 6.5, 7.0]) == [
+        5.0,
+        5.5,
+        2.0,
+        None,
+        None,
+    ]
+
+
+def test_the_oracle_expects_the_gap_plus_the_slack(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl")
+    plan = load_session_plan(trace, len(REQUESTS), expect_slack_s=0.5)
+    # a: 0 s then 2 s (ends); b: 1 s then 4 s; c alone.
+    assert plan.expect_s == (2.5, 3.5, None, None, None)
+    assert plan.ends == (False, False, True, False, False)
+
+
+def test_a_trace_without_sessions_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "plain.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(InvalidValueError, match=r"request 1 of .* names no session"):
+        load_session_plan(path, 1)
+    with pytest.raises(InvalidValueError, match="--expect-within must be more than 0"):
+        load_session_plan(write_trace(tmp_path / "t.jsonl"), 1, expect_slack_s=0.0)
+
+
+def test_the_command_reports_the_sessions_and_refuses_expect_alone(tmp_path: Path) -> None:
+    trace = str(write_trace(tmp_path / "trace.jsonl"))
+    config = tmp_path / "one.toml"
+    config.write_text(
+        'block_size = 4096\n[[tiers]]\nname = "cpu"\nmedium = "cpu"\ncapacity = 6\n'
+        'policy = "lru"\npin_memory = false\n'
+    )
+    common = ["replay", "--config", str(config), "--trace", trace, "--no-plot", "--json"]
+    result = CliRunner().invoke(
+        main, [*common, "--out", str(tmp_path / "out"), "--sessions", "--expect-within", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["hits"] == 5
+    assert report["verification"]["mismatches"] == 0
+    assert report["sessions"]["ended"] == 1 and report["sessions"]["expect_oracle"] is True
+    alone = CliRunner().invoke(
+        main, [*common, "--out", str(tmp_path / "o2"), "--expect-within", "1"]
+    )
+    assert alone.exit_code != 0
+    assert "--expect-within needs --sessions" in alone.stderr

@@ -1,0 +1,131 @@
+"""`kvtier replay --sessions`: the session hints of `kvtier.sessions` given to a real replay.
+
+A trace whose requests name their session (`kvtier workloads agentic` writes one: the
+`"session"` and `"session_end"` keys of `kvtier_tools.workloads.traces`) is replayed as an
+agent framework would drive a Hierarchy:
+
+- every `put` of a request carries its session (`Hierarchy.put(..., session=)`), and so does
+  one more `put` of the request's hits (all already held, so nothing is stored or moved): a
+  session re-reads its whole prefix, and its sub-agent's read of the parent's prefix is what
+  keeps those blocks alive when the parent ends (`kvtier.sessions`);
+- a request marked `"session_end"` ends its session once its puts are done
+  (`Hierarchy.end_session`): the blocks only that session read become `"never"`;
+- with `--expect-within S` (an **oracle**: it reads the future of the trace), after a request
+  whose session goes on, `Hierarchy.expect_session` with the trace's gap to that session's
+  next request plus S seconds. The Hierarchy's clock is the replay's wall clock, which runs
+  faster than the trace's, so an expectation covers more requests than in the trace: an
+  upper bound on what a framework's prediction is worth, not an estimate.
+
+The replay keeps its counters: how many puts named a session, how many sessions ended and
+how many expectations it gave, reported under `"sessions"` in `report.json`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvtier.errors import InvalidValueError, UnknownSessionError
+from kvtier.sessions import MAX_EXPECT_S
+from kvtier_tools.workloads.traces import read_mooncake
+
+if TYPE_CHECKING:
+    from kvtier.hierarchy import Hierarchy
+
+__all__ = ["SessionPlan", "load_session_plan", "next_gaps"]
+
+
+def next_gaps(sessions: list[str], times_s: list[float]) -> list[float | None]:
+    """For each request, the seconds to its session's next request in the trace (None: it
+    has none)."""
+    gaps: list[float | None] = [None] * len(sessions)
+    last_seen: dict[str, float] = {}
+    for index in range(len(sessions) - 1, -1, -1):
+        name = sessions[index]
+        later = last_seen.get(name)
+        if later is not None:
+            gaps[index] = max(0.0, later - times_s[index])
+        last_seen[name] = times_s[index]
+    return gaps
+
+
+@dataclass(slots=True)
+class SessionPlan:
+    """Each request's session, whether it ends its session, and (with the oracle) the
+    expectation to give after it; counts what the replay gave the Hierarchy."""
+
+    sessions: tuple[str, ...]
+    ends: tuple[bool, ...]
+    expect_s: tuple[float | None, ...] | None = None
+    """Per request, the `within_s` to expect its session's next request in (the oracle)."""
+    ended: int = 0
+    expected: int = 0
+    end_refused: int = 0
+    """`session_end` requests whose session the Hierarchy did not know (none of its puts
+    ran, or it had ended already): UnknownSessionError, counted rather than raised."""
+
+    def session_of(self, index: int) -> str:
+        """The session of request `index` (0-based)."""
+        return self.sessions[index]
+
+    def after(self, hierarchy: Hierarchy, index: int) -> None:
+        """What the framework says once request `index` is served: its session ended, or
+        (the oracle) when its next request comes."""
+        session = self.sessions[index]
+        if self.ends[index]:
+            try:
+                hierarchy.end_session(session)
+                self.ended += 1
+            except UnknownSessionError:
+                self.end_refused += 1
+            return
+        within = None if self.expect_s is None else self.expect_s[index]
+        if within is not None:
+            hierarchy.expect_session(session, within)
+            self.expected += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `"sessions"` part of `report.json`."""
+        return {
+            "sessions": len(set(self.sessions)),
+            "session_ends_in_trace": sum(self.ends),
+            "ended": self.ended,
+            "end_refused": self.end_refused,
+            "expect_oracle": self.expect_s is not None,
+            "expected": self.expected,
+        }
+
+
+def load_session_plan(
+    path: Path | None, count: int, expect_slack_s: float | None = None
+) -> SessionPlan:
+    """The sessions of the first `count` requests of the Mooncake trace at `path`; every
+    request must name one (InvalidValueError names the first that does not). With
+    `expect_slack_s`, the oracle: after a request whose session goes on, expect its next
+    request within the trace's gap plus `expect_slack_s` seconds (at most a week)."""
+    if expect_slack_s is not None and not 0 < expect_slack_s <= MAX_EXPECT_S:
+        raise InvalidValueError(
+            f"--expect-within must be more than 0 and at most {MAX_EXPECT_S:g} s, "
+            f"got {expect_slack_s:g}"
+        )
+    sessions: list[str] = []
+    ends: list[bool] = []
+    times_s: list[float] = []
+    for number, request in enumerate(itertools.islice(read_mooncake(path), count), 1):
+        if request.session is None:
+            raise InvalidValueError(
+                f"--sessions: request {number} of {path or 'the shipped trace'} names no "
+                "session (the trace of `kvtier workloads agentic` does)"
+            )
+        sessions.append(request.session)
+        ends.append(request.session_end)
+        times_s.append(request.timestamp_ms / 1000)
+    expect: tuple[float | None, ...] | None = None
+    if expect_slack_s is not None:
+        expect = tuple(
+            None if gap is None else min(MAX_EXPECT_S, gap + expect_slack_s)
+            for gap in next_gaps(sessions, times_s)
+        )
+    return SessionPlan(tuple(sessions), tuple(ends), expect)
