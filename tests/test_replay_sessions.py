@@ -15,7 +15,7 @@ from kvtier.cli import main
 from kvtier.config import parse_config
 from kvtier.errors import InvalidValueError
 from kvtier_tools.workloads.replay import load_replay_trace, replay, replay_config
-from kvtier_tools.workloads.replay_sessions import load_session_plan, next_gaps
+from kvtier_tools.workloads.replay_sessions import SessionPlan, load_session_plan, next_gaps
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,3 +118,11 @@ def test_the_command_reports_the_sessions_and_refuses_expect_alone(tmp_path: Pat
     )
     assert alone.exit_code != 0
     assert "--expect-within needs --sessions" in alone.stderr
+
+
+def test_the_pace_maps_trace_seconds_onto_the_replays_clock() -> None:
+    plan = SessionPlan(("a", "a", "a"), (False, False, True), (3.0, 2.0, None), (0.0, 10.0, 40.0))
+    plan.started = 100.0
+    assert plan.pace(0, 100.0) == 1.0  # neither clock has moved yet
+    assert plan.pace(1, 105.0) == 0.5  # 5 wall seconds for 10 trace seconds
+    assert plan.pace(2, 102.0) == 0.05

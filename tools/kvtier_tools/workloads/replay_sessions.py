@@ -13,8 +13,10 @@ agent framework would drive a Hierarchy:
 - with `--expect-within S` (an **oracle**: it reads the future of the trace), after a request
   whose session goes on, `Hierarchy.expect_session` with the trace's gap to that session's
   next request plus S seconds. The Hierarchy's clock is the replay's wall clock, which runs
-  faster than the trace's, so an expectation covers more requests than in the trace: an
-  upper bound on what a framework's prediction is worth, not an estimate.
+  far faster than the trace's (a replay serves in a minute what the trace spreads over
+  half an hour), so the trace seconds are converted at the replay's pace so far (wall
+  seconds per trace second, `pace`): deadlines then fall in the order of the sessions' next
+  requests, as they would in real time.
 
 The replay keeps its counters: how many puts named a session, how many sessions ended and
 how many expectations it gave, reported under `"sessions"` in `report.json`.
@@ -23,6 +25,7 @@ how many expectations it gave, reported under `"sessions"` in `report.json`.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +62,11 @@ class SessionPlan:
     sessions: tuple[str, ...]
     ends: tuple[bool, ...]
     expect_s: tuple[float | None, ...] | None = None
-    """Per request, the `within_s` to expect its session's next request in (the oracle)."""
+    """Per request, the trace seconds to expect its session's next request in (the oracle)."""
+    times_s: tuple[float, ...] = ()
+    """Each request's time in the trace, for the pace."""
+    started: float | None = None
+    """The wall clock (`time.monotonic()`) at the first request served."""
     ended: int = 0
     expected: int = 0
     end_refused: int = 0
@@ -74,6 +81,9 @@ class SessionPlan:
         """What the framework says once request `index` is served: its session ended, or
         (the oracle) when its next request comes."""
         session = self.sessions[index]
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
         if self.ends[index]:
             try:
                 hierarchy.end_session(session)
@@ -83,8 +93,15 @@ class SessionPlan:
             return
         within = None if self.expect_s is None else self.expect_s[index]
         if within is not None:
-            hierarchy.expect_session(session, within)
+            hierarchy.expect_session(session, min(MAX_EXPECT_S, within * self.pace(index, now)))
             self.expected += 1
+
+    def pace(self, index: int, now: float) -> float:
+        """Wall seconds per trace second so far, at request `index` (1.0 before either
+        clock has moved)."""
+        trace_s = self.times_s[index] - self.times_s[0]
+        wall_s = now - (self.started if self.started is not None else now)
+        return wall_s / trace_s if trace_s > 0 and wall_s > 0 else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """The `"sessions"` part of `report.json`."""
@@ -128,4 +145,4 @@ def load_session_plan(
             None if gap is None else min(MAX_EXPECT_S, gap + expect_slack_s)
             for gap in next_gaps(sessions, times_s)
         )
-    return SessionPlan(tuple(sessions), tuple(ends), expect)
+    return SessionPlan(tuple(sessions), tuple(ends), expect, tuple(times_s))
