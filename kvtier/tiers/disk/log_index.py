@@ -308,11 +308,12 @@ class LogIndex:
                         del self.written[key]
 
     def load(self, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
-        """Take a checkpoint's arrays (checked by the caller for shape and type), its key
-        hashes among them (the keys held when it was written)."""
+        """Take a checkpoint's arrays (checked by the caller for shape and type, and its own:
+        they become the index's, not copied), its key hashes among them (the keys held when
+        it was written)."""
         for name in self.ARRAYS:
-            getattr(self, name)[:] = arrays[name]
-        self.keys = arrays["keys"].copy()
+            setattr(self, name, arrays[name])
+        self.keys = arrays["keys"]
         self.epoch[:] = arrays["epoch"]
         self.fill[:] = arrays["fill"]
         self._hashes = arrays["hashes"]
