@@ -37,7 +37,8 @@ _DTYPES = {
 }
 
 
-def _digest(meta: bytes, values: dict[str, bytes]) -> bytes:
+def _digest(meta: bytes, values: dict[str, Any]) -> bytes:
+    """xxh3-64 of the meta and the values (bytes or buffers), in name order."""
     hasher = xxhash.xxh3_64(meta)
     for name in sorted(values):
         hasher.update(name.encode())
@@ -80,27 +81,19 @@ def load(path: Path, meta: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]] | 
         _LOG.warning("log store checkpoint %s unreadable (%s): scanning every region", path, error)
         return None
     try:
-        with env.begin(buffers=False) as txn:
-            meta_bytes = txn.get(_META)
-            digest = txn.get(_DIGEST)
-            values = {name: txn.get(name.encode()) for name in _DTYPES}
+        with env.begin(buffers=True) as txn:
+            found = _read(txn, path)
     except lmdb.Error as error:
         _LOG.warning("log store checkpoint %s unreadable (%s): scanning every region", path, error)
         return None
     finally:
         env.close()
-    if meta_bytes is None or digest is None or any(value is None for value in values.values()):
-        _LOG.warning("log store checkpoint %s incomplete: scanning every region", path)
+    if found is None:
         return None
-    present = {name: value for name, value in values.items() if value is not None}
-    if _digest(meta_bytes, present) != digest:
-        _LOG.warning("log store checkpoint %s damaged: scanning every region", path)
-        return None
-    saved = json.loads(meta_bytes)
+    saved, arrays = found
     if any(saved.get(name) != value for name, value in meta.items()):
         _LOG.warning("log store checkpoint %s is of another geometry: scanning every region", path)
         return None
-    arrays = {name: np.frombuffer(value, dtype=_DTYPES[name]) for name, value in present.items()}
     width = int(saved.get("key_width", 0))
     blocks, regions = int(meta["num_blocks"]), int(meta["num_regions"])
     if width <= 0 or arrays["keys"].size != blocks * width:
@@ -118,3 +111,25 @@ def load(path: Path, meta: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]] | 
         return None
     arrays["meta"] = np.array([int(saved.get("next_seq", 0)), int(saved.get("next_epoch", 0))])
     return arrays
+
+
+def _read(
+    txn: lmdb.Transaction, path: Path
+) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]] | None:
+    """The checkpoint's meta and its arrays (writable copies, the only copy an open makes of
+    them: the values are read and digested in LMDB's map) if complete and sound; else None."""
+    meta_bytes = txn.get(_META)
+    digest = txn.get(_DIGEST)
+    values = {name: txn.get(name.encode()) for name in _DTYPES}
+    present = {name: value for name, value in values.items() if value is not None}
+    if meta_bytes is None or digest is None or len(present) != len(values):
+        _LOG.warning("log store checkpoint %s incomplete: scanning every region", path)
+        return None
+    meta_bytes = bytes(meta_bytes)
+    if _digest(meta_bytes, present) != bytes(digest):
+        _LOG.warning("log store checkpoint %s damaged: scanning every region", path)
+        return None
+    arrays = {
+        name: np.frombuffer(value, dtype=_DTYPES[name]).copy() for name, value in present.items()
+    }
+    return json.loads(meta_bytes), arrays

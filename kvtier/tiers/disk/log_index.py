@@ -308,11 +308,12 @@ class LogIndex:
                         del self.written[key]
 
     def load(self, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
-        """Take a checkpoint's arrays (checked by the caller for shape and type), its key
-        hashes among them (the keys held when it was written)."""
+        """Take a checkpoint's arrays (checked by the caller for shape and type, and its own:
+        they become the index's, not copied), its key hashes among them (the keys held when
+        it was written)."""
         for name in self.ARRAYS:
-            getattr(self, name)[:] = arrays[name]
-        self.keys = arrays["keys"].copy()
+            setattr(self, name, arrays[name])
+        self.keys = arrays["keys"]
         self.epoch[:] = arrays["epoch"]
         self.fill[:] = arrays["fill"]
         self._hashes = arrays["hashes"]
@@ -332,19 +333,27 @@ class LogIndex:
 
     def replay(self, records: list[tuple[int, Record]]) -> None:
         """Apply records found by scanning regions (region, record): the newest per slot wins
-        (a tie is the same record, moved), never one older than what the slot held."""
-        newest: dict[int, tuple[int, Record]] = {}
-        for region, record in records:
-            slot = record.slot
-            if slot >= self.num_blocks:
-                continue
-            held = newest.get(slot)
-            floor = held[1].seq if held is not None else int(self.seq[slot])
-            if record.seq >= floor:
-                newest[slot] = (region, record)
+        (a tie is the same record, moved: the one scanned last), never one older than what
+        the slot held. The newest per slot is chosen with array operations (one sort); only
+        the key bookkeeping (a key lives in one slot) walks the chosen records."""
+        if not records:
+            return
+        count = len(records)
+        slot_of = np.fromiter((record.slot for _, record in records), np.int64, count)
+        seq_of = np.fromiter((record.seq for _, record in records), np.uint64, count)
+        ok = slot_of < self.num_blocks
+        ok[ok] = seq_of[ok] >= self.seq[slot_of[ok]]
+        candidates = np.flatnonzero(ok)
+        # by slot, then sequence, then scan order: each slot's last is its newest
+        order = candidates[np.lexsort((candidates, seq_of[candidates], slot_of[candidates]))]
+        last = np.ones(order.size, dtype=bool)
+        last[:-1] = slot_of[order[1:]] != slot_of[order[:-1]]
+        chosen = order[last]
+        chosen = chosen[np.argsort(seq_of[chosen], kind="stable")]
+        ordered = [records[i] for i in chosen.tolist()]
+        newest = set(slot_of[chosen].tolist())
         kept: dict[int, tuple[int, Record]] = {}
         key_slot: dict[OffloadKey, int] = {}
-        ordered = sorted(newest.values(), key=lambda item: item[1].seq)
         found = self._find_many([record.key for _, record in ordered])
         for (region, record), checkpointed in zip(ordered, found, strict=True):
             if record.codec != TOMBSTONE:

@@ -23,6 +23,7 @@ from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     CHECKPOINT_DIR,
     LOG_FORMAT_VERSION,
+    RECORD_HEADER_BYTES,
     REGION_HEADER_BYTES,
     TOMBSTONE,
     Record,
@@ -112,15 +113,10 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
         records, end = scan_records(view, namespace, int(epochs[region]), start, start + got)
         opened.scanned_regions += 1
         for record in records:
-            at = record.offset + record.payload_offset
-            if record.codec != TOMBSTONE and record.checksum != bound_checksum(
-                namespace,
-                record.key,
-                record.slot,
-                record.length,
-                record.codec,
-                record.seq,
-                view[at : at + record.length],
+            key, slot, length, codec, _, seq, checksum, offset = record
+            at = offset + RECORD_HEADER_BYTES + ((len(key) + 7) & ~7)
+            if codec != TOMBSTONE and checksum != bound_checksum(
+                namespace, key, slot, length, codec, seq, view[at : at + length]
             ):
                 torn += 1
                 continue
@@ -132,8 +128,10 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
     index.replay(found)
     duplicates = index.rebuild(hashed=arrays is not None)
     opened.dropped += duplicates
-    seqs = [record.seq for _, record in found]
-    top_seq = max([int(index.seq.max()) if index.num_blocks else 0, *seqs, 0])
+    top_seq = max(
+        int(index.seq.max()) if index.num_blocks else 0,
+        max((record.seq for _, record in found), default=0),
+    )
     opened.next_seq = max(opened.next_seq, top_seq + 1)
     opened.next_epoch = max(opened.next_epoch, int(epochs.max(initial=0)) + 1)
     for problem in opened.problems:
