@@ -208,6 +208,30 @@ def test_an_entry_point_that_is_not_a_command_is_one_line(
     )
 
 
+def test_kvtier_fleet_finds_its_tool_commands_by_their_own_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kvtier fleet` loads `kvtier.fleet.commands`: without kvtier-tools `fleet simulate`
+    says where it is in one line; another distribution's command joins the group."""
+    from importlib.metadata import EntryPoint
+
+    from kvtier.cli.commands.fleet import FLEET_COMMANDS_GROUP, fleet
+
+    monkeypatch.setattr(fleet, "commands", {"index": fleet.commands["index"]})
+    monkeypatch.setattr(type(fleet), "installed", lambda self: {})
+    code, stdout, stderr = run("fleet", "simulate")
+    assert code == 2 and stdout == ""
+    assert stderr.strip() == (
+        "kvtier: error: `kvtier fleet simulate` is part of kvtier-tools, which is not "
+        "installed: pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
+    )
+    found = {"audit": EntryPoint("audit", "kvtier.cli.commands.keys:keys", FLEET_COMMANDS_GROUP)}
+    monkeypatch.setattr(type(fleet), "installed", lambda self: found)
+    code, stdout, stderr = run("fleet", "--help")
+    assert code == 0, stderr
+    assert "audit" in stdout and "index" in stdout
+
+
 def test_the_tools_commands_are_installed_beside_the_product() -> None:
     """The set-up installs kvtier-tools, whose entry points name the tool commands."""
     from kvtier.cli import app

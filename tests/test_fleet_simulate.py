@@ -38,10 +38,6 @@ from kvtier_tools.workloads.simulation.sweep import SimTrace
 pytestmark = pytest.mark.timeout(120)
 
 
-TOOLS_FLEET = EntryPoint("fleet", "kvtier_tools.cli.fleet:fleet", "kvtier.commands")
-"""tools/pyproject.toml's `kvtier.commands` entry point of the tools' `fleet` group."""
-
-
 def needs_index() -> None:
     """The kvtier router needs the fleet's index and the events extra (msgspec)."""
     pytest.importorskip("msgspec")
@@ -255,19 +251,14 @@ def test_a_full_shared_store_evicts_by_its_policy() -> None:
 @pytest.fixture
 def fleet_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """`kvtier fleet simulate` as installed (the environment's metadata may predate its entry
-    points): in kvtier's own `fleet` group when it has one, else through the tools' group."""
+    point): in kvtier's own `fleet` group."""
     import click
 
-    from kvtier.cli import app
     from kvtier_tools.cli.fleet import simulate
 
-    monkeypatch.setattr(main, "commands", dict(main.commands))  # what a test adds goes
-    product = main.commands.get("fleet")
-    if isinstance(product, click.Group):
-        monkeypatch.setattr(product, "commands", {**product.commands, "simulate": simulate})
-        return
-    found = {**app.command_entry_points(), "fleet": TOOLS_FLEET}
-    monkeypatch.setattr(app, "command_entry_points", lambda: found)
+    product = main.commands["fleet"]
+    assert isinstance(product, click.Group)
+    monkeypatch.setattr(product, "commands", {**product.commands, "simulate": simulate})
 
 
 def write_trace(path: Path, trace: SimTrace) -> Path:
@@ -374,30 +365,13 @@ def test_the_tools_entry_points_name_the_fleet_commands() -> None:
 
     import click
 
-    from kvtier_tools.cli.fleet import fleet, simulate
+    from kvtier_tools.cli.fleet import simulate
 
     project = tomllib.loads((Path(__file__).parents[1] / "tools" / "pyproject.toml").read_text())
     points = project["project"]["entry-points"]
-    assert points["kvtier.commands"]["fleet"] == TOOLS_FLEET.value
     assert points["kvtier.fleet.commands"]["simulate"] == "kvtier_tools.cli.fleet:simulate"
-    assert TOOLS_FLEET.load() is fleet and isinstance(fleet, click.Group)
-    assert fleet.commands == {"simulate": simulate}
-
-
-def test_without_a_kvtier_fleet_group_the_tools_group_joins(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from kvtier.cli import app
-
-    monkeypatch.setattr(main, "commands", dict(main.commands))
-    monkeypatch.delitem(main.commands, "fleet", raising=False)
-    monkeypatch.setattr(app, "command_entry_points", lambda: {"fleet": TOOLS_FLEET})
-    code, stdout, stderr = run("--help")
-    assert code == 0, stderr
-    assert "fleet" in stdout
-    code, stdout, stderr = run("fleet", "simulate", "--help")
-    assert code == 0, stderr
-    assert "--max-imbalance" in stdout
+    entry = EntryPoint("simulate", points["kvtier.fleet.commands"]["simulate"], "")
+    assert entry.load() is simulate and isinstance(simulate, click.Command)
 
 
 def test_a_simulated_node_batches_as_the_publisher_does() -> None:

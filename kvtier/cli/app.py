@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import sys
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
 import click
 
 from kvtier.cli.console import err
+from kvtier.cli.entry_groups import EntryPointGroup, installed_commands
 from kvtier.compiled import core_status
 from kvtier.errors import KvtierError
 
@@ -31,41 +32,22 @@ COMMANDS_GROUP = "kvtier.commands"
 TOOL_COMMANDS = ("bench", "demo", "replay", "simulate", "workloads")
 """The commands kvtier-tools adds, named here only to say where they are when it is absent."""
 
-TOOLS_INSTALL = "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
-
 
 @functools.cache
 def command_entry_points() -> dict[str, EntryPoint]:
     """The installed distributions' commands (group `kvtier.commands`), by name."""
-    return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
+    return installed_commands(COMMANDS_GROUP)
 
 
-class _KvtierGroup(click.Group):
+class _KvtierGroup(EntryPointGroup):
     """Turns KvtierError and click's usage errors into one clear line and exit status 2, and
     finds the commands other distributions add through their entry points."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *command_entry_points()})
+    entry_group = COMMANDS_GROUP
+    tool_commands = TOOL_COMMANDS
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        entry = command_entry_points().get(cmd_name)
-        if entry is None:
-            if cmd_name in TOOL_COMMANDS:
-                raise KvtierError(
-                    f"`kvtier {cmd_name}` is part of kvtier-tools, which is not installed: "
-                    + TOOLS_INSTALL
-                )
-            return None
-        loaded = entry.load()
-        if not isinstance(loaded, click.Command):
-            raise KvtierError(
-                f"entry point {cmd_name} = {entry.value} ({COMMANDS_GROUP}) is not a click command"
-            )
-        self.add_command(loaded, cmd_name)
-        return loaded
+    def installed(self) -> dict[str, EntryPoint]:
+        return command_entry_points()
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

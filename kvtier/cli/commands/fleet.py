@@ -23,7 +23,6 @@ import threading
 import time
 import tomllib
 from collections.abc import Sequence
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvtier.cli.console import out
+from kvtier.cli.entry_groups import EntryPointGroup
 from kvtier.errors import ConfigError, KvtierError
 
 if TYPE_CHECKING:
@@ -41,42 +41,15 @@ if TYPE_CHECKING:
 
 FLEET_COMMANDS_GROUP = "kvtier.fleet.commands"
 """The entry-point group through which another distribution adds a `kvtier fleet` command."""
-FLEET_TOOL_COMMANDS = ("simulate",)
-"""The `kvtier fleet` commands kvtier-tools adds, named only to say where they are."""
 
 
-class _FleetGroup(click.Group):
+class _FleetGroup(EntryPointGroup):
     """`kvtier fleet`: its own commands, and those other distributions add through
-    `FLEET_COMMANDS_GROUP`."""
+    `FLEET_COMMANDS_GROUP` (kvtier-tools: `simulate`)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *_fleet_entry_points()})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        entry = _fleet_entry_points().get(cmd_name)
-        if entry is None:
-            if cmd_name in FLEET_TOOL_COMMANDS:
-                raise KvtierError(
-                    f"`kvtier fleet {cmd_name}` is part of kvtier-tools, which is not installed: "
-                    "pip install -e tools/ in a kvtier checkout (scripts/setup.sh does it)"
-                )
-            return None
-        loaded = entry.load()
-        if not isinstance(loaded, click.Command):
-            raise KvtierError(
-                f"entry point {cmd_name} = {entry.value} ({FLEET_COMMANDS_GROUP}) "
-                "is not a click command"
-            )
-        self.add_command(loaded, cmd_name)
-        return loaded
-
-
-def _fleet_entry_points() -> dict[str, EntryPoint]:
-    """The installed distributions' `kvtier fleet` commands, by name."""
-    return {entry.name: entry for entry in entry_points(group=FLEET_COMMANDS_GROUP)}
+    entry_group = FLEET_COMMANDS_GROUP
+    tool_commands = ("simulate",)
+    prefix = "kvtier fleet"
 
 
 @click.group(cls=_FleetGroup)

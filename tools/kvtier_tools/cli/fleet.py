@@ -1,9 +1,7 @@
 """`kvtier fleet simulate`: a trace through N simulated kvtier nodes, routed four ways.
 
-It joins `kvtier fleet` through the entry points of tools/pyproject.toml: where kvtier has
-its own `kvtier fleet` group (`kvtier fleet index`), that group loads `simulate` through
-the `kvtier.fleet.commands` group; a kvtier without one loads this module's `fleet` group
-(holding only `simulate`) through `kvtier.commands`. The work is in
+It joins kvtier's own `kvtier fleet` group (`kvtier fleet index`) through the
+`kvtier.fleet.commands` entry point of tools/pyproject.toml. The work is in
 `kvtier_tools.workloads.fleet`; this module parses and checks the options, runs the fleet
 and prints the figures or the JSON.
 """
@@ -264,11 +262,3 @@ def _print_report(
             markup=False,
         )
     err.print(f"simulated in {result.wall_s:.1f}s", markup=False)
-
-
-@click.group("fleet")
-def fleet() -> None:
-    """kvtier across nodes: the fleet's simulation (kvtier-tools)."""
-
-
-fleet.add_command(simulate)
