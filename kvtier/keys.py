@@ -14,6 +14,10 @@ OffloadKey = NewType("OffloadKey", bytes)
 """A block hash with its KV-group index appended (4 bytes, big-endian, unsigned)."""
 
 GROUP_IDX_BYTES = 4
+SGLANG_PAGE_TAG = b"\x01"
+"""The first byte of a key made from an SGLang page hash (a 64-digit hex digest), its 32
+bytes following: the SGLang backend makes such keys (`page_key`), the fleet's events read
+SGLang's int64 back out of them (`[events] block_hashes = "sglang-int"`)."""
 _MAX_GROUP_IDX = (1 << (8 * GROUP_IDX_BYTES)) - 1
 
 MIN_KEY_BYTES = 1

@@ -17,7 +17,6 @@ from kvtier.config import parse_config
 from kvtier.config_events import EventsConfig
 from kvtier.errors import ConfigError, EventsEndpointError
 from kvtier.fleet.events import (
-    SGLANG_PAGE_TAG,
     KVEventBatch,
     decode_batch,
     encode_batch,
@@ -25,7 +24,7 @@ from kvtier.fleet.events import (
     wire_medium,
 )
 from kvtier.fleet.publisher import END_SEQ, SEQ_BITS, EventPublisher
-from kvtier.keys import make_offload_key
+from kvtier.keys import SGLANG_PAGE_TAG, make_offload_key
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared
 

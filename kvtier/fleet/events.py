@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from kvtier.keys import GROUP_IDX_BYTES
+from kvtier.keys import GROUP_IDX_BYTES, SGLANG_PAGE_TAG
 from kvtier.manager.base import OffloadingEvent
 from kvtier.manager.events import AllCleared, ChainEvent
 
@@ -106,9 +106,6 @@ def wire_medium(medium: str) -> str:
 
 
 _INT64 = (1 << 64) - 1
-SGLANG_PAGE_TAG = b"\x01"
-"""The first byte of a kvtier key made from an SGLang page hash (a 64-digit hex digest:
-`kvtier.integrations.sglang.store.page_key`, tested to agree); its 32 digest bytes follow."""
 
 
 def vllm_int_hash(key: bytes) -> int:

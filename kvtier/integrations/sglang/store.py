@@ -36,7 +36,7 @@ from kvtier.config import (
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.integrations.engine_config import ConfigSource, read_engine_config, refuse_gpu_tiers
-from kvtier.keys import OffloadKey, make_offload_key
+from kvtier.keys import SGLANG_PAGE_TAG, OffloadKey, make_offload_key
 from kvtier.namespaces import combined_model_id
 from kvtier.sync import SyncHierarchy
 
@@ -48,7 +48,6 @@ DEFAULT_TIMEOUT_S = 5.0
 """How long one call of SGLang's waits for kvtier before it counts as a miss / failed store."""
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
-_HEX_KEY_TAG = b"\x01"
 _OTHER_KEY_TAG = b"\x02"
 
 
@@ -121,7 +120,7 @@ def page_key(key: str) -> OffloadKey:
     if not isinstance(key, str):
         raise InvalidValueError(f"an SGLang page key must be a str, got {type(key).__name__}")
     if _HEX_DIGEST.fullmatch(key):
-        return make_offload_key(_HEX_KEY_TAG + bytes.fromhex(key))
+        return make_offload_key(SGLANG_PAGE_TAG + bytes.fromhex(key))
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=32).digest()
     return make_offload_key(_OTHER_KEY_TAG + digest)
 
