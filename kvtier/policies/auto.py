@@ -157,9 +157,9 @@ def take_over(
     """The live policy made of `shadow`: exactly the blocks of `entries` ((key, block),
     least recently used first, what the tier holds), in the shadow's state; the keys the
     shadow does not hold first in line for eviction (see the module doc)."""
-    blocks = dict(entries)
     if isinstance(shadow, S3FIFOCachePolicy):
         return shadow.adopted(entries)
+    blocks = dict(entries)
     if isinstance(shadow, LCTCachePolicy):
         return _lct_takes_over(shadow, entries, blocks)
     live = type(shadow)(shadow.cache_capacity)
