@@ -20,6 +20,7 @@ from kvtier.keys import OffloadKey
 from kvtier.testing.storage import StorageTests
 from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.jobs import WriteJob
+from kvtier.tiers.disk.log_format import PAGE
 from kvtier.tiers.disk.log_store import LogStore
 from kvtier.tiers.disk.testing import deterministic_block
 from kvtier.tiers.storage import BlockStorage, ReadFailure
@@ -156,6 +157,56 @@ async def test_a_per_block_store_is_refused_with_what_to_do(tmp_path: Path) -> N
         open_log(tmp_path)
     message = str(caught.value)
     assert "\n" not in message and "remove" in message and "lost" in message
+
+
+async def test_a_log_store_of_the_old_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    from kvtier.tiers.disk.log_format import log_fingerprint
+
+    (tmp_path / f"kvtier-log-{log_fingerprint(BLOCK, '', 3)}").mkdir()
+    with pytest.raises(DiskLayoutError) as caught:
+        open_log(tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and "format 3" in message
+    assert "remove" in message and "lost" in message
+
+
+@pytest.mark.parametrize("torn", ["header", "payload"])
+async def test_a_torn_group_after_a_crash_is_a_miss_never_wrong_bytes(
+    tmp_path: Path, torn: str
+) -> None:
+    """A group written after the last checkpoint, then damaged as a crash mid-write would
+    leave it: a torn header page loses the whole group (the scan stops there), a torn
+    payload loses its block alone; every other block is intact."""
+    store = open_log(tmp_path)
+    await write_ok(store, [1, 2], [0, 1])
+    await store.aclose()  # the checkpoint covers blocks 1 and 2
+    store = open_log(tmp_path)
+    await write_ok(store, [3, 4], [2, 3])  # one group, scanned at the next open
+    first, second = store._index.row(2), store._index.row(3)
+    assert first is not None and second is not None
+    store._lane.close()  # as a killed process: no last checkpoint
+    store._files.close()
+    if torn == "header":  # an entry in the group's header page, just before its payloads
+        at = store._files.base(first.region) + first.offset - PAGE + 100
+    else:
+        at = store._files.base(second.region) + second.offset + 100
+    with open(store._files.root / "regions.bin", "r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0x40]))
+    again = open_log(tmp_path)
+    try:
+        await assert_intact(again, [1, 2], [0, 1])
+        lost = [3, 4] if torn == "header" else [4]
+        kept = [i for i in (3, 4) if i not in lost]
+        await assert_intact(again, kept, [i - 1 for i in kept])
+        results, _ = await read(again, lost, [i - 1 for i in lost])
+        assert results == [ReadFailure.NOT_INDEXED] * len(lost)
+        if torn == "payload":
+            assert any("interrupted write" in problem for problem in again.opened.problems)
+    finally:
+        await again.aclose()
 
 
 async def test_a_damaged_region_header_loses_its_blocks_never_serves_them(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """The files of a log store: its lock, its regions file (one descriptor, plus an O_DIRECT one
 where the filesystem takes it) and the geometry of its regions.
 
-Every byte of a region is moved through here: `write_at` (whole pages, from an aligned
-buffer), `read_into` (any range: with O_DIRECT through an aligned staging buffer) and `sync`.
+Every byte of a region is moved through here: `write_parts` (a group's header pages and
+payloads, straight from the caller's memory, on the write threads), `read_run` (payloads
+back to back straight into the caller's buffers), `read_into` (any range: with O_DIRECT
+through an aligned staging buffer) and `sync`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import contextlib
 import errno
 import fcntl
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
-from kvtier.tiers.disk.io import FileIO, preadv_fill, pwritev_all, staging_buffer
+from kvtier.tiers.disk.io import IOV_MAX, FileIO, preadv_fill, pwritev_all, staging_buffer
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
 
 WRITE_PART_BYTES = 1 << 20
@@ -97,25 +101,44 @@ class LogFiles:
         """The file offset of `region`."""
         return region * self.geo.region_bytes
 
-    def write_at(self, region: int, start: int, data: memoryview) -> None:
-        """Write `data` (whole pages, page-aligned memory) at `start` of `region`: a large
-        write cut into WRITE_PART_BYTES parts written at once by the write threads (a
-        device keeps several writes in flight faster than one)."""
-        fd = self.direct_fd if self.direct_fd is not None else self.fd
+    def write_parts(
+        self, region: int, start: int, buffers: list[memoryview], direct: bool
+    ) -> list[Future[int]]:
+        """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
+        the writes run on the write threads, in parts of at most WRITE_PART_BYTES (and
+        IOV_MAX buffers), so a device keeps several in flight and the caller goes on (the
+        next group is encoded meanwhile). With O_DIRECT when the caller says every buffer is
+        page-aligned memory of whole pages (`direct`, see `whole_pages`), else buffered (the
+        kernel's one copy). The caller waits on every future returned (each raises its
+        part's OSError) before it syncs."""
+        fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
-        if data.nbytes < 2 * WRITE_PART_BYTES:
-            pwritev_all(fd, [data], at, io=self.io, nbytes=data.nbytes)
-            return
-        parts = [
-            (data[offset : offset + WRITE_PART_BYTES], at + offset)
-            for offset in range(0, data.nbytes, WRITE_PART_BYTES)
-        ]
-        done = self._writers.map(
-            lambda part: pwritev_all(fd, [part[0]], part[1], io=self.io, nbytes=part[0].nbytes),
-            parts,
-        )
-        for _ in done:  # raises the first part's OSError
-            pass
+        futures: list[Future[int]] = []
+        part: list[memoryview] = []
+        part_bytes = 0
+        for view in _cut(buffers):
+            if part and (part_bytes + view.nbytes > WRITE_PART_BYTES or len(part) >= IOV_MAX):
+                futures.append(self._writers.submit(self._write, fd, part, at, part_bytes))
+                at += part_bytes
+                part, part_bytes = [], 0
+            part.append(view)
+            part_bytes += view.nbytes
+        if part:
+            futures.append(self._writers.submit(self._write, fd, part, at, part_bytes))
+        return futures
+
+    def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
+        return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
+
+    def read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
+        """Fill `buffers`, back to back, from `start` of `region` with one preadv (and more
+        only after a short read); the bytes read. With O_DIRECT straight into them when the
+        caller says every buffer is page-aligned whole pages (`direct`) and `start` is a page
+        boundary, else buffered."""
+        at = self.base(region) + start
+        direct = direct and at % PAGE == 0
+        fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
+        return preadv_fill(fd, buffers, at, io=self.io)
 
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
@@ -160,6 +183,24 @@ class LogFiles:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+def _cut(buffers: list[memoryview]) -> list[memoryview]:
+    """`buffers` with each one larger than WRITE_PART_BYTES cut into parts of that size."""
+    if all(view.nbytes <= WRITE_PART_BYTES for view in buffers):
+        return buffers
+    return [
+        view[at : at + WRITE_PART_BYTES]
+        for view in buffers
+        for at in range(0, max(view.nbytes, 1), WRITE_PART_BYTES)
+    ]
+
+
+def whole_pages(buffer: Any) -> bool:
+    """Whether O_DIRECT can move `buffer` (a numpy array or a buffer): page-aligned memory
+    of whole pages."""
+    array = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
+    return array.nbytes % PAGE == 0 and array.__array_interface__["data"][0] % PAGE == 0
 
 
 def is_enospc(error: BaseException) -> bool:

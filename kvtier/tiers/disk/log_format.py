@@ -8,18 +8,27 @@ A store lives in `<directory>/kvtier-log-<fingerprint>/`::
 
 **Regions.** Space is a fixed number of regions, each written front to back. A region's first
 page (REGION_HEADER_BYTES) names its epoch: a number that grows every time a region is
-(re)opened, so a record left from an earlier use of the region is never taken as current. A
-write group appends its records from a page boundary, so no write rewrites a page holding an
-earlier group's bytes.
+(re)opened, so a group left from an earlier use of the region is never taken as current.
 
-**Records.** Every block is one self-describing record: a header (magic, version, codec,
-key length, slot, stored length, region epoch, sequence number, bound checksum, header
-checksum), the key, then the stored bytes, each padded to 8 bytes. The bound checksum is
-xxh3-64 of the stored bytes seeded with a hash of (namespace, key, slot, length, codec,
-sequence), as in the per-block layout: a record never serves another key's, slot's, store's
-or older write's bytes. A forget is a record with codec TOMBSTONE and no bytes, so a restart
-does not bring a forgotten block back. The header checksum covers the header and key, so a
-torn or stale header is never parsed as a record.
+**Groups** (format 4). A write group's part in one region starts on a page boundary: its
+header page(s), then its payloads. The header pages hold a group header (magic, version,
+epoch, record count, header pages, key bytes, payload span), a checksum, then one fixed
+entry per record (slot, sequence, bound checksum, payload offset and length, codec, key
+offset and length) and the records' keys. The header checksum (xxh3-64 seeded with the
+store's namespace) covers all of it, the payloads' checksums included, so a torn header page
+ends the region's scan there. Payloads follow the header pages: one whose length is a
+multiple of PAGE starts on a page boundary (so a group of raw blocks is written straight from
+the caller's page-aligned memory with O_DIRECT), any other on 8 bytes. The next group starts
+on the page after the span.
+
+**Records.** The bound checksum is xxh3-64 of the stored bytes seeded with a hash of
+(namespace, key, slot, length, codec, sequence), as in the per-block layout: a record never
+serves another key's, slot's, store's or older write's bytes, and a payload torn after its
+header was written reads as a miss. A forget is a record with codec TOMBSTONE and no bytes,
+so a restart does not bring a forgotten block back.
+
+Format 3 (records and their blocks interleaved) is not read: a store in it is refused at
+open (`OLD_FORMAT_VERSIONS`).
 """
 
 from __future__ import annotations
@@ -27,14 +36,18 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
+import numpy as np
 import xxhash
 
 from kvtier.keys import OffloadKey
 
-LOG_FORMAT_VERSION = 3
-"""Version of the log layout (records, regions, checkpoint). The per-block layout is 2."""
+LOG_FORMAT_VERSION = 4
+"""Version of the log layout (groups, regions, checkpoint). The per-block layout is 2."""
+OLD_FORMAT_VERSIONS = (3,)
+"""Earlier log formats: a store in one of them is refused at open with what to do."""
 
 REGIONS_FILE = "regions.bin"
 CHECKPOINT_DIR = "checkpoint"
@@ -52,20 +65,37 @@ TOMBSTONE = 255
 
 _REGION = struct.Struct("<8sIQI20sQ")  # magic, version, epoch, index, namespace, region_bytes
 _REGION_MAGIC = b"kvtierLG"
-_HEADER = struct.Struct("<2sBBB3xQIIQQ")  # magic, version, codec, key_len, slot, length,
-#                                           epoch, seq, checksum
-_HEADER_MAGIC = b"KL"
+_GROUP = struct.Struct("<8sIIIIQQ")  # magic, version, count, head_pages, key_bytes, epoch, span
+_GROUP_MAGIC = b"kvtierGR"
 _CHECK = struct.Struct("<Q")
 _BINDING = struct.Struct("<2s20sQIBQ")  # magic, namespace, slot, length, codec, seq
+_BINDING_MAGIC = b"KL"
 
-RECORD_HEADER_BYTES = _HEADER.size + _CHECK.size
-"""Bytes of a record's header before its key (the header checksum included)."""
+ENTRY = np.dtype(
+    [
+        ("slot", "<u8"),
+        ("seq", "<u8"),
+        ("checksum", "<u8"),
+        ("offset", "<u4"),  # from the start of the group's payloads
+        ("length", "<u4"),
+        ("key_at", "<u4"),  # from the start of the group's keys
+        ("key_len", "<u2"),
+        ("codec", "u1"),
+        ("pad", "u1"),
+    ]
+)
+"""One record's entry in its group's header pages."""
+
+RECORD_HEADER_BYTES = ENTRY.itemsize
+"""Bytes of a record's entry (its key and payload come on top): the live-bytes accounting."""
+
+_FIXED = _GROUP.size + _CHECK.size
 
 
-def log_fingerprint(block_size: int, model_id: str) -> str:
+def log_fingerprint(block_size: int, model_id: str, version: int = LOG_FORMAT_VERSION) -> str:
     """A short hash of (log format version, block size, model id): the name of the store's
     directory (`kvtier-log-<fingerprint>`) and the namespace bound into its records."""
-    text = json.dumps(["kvtier-disk-log", LOG_FORMAT_VERSION, block_size, model_id])
+    text = json.dumps(["kvtier-disk-log", version, block_size, model_id])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -74,25 +104,42 @@ def pad8(value: int) -> int:
     return (value + 7) & ~7
 
 
+def round_page(value: int) -> int:
+    """`value` rounded up to a multiple of PAGE."""
+    return -(-value // PAGE) * PAGE
+
+
 def record_bytes(key_len: int, length: int) -> int:
-    """Bytes one record takes in a region: header, key and stored bytes, each padded."""
+    """Bytes one record is counted for in its region's live bytes: entry, key and payload."""
     return RECORD_HEADER_BYTES + pad8(key_len) + pad8(length)
+
+
+def head_bytes(count: int, key_bytes: int) -> int:
+    """Bytes of a group's header (before rounding to pages) for `count` records whose keys
+    take `key_bytes`."""
+    return _FIXED + count * RECORD_HEADER_BYTES + key_bytes
+
+
+def payload_at(end: int, length: int) -> int:
+    """Where a payload of `length` bytes goes after payloads ending at `end`: on a page
+    boundary when `length` is whole pages (O_DIRECT from the caller's memory), else on 8."""
+    if length and length % PAGE == 0:
+        return round_page(end)
+    return pad8(end)
 
 
 def bound_checksum(
     namespace: bytes, key: bytes, slot: int, length: int, codec: int, seq: int, stored: object
 ) -> int:
     """xxh3-64 of `stored`, seeded with everything the block is bound to."""
-    binding = _BINDING.pack(_HEADER_MAGIC, namespace, slot, length, codec, seq)
+    binding = _BINDING.pack(_BINDING_MAGIC, namespace, slot, length, codec, seq)
     seed = xxhash.xxh3_64_intdigest(binding + key)
     return xxhash.xxh3_64_intdigest(stored, seed=seed)  # type: ignore[arg-type]
 
 
 class Record(NamedTuple):
-    """One record's header, as parsed from a region (`offset`: where the record starts in
-    its region; the stored bytes start at `offset + payload_offset`). A named tuple: an
-    open makes one per record scanned, and a tuple is made several times faster than a
-    frozen dataclass."""
+    """One record, as parsed from a group's header (`offset`: where its stored bytes start
+    in its region). A named tuple: an open makes one per record scanned."""
 
     key: OffloadKey
     slot: int
@@ -105,65 +152,109 @@ class Record(NamedTuple):
 
     @property
     def payload_offset(self) -> int:
-        """Bytes from the record's start to its stored bytes."""
-        return RECORD_HEADER_BYTES + pad8(len(self.key))
+        """Where the stored bytes start in the region (`offset`)."""
+        return self.offset
 
     @property
     def size(self) -> int:
-        """Bytes the record takes in its region."""
+        """Bytes the record is counted for in its region."""
         return record_bytes(len(self.key), self.length)
 
 
-def pack_header(
+def pack_group(
     namespace: bytes,
-    key: bytes,
-    slot: int,
-    length: int,
-    codec: int,
     epoch: int,
-    seq: int,
-    checksum: int,
+    keys: Sequence[bytes],
+    fields: dict[str, Any],
+    span: int,
 ) -> bytes:
-    """A record's header and key, padded to 8 bytes (its stored bytes follow)."""
-    head = _HEADER.pack(
-        _HEADER_MAGIC, LOG_FORMAT_VERSION, codec, len(key), slot, length, epoch, seq, checksum
-    )
-    check = xxhash.xxh3_64_intdigest(head + key, seed=_seed(namespace))
-    return head + _CHECK.pack(check) + key + bytes(pad8(len(key)) - len(key))
+    """A group's header pages: `fields` holds per record arrays (or lists) of slot, seq,
+    checksum, offset (from the payloads' start), length and codec; `span` is the payloads'
+    bytes (whole pages). Built with array operations: no Python per record beyond the keys'
+    join."""
+    count = len(keys)
+    entries = np.zeros(count, dtype=ENTRY)
+    for name in ("slot", "seq", "checksum", "offset", "length", "codec"):
+        entries[name] = fields[name]
+    key_len = np.fromiter(map(len, keys), dtype=np.int64, count=count)
+    entries["key_len"] = key_len
+    entries["key_at"] = np.cumsum(key_len) - key_len
+    blob = b"".join(keys)
+    pages = -(-head_bytes(count, len(blob)) // PAGE)
+    group = _GROUP.pack(_GROUP_MAGIC, LOG_FORMAT_VERSION, count, pages, len(blob), epoch, span)
+    body = entries.tobytes()
+    hasher = xxhash.xxh3_64(group, seed=_seed(namespace))
+    hasher.update(body)
+    hasher.update(blob)
+    head = group + _CHECK.pack(hasher.intdigest()) + body + blob
+    return head + bytes(pages * PAGE - len(head))
 
 
-def parse_header(
-    data: memoryview, offset: int, namespace: bytes, epoch: int, limit: int
-) -> Record | None:
-    """The record at `offset` of a region's bytes `data` if its header is sound, belongs to
-    this store and this epoch of the region, and ends before `limit`; else None."""
-    if offset + RECORD_HEADER_BYTES > limit:
+def parse_group(
+    data: memoryview, pos: int, namespace: bytes, epoch: int, limit: int
+) -> tuple[list[Record], int] | None:
+    """The records of the group starting at `pos` (a page boundary) of a region's bytes
+    `data`, and where the next group would start, if its header pages are sound, of this
+    store and this epoch of the region, and its span ends before `limit`; else None."""
+    if pos + PAGE > limit:
         return None
-    fields = _HEADER.unpack_from(data, offset)
-    magic, version, codec, key_len, slot, length, rec_epoch, seq, checksum = fields
-    if magic != _HEADER_MAGIC or version != LOG_FORMAT_VERSION or rec_epoch != epoch:
+    magic, version, count, pages, key_bytes, group_epoch, span = _GROUP.unpack_from(data, pos)
+    if magic != _GROUP_MAGIC or version != LOG_FORMAT_VERSION or group_epoch != epoch:
         return None
-    key_at = offset + RECORD_HEADER_BYTES
-    if key_len == 0 or key_at + ((key_len + 7) & ~7) + ((length + 7) & ~7) > limit:
+    used = head_bytes(count, key_bytes)
+    end = pos + pages * PAGE + span
+    if count == 0 or pages < 1 or used > pages * PAGE or span % PAGE or end > limit:
         return None
-    key = data[key_at : key_at + key_len].tobytes()
-    (check,) = _CHECK.unpack_from(data, offset + _HEADER.size)
-    seed = _SEEDS.get(namespace)
-    if seed is None:
-        seed = _SEEDS[namespace] = _seed(namespace)
-    if check != xxhash.xxh3_64_intdigest(
-        data[offset : offset + _HEADER.size].tobytes() + key, seed=seed
+    hasher = xxhash.xxh3_64(data[pos : pos + _GROUP.size], seed=_seed(namespace))
+    hasher.update(data[pos + _FIXED : pos + used])
+    if _CHECK.unpack_from(data, pos + _GROUP.size)[0] != hasher.intdigest():
+        return None
+    entries = np.frombuffer(data, dtype=ENTRY, count=count, offset=pos + _FIXED)
+    offset = entries["offset"].astype(np.int64)
+    key_at = entries["key_at"].astype(np.int64)
+    key_len = entries["key_len"].astype(np.int64)
+    if (
+        np.any(offset + entries["length"] > span)
+        or np.any(key_at + key_len > key_bytes)
+        or np.any(key_len == 0)
     ):
-        return None
-    return Record(OffloadKey(key), slot, length, codec, rec_epoch, seq, checksum, offset)
+        return None  # sound checksum, impossible entries: not a group this code wrote
+    keys_start = pos + _FIXED + count * RECORD_HEADER_BYTES
+    blob = data[keys_start : keys_start + key_bytes].tobytes()
+    base = pos + pages * PAGE
+    records = [
+        Record(OffloadKey(blob[at : at + size]), slot, length, codec, epoch, seq, check, base + off)
+        for at, size, slot, length, codec, seq, check, off in zip(
+            key_at.tolist(),
+            key_len.tolist(),
+            entries["slot"].tolist(),
+            entries["length"].tolist(),
+            entries["codec"].tolist(),
+            entries["seq"].tolist(),
+            entries["checksum"].tolist(),
+            offset.tolist(),
+            strict=True,
+        )
+    ]
+    return records, end
 
 
-def with_epoch(namespace: bytes, header: bytes, epoch: int) -> bytes:
-    """A record's header and key (as packed by `pack_header`) moved to another region: the
-    same record under `epoch`, its header checksum made again."""
-    fields = list(_HEADER.unpack_from(header))
-    key = header[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + fields[3]]
-    return pack_header(namespace, key, fields[4], fields[5], fields[2], epoch, fields[7], fields[8])
+def scan_groups(
+    data: memoryview, namespace: bytes, epoch: int, start: int, limit: int
+) -> tuple[list[Record], int]:
+    """The records of epoch `epoch` in a region's bytes `data`, group after group from
+    `start` (a page boundary) to the first page that is not a sound group header of this
+    epoch (never written, torn, or left from an earlier use), and that page's offset: where
+    the next group would start."""
+    records: list[Record] = []
+    pos = max(start, REGION_HEADER_BYTES)
+    while pos < limit:
+        found = parse_group(data, pos, namespace, epoch, limit)
+        if found is None:
+            break
+        records.extend(found[0])
+        pos = found[1]
+    return records, min(pos, limit)
 
 
 def pack_region_header(namespace: bytes, epoch: int, index: int, region_bytes: int) -> bytes:
@@ -199,55 +290,7 @@ _SEEDS: dict[bytes, int] = {}
 
 
 def _seed(namespace: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(namespace)
-
-
-def scan_records(
-    data: memoryview, namespace: bytes, epoch: int, start: int, limit: int
-) -> tuple[list[Record], int]:
-    """The records of epoch `epoch` in a region's bytes `data`, from `start` (a page
-    boundary) to where they end, and the byte offset where the next group would start (a
-    page boundary). A header that does not parse ends a group (the rest of its page is
-    padding); one at a page boundary ends the region's records.
-
-    `parse_header`'s checks, each record's header checksum among them, in one loop with its
-    names bound locally: an open after a crash runs it once per record written since the
-    last checkpoint (tens of thousands), so the call and attribute overheads are most of
-    its cost."""
-    records: list[Record] = []
-    append = records.append
-    unpack = _HEADER.unpack_from
-    unpack_check = _CHECK.unpack_from
-    digest = xxhash.xxh3_64_intdigest
     seed = _SEEDS.get(namespace)
     if seed is None:
-        seed = _SEEDS[namespace] = _seed(namespace)
-    head_bytes = _HEADER.size
-    pos = max(start, REGION_HEADER_BYTES)
-    while pos < limit:
-        if pos + RECORD_HEADER_BYTES <= limit:
-            magic, version, codec, key_len, slot, length, rec_epoch, seq, checksum = unpack(
-                data, pos
-            )
-            key_at = pos + RECORD_HEADER_BYTES
-            end = key_at + ((key_len + 7) & ~7) + ((length + 7) & ~7)
-            if (
-                magic == _HEADER_MAGIC
-                and version == LOG_FORMAT_VERSION
-                and rec_epoch == epoch
-                and key_len != 0
-                and end <= limit
-            ):
-                key = data[key_at : key_at + key_len].tobytes()
-                if unpack_check(data, pos + head_bytes)[0] == digest(
-                    data[pos : pos + head_bytes].tobytes() + key, seed=seed
-                ):
-                    append(
-                        Record(OffloadKey(key), slot, length, codec, rec_epoch, seq, checksum, pos)
-                    )
-                    pos = end
-                    continue
-        if pos % PAGE == 0:
-            break
-        pos = -(-pos // PAGE) * PAGE
-    return records, min(-(-pos // PAGE) * PAGE, limit)
+        seed = _SEEDS[namespace] = xxhash.xxh3_64_intdigest(namespace)
+    return seed

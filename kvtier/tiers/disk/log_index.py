@@ -42,18 +42,26 @@ class Row:
 
     @property
     def payload_offset(self) -> int:
-        """Offset of the stored bytes from the region's start."""
-        return self.offset + record_bytes(len(self.key), 0)
+        """Offset of the stored bytes from the region's start (`offset`)."""
+        return self.offset
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Placed:
-    """A record written and synced: what `LogIndex.apply` puts in the index. A moved record
-    (`moved_from`: its region before a reclaim) applies only while the slot still holds it."""
+    """Records written and synced, in the order written: what `LogIndex.apply` puts in the
+    index, as arrays (one element per record) and the records' keys. A moved record
+    (`moved_from` not NO_REGION: its region before a reclaim) applies only while its slot
+    still holds it there."""
 
-    record: Record
-    region: int
-    moved_from: int = NO_REGION
+    keys: list[OffloadKey]
+    slot: np.ndarray[Any, np.dtype[np.int64]]
+    region: np.ndarray[Any, np.dtype[np.int64]]
+    offset: np.ndarray[Any, np.dtype[np.int64]]
+    length: np.ndarray[Any, np.dtype[np.int64]]
+    codec: np.ndarray[Any, np.dtype[np.int64]]
+    seq: np.ndarray[Any, np.dtype[np.uint64]]
+    checksum: np.ndarray[Any, np.dtype[np.uint64]]
+    moved_from: np.ndarray[Any, np.dtype[np.int64]]
 
 
 class LogIndex:
@@ -141,37 +149,100 @@ class LogIndex:
 
     # -- changes (the write lane only) -----------------------------------------------------
 
-    def apply(self, placed: list[Placed]) -> None:
+    def apply(self, placed: Placed) -> None:
         """Put durable records in the index, in the order written: each replaces its slot's
-        record (a moved one only while the slot still holds it where it was)."""
+        record (a moved one only while the slot still holds it where it was), and a block's
+        key leaves any other slot that held it. With array operations over the batch: the
+        Python per record is its key's dict look-up and entry."""
         with self.lock:
-            for item in placed:
-                record = item.record
-                slot = record.slot
-                if item.moved_from != NO_REGION and not (
-                    self.region[slot] == item.moved_from and int(self.seq[slot]) == record.seq
-                ):
-                    continue
-                self._set(slot, record, item.region)
+            moved = placed.moved_from != NO_REGION
+            if moved.any():
+                self._apply_moved(placed, np.flatnonzero(moved))
+            new = np.flatnonzero(~moved)
+            if new.size:
+                self._apply_new(placed, new)
 
-    def _set(self, slot: int, record: Record, region: int) -> None:
-        key = record.key
-        other = self._find(key) if record.codec != TOMBSTONE else None
-        if other is not None and other != slot:
-            self._clear(other)  # a key lives in one slot: its newest
-        self._clear(slot)
-        self._put_key(slot, key)
-        self.key_len[slot] = len(key)
-        self.region[slot] = region
-        self.offset[slot] = record.offset
-        self.length[slot] = record.length
-        self.codec[slot] = record.codec
-        self.seq[slot] = record.seq
-        self.checksum[slot] = record.checksum
-        self.live[region] += record.size
-        if record.codec != TOMBSTONE:
-            self.blocks += 1
-            self.written[key] = slot
+    def _apply_moved(self, placed: Placed, which: np.ndarray[Any, Any]) -> None:
+        slots = placed.slot[which]
+        still = (self.region[slots] == placed.moved_from[which]) & (
+            self.seq[slots] == placed.seq[which]
+        )
+        which, slots = which[still], slots[still]
+        if not which.size:
+            return
+        sizes = self._sizes(slots)
+        np.subtract.at(self.live, self.region[slots], sizes)
+        self.region[slots] = placed.region[which]
+        self.offset[slots] = placed.offset[which]
+        np.add.at(self.live, placed.region[which], sizes)
+
+    def _apply_new(self, placed: Placed, which: np.ndarray[Any, Any]) -> None:
+        keys = placed.keys
+        codecs = placed.codec[which]
+        blocks = which[codecs != TOMBSTONE]
+        # a key lives in one slot, its newest: the slots holding these keys now lose them
+        block_keys = [keys[i] for i in blocks.tolist()]
+        others = self._find_batch(block_keys)
+        clear = {other for other in others if other is not None}
+        # a slot written twice in the batch: its last record wins
+        slots = placed.slot[which]
+        _, last_rev = np.unique(slots[::-1], return_index=True)
+        last = which[np.sort(which.size - 1 - last_rev)]
+        target = placed.slot[last]
+        clear.update(target.tolist())
+        self._clear_many(np.fromiter(clear, dtype=np.int64, count=len(clear)))
+        last_keys = [keys[i] for i in last.tolist()]
+        width = max(map(len, last_keys))
+        self._widen(width)
+        width = self.keys.shape[1]
+        rows = b"".join(key.ljust(width, b"\0") for key in last_keys)
+        self.keys[target] = np.frombuffer(rows, dtype=np.uint8).reshape(target.size, width)
+        self.key_len[target] = [len(key) for key in last_keys]
+        self.region[target] = placed.region[last]
+        self.offset[target] = placed.offset[last]
+        self.length[target] = placed.length[last]
+        self.codec[target] = placed.codec[last]
+        self.seq[target] = placed.seq[last]
+        self.checksum[target] = placed.checksum[last]
+        np.add.at(self.live, placed.region[last], self._sizes(target))
+        held = placed.codec[last] != TOMBSTONE
+        self.blocks += int(np.count_nonzero(held))
+        self.written.update(
+            (key, slot)
+            for key, slot, ok in zip(last_keys, target.tolist(), held.tolist(), strict=True)
+            if ok
+        )
+
+    def _sizes(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """`record_bytes` of the records in `slots`, as an array."""
+        sizes = RECORD_HEADER_BYTES + ((self.key_len[slots].astype(np.int64) + 7) & ~7)
+        result: np.ndarray[Any, np.dtype[np.int64]] = sizes + (
+            (self.length[slots].astype(np.int64) + 7) & ~7
+        )
+        return result
+
+    def _clear_many(self, slots: np.ndarray[Any, Any]) -> None:
+        """`_clear` of each of `slots` (distinct), with array operations."""
+        slots = slots[self.region[slots] != NO_REGION]
+        if not slots.size:
+            return
+        np.subtract.at(self.live, self.region[slots], self._sizes(slots))
+        self.blocks -= int(np.count_nonzero(self.codec[slots] != TOMBSTONE))
+        self.region[slots] = NO_REGION
+
+    def _find_batch(self, keys: list[OffloadKey]) -> list[int | None]:
+        """`_find` of each of `keys`: the dict of keys written since the open first, then
+        the hashes of the others in one batch (`_find_many`)."""
+        written = self.written
+        found: list[int | None] = []
+        for key in keys:
+            slot = written.get(key)
+            found.append(slot if slot is not None and self._holds_key(slot, key) else None)
+        missing = [i for i, slot in enumerate(found) if slot is None]
+        if missing and self._hashes.size:
+            for i, slot in zip(missing, self._find_many([keys[i] for i in missing]), strict=True):
+                found[i] = slot
+        return found
 
     def _widen(self, key_len: int) -> None:
         """Make the key rows at least `key_len` bytes wide (rare: a longer key than ever)."""
@@ -181,12 +252,6 @@ class LogIndex:
             wider[:, : self.keys.shape[1]] = self.keys
             self.keys = wider
             self._hash_held()  # the hashes depend on the width
-
-    def _put_key(self, slot: int, key: bytes) -> None:
-        self._widen(len(key))
-        self.keys[slot] = 0
-        self.keys[slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
-        self.key_len[slot] = len(key)
 
     # -- finding a key -----------------------------------------------------------------
 

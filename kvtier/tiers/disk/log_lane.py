@@ -1,23 +1,33 @@
 """The write lane of a log store: every `write` and `forget` queued while it was busy is one
-group, appended to the open region in one write per region and made durable with one
-fdatasync (group commit); only then are its records put in the index and its calls resolved.
+group, appended to the open region and made durable with one fdatasync (group commit); only
+then are its records put in the index and its calls resolved.
+
+A group's records in one region are a part (log_format.py): header pages with every record's
+entry and key, then the payloads. The payloads are written straight from the caller's memory
+(one pwritev of the header pages and the caller's rows, with O_DIRECT where they are
+page-aligned whole pages; else copied once into an aligned image), and a part's write starts
+on the write threads as soon as the group moves on to the next region, so the next part's
+checksums are computed while it is in flight. The Python per block is its placement and its
+bound checksum; the header and the index's update are array operations over the group.
 
 Space is reclaimed a region at a time. When a new region is opened and no clean region would
 be left in reserve, the region holding the fewest live bytes is read and its live records (the
 blocks the tier's policy still holds, and the forgets still current) are appended to the open
-region with the group, byte for byte under the new region's epoch; the region is clean once
-that write is durable and the index points at the copies. A block is never dropped to make
-room: which blocks stay is the tier's policy's decision (its evictions overwrite or forget
-slots), so the hit ratio is the per-block layout's; the cost is the bytes moved, counted in
-`moved_bytes` (write amplification: (written + moved) / written).
+region with the group, byte for byte (their bound checksums verified first); the region is
+clean once that write is durable and the index points at the copies. A block is never dropped
+to make room: which blocks stay is the tier's policy's decision (its evictions overwrite or
+forget slots), so the hit ratio is the per-block layout's; the cost is the bytes moved,
+counted in `moved_bytes` (write amplification: (written + moved) / written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,20 +44,20 @@ from kvtier.tiers.disk.jobs import (
     settle_by_loop,
     take_group,
 )
-from kvtier.tiers.disk.log_files import LogFiles
+from kvtier.tiers.disk.log_files import LogFiles, whole_pages
 from kvtier.tiers.disk.log_format import (
     PAGE,
     REGION_HEADER_BYTES,
     TOMBSTONE,
-    Record,
     bound_checksum,
-    pack_header,
+    head_bytes,
+    pack_group,
     pack_region_header,
-    parse_header,
+    payload_at,
     record_bytes,
-    with_epoch,
+    round_page,
 )
-from kvtier.tiers.disk.log_index import LogIndex, Placed
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed
 from kvtier.tiers.disk.stats import StoreCounters
 
 GROUP_BYTES = 32 << 20
@@ -56,46 +66,80 @@ GROUP_BYTES = 32 << 20
 RESERVE_REGIONS = 1
 """Clean regions kept for reclaiming: moving a region's live records needs somewhere to go."""
 
+_ZEROS = memoryview(bytes(PAGE))
+
+
+@dataclass(slots=True)
+class _Part:
+    """A group's records in one region, placed and not yet written: where its header pages
+    start, and per record its key, slot, sequence, checksum, payload offset (from the end of
+    the header pages) and length, codec, stored bytes and the region it was moved from."""
+
+    region: int
+    start: int
+    epoch: int
+    opens: bool
+    """Whether the region's first page is written with it (the region was just opened)."""
+    keys: list[OffloadKey] = field(default_factory=list)
+    slot: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    checksum: list[int] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    length: list[int] = field(default_factory=list)
+    codec: list[int] = field(default_factory=list)
+    payloads: list[Any] = field(default_factory=list)
+    moved_from: list[int] = field(default_factory=list)
+    key_bytes: int = 0
+    end: int = 0
+    """Bytes of payload placed (from the end of the header pages)."""
+    direct: bool = True
+    """Whether every payload is page-aligned memory of whole pages (O_DIRECT from it)."""
+    head_pages: int = 0
+    """Set when the part is written."""
+
+    def fits(self, key_len: int, length: int, region_bytes: int) -> int | None:
+        """The payload offset of one more record, or None when it does not fit the region."""
+        at = payload_at(self.end, length)
+        head = round_page(head_bytes(len(self.keys) + 1, self.key_bytes + key_len))
+        if self.start + head + round_page(at + length) > region_bytes:
+            return None
+        return at
+
+    @property
+    def stop(self) -> int:
+        """Where the part ends in its region (valid once written)."""
+        return self.start + self.head_pages * PAGE + round_page(self.end)
+
 
 @dataclass(slots=True)
 class _Pending:
-    """What a group has placed and not yet written: per region an image of the bytes from
-    its first offset (page-aligned memory, written as whole pages), the records to index,
-    and the regions being reclaimed."""
+    """What a group has placed and not yet made durable: its parts (the last one still
+    taking records), the writes in flight, the regions being reclaimed and the memory the
+    writes read from (kept alive until they are done)."""
 
-    region_bytes: int
-    images: dict[int, tuple[int, memoryview]] = field(default_factory=dict)
-    placed: list[tuple[Placed, bool]] = field(default_factory=list)
+    parts: list[_Part] = field(default_factory=list)
+    writes: list[Future[int]] = field(default_factory=list)
     victims: list[int] = field(default_factory=list)
-    ends: dict[int, int] = field(default_factory=dict)
+    keep: list[Any] = field(default_factory=list)
+    spares: list[np.ndarray[Any, np.dtype[np.uint8]]] = field(default_factory=list)
+    """The lane's spare buffers this group took."""
+    closed: int = 0
+    """Parts already written (the rest, at most one, still takes records)."""
     flushed: int = 0
     """New records (not moves) of the group already durable and indexed."""
-    spare: list[memoryview] = field(default_factory=list)
-    """Images' memory for reuse (the lane's: kept from group to group, faulted in once)."""
-
-    def add(self, region: int, offset: int, piece: Any, nbytes: int) -> None:
-        """Copy `piece` (`nbytes` bytes) to `offset` of `region` in the group's image."""
-        image = self.images.get(region)
-        if image is None:
-            buffer = self.spare.pop() if self.spare else _region_buffer(self.region_bytes)
-            image = self.images[region] = (offset, buffer)
-        start, buffer = image
-        at = offset - start
-        buffer[at : at + nbytes] = piece
-        self.ends[region] = offset + nbytes
 
     def clear(self) -> None:
-        """Forget what was placed, keeping the images' memory for the next flush."""
-        self.spare.extend(buffer for _, buffer in self.images.values())
-        self.images.clear()
-        self.ends.clear()
-        self.placed.clear()
+        """Forget what was placed (every write done)."""
+        self.parts.clear()
+        self.writes.clear()
         self.victims.clear()
+        self.keep.clear()
+        self.closed = 0
 
 
-def _region_buffer(nbytes: int) -> memoryview:
-    """Page-aligned memory for one region's image (anonymous mmap)."""
-    return memoryview(mmap.mmap(-1, nbytes))
+def _aligned_buffer(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Page-aligned memory (anonymous mmap) of at least `nbytes`, whole pages."""
+    return np.frombuffer(mmap.mmap(-1, max(PAGE, round_page(nbytes))), dtype=np.uint8)
 
 
 class LogLane:
@@ -136,7 +180,9 @@ class LogLane:
         self._reclaiming = False
         self._overwritten: set[int] = set()
         """The slots the running group writes: a reclaim moves none of their old records."""
-        self._images: list[memoryview] = []
+        self._spare: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+        """Region-sized aligned buffers (images, reclaimed regions) kept from group to group:
+        faulted in once, not per group."""
         self._jobs = JobQueue(files.root, "kvtier-log-write", self._take_group, self._run_group)
 
     # -- the queue -------------------------------------------------------------------------
@@ -182,7 +228,7 @@ class LogLane:
                 [error] * len(r) if isinstance(j, WriteJob) else None
                 for j, r in zip(jobs, results, strict=True)
             ]
-        pending = _Pending(self.region_bytes, spare=self._images)
+        pending = _Pending()
         self._overwritten = {
             slot for job in jobs if isinstance(job, WriteJob) for slot in job.slots
         }
@@ -192,20 +238,16 @@ class LogLane:
         try:
             for number, job in enumerate(jobs):
                 if isinstance(job, WriteJob):
-                    for i, (key, slot, buffer) in enumerate(
-                        zip(job.keys, job.slots, job.buffers, strict=True)
-                    ):
-                        codec, stored = self.codec.encode(buffer)
-                        self._append(pending, key, slot, int(codec), stored)
-                        where.append((number, i))
-                        written.add(slot)
-                        raw += buffer.nbytes
+                    where.extend((number, i) for i in range(len(job.keys)))
+                    self._append_write(pending, job)
+                    written.update(job.slots)
+                    raw += sum(buffer.nbytes for buffer in job.buffers)
                 else:
                     for key in job.keys:
                         held = self.index.find(key)
                         if held is not None and held not in written:  # else written over
-                            self._append(pending, key, held, TOMBSTONE, b"")
                             where.append((-1, 0))
+                            self._append(pending, key, held, TOMBSTONE, _ZEROS[:0], True)
             self._flush(pending)
         except OSError as error:
             for number, i in where[pending.flushed :]:
@@ -228,36 +270,122 @@ class LogLane:
             r if isinstance(job, WriteJob) else None for job, r in zip(jobs, results, strict=True)
         ]
 
+    def _append_write(self, pending: _Pending, job: WriteJob) -> None:
+        """Place the blocks of one write call (encoded; raw blocks are not touched)."""
+        raw = self.codec.compression == "none"
+        encode = self.codec.encode
+        for key, slot, buffer in zip(job.keys, job.slots, job.buffers, strict=True):
+            if raw:
+                self._append(pending, key, slot, 0, buffer, whole_pages(buffer))
+            else:
+                codec, stored = encode(buffer)
+                view = memoryview(stored).cast("B")
+                self._append(pending, key, slot, int(codec), view, whole_pages(view))
+
     def _append(
-        self, pending: _Pending, key: OffloadKey, slot: int, codec: int, stored: Any
+        self, pending: _Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
     ) -> None:
-        """Place one new record (a block, or a forget) and add it to the group."""
-        view = memoryview(stored).cast("B")
+        """Place one new record (a block, or a forget) in the group: its sequence number,
+        bound checksum and place in the open region's part."""
+        length = stored.nbytes
         seq = self.next_seq
         self.next_seq += 1
-        checksum = bound_checksum(self.namespace, key, slot, view.nbytes, codec, seq, view)
-        size = record_bytes(len(key), view.nbytes)
-        region, offset = self._place(pending, size)
-        epoch = int(self.index.epoch[region])
-        header = pack_header(self.namespace, key, slot, view.nbytes, codec, epoch, seq, checksum)
-        pending.add(region, offset, header, len(header))
-        pending.add(region, offset + len(header), view, view.nbytes)
-        record = Record(key, slot, view.nbytes, codec, epoch, seq, checksum, offset)
-        pending.placed.append((Placed(record, region), True))
-        self.appended_bytes += size
+        checksum = bound_checksum(self.namespace, key, slot, length, codec, seq, stored)
+        part, at = self._place(pending, len(key), length)
+        _add(part, key, slot, seq, checksum, at, length, codec, stored, NO_REGION, direct)
+        self.appended_bytes += record_bytes(len(key), length)
 
-    def _place(self, pending: _Pending, size: int) -> tuple[int, int]:
-        """(region, offset) for `size` bytes: the open region, or a new one."""
-        while self.open is None or self.cursor[self.open] + size > self.region_bytes:
+    def _place(self, pending: _Pending, key_len: int, length: int) -> tuple[_Part, int]:
+        """The part (of the open region, or of a new one) and payload offset for one record."""
+        while True:
+            part = self._current(pending)
+            if part is not None:
+                at = part.fits(key_len, length, self.region_bytes)
+                if at is not None:
+                    return part, at
             self._open_region(pending)  # (its reclaiming may fill the region it opened)
-        assert self.open is not None
-        offset = int(self.cursor[self.open])
-        self.cursor[self.open] = offset + size
-        return self.open, offset
+
+    def _current(self, pending: _Pending) -> _Part | None:
+        """The part taking records: the open region's, started at its cursor when the group
+        has none there yet; None without an open region."""
+        if self.open is None:
+            return None
+        if pending.closed < len(pending.parts):
+            return pending.parts[-1]
+        region = self.open
+        epoch = int(self.index.epoch[region])
+        part = _Part(region, int(self.cursor[region]), epoch, opens=False)
+        pending.parts.append(part)
+        return part
+
+    def _close(self, pending: _Pending) -> None:
+        """Start writing the part taking records (if any) and take no more into it."""
+        if pending.closed == len(pending.parts):
+            return
+        part = pending.parts[-1]
+        pending.closed += 1
+        if not part.keys and not part.opens:
+            return
+        span = round_page(part.end)
+        fields = {
+            "slot": part.slot,
+            "seq": part.seq,
+            "checksum": part.checksum,
+            "offset": part.offset,
+            "length": part.length,
+            "codec": part.codec,
+        }
+        head = pack_group(self.namespace, part.epoch, part.keys, fields, span) if part.keys else b""
+        part.head_pages = len(head) // PAGE
+        first = b""
+        if part.opens:
+            first = pack_region_header(self.namespace, part.epoch, part.region, self.region_bytes)
+        start = 0 if part.opens else part.start
+        front = _aligned_buffer(len(first) + len(head))
+        front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
+        front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
+        pending.keep.append(front)
+        direct = part.direct and self.files.direct_fd is not None and span == part.end
+        if direct or self.files.direct_fd is None:
+            buffers = [front.data]
+            pos = 0
+            for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
+                if length:
+                    if at > pos:
+                        buffers.append(_ZEROS[: at - pos])
+                    buffers.append(memoryview(payload).cast("B"))
+                    pos = at + length
+            if span > pos:
+                buffers.append(memoryview(bytes(span - pos)))
+        else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
+            image = self._buffer(pending, front.nbytes + span)
+            image[: front.nbytes] = front
+            base = front.nbytes
+            for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
+                if length:
+                    image[base + at : base + at + length] = np.frombuffer(payload, np.uint8)
+            image[base + part.end : base + span] = 0
+            buffers = [image.data[: front.nbytes + span]]
+            direct = True
+        self.cursor[part.region] = part.stop
+        pending.writes.extend(self.files.write_parts(part.region, start, buffers, direct))
+
+    def _buffer(self, pending: _Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
+        given back to the spares once they are done."""
+        buffer = self._spare.pop() if self._spare else _aligned_buffer(self.region_bytes)
+        pending.keep.append(buffer)
+        pending.spares.append(buffer)
+        return buffer[:nbytes]
+
+    def _release(self, pending: _Pending) -> None:
+        """The group's buffers back to the spares (every write of it done), at most four."""
+        self._spare.extend(pending.spares[: max(0, 4 - len(self._spare))])
+        pending.spares.clear()
 
     def _clean(self, pending: _Pending) -> list[int]:
         """Regions that hold nothing live and are in no unsynced write or reclaim."""
-        busy = set(pending.images) | set(pending.victims)
+        busy = {part.region for part in pending.parts} | set(pending.victims)
         if self.open is not None:
             busy.add(self.open)
         with self.index.lock:
@@ -265,8 +393,9 @@ class LogLane:
         return [region for region in empty if region not in busy]
 
     def _open_region(self, pending: _Pending) -> None:
+        self._close(pending)
         clean = self._clean(pending)
-        if len(clean) <= RESERVE_REGIONS and not self._reclaiming and pending.images:
+        if len(clean) <= RESERVE_REGIONS and not self._reclaiming and pending.parts:
             self._flush(pending)  # what was placed becomes durable; reclaimed regions clean
             clean = self._clean(pending)
         if not clean:
@@ -279,15 +408,15 @@ class LogLane:
             self.index.fill[region] = 0
         self.open = region
         self.opened += 1
-        header = pack_region_header(self.namespace, epoch, region, self.region_bytes)
-        pending.add(region, 0, header, len(header))
+        pending.parts.append(_Part(region, REGION_HEADER_BYTES, epoch, opens=True))
         self.cursor[region] = REGION_HEADER_BYTES
         if len(clean) - 1 <= RESERVE_REGIONS and not self._reclaiming:
             self._reclaim(pending)
 
     def _reclaim(self, pending: _Pending) -> None:
-        """Move the live records of the region with the fewest live bytes into the group."""
-        busy = set(pending.images) | set(pending.victims)
+        """Move the live records of the region with the fewest live bytes into the group
+        (each one's bound checksum verified first: a damaged one is not moved)."""
+        busy = {part.region for part in pending.parts} | set(pending.victims)
         with self.index.lock:
             live = self.index.live.copy()
         candidates = [r for r in np.argsort(live, kind="stable").tolist() if live[r] > 0]
@@ -295,90 +424,152 @@ class LogLane:
         if not candidates:
             return
         victim = candidates[0]
-        data = np.empty(self.region_bytes, dtype=np.uint8)
+        index = self.index
+        slots = [s for s in index.live_slots(victim) if s not in self._overwritten]
+        rows = []
+        with index.lock:
+            for slot in slots:
+                if index.region[slot] == victim:
+                    rows.append(
+                        (
+                            slot,
+                            index._key(slot),
+                            int(index.offset[slot]),
+                            int(index.length[slot]),
+                            int(index.codec[slot]),
+                            int(index.seq[slot]),
+                            int(index.checksum[slot]),
+                        )
+                    )
+        data = self._buffer(pending, self.region_bytes)
         self._reclaiming = True
         try:
-            got = self.files.read_into(victim, 0, data)
-            view = data.data[:got]
-            epoch = int(self.index.epoch[victim])
-            for slot in self.index.live_slots(victim):
-                if slot in self._overwritten:
-                    continue  # this group writes the slot over: its old block is not moved
-                offset = int(self.index.offset[slot])
-                record = parse_header(view, offset, self.namespace, epoch, got)
-                if record is None or record.slot != slot:
-                    continue  # damaged: not moved (its reads would fail anyway)
-                start = offset + record.payload_offset
-                payload = view[start : start + record.length]
-                if record.codec != TOMBSTONE and record.checksum != bound_checksum(
-                    self.namespace,
-                    record.key,
-                    slot,
-                    record.length,
-                    record.codec,
-                    record.seq,
-                    payload,
+            got = self.files.read_run(victim, 0, [data.data], True)
+            view = data.data
+            for slot, key, offset, length, codec, seq, checksum in rows:
+                if offset + length > got:
+                    continue  # cut off: not moved (its reads would fail anyway)
+                payload = view[offset : offset + length]
+                if codec != TOMBSTONE and checksum != bound_checksum(
+                    self.namespace, key, slot, length, codec, seq, payload
                 ):
-                    continue
-                region, at = self._place(pending, record.size)
-                head = view[offset : offset + record.payload_offset].tobytes()
-                new_epoch = int(self.index.epoch[region])
-                moved_head = with_epoch(self.namespace, head, new_epoch)
-                pending.add(region, at, moved_head, len(moved_head))
-                pending.add(region, at + record.payload_offset, payload, record.length)
-                moved = Record(
-                    record.key,
-                    slot,
-                    record.length,
-                    record.codec,
-                    new_epoch,
-                    record.seq,
-                    record.checksum,
-                    at,
-                )
-                pending.placed.append((Placed(moved, region, moved_from=victim), False))
-                self.moved_bytes += record.size
+                    continue  # damaged: not moved
+                part, at = self._place(pending, len(key), length)
+                direct = length % PAGE == 0 and offset % PAGE == 0
+                _add(part, key, slot, seq, checksum, at, length, codec, payload, victim, direct)
+                self.moved_bytes += record_bytes(len(key), length)
         except OSError:
             pass  # an unreadable region is not moved; its blocks read as misses
         finally:
             self._reclaiming = False
         pending.victims.append(victim)
 
+    def _wait(self, pending: _Pending) -> None:
+        """Wait for every write of the group started so far; raise the first one's OSError
+        (after all of them are done: no write is left in flight over a skipped group)."""
+        first: BaseException | None = None
+        for future in pending.writes:
+            try:
+                future.result()
+            except BaseException as error:
+                first = first or error
+        pending.writes.clear()
+        if first is not None:
+            raise first
+
     def _flush(self, pending: _Pending) -> None:
-        """Write every segment of the group (one write per region, whole pages), sync, then
-        index what it placed and release the reclaimed regions; raises the OSError of a
-        failed write or sync (nothing of the group is then indexed)."""
-        for region, (start, buffer) in pending.images.items():
-            used = pending.ends[region] - start
-            span = -(-used // PAGE) * PAGE
-            buffer[used:span] = bytes(span - used)  # the page's rest: nothing a scan parses
-            self.files.write_at(region, start, buffer[:span])
-        if self.fsync and pending.images:
+        """Write every part of the group, wait for the writes, sync once, then index what it
+        placed and release the reclaimed regions; raises the OSError of a failed write or
+        sync (nothing of the group is then indexed)."""
+        self._close(pending)
+        self._wait(pending)
+        written = [part for part in pending.parts if part.keys or part.opens]
+        if self.fsync and written:
             self.files.sync()
             self.syncs += 1
         lost = self.files.check_ground()
         if lost is not None:  # the files are no longer the store's: fail closed
             self.lost = lost
             raise OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {lost}")
-        ends = dict(pending.ends)
-        pending.flushed += sum(1 for _, new in pending.placed if new)
-        self.index.apply([placed for placed, _ in pending.placed])
+        placed = _placed(written)
+        pending.flushed += int(np.count_nonzero(placed.moved_from == NO_REGION))
+        if placed.keys:
+            self.index.apply(placed)
         with self.index.lock:
-            for region, end in ends.items():
-                self.index.fill[region] = -(-end // PAGE) * PAGE
+            for part in written:
+                self.index.fill[part.region] = max(int(self.index.fill[part.region]), part.stop)
             for victim in pending.victims:
                 if self.index.live[victim] != 0:  # records that could not be moved
                     for slot in np.flatnonzero(self.index.region == victim).tolist():
                         self.index._clear(slot)
-        for region, end in ends.items():
-            self.cursor[region] = max(int(self.cursor[region]), -(-end // PAGE) * PAGE)
+        self._release(pending)
         pending.clear()
         self.on_flush(self.opened)
 
     def _skip(self, pending: _Pending) -> None:
         """After a failed write: the group's space is skipped (never rewritten: a later scan
         must not find half of it under a later group) and nothing it placed is indexed."""
-        for region, end in pending.ends.items():
-            self.cursor[region] = -(-end // PAGE) * PAGE
+        with contextlib.suppress(OSError):
+            self._wait(pending)
+        for part in pending.parts:
+            self.cursor[part.region] = max(int(self.cursor[part.region]), part.stop)
         self.open = None  # a region whose header may not be written takes no more records
+        self._release(pending)
         pending.clear()
+
+
+def _add(
+    part: _Part,
+    key: OffloadKey,
+    slot: int,
+    seq: int,
+    checksum: int,
+    at: int,
+    length: int,
+    codec: int,
+    payload: Any,
+    moved_from: int,
+    direct: bool,
+) -> None:
+    """Add one record to `part` at payload offset `at`."""
+    part.keys.append(key)
+    part.slot.append(slot)
+    part.seq.append(seq)
+    part.checksum.append(checksum)
+    part.offset.append(at)
+    part.length.append(length)
+    part.codec.append(codec)
+    part.payloads.append(payload)
+    part.moved_from.append(moved_from)
+    part.key_bytes += len(key)
+    part.end = at + length
+    part.direct = part.direct and (direct or not length)
+
+
+def _placed(parts: list[_Part]) -> Placed:
+    """The records of written parts as the index takes them (offsets from the region's
+    start), in the order placed."""
+    keys = [key for part in parts for key in part.keys]
+
+    def column(name: str, dtype: Any) -> np.ndarray[Any, Any]:
+        return np.fromiter(
+            (value for part in parts for value in getattr(part, name)), dtype, len(keys)
+        )
+
+    base = np.fromiter(
+        (part.start + part.head_pages * PAGE for part in parts for _ in part.keys),
+        np.int64,
+        len(keys),
+    )
+    region = np.fromiter((part.region for part in parts for _ in part.keys), np.int64, len(keys))
+    return Placed(
+        keys,
+        column("slot", np.int64),
+        region,
+        base + column("offset", np.int64),
+        column("length", np.int64),
+        column("codec", np.int64),
+        column("seq", np.uint64),
+        column("checksum", np.uint64),
+        column("moved_from", np.int64),
+    )

@@ -4,7 +4,9 @@ since scanned, every record found there verified before it is indexed.
 In order: the checkpoint (log_checkpoint.py; absent, damaged or of another geometry: none);
 every region's first page (its epoch: a region reused since the checkpoint, or one whose page
 is damaged or cut off, loses the checkpoint's records in it); the regions scanned from where
-the checkpoint left them (from their start when reused), each record's bytes verified; the
+the checkpoint left them (from their start when reused), group by group up to the first header
+page that is not sound (a torn one ends the region there), each record's bytes verified
+against the checksum its group's header holds (a torn payload is not indexed); the
 newest record per slot kept (never one older than what the checkpoint held there), a key kept
 only in its newest slot. What was dropped is counted and said (`problems`).
 """
@@ -23,13 +25,12 @@ from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     CHECKPOINT_DIR,
     LOG_FORMAT_VERSION,
-    RECORD_HEADER_BYTES,
     REGION_HEADER_BYTES,
     TOMBSTONE,
     Record,
     bound_checksum,
     parse_region_header,
-    scan_records,
+    scan_groups,
 )
 from kvtier.tiers.disk.log_index import LogIndex, sorted_hashes
 
@@ -110,11 +111,10 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
             opened.problems.append(f"region {region}: unreadable past the checkpoint ({error})")
             continue
         view = full.data
-        records, end = scan_records(view, namespace, int(epochs[region]), start, start + got)
+        records, end = scan_groups(view, namespace, int(epochs[region]), start, start + got)
         opened.scanned_regions += 1
         for record in records:
-            key, slot, length, codec, _, seq, checksum, offset = record
-            at = offset + RECORD_HEADER_BYTES + ((len(key) + 7) & ~7)
+            key, slot, length, codec, _, seq, checksum, at = record
             if codec != TOMBSTONE and checksum != bound_checksum(
                 namespace, key, slot, length, codec, seq, view[at : at + length]
             ):

@@ -44,6 +44,7 @@ from kvtier.tiers.disk.log_files import LogFiles, geometry
 from kvtier.tiers.disk.log_format import (
     DEFAULT_REGION_BYTES,
     LOG_FORMAT_VERSION,
+    OLD_FORMAT_VERSIONS,
     PAGE,
     TOMBSTONE,
     log_fingerprint,
@@ -120,10 +121,18 @@ class LogStore(StoreFacade):
         self.directory = Path(directory)
         self.fingerprint = log_fingerprint(block_size, model_id)
         self.path = self.directory / f"kvtier-log-{self.fingerprint}"
+        for version in OLD_FORMAT_VERSIONS:
+            older = self.directory / f"kvtier-log-{log_fingerprint(block_size, model_id, version)}"
+            if older.exists():
+                raise DiskLayoutError(
+                    f"{older} is a log store in format {version}, which this kvtier (format "
+                    f"{LOG_FORMAT_VERSION}) does not read: remove that directory to start empty "
+                    f"(it is a cache: its blocks are lost, nothing else)"
+                )
         old = self.directory / f"kvtier-{layout_fingerprint(block_size, model_id)}"
         if old.exists():
             raise DiskLayoutError(
-                f'{old} is a per-block disk store (format 2), which layout = "log" (format 3) '
+                f'{old} is a per-block disk store (format 2), which layout = "log" (format 4) '
                 f"does not read: remove that directory to start empty (it is a cache: its "
                 f'blocks are lost, nothing else), or keep layout = "slots"'
             )
