@@ -441,15 +441,20 @@ class LogLane:
                             int(index.checksum[slot]),
                         )
                     )
-        data = self._buffer(pending, self.region_bytes)
+        if not rows:  # every live record of it is written over by this group
+            pending.victims.append(victim)
+            return
+        first = min(row[2] for row in rows) // PAGE * PAGE  # only the span holding them
+        last = round_page(max(row[2] + row[3] for row in rows))
+        data = self._buffer(pending, last - first)
         self._reclaiming = True
         try:
-            got = self.files.read_run(victim, 0, [data.data], True)
+            got = first + self.files.read_run(victim, first, [data.data], True)
             view = data.data
             for slot, key, offset, length, codec, seq, checksum in rows:
                 if offset + length > got:
                     continue  # cut off: not moved (its reads would fail anyway)
-                payload = view[offset : offset + length]
+                payload = view[offset - first : offset - first + length]
                 if codec != TOMBSTONE and checksum != bound_checksum(
                     self.namespace, key, slot, length, codec, seq, payload
                 ):
