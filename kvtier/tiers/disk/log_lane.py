@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
+import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -50,96 +49,31 @@ from kvtier.tiers.disk.log_format import (
     REGION_HEADER_BYTES,
     TOMBSTONE,
     bound_checksum,
-    head_bytes,
     pack_group,
     pack_region_header,
-    payload_at,
     record_bytes,
     round_page,
 )
-from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed
+from kvtier.tiers.disk.log_group import (
+    ZEROS,
+    Flight,
+    Part,
+    Pending,
+    add,
+    aligned_buffer,
+    placed,
+)
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex
 from kvtier.tiers.disk.stats import StoreCounters
 
 GROUP_BYTES = 32 << 20
 """Most bytes of blocks merged into one group (a larger single call is a group of its own)."""
 
+MAX_IN_FLIGHT = 4
+"""Groups placed and written but not yet synced and indexed, at most (the lane thread waits)."""
+
 RESERVE_REGIONS = 1
 """Clean regions kept for reclaiming: moving a region's live records needs somewhere to go."""
-
-_ZEROS = memoryview(bytes(PAGE))
-
-
-@dataclass(slots=True)
-class _Part:
-    """A group's records in one region, placed and not yet written: where its header pages
-    start, and per record its key, slot, sequence, checksum, payload offset (from the end of
-    the header pages) and length, codec, stored bytes and the region it was moved from."""
-
-    region: int
-    start: int
-    epoch: int
-    opens: bool
-    """Whether the region's first page is written with it (the region was just opened)."""
-    keys: list[OffloadKey] = field(default_factory=list)
-    slot: list[int] = field(default_factory=list)
-    seq: list[int] = field(default_factory=list)
-    checksum: list[int] = field(default_factory=list)
-    offset: list[int] = field(default_factory=list)
-    length: list[int] = field(default_factory=list)
-    codec: list[int] = field(default_factory=list)
-    payloads: list[Any] = field(default_factory=list)
-    moved_from: list[int] = field(default_factory=list)
-    key_bytes: int = 0
-    end: int = 0
-    """Bytes of payload placed (from the end of the header pages)."""
-    direct: bool = True
-    """Whether every payload is page-aligned memory of whole pages (O_DIRECT from it)."""
-    head_pages: int = 0
-    """Set when the part is written."""
-
-    def fits(self, key_len: int, length: int, region_bytes: int) -> int | None:
-        """The payload offset of one more record, or None when it does not fit the region."""
-        at = payload_at(self.end, length)
-        head = round_page(head_bytes(len(self.keys) + 1, self.key_bytes + key_len))
-        if self.start + head + round_page(at + length) > region_bytes:
-            return None
-        return at
-
-    @property
-    def stop(self) -> int:
-        """Where the part ends in its region (valid once written)."""
-        return self.start + self.head_pages * PAGE + round_page(self.end)
-
-
-@dataclass(slots=True)
-class _Pending:
-    """What a group has placed and not yet made durable: its parts (the last one still
-    taking records), the writes in flight, the regions being reclaimed and the memory the
-    writes read from (kept alive until they are done)."""
-
-    parts: list[_Part] = field(default_factory=list)
-    writes: list[Future[int]] = field(default_factory=list)
-    victims: list[int] = field(default_factory=list)
-    keep: list[Any] = field(default_factory=list)
-    spares: list[np.ndarray[Any, np.dtype[np.uint8]]] = field(default_factory=list)
-    """The lane's spare buffers this group took."""
-    closed: int = 0
-    """Parts already written (the rest, at most one, still takes records)."""
-    flushed: int = 0
-    """New records (not moves) of the group already durable and indexed."""
-
-    def clear(self) -> None:
-        """Forget what was placed (every write done)."""
-        self.parts.clear()
-        self.writes.clear()
-        self.victims.clear()
-        self.keep.clear()
-        self.closed = 0
-
-
-def _aligned_buffer(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """Page-aligned memory (anonymous mmap) of at least `nbytes`, whole pages."""
-    return np.frombuffer(mmap.mmap(-1, max(PAGE, round_page(nbytes))), dtype=np.uint8)
 
 
 class LogLane:
@@ -183,6 +117,15 @@ class LogLane:
         self._spare: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         """Region-sized aligned buffers (images, reclaimed regions) kept from group to group:
         faulted in once, not per group."""
+        self._cond = threading.Condition()
+        """Guards the groups in flight, the spare buffers and `_poisoned`."""
+        self._inflight: list[Flight] = []
+        """Groups handed to the sync thread and not finished, in the order placed."""
+        self._syncing = False
+        self._poisoned: OSError | None = None
+        """Set by the sync thread when a group's write failed; cleared by the lane thread
+        once no group is in flight (the open region then takes no more records)."""
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-sync")
         self._jobs = JobQueue(files.root, "kvtier-log-write", self._take_group, self._run_group)
 
     # -- the queue -------------------------------------------------------------------------
@@ -194,6 +137,8 @@ class LogLane:
     def close(self) -> None:
         """Refuse new calls and run every group queued before (blocking)."""
         self._jobs.close()
+        self._drain()
+        self._syncer.shutdown(wait=True)
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
         """The next group (`take_group`): up to GROUP_BYTES, never two jobs on one key (a
@@ -201,76 +146,180 @@ class LogLane:
         return take_group(queue, GROUP_BYTES, distinct_slots=False)
 
     def _run_group(self, jobs: list[Job]) -> None:
-        settlements: list[Settlement] = []
+        """On the lane thread: place the group and start its writes, then hand it to the sync
+        thread and go on with the next group (a forget first waits for every group in
+        flight: it looks its key up in the index)."""
         try:
-            results = self.commit(jobs)
+            if any(isinstance(job, ForgetJob) for job in jobs):
+                self._drain()
+            flight = self._prepare(jobs)
         except Exception as error:  # a bug: every call of the group fails with it
-            settlements = [(job.future, None, error) for job in jobs if job.future is not None]
-        else:
-            for job, result in zip(jobs, results, strict=True):
+            settle_by_loop([(job.future, None, error) for job in jobs if job.future is not None])
+            return
+        if flight.taken:  # failed or disabled before any write: settled now
+            self._settle([flight])
+            return
+        with self._cond:
+            while len(self._inflight) >= MAX_IN_FLIGHT:
+                self._cond.wait()
+            self._inflight.append(flight)
+            if not self._syncing:
+                self._syncing = True
+                self._syncer.submit(self._sync_loop)
+
+    def _sync_loop(self) -> None:
+        """On the sync thread: every group handed over since the last pass written, synced
+        once (group commit) and indexed, then settled; until none is left."""
+        while True:
+            with self._cond:
+                flights = [flight for flight in self._inflight if not flight.taken]
+                if not flights:
+                    self._syncing = False
+                    self._cond.notify_all()
+                    return
+                for flight in flights:
+                    flight.taken = True
+            try:
+                self._finish(flights)
+            except Exception as error:  # a bug: every call of these groups fails with it
+                for flight in flights:
+                    flight.fail(OSError(errno.EIO, f"the disk tier failed: {error}"))
+            with self._cond:
+                for flight in flights:
+                    self._inflight.remove(flight)
+                self._cond.notify_all()
+            self._settle(flights)
+
+    def _settle(self, flights: list[Flight]) -> None:
+        settlements: list[Settlement] = []
+        for flight in flights:
+            for job, result in zip(flight.jobs, flight.outputs(), strict=True):
                 if job.future is not None:
                     settlements.append((job.future, result, None))
         settle_by_loop(settlements)
 
+    def _drain(self) -> bool:
+        """Wait until no group is in flight; whether one of them failed. After a failed write
+        the open region takes no more records (a later group there would follow a part a
+        restart's scan stops at)."""
+        with self._cond:
+            while self._inflight:
+                self._cond.wait()
+            failed, self._poisoned = self._poisoned, None
+        if failed is not None:
+            self.open = None
+        return failed is not None
+
     # -- one group -------------------------------------------------------------------------
 
     def commit(self, jobs: list[Job]) -> list[Any]:
-        """Run one group; per job its result (a write: one OSError or None per block)."""
+        """Run one group now, on the calling thread (once every group in flight is done);
+        per job its result (a write: one OSError or None per block)."""
+        self._drain()
+        flight = self._prepare(jobs)
+        if not flight.taken:
+            self._finish([flight])
+        return flight.outputs()
+
+    def _prepare(self, jobs: list[Job]) -> Flight:
+        """Place a group's records and start their writes (a group that fails here, or a
+        disabled store's, comes back `taken`: its results final)."""
         results: list[list[OSError | None]] = [
             [None] * len(job.keys) if isinstance(job, WriteJob) else [] for job in jobs
         ]
-        where: list[tuple[int, int]] = []
+        flight = Flight(jobs, results, Pending())
+        if self._poisoned is not None:
+            self._drain()
         if self.lost is not None:
-            error = OSError(
-                errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {self.lost}"
-            )
-            return [
-                [error] * len(r) if isinstance(j, WriteJob) else None
-                for j, r in zip(jobs, results, strict=True)
-            ]
-        pending = _Pending()
+            flight.fail(self._disabled(self.lost))
+            flight.taken = True
+            return flight
+        pending = flight.pending
         self._overwritten = {
             slot for job in jobs if isinstance(job, WriteJob) for slot in job.slots
         }
         before, syncs = self.appended_bytes, self.syncs
-        raw = 0
         written: set[int] = set()
         try:
             for number, job in enumerate(jobs):
                 if isinstance(job, WriteJob):
-                    where.extend((number, i) for i in range(len(job.keys)))
+                    flight.where.extend((number, i) for i in range(len(job.keys)))
                     self._append_write(pending, job)
                     written.update(job.slots)
-                    raw += sum(buffer.nbytes for buffer in job.buffers)
+                    flight.raw_bytes += sum(buffer.nbytes for buffer in job.buffers)
                 else:
                     for key in job.keys:
                         held = self.index.find(key)
                         if held is not None and held not in written:  # else written over
-                            where.append((-1, 0))
-                            self._append(pending, key, held, TOMBSTONE, _ZEROS[:0], True)
-            self._flush(pending)
+                            flight.where.append((-1, 0))
+                            self._append(pending, key, held, TOMBSTONE, ZEROS[:0], True)
+            self._close(pending)
         except OSError as error:
-            for number, i in where[pending.flushed :]:
-                if number >= 0 and results[number][i] is None:
-                    results[number][i] = error
+            flight.fail(error)
             self._skip(pending)
+            flight.taken = True
+        flight.appended = self.appended_bytes - before
+        flight.syncs = self.syncs - syncs  # (mid-group flushes)
+        if flight.taken:
+            self._count(flight)
+        return flight
+
+    def _finish(self, flights: list[Flight]) -> None:
+        """Wait for the writes of `flights` (in the order placed), sync once, index them;
+        from the first whose write failed on, every one fails (a later one was placed
+        after a part a restart's scan stops at) and the lane is told (`_poisoned`)."""
+        error: OSError | None = None
+        good: list[Flight] = []
+        for flight in flights:
+            try:
+                self._wait(flight.pending)
+            except OSError as failed:
+                error = error or failed
+            if error is None and self._poisoned is None:
+                good.append(flight)
+        try:
+            if good and self.fsync:
+                self.files.sync()
+                self.syncs += 1
+                good[0].syncs += 1
+            lost = self.files.check_ground()
+            if lost is not None:  # the files are no longer the store's: fail closed
+                self.lost = lost
+                raise self._disabled(lost)
+        except OSError as failed:
+            error, good = error or failed, []
+        for flight in good:
+            self._apply(flight.pending)
+        for flight in flights:
+            if flight not in good:
+                flight.fail(error or OSError(errno.EIO, "an earlier group's write failed"))
+                self._release(flight.pending)
+                flight.pending.clear()
+            self._count(flight)
+        if error is not None:
+            with self._cond:
+                self._poisoned = error
+        if good:
+            self.on_flush(self.opened)
+
+    def _disabled(self, why: str) -> OSError:
+        return OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {why}")
+
+    def _count(self, flight: Flight) -> None:
+        jobs, results = flight.jobs, flight.results
         failed = sum(1 for r in results for e in r if e is not None)
-        done = sum(len(r) for r in results) - failed
         self.counters.count_group(
             writes=sum(isinstance(job, WriteJob) for job in jobs),
             forgets=sum(isinstance(job, ForgetJob) for job in jobs),
-            fsyncs=self.syncs - syncs,
+            fsyncs=flight.syncs,
             commits=0,
-            stored=done,
+            stored=sum(len(r) for r in results) - failed,
             failed=failed,
-            raw_bytes=raw if not failed else 0,
-            stored_bytes=self.appended_bytes - before,
+            raw_bytes=flight.raw_bytes if not failed else 0,
+            stored_bytes=flight.appended,
         )
-        return [
-            r if isinstance(job, WriteJob) else None for job, r in zip(jobs, results, strict=True)
-        ]
 
-    def _append_write(self, pending: _Pending, job: WriteJob) -> None:
+    def _append_write(self, pending: Pending, job: WriteJob) -> None:
         """Place the blocks of one write call (encoded; raw blocks are not touched)."""
         raw = self.codec.compression == "none"
         encode = self.codec.encode
@@ -283,7 +332,7 @@ class LogLane:
                 self._append(pending, key, slot, int(codec), view, whole_pages(view))
 
     def _append(
-        self, pending: _Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
+        self, pending: Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
     ) -> None:
         """Place one new record (a block, or a forget) in the group: its sequence number,
         bound checksum and place in the open region's part."""
@@ -292,10 +341,10 @@ class LogLane:
         self.next_seq += 1
         checksum = bound_checksum(self.namespace, key, slot, length, codec, seq, stored)
         part, at = self._place(pending, len(key), length)
-        _add(part, key, slot, seq, checksum, at, length, codec, stored, NO_REGION, direct)
+        add(part, key, slot, seq, checksum, at, length, codec, stored, NO_REGION, direct)
         self.appended_bytes += record_bytes(len(key), length)
 
-    def _place(self, pending: _Pending, key_len: int, length: int) -> tuple[_Part, int]:
+    def _place(self, pending: Pending, key_len: int, length: int) -> tuple[Part, int]:
         """The part (of the open region, or of a new one) and payload offset for one record."""
         while True:
             part = self._current(pending)
@@ -305,7 +354,7 @@ class LogLane:
                     return part, at
             self._open_region(pending)  # (its reclaiming may fill the region it opened)
 
-    def _current(self, pending: _Pending) -> _Part | None:
+    def _current(self, pending: Pending) -> Part | None:
         """The part taking records: the open region's, started at its cursor when the group
         has none there yet; None without an open region."""
         if self.open is None:
@@ -314,11 +363,11 @@ class LogLane:
             return pending.parts[-1]
         region = self.open
         epoch = int(self.index.epoch[region])
-        part = _Part(region, int(self.cursor[region]), epoch, opens=False)
+        part = Part(region, int(self.cursor[region]), epoch, opens=False)
         pending.parts.append(part)
         return part
 
-    def _close(self, pending: _Pending) -> None:
+    def _close(self, pending: Pending) -> None:
         """Start writing the part taking records (if any) and take no more into it."""
         if pending.closed == len(pending.parts):
             return
@@ -341,7 +390,7 @@ class LogLane:
         if part.opens:
             first = pack_region_header(self.namespace, part.epoch, part.region, self.region_bytes)
         start = 0 if part.opens else part.start
-        front = _aligned_buffer(len(first) + len(head))
+        front = aligned_buffer(len(first) + len(head))
         front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
         front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
         pending.keep.append(front)
@@ -352,7 +401,7 @@ class LogLane:
             for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
                 if length:
                     if at > pos:
-                        buffers.append(_ZEROS[: at - pos])
+                        buffers.append(ZEROS[: at - pos])
                     buffers.append(memoryview(payload).cast("B"))
                     pos = at + length
             if span > pos:
@@ -370,32 +419,48 @@ class LogLane:
         self.cursor[part.region] = part.stop
         pending.writes.extend(self.files.write_parts(part.region, start, buffers, direct))
 
-    def _buffer(self, pending: _Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def _buffer(self, pending: Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
         given back to the spares once they are done."""
-        buffer = self._spare.pop() if self._spare else _aligned_buffer(self.region_bytes)
+        with self._cond:
+            spare = self._spare.pop() if self._spare else None
+        buffer = spare if spare is not None else aligned_buffer(self.region_bytes)
         pending.keep.append(buffer)
         pending.spares.append(buffer)
         return buffer[:nbytes]
 
-    def _release(self, pending: _Pending) -> None:
+    def _release(self, pending: Pending) -> None:
         """The group's buffers back to the spares (every write of it done), at most four."""
-        self._spare.extend(pending.spares[: max(0, 4 - len(self._spare))])
+        with self._cond:
+            self._spare.extend(pending.spares[: max(0, 4 - len(self._spare))])
         pending.spares.clear()
 
-    def _clean(self, pending: _Pending) -> list[int]:
-        """Regions that hold nothing live and are in no unsynced write or reclaim."""
+    def _busy(self, pending: Pending) -> set[int]:
+        """The regions in an unsynced write or reclaim: this group's and those in flight."""
         busy = {part.region for part in pending.parts} | set(pending.victims)
+        with self._cond:
+            for flight in self._inflight:
+                busy.update(part.region for part in flight.pending.parts)
+                busy.update(flight.pending.victims)
+        return busy
+
+    def _clean(self, pending: Pending) -> list[int]:
+        """Regions that hold nothing live and are in no unsynced write or reclaim."""
+        busy = self._busy(pending)
         if self.open is not None:
             busy.add(self.open)
         with self.index.lock:
             empty = np.flatnonzero(self.index.live == 0).tolist()
         return [region for region in empty if region not in busy]
 
-    def _open_region(self, pending: _Pending) -> None:
+    def _open_region(self, pending: Pending) -> None:
         self._close(pending)
         clean = self._clean(pending)
-        if len(clean) <= RESERVE_REGIONS and not self._reclaiming and pending.parts:
+        if (
+            len(clean) <= RESERVE_REGIONS
+            and not self._reclaiming
+            and (pending.parts or self._inflight)
+        ):
             self._flush(pending)  # what was placed becomes durable; reclaimed regions clean
             clean = self._clean(pending)
         if not clean:
@@ -408,15 +473,15 @@ class LogLane:
             self.index.fill[region] = 0
         self.open = region
         self.opened += 1
-        pending.parts.append(_Part(region, REGION_HEADER_BYTES, epoch, opens=True))
+        pending.parts.append(Part(region, REGION_HEADER_BYTES, epoch, opens=True))
         self.cursor[region] = REGION_HEADER_BYTES
         if len(clean) - 1 <= RESERVE_REGIONS and not self._reclaiming:
             self._reclaim(pending)
 
-    def _reclaim(self, pending: _Pending) -> None:
+    def _reclaim(self, pending: Pending) -> None:
         """Move the live records of the region with the fewest live bytes into the group
         (each one's bound checksum verified first: a damaged one is not moved)."""
-        busy = {part.region for part in pending.parts} | set(pending.victims)
+        busy = self._busy(pending)
         with self.index.lock:
             live = self.index.live.copy()
         candidates = [r for r in np.argsort(live, kind="stable").tolist() if live[r] > 0]
@@ -461,7 +526,7 @@ class LogLane:
                     continue  # damaged: not moved
                 part, at = self._place(pending, len(key), length)
                 direct = length % PAGE == 0 and offset % PAGE == 0
-                _add(part, key, slot, seq, checksum, at, length, codec, payload, victim, direct)
+                add(part, key, slot, seq, checksum, at, length, codec, payload, victim, direct)
                 self.moved_bytes += record_bytes(len(key), length)
         except OSError:
             pass  # an unreadable region is not moved; its blocks read as misses
@@ -469,7 +534,7 @@ class LogLane:
             self._reclaiming = False
         pending.victims.append(victim)
 
-    def _wait(self, pending: _Pending) -> None:
+    def _wait(self, pending: Pending) -> None:
         """Wait for every write of the group started so far; raise the first one's OSError
         (after all of them are done: no write is left in flight over a skipped group)."""
         first: BaseException | None = None
@@ -482,24 +547,32 @@ class LogLane:
         if first is not None:
             raise first
 
-    def _flush(self, pending: _Pending) -> None:
-        """Write every part of the group, wait for the writes, sync once, then index what it
-        placed and release the reclaimed regions; raises the OSError of a failed write or
-        sync (nothing of the group is then indexed)."""
+    def _flush(self, pending: Pending) -> None:
+        """Mid-group, on the lane thread (once no group is in flight): write every part
+        placed so far, wait, sync once, index them and release the reclaimed regions;
+        raises the OSError of a failed write or sync (nothing of the group is indexed)."""
+        if self._drain() and pending.parts:  # an earlier group's write failed: these follow it
+            raise OSError(errno.EIO, "an earlier group's write failed")
         self._close(pending)
         self._wait(pending)
-        written = [part for part in pending.parts if part.keys or part.opens]
-        if self.fsync and written:
+        if self.fsync and pending.parts:
             self.files.sync()
             self.syncs += 1
         lost = self.files.check_ground()
         if lost is not None:  # the files are no longer the store's: fail closed
             self.lost = lost
-            raise OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {lost}")
-        placed = _placed(written)
-        pending.flushed += int(np.count_nonzero(placed.moved_from == NO_REGION))
-        if placed.keys:
-            self.index.apply(placed)
+            raise self._disabled(lost)
+        self._apply(pending)
+        self.on_flush(self.opened)
+
+    def _apply(self, pending: Pending) -> None:
+        """Index the durable records of `pending`, release its reclaimed regions and its
+        buffers, and forget it."""
+        written = [part for part in pending.parts if part.keys or part.opens]
+        records = placed(written)
+        pending.flushed += int(np.count_nonzero(records.moved_from == NO_REGION))
+        if records.keys:
+            self.index.apply(records)
         with self.index.lock:
             for part in written:
                 self.index.fill[part.region] = max(int(self.index.fill[part.region]), part.stop)
@@ -509,9 +582,8 @@ class LogLane:
                         self.index._clear(slot)
         self._release(pending)
         pending.clear()
-        self.on_flush(self.opened)
 
-    def _skip(self, pending: _Pending) -> None:
+    def _skip(self, pending: Pending) -> None:
         """After a failed write: the group's space is skipped (never rewritten: a later scan
         must not find half of it under a later group) and nothing it placed is indexed."""
         with contextlib.suppress(OSError):
@@ -521,60 +593,3 @@ class LogLane:
         self.open = None  # a region whose header may not be written takes no more records
         self._release(pending)
         pending.clear()
-
-
-def _add(
-    part: _Part,
-    key: OffloadKey,
-    slot: int,
-    seq: int,
-    checksum: int,
-    at: int,
-    length: int,
-    codec: int,
-    payload: Any,
-    moved_from: int,
-    direct: bool,
-) -> None:
-    """Add one record to `part` at payload offset `at`."""
-    part.keys.append(key)
-    part.slot.append(slot)
-    part.seq.append(seq)
-    part.checksum.append(checksum)
-    part.offset.append(at)
-    part.length.append(length)
-    part.codec.append(codec)
-    part.payloads.append(payload)
-    part.moved_from.append(moved_from)
-    part.key_bytes += len(key)
-    part.end = at + length
-    part.direct = part.direct and (direct or not length)
-
-
-def _placed(parts: list[_Part]) -> Placed:
-    """The records of written parts as the index takes them (offsets from the region's
-    start), in the order placed."""
-    keys = [key for part in parts for key in part.keys]
-
-    def column(name: str, dtype: Any) -> np.ndarray[Any, Any]:
-        return np.fromiter(
-            (value for part in parts for value in getattr(part, name)), dtype, len(keys)
-        )
-
-    base = np.fromiter(
-        (part.start + part.head_pages * PAGE for part in parts for _ in part.keys),
-        np.int64,
-        len(keys),
-    )
-    region = np.fromiter((part.region for part in parts for _ in part.keys), np.int64, len(keys))
-    return Placed(
-        keys,
-        column("slot", np.int64),
-        region,
-        base + column("offset", np.int64),
-        column("length", np.int64),
-        column("codec", np.int64),
-        column("seq", np.uint64),
-        column("checksum", np.uint64),
-        column("moved_from", np.int64),
-    )
