@@ -34,7 +34,8 @@ class Part:
     keys: list[OffloadKey] = field(default_factory=list)
     slot: list[int] = field(default_factory=list)
     seq: list[int] = field(default_factory=list)
-    checksum: list[int] = field(default_factory=list)
+    checksum: list[int | None] = field(default_factory=list)
+    """None for a new record until the part is written (computed while its payloads are)."""
     offset: list[int] = field(default_factory=list)
     length: list[int] = field(default_factory=list)
     codec: list[int] = field(default_factory=list)
@@ -98,7 +99,7 @@ def add(
     key: OffloadKey,
     slot: int,
     seq: int,
-    checksum: int,
+    checksum: int | None,
     at: int,
     length: int,
     codec: int,

@@ -49,6 +49,7 @@ from kvtier.tiers.disk.log_format import (
     REGION_HEADER_BYTES,
     TOMBSTONE,
     bound_checksum,
+    head_bytes,
     pack_group,
     pack_region_header,
     record_bytes,
@@ -334,14 +335,13 @@ class LogLane:
     def _append(
         self, pending: Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
     ) -> None:
-        """Place one new record (a block, or a forget) in the group: its sequence number,
-        bound checksum and place in the open region's part."""
+        """Place one new record (a block, or a forget) in the group: its sequence number and
+        place in the open region's part (its bound checksum comes when the part is written)."""
         length = stored.nbytes
         seq = self.next_seq
         self.next_seq += 1
-        checksum = bound_checksum(self.namespace, key, slot, length, codec, seq, stored)
         part, at = self._place(pending, len(key), length)
-        add(part, key, slot, seq, checksum, at, length, codec, stored, NO_REGION, direct)
+        add(part, key, slot, seq, None, at, length, codec, stored, NO_REGION, direct)
         self.appended_bytes += record_bytes(len(key), length)
 
     def _place(self, pending: Pending, key_len: int, length: int) -> tuple[Part, int]:
@@ -368,7 +368,9 @@ class LogLane:
         return part
 
     def _close(self, pending: Pending) -> None:
-        """Start writing the part taking records (if any) and take no more into it."""
+        """Start writing the part taking records (if any) and take no more into it: its
+        payloads first (their place is known once its records are), then, while they are
+        in flight, the new records' bound checksums, then its header pages."""
         if pending.closed == len(pending.parts):
             return
         part = pending.parts[-1]
@@ -376,27 +378,13 @@ class LogLane:
         if not part.keys and not part.opens:
             return
         span = round_page(part.end)
-        fields = {
-            "slot": part.slot,
-            "seq": part.seq,
-            "checksum": part.checksum,
-            "offset": part.offset,
-            "length": part.length,
-            "codec": part.codec,
-        }
-        head = pack_group(self.namespace, part.epoch, part.keys, fields, span) if part.keys else b""
-        part.head_pages = len(head) // PAGE
-        first = b""
-        if part.opens:
-            first = pack_region_header(self.namespace, part.epoch, part.region, self.region_bytes)
-        start = 0 if part.opens else part.start
-        front = aligned_buffer(len(first) + len(head))
-        front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
-        front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
-        pending.keep.append(front)
-        direct = part.direct and self.files.direct_fd is not None and span == part.end
-        if direct or self.files.direct_fd is None:
-            buffers = [front.data]
+        part.head_pages = -(-head_bytes(len(part.keys), part.key_bytes) // PAGE) if part.keys else 0
+        self.cursor[part.region] = part.stop
+        payloads_at = part.start + part.head_pages * PAGE
+        files = self.files
+        direct = part.direct and files.direct_fd is not None and span == part.end
+        if direct or files.direct_fd is None:
+            buffers: list[memoryview] = []
             pos = 0
             for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
                 if length:
@@ -407,17 +395,44 @@ class LogLane:
             if span > pos:
                 buffers.append(memoryview(bytes(span - pos)))
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
-            image = self._buffer(pending, front.nbytes + span)
-            image[: front.nbytes] = front
-            base = front.nbytes
+            image = self._buffer(pending, span)
             for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
                 if length:
-                    image[base + at : base + at + length] = np.frombuffer(payload, np.uint8)
-            image[base + part.end : base + span] = 0
-            buffers = [image.data[: front.nbytes + span]]
-            direct = True
-        self.cursor[part.region] = part.stop
-        pending.writes.extend(self.files.write_parts(part.region, start, buffers, direct))
+                    image[at : at + length] = np.frombuffer(payload, np.uint8)
+            image[part.end : span] = 0
+            buffers, direct = [image.data], True
+        if span:
+            pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
+        namespace, checksums = self.namespace, part.checksum
+        for i, check in enumerate(checksums):
+            if check is None:
+                checksums[i] = bound_checksum(
+                    namespace,
+                    part.keys[i],
+                    part.slot[i],
+                    part.length[i],
+                    part.codec[i],
+                    part.seq[i],
+                    part.payloads[i],
+                )
+        fields = {
+            "slot": part.slot,
+            "seq": part.seq,
+            "checksum": checksums,
+            "offset": part.offset,
+            "length": part.length,
+            "codec": part.codec,
+        }
+        head = pack_group(self.namespace, part.epoch, part.keys, fields, span) if part.keys else b""
+        first = b""
+        if part.opens:
+            first = pack_region_header(self.namespace, part.epoch, part.region, self.region_bytes)
+        front = aligned_buffer(len(first) + len(head))
+        front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
+        front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
+        pending.keep.append(front)
+        start = 0 if part.opens else part.start
+        pending.writes.extend(files.write_parts(part.region, start, [front.data], True))
 
     def _buffer(self, pending: Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
