@@ -21,7 +21,7 @@ from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Row
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
-RUN_BYTES = 16 << 20
+RUN_BYTES = 2 << 20
 """Most bytes one preadv of back-to-back payloads reads."""
 
 _TRIES = 3

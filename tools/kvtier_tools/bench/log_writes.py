@@ -1,6 +1,6 @@
 """The disk tier's write and read paths, both layouts, against the raw device (issue 33).
 
-    PYTHONPATH=tools python -m kvtier_tools.bench.log_writes [--dir DIR] [--repeats N]
+    PYTHONPATH=tools python -m kvtier_tools.bench.log_writes [--dir DIR] [--unaligned]
 
 In one run, in one directory: a demotion group of `--group` blocks of `--block-bytes`
 (240 x 16 KiB = 3.9 MB by default) written
@@ -11,9 +11,11 @@ In one run, in one directory: a demotion group of `--group` blocks of `--block-b
   off, one group at a time, and four groups in flight at once (group commit);
 
 then `--reads` random single-block reads: raw preads (O_DIRECT where possible), and each
-store's `read` of one block. Prints medians (GB/s for writes, microseconds a block for
-reads) and each store's figure as a ratio of the raw one. Other work on the machine shows
-in the figures: compare rows of one run.
+store's `read` of one block. The blocks are rows of one page-aligned pool, as a CPU tier's
+are (`--unaligned`: each its own numpy array, which O_DIRECT cannot write from). Prints
+medians (GB/s for writes, microseconds a block for reads) and each store's figure as a
+ratio of the raw one. Other work on the machine shows in the figures: compare rows of one
+run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import mmap
 import os
 import random
 import shutil
@@ -72,12 +75,21 @@ def raw_rows(
     return statistics.median(times), statistics.median(read_times)
 
 
+def make_blocks(group: int, block: int, aligned: bool) -> list[np.ndarray[Any, Any]]:
+    """`group` blocks of random bytes: rows of one page-aligned pool, or separate arrays."""
+    rng = np.random.default_rng(2)
+    if not aligned:
+        return [rng.integers(0, 256, block, dtype=np.uint8) for _ in range(group)]
+    pool = staging_buffer(group * block).reshape(group, block)
+    pool[:] = rng.integers(0, 256, (group, block), dtype=np.uint8)
+    return [pool[i] for i in range(group)]
+
+
 async def store_rows(
-    store: Any, group: int, block: int, repeats: int, reads: int
+    store: Any, group: int, block: int, repeats: int, reads: int, aligned: bool = True
 ) -> tuple[float, float, float]:
     """(seconds per group alone, per group with four in flight, per block read), medians."""
-    rng = np.random.default_rng(2)
-    blocks = [rng.integers(0, 256, block, dtype=np.uint8) for _ in range(group)]
+    blocks = make_blocks(group, block, aligned)
     slots_total = store.num_blocks
     next_id = 0
 
@@ -103,7 +115,12 @@ async def store_rows(
         together.append((time.perf_counter() - started) / 4)
     held = list(range(max(0, next_id - slots_total), next_id))
     pick = random.Random(3)
-    buffer = np.empty(block, dtype=np.uint8)
+    # the read lands in page-aligned memory (a CPU tier's row), or a plain array
+    buffer = (
+        np.frombuffer(mmap.mmap(-1, block), dtype=np.uint8)
+        if aligned
+        else np.empty(block, dtype=np.uint8)
+    )
     read_times = []
     for _ in range(reads):
         i = pick.choice(held)
@@ -122,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--group", type=int, default=240)
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--reads", type=int, default=400)
+    parser.add_argument("--unaligned", action="store_true", help="blocks as separate arrays")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="kvtier-log-writes-", dir=args.dir))
     nbytes = args.group * args.block_bytes
@@ -143,7 +161,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 try:
                     alone, together, read = asyncio.run(
-                        store_rows(store, args.group, args.block_bytes, args.repeats, args.reads)
+                        store_rows(
+                            store,
+                            args.group,
+                            args.block_bytes,
+                            args.repeats,
+                            args.reads,
+                            not args.unaligned,
+                        )
                     )
                 finally:
                     store.close()
