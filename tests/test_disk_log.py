@@ -774,3 +774,30 @@ async def test_groups_in_flight_keep_every_stored_block_across_a_crash(
                 assert np.array_equal(buffer, deterministic_block(j, BLOCK)), j
     finally:
         await again.aclose()
+
+
+async def test_a_batch_read_verifies_each_block_of_a_run(tmp_path: Path) -> None:
+    """Blocks written together lie back to back and are read with one preadv; each is
+    still verified on its own: a rotten payload is a checksum failure, a key the slot does
+    not hold is a miss, and every other block of the batch is intact."""
+    store = open_log(tmp_path, num_blocks=16)
+    try:
+        ids = list(range(12))
+        await write_ok(store, ids, ids)
+        row = store._index.row(5)
+        assert row is not None
+        with open(store._files.root / "regions.bin", "r+b") as file:
+            file.seek(store._files.base(row.region) + row.offset + 7)
+            file.write(b"\xee")
+        keys = [k(i) for i in ids]
+        keys[9] = k(99)  # slot 9 holds block 9, not 99
+        buffers = [np.zeros(BLOCK, dtype=np.uint8) for _ in ids]
+        results = await store.read(keys, ids, buffers)
+        expected: list[ReadFailure | None] = [None] * 12
+        expected[5], expected[9] = ReadFailure.CHECKSUM, ReadFailure.NOT_INDEXED
+        assert results == expected
+        for i in ids:
+            if expected[i] is None:
+                assert np.array_equal(buffers[i], deterministic_block(i, BLOCK)), i
+    finally:
+        await store.aclose()

@@ -24,6 +24,9 @@ from kvtier.tiers.storage import HostBuffer, ReadFailure
 RUN_BYTES = 2 << 20
 """Most bytes one preadv of back-to-back payloads reads."""
 
+SMALL_BATCH = 4
+"""Batches of fewer blocks take the one-block path for each (no array set-up)."""
+
 _TRIES = 3
 """Reads of one block when its record moves under it (a reclaim per try is unlikely)."""
 
@@ -53,7 +56,8 @@ class LogReader:
         results: list[ReadFailure | None] = [None] * count
         done = [False] * count
         nbytes = 0
-        runs, expected = self._runs(keys, slots, buffers)
+        # a handful of blocks: the one-block path costs less than the batch's array set-up
+        runs, expected = self._runs(keys, slots, buffers) if count >= SMALL_BATCH else ([], [])
         for run, region, start in runs:
             views = [buffers[i].data.cast("B") for i in run]
             direct = all(whole_pages(buffers[i]) for i in run)
