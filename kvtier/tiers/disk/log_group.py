@@ -122,6 +122,31 @@ def add(
     part.direct = part.direct and (direct or not length)
 
 
+def payload_views(part: Part, span: int) -> list[memoryview]:
+    """A part's payloads as the buffers of its write (the caller's memory, not copied),
+    with zeros in the gaps and up to `span`."""
+    buffers: list[memoryview] = []
+    pos = 0
+    for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
+        if length:
+            if at > pos:
+                buffers.append(ZEROS[: at - pos])
+            buffers.append(memoryview(payload).cast("B"))
+            pos = at + length
+    if span > pos:
+        buffers.append(memoryview(bytes(span - pos)))
+    return buffers
+
+
+def copy_payloads(part: Part, image: np.ndarray[Any, np.dtype[np.uint8]]) -> memoryview:
+    """A part's payloads copied into `image` (aligned memory of its span), zeros between."""
+    for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
+        if length:
+            image[at : at + length] = np.frombuffer(payload, np.uint8)
+    image[part.end :] = 0
+    return image.data
+
+
 def placed(parts: list[Part]) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
     start), in the order placed."""

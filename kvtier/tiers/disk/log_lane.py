@@ -62,6 +62,8 @@ from kvtier.tiers.disk.log_group import (
     Pending,
     add,
     aligned_buffer,
+    copy_payloads,
+    payload_views,
     placed,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex
@@ -384,23 +386,9 @@ class LogLane:
         files = self.files
         direct = part.direct and files.direct_fd is not None and span == part.end
         if direct or files.direct_fd is None:
-            buffers: list[memoryview] = []
-            pos = 0
-            for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
-                if length:
-                    if at > pos:
-                        buffers.append(ZEROS[: at - pos])
-                    buffers.append(memoryview(payload).cast("B"))
-                    pos = at + length
-            if span > pos:
-                buffers.append(memoryview(bytes(span - pos)))
+            buffers = payload_views(part, span)
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
-            image = self._buffer(pending, span)
-            for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
-                if length:
-                    image[at : at + length] = np.frombuffer(payload, np.uint8)
-            image[part.end : span] = 0
-            buffers, direct = [image.data], True
+            buffers, direct = [copy_payloads(part, self._buffer(pending, span))], True
         if span:
             pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
         namespace, checksums = self.namespace, part.checksum
