@@ -134,11 +134,27 @@ class LogFiles:
         """Fill `buffers`, back to back, from `start` of `region` with one preadv (and more
         only after a short read); the bytes read. With O_DIRECT straight into them when the
         caller says every buffer is page-aligned whole pages (`direct`) and `start` is a page
-        boundary, else buffered."""
+        boundary; else, with an O_DIRECT descriptor, through an aligned staging buffer and
+        one copy (every access to the regions stays O_DIRECT: no page cache to go stale
+        under a direct write); buffered without one."""
         at = self.base(region) + start
-        direct = direct and at % PAGE == 0
-        fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
-        return preadv_fill(fd, buffers, at, io=self.io)
+        if self.direct_fd is None:
+            return preadv_fill(self.fd, buffers, at, io=self.io)
+        if direct and at % PAGE == 0:
+            return preadv_fill(self.direct_fd, buffers, at, io=self.io)
+        total = sum(view.nbytes for view in buffers)
+        first = at - at % PAGE
+        staging = staging_buffer(-(-(at + total - first) // PAGE) * PAGE)
+        got = max(0, preadv_fill(self.direct_fd, [staging.data], first, io=self.io) - (at - first))
+        got = min(got, total)
+        pos = at - first
+        for view in buffers:
+            take = min(view.nbytes, got - (pos - (at - first)))
+            if take <= 0:
+                break
+            view[:take] = staging.data[pos : pos + take]
+            pos += take
+        return got
 
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
