@@ -26,7 +26,7 @@ from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk import reader as disk_reader
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
-from kvtier_tools.bench import datapath
+from kvtier_tools.bench import datapath, device
 
 
 @pytest.mark.parametrize(
@@ -257,6 +257,11 @@ def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     assert "os.preadv, O_DIRECT, of 16-block runs" in stdout
     assert "batches per fsync" in stdout.lower()
     assert "median of 1 repeat;" in stdout
+    assert "of device" in stdout and "Device: the raw disk alone" in stdout
+    for size in ("4KiB", "8KiB"):
+        cells = ([cell.strip() for cell in line.split("│")][1:3] for line in lines)
+        assert ["device", size] in cells, size
+    assert "sequential os.pwrite, O_DIRECT, of " in stdout
     if torch.cuda.is_available():
         assert "cpu -> gpu" in stdout and "gpu -> cpu" in stdout
     else:
@@ -316,6 +321,25 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
         (policy, fraction) for policy in ("lru", "arc") for fraction in (0.01, 0.1, 0.5)
     }
     assert all(book["mops"] > 0 and book["requests"] == 2000 for book in books)
+    # the device row: one per block size, sane figures; every disk row's share of it
+    devices = {row["block_size"]: row for row in document["device"]}
+    assert set(devices) == {4096, 8192}
+    for size, dev in devices.items():
+        assert dev["nbytes"] == 64 << 10 and dev["nbytes"] % size == 0
+        assert dev["queue_depth"] == 16 and dev["write_chunk"] == 64 << 10
+        assert len(dev["write_s"]) == len(dev["read_s"]) == 1
+        for name in ("write_gbps", "read_gbps"):
+            assert math.isfinite(dev[name]) and dev[name] > 0, (name, dev)
+        assert isinstance(dev["direct_write"], bool) and isinstance(dev["direct_read"], bool)
+        assert "fdatasync" in dev["method"] and "random os.preadv" in dev["method"]
+    for row in rows:
+        if row["pair"] not in ("cpu -> disk", "disk -> cpu"):
+            assert row["device_gbps"] is None and row["of_device"] is None, row
+            continue
+        dev = devices[row["block_size"]]
+        want = dev["write_gbps"] if row["pair"] == "cpu -> disk" else dev["read_gbps"]
+        assert row["device_gbps"] == want, row
+        assert row["of_device"] == pytest.approx(row["kvtier_gbps"] / want)
     env = document["environment"]
     assert env["directory"].startswith(str(tmp_path)) and env["filesystem"]
     assert set(env["disk_direct_io"]) == {"4KiB", "8KiB"}
@@ -389,7 +413,8 @@ def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
     real_open = os.open
 
     def refusing(path: object, flags: int, *args: int, **kwargs: object) -> int:
-        if flags & datapath._O_DIRECT and Path(str(path)).name.startswith("raw-"):
+        name = Path(str(path)).name
+        if flags & datapath._O_DIRECT and name.startswith(("raw-", "device-")):
             raise OSError(errno.EINVAL, "O_DIRECT refused (test)")
         return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -403,6 +428,60 @@ def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
         line = next(line for line in baselines if line.startswith(f"  {pair}: "))
         assert "buffered (O_DIRECT not available)" in line and "queue depth" in line
     assert "The raw disk baselines ran buffered for 4KiB blocks" in stdout
+    assert "The device row ran buffered for 4KiB blocks:" in stdout
+    assert "buffered (O_DIRECT refused)" in stdout
+
+
+@pytest.mark.timeout(60)
+def test_the_device_row_writes_then_reads_every_block_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequential writes cover the file front to back (one fdatasync each run), random reads
+    cover every block once, in an order that is not the file's; the file is removed."""
+    writes: list[tuple[int, int]] = []
+    reads: list[int] = []
+    syncs: list[int] = []
+    real_write, real_read, real_sync = device.pwritev_all, device.preadv_all, device.PLAIN_IO.fsync
+
+    def write(fd: int, buffers: list[memoryview], offset: int) -> None:
+        writes.append((offset, len(buffers[0])))
+        real_write(fd, buffers, offset)
+
+    def read(fd: int, buffers: list[memoryview], offset: int) -> None:
+        reads.append(offset)
+        real_read(fd, buffers, offset)
+
+    def sync(fd: int) -> None:
+        syncs.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(device, "pwritev_all", write)
+    monkeypatch.setattr(device, "preadv_all", read)
+    monkeypatch.setattr(device.PLAIN_IO, "fsync", sync)
+    block, total = 16 << 10, 3 << 20
+    row = device.measure_device(block, total, 2, tmp_path, np.random.default_rng(0), 4)
+    assert (row.nbytes, row.write_chunk, row.queue_depth) == (total, 1 << 20, 4)
+    runs = 3  # a warm-up and two timed runs of each
+    assert sorted(writes) == sorted([(i << 20, 1 << 20) for i in range(3)] * runs)
+    assert len(syncs) == runs
+    blocks = total // block
+    assert sorted(reads) == sorted([i * block for i in range(blocks)] * runs)
+    assert reads[:blocks] != sorted(reads[:blocks])  # at random, not front to back
+    assert len(row.write_s) == len(row.read_s) == 2
+    assert row.write_gbps > 0 and row.read_gbps > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "block", "expected"),
+    [
+        (1 << 20, 64 << 10, 1 << 20),
+        (1000, 64 << 10, 64 << 10),  # at least one block
+        ((1 << 20) + 5, 1000, 1_024_000),  # whole blocks of 1000 B and whole pages
+    ],
+)
+def test_the_device_file_is_whole_blocks_and_pages(nbytes: int, block: int, expected: int) -> None:
+    assert device.device_bytes(nbytes, block) == expected
 
 
 def test_group_commit_counters_are_read_where_the_store_has_them() -> None:

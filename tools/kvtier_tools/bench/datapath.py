@@ -47,6 +47,13 @@ device tensors followed by `torch.cuda.synchronize()`. Both sides are wall-clock
 start after a `torch.cuda.synchronize()`; kvtier's ends when its awaited copy returns (it
 polls a CUDA event without blocking the event loop, as the transfer engine does).
 
+``device`` (with the disk rows): the raw device alone, in the same directory, before the disk
+rows of each block size: sequential O_DIRECT writes of 1 MiB parts, 16 in flight, + one
+fdatasync (write GB/s), then random O_DIRECT reads of one block each, 16 in flight (read
+GB/s); see `kvtier_tools.bench.device`. Every disk row then also shows its share of the
+device ("of device"): kvtier's GB/s over the device's write (cpu -> disk rows) or read
+(disk -> cpu rows) GB/s at the same block size, ratios of medians.
+
 ``bookkeeping``: block-operations per second of `TierManager` replaying the first
 `QUICK_LIMIT_REQUESTS` requests of the shipped trace (`kvtier_tools.bench.bookkeeping` in its quick
 mode, kvtier alone).
@@ -99,6 +106,7 @@ from kvtier.tiers.disk.io import PLAIN_IO, preadv_all, pwritev_all
 from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
+from kvtier_tools.bench.device import DeviceRow, measure_device
 
 GB = 1e9
 """A GB/s figure is this many bytes per second (decimal, as disks and links are rated)."""
@@ -161,7 +169,9 @@ class Row:
     call of all `blocks`), `queue_depth` of them in flight at once on both sides (kvtier's
     concurrent calls, the baseline's threads). `store_counters` holds, for the disk write
     rows, `DiskStore.stats()`'s group-commit counters summed over the row's runs, and
-    `write_calls`, the `DiskStore.write` calls made in those runs.
+    `write_calls`, the `DiskStore.write` calls made in those runs. `device_gbps`, for the
+    disk rows, is the device row's write (cpu -> disk) or read (disk -> cpu) GB/s at the same
+    block size, measured in the same run (None elsewhere).
     """
 
     pair: str
@@ -176,6 +186,14 @@ class Row:
     batch_blocks: int = 0
     queue_depth: int = 1
     store_counters: dict[str, int] = field(default_factory=dict, hash=False)
+    device_gbps: float | None = None
+
+    @property
+    def of_device(self) -> float | None:
+        """kvtier's GB/s over the device row's (None where there is no device figure)."""
+        if self.device_gbps is None or self.device_gbps <= 0:
+            return None
+        return self.kvtier_gbps / self.device_gbps
 
     @property
     def blocks_per_batch(self) -> int:
@@ -248,6 +266,7 @@ class Row:
         data["kvtier_blocks_per_s"] = self.kvtier_blocks_per_s
         data["baseline_blocks_per_s"] = self.baseline_blocks_per_s
         data["batches_per_fsync"] = self.batches_per_fsync
+        data["of_device"] = self.of_device
         data["target"] = TARGET
         data["target_met"] = self.target_met
         return data
@@ -321,6 +340,8 @@ class Report:
     settings: Settings
     rows: list[Row] = field(default_factory=list)
     bookkeeping: list[BookkeepingRow] = field(default_factory=list)
+    device: list[DeviceRow] = field(default_factory=list)
+    """The raw device's rows, one per block size (with the disk rows)."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Parts not measured, with the reason (e.g. "gpu": no CUDA)."""
     environment: dict[str, Any] = field(default_factory=dict)
@@ -344,6 +365,7 @@ class Report:
             "environment": self.environment,
             "rows": [row.to_dict() for row in self.rows],
             "bookkeeping": [row.to_dict() for row in self.bookkeeping],
+            "device": [row.to_dict() for row in self.device],
             "skipped": self.skipped,
             "notes": self.notes,
         }
@@ -1165,7 +1187,7 @@ def gpu_unavailable_reason() -> str | None:
 
 def step_count(settings: Settings) -> int:
     """How many progress steps `run_datapath_benchmark` reports for `settings`."""
-    per_size = ("cpu" in settings.parts) + 2 * ("disk" in settings.parts)
+    per_size = ("cpu" in settings.parts) + 4 * ("disk" in settings.parts)
     if "gpu" in settings.parts and gpu_unavailable_reason() is None:
         per_size += 1
     return per_size * len(settings.block_sizes) + ("bookkeeping" in settings.parts)
@@ -1257,6 +1279,12 @@ async def _measure(
             tick(f"cpu copies, {size} blocks")
         if "disk" in settings.parts:
             assert workdir is not None
+            device = await asyncio.to_thread(
+                measure_device, block_size, settings.disk_bytes, settings.repeats, workdir, rng
+            )
+            report.device.append(device)
+            tick(f"device, {size} blocks")
+            first = len(report.rows)
             for measure, step in (
                 (measure_disk, "one batch"),
                 (functools.partial(measure_disk, layout="log"), "one batch, log layout"),
@@ -1271,6 +1299,7 @@ async def _measure(
                     buffered_raw.append(size)
                 gc.collect()
                 tick(f"disk, {size} blocks, {step}")
+            report.rows[first:] = [_with_device(row, device) for row in report.rows[first:]]
         if with_gpu:
             report.rows += await measure_gpu_copies(
                 block_size, settings.gpu_bytes, settings.repeats, rng
@@ -1287,12 +1316,32 @@ async def _measure(
                 f"{report.environment.get('filesystem', 'this filesystem')}: the disk tier "
                 "and the raw read went through the page cache there."
             )
+    refused = [
+        format_size(row.block_size)
+        for row in report.device
+        if not (row.direct_write and row.direct_read)
+    ]
+    if refused:
+        report.notes.append(
+            f"The device row ran buffered for {', '.join(refused)} blocks: "
+            f"{report.environment.get('filesystem', 'this filesystem')} refused O_DIRECT (or the "
+            "block size is not a multiple of 4 KiB), so its reads came from the page cache."
+        )
     if buffered_raw:
         report.notes.append(
             f"The raw disk baselines ran buffered for {', '.join(buffered_raw)} blocks: the "
             "filesystem refused O_DIRECT (or the block size is not a multiple of 4 KiB). Their "
             "writes still end in fdatasync; their reads may come from the page cache."
         )
+
+
+def _with_device(row: Row, device: DeviceRow) -> Row:
+    """`row` with the device's write (cpu -> disk) or read (disk -> cpu) GB/s."""
+    if row.pair == "cpu -> disk":
+        return replace(row, device_gbps=device.write_gbps)
+    if row.pair == "disk -> cpu":
+        return replace(row, device_gbps=device.read_gbps)
+    return row
 
 
 # -- output --------------------------------------------------------------------------------
@@ -1406,6 +1455,9 @@ def _data_path_lines(report: Report) -> list[Any]:
         table.add_column(column, justify="left" if column == "pair" else "right")
     table.add_column("ratio", justify="right")
     table.add_column(f">= {TARGET:.0%}?", justify="left")
+    with_device = any(row.of_device is not None for row in report.rows)
+    if with_device:
+        table.add_column("of device", justify="right")
     # Rows of one pair together (its one-batch row first), each case by block size.
     pairs: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -1419,6 +1471,7 @@ def _data_path_lines(report: Report) -> list[Any]:
             table.add_section()
         previous = row.label
         verdict = "WRONG BYTES" if not row.verified else ("yes" if row.target_met else "no")
+        of_device = [] if not with_device else [_percent(row.of_device)]
         table.add_row(
             row.label,
             format_size(row.block_size),
@@ -1429,8 +1482,11 @@ def _data_path_lines(report: Report) -> list[Any]:
             f"{row.baseline_gbps:.2f}",
             f"{row.ratio:.0%}",
             verdict,
+            *of_device,
         )
     shown.append(table)
+    if report.device:
+        shown += _device_lines(report.device)
     baselines: dict[str, str] = {}
     for row in rows:
         baselines.setdefault(row.label, row.baseline)
@@ -1449,6 +1505,39 @@ def _data_path_lines(report: Report) -> list[Any]:
     )
     shown += _group_commit_lines(rows)
     return shown
+
+
+def _percent(fraction: float | None) -> str:
+    return "" if fraction is None else f"{fraction:.0%}"
+
+
+def _device_lines(device: Sequence[DeviceRow]) -> list[Any]:
+    """The device rows (the raw disk alone) and how the disk rows' "of device" reads."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        title="Device: the raw disk alone, same directory, same run (median; GB/s = 10^9 B/s)",
+        title_justify="left",
+    )
+    for column in ("row", "block size", "qd", "write GB/s", "read GB/s"):
+        table.add_column(column, justify="left" if column == "row" else "right")
+    for row in device:
+        table.add_row(
+            "device",
+            format_size(row.block_size),
+            f"{row.queue_depth}",
+            f"{row.write_gbps:.2f}",
+            f"{row.read_gbps:.2f}",
+        )
+    return [
+        table,
+        Text(f"  device: {device[0].method}."),
+        Text(
+            "of device = kvtier GB/s / the device's write GB/s (cpu -> disk rows) or read "
+            "GB/s (disk -> cpu rows) at the same block size (issue 33's targets: 70 %)."
+        ),
+    ]
 
 
 def _bookkeeping_table(report: Report) -> Any:

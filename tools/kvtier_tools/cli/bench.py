@@ -197,6 +197,9 @@ def bench(
                    | O_DIRECT os.preadv of 16-block runs, 1 / 16 threads
       cpu <-> gpu  TensorCopier.copy, pinned host pool and GPU pool (only with CUDA)
                    | one pinned copy_(non_blocking=True) + synchronize
+      device       the raw disk alone (with the disk rows): sequential O_DIRECT
+                   writes of 1 MiB + fdatasync, random O_DIRECT reads of one block,
+                   16 in flight; each disk row shows its share of it (of device)
 
     with kvtier's blocks/s, the queue depth (qd) of both sides, the disk store's
     batches per fsync, and the bookkeeping's block-operations per second. Each figure is

@@ -545,9 +545,12 @@ class ReplayResult:
 
     def pairs(self) -> list[dict[str, Any]]:
         """Traffic per tier pair, in the order the transfer engine first moved bytes between
-        them."""
+        them; `copies` and `blocks_per_copy` say how large the pair's copies were (a disk
+        pair's GB/s depends on it: each copy pays its own write hand-offs and fdatasync)."""
+        copies = {(t.source, t.target): t.copies for t in self.stats.transfers}
         rows = []
         for (src, dst), (blocks, nbytes, seconds) in self.stats.pairs.items():
+            made = copies.get((src, dst), 0)
             rows.append(
                 {
                     "source": src,
@@ -556,6 +559,8 @@ class ReplayResult:
                     "bytes": nbytes,
                     "seconds": seconds,
                     "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
+                    "copies": made,
+                    "blocks_per_copy": blocks / made if made else None,
                 }
             )
         return rows
