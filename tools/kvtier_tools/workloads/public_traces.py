@@ -141,7 +141,24 @@ KNOWN: dict[str, PublicTrace] = {
             f"disk reads of a Windows NT workstation, P{n} (Vtrace; the ARC paper's traces)",
             _ARC + f"P{n}.lis.zst",
         )
-        for n in (2, 3, 6, 12)
+        for n in range(1, 15)
+    },
+    "DS1.lis": PublicTrace(
+        "ds1",
+        "block I/O",
+        "arc",
+        "seven days of a database server running an ERP application (the ARC paper's DS1)",
+        _ARC + "DS1.lis.zst",
+    ),
+    **{
+        f"S{n}.lis": PublicTrace(
+            f"s{n}",
+            "block I/O",
+            "arc",
+            f"disk reads of a commercial web search engine, S{n} (the ARC paper's traces)",
+            _ARC + f"S{n}.lis.zst",
+        )
+        for n in (1, 2, 3)
     },
 }
 """Public traces by file name (see docs/BENCHMARKS.md for sources and licences)."""
