@@ -48,3 +48,10 @@ def test_calibration_names_each_cell_where_lru_or_arc_differ_from_kvtiers() -> N
         "oltp ARC: largest difference from kvtier 0.0025",
     ]
     assert misses == ["oltp ARC at 5%: libCacheSim and kvtier differ by 0.0025"]
+
+
+@pytest.mark.timeout(60)
+def test_signed_64_bit_keys_stay_distinct() -> None:
+    pytest.importorskip("libcachesim")
+    keys = [-5, -5, 7, -(2**63), 2**64 - 5, -5]  # -5 and 2**64 - 5 are one id modulo 2**64
+    assert libcachesim_reference.hit_ratios(keys, 2, "LRU") == pytest.approx(2 / 6)

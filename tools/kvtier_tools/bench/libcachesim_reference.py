@@ -35,6 +35,7 @@ from typing import Any
 FRACTIONS = (0.01, 0.05, 0.10, 0.25)
 ALGORITHMS = ("LRU", "ARC", "S3FIFO", "Sieve", "WTinyLFU", "LIRS", "Cacheus", "LeCaR")
 """libCacheSim's classes, by their names in the `libcachesim` package."""
+_UINT64 = (1 << 64) - 1
 TOLERANCE = 0.002
 """The most libCacheSim's LRU or ARC may differ from kvtier's in a cell (issue 34)."""
 CALIBRATED = {"LRU": "lru", "ARC": "arc"}
@@ -53,14 +54,16 @@ def _libcachesim() -> Any:
 
 
 def hit_ratios(keys: Sequence[int], capacity: int, algorithm: str) -> float:
-    """libCacheSim's `algorithm` at `capacity` unit-size objects over `keys`: its hit ratio."""
+    """libCacheSim's `algorithm` at `capacity` unit-size objects over `keys`: its hit ratio.
+    Keys are 64-bit integers, signed or not (a negative one is taken modulo 2**64, so
+    distinct signed keys stay distinct: scarab's are signed)."""
     lcs = _libcachesim()
     cache = getattr(lcs, algorithm)(cache_size=capacity)
     request = lcs.Request()
     request.obj_size = 1
     hits = 0
     for key in keys:
-        request.obj_id = key
+        request.obj_id = key & _UINT64  # its ids are unsigned: a signed 64-bit key wraps
         hits += bool(cache.get(request))
     return hits / len(keys) if keys else 0.0
 
