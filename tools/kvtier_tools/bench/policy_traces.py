@@ -24,11 +24,11 @@ new one. Columns: the hit ratios, the policy's minus ARC's, and its cost per acc
 
 Public traces: `--trace-dir DIR` (default: the `KVTIER_TRACE_DIR` environment variable)
 reads the files of `public_traces.KNOWN` found in DIR (named `cloudphysics`, `w106`, `web12`,
-`scarab`, `orm-busy`, and the ARC paper's `oltp`, `p1`-`p14`, `ds1`, `s1`-`s3`), `--key-trace
-FORMAT:PATH` any other key trace (named by its file's stem); docs/BENCHMARKS.md says where to
-fetch them, and a known trace named in `--workloads` but not found stops the run with one
-line saying where to fetch it. `--keys-out DIR` writes each workload's keys, one a line, as
-`kvtier_tools.bench.libcachesim_reference` reads them.
+`scarab`, `orm-busy`, `sprite`, and the ARC paper's `oltp`, `p1`-`p14`, `ds1`,
+`s1`-`s3`), `--key-trace FORMAT:PATH` any other key trace (named by its file's stem);
+docs/BENCHMARKS.md says where to fetch them, and a known trace named in `--workloads` but
+not found stops the run with one line saying where to fetch it. `--keys-out DIR` writes
+each workload's keys, one a line, as `kvtier_tools.bench.libcachesim_reference` reads them.
 
 Generated workloads (deterministic, seeded; `generate(name)`):
   - `zipf`: 400,000 keys drawn from 100,000 with Zipf(0.8) popularity (a stationary mix

@@ -125,6 +125,14 @@ KNOWN: dict[str, PublicTrace] = {
         "traces, Caffeine simulator)",
         _CAFFEINE + "cache2k/orm-busy.trace.xz",
     ),
+    "sprite.trace.gz": PublicTrace(
+        "sprite",
+        "block I/O",
+        "lines",
+        "two days of requests to the Sprite network file system's server (the LIRS paper's "
+        "traces, Jiang & Zhang SIGMETRICS 2002; Caffeine simulator)",
+        _CAFFEINE + "lirs/sprite.trace.gz",
+    ),
     "OLTP.lis": PublicTrace(
         "oltp",
         "block I/O",
