@@ -88,3 +88,33 @@ def test_the_table_covers_a_public_trace(
         assert "web12" in printed and f" {policy} " in printed
     table = markdown.read_text()
     assert table.count("| web12 (4,000,") == 1 and table.count("\n") == 2 + 6
+
+
+def test_a_known_trace_asked_for_but_missing_says_where_to_fetch_it(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"^oltp: OLTP\.lis not found in .*curl -LO https://"):
+        main(["--trace-dir", str(tmp_path), "--workloads", "oltp"])
+    with pytest.raises(SystemExit, match=r"no --trace-dir"):
+        main(["--workloads", "p3"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_arc_papers_format_is_read_from_the_trace_dir_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = random.Random(4)
+    lines = [f"{rng.randrange(400)} {rng.randrange(1, 9)} 0 {i}\n" for i in range(600)]
+    (tmp_path / "OLTP.lis").write_text("".join(lines))
+    monkeypatch.setenv("KVTIER_TRACE_DIR", str(tmp_path))
+    keys_out = tmp_path / "keys"
+    argv = ["--workloads", "oltp", "--policies", "lru", "arc", "--keys-out", str(keys_out)]
+    assert main(argv) == 0
+    expected = [
+        start + i
+        for start, count in (map(int, ln.split()[:2]) for ln in lines)
+        for i in range(count)
+    ]
+    assert (keys_out / "oltp.txt").read_text().split() == [str(key) for key in expected]
+    rows = [line.split()[:4] for line in capsys.readouterr().out.splitlines()]
+    for policy in ("lru", "arc", "belady"):
+        assert ["oltp", str(len(expected)), str(len(set(expected))), policy] in rows

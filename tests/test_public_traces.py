@@ -14,7 +14,12 @@ import pytest
 import zstandard
 
 from kvtier.errors import TraceFormatError
-from kvtier_tools.workloads.public_traces import KNOWN, known_traces, read_trace
+from kvtier_tools.workloads.public_traces import (
+    KNOWN,
+    known_traces,
+    missing_trace_hint,
+    read_trace,
+)
 
 KEYS = [5, 3, 5, 2**31 - 1, 0, 3]
 
@@ -102,3 +107,35 @@ def test_known_traces_are_found_by_file_name(tmp_path: Path) -> None:
     assert {trace.kind for trace in KNOWN.values()} == {"block I/O", "web", "key-value"}
     with pytest.raises(TraceFormatError, match="not a directory"):
         known_traces(tmp_path / "web12.trace.xz")
+
+
+def test_an_arc_trace_reads_each_request_as_its_run_of_blocks(tmp_path: Path) -> None:
+    # the ARC paper's format: start_block number_of_blocks ignored request_number
+    path = tmp_path / "OLTP.lis"
+    path.write_bytes(
+        zstandard.ZstdCompressor().compress(b"110765 3 0 0\n7 1 0 1\n\n110766 2 0 2\n")
+    )
+    assert read_trace(path, "arc") == [110765, 110766, 110767, 7, 110766, 110767]
+
+
+@pytest.mark.parametrize("line", ["12\n", "a 2 0 0\n", "5 0 0 0\n"])
+def test_a_bad_arc_line_is_refused_with_its_number(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "P3.lis"
+    path.write_text("1 1 0 0\n" + line)
+    with pytest.raises(TraceFormatError, match=r"P3\.lis:2: "):
+        read_trace(path, "arc")
+
+
+def test_a_known_trace_is_found_compressed_under_its_name_plus_a_suffix(tmp_path: Path) -> None:
+    (tmp_path / "OLTP.lis.zst").write_bytes(zstandard.ZstdCompressor().compress(b"4 2 0 0\n"))
+    found = known_traces(tmp_path)
+    assert [(trace.name, path.name) for trace, path in found] == [("oltp", "OLTP.lis.zst")]
+    assert read_trace(found[0][1], found[0][0].format) == [4, 5]
+
+
+def test_a_missing_known_trace_says_in_one_line_where_to_fetch_it(tmp_path: Path) -> None:
+    hint = missing_trace_hint("oltp", tmp_path)
+    assert "\n" not in hint and "OLTP.lis" in hint and str(tmp_path) in hint
+    assert "curl -LO https://raw.githubusercontent.com/moka-rs/cache-trace/" in hint
+    assert missing_trace_hint("no-such-trace", tmp_path) == ""
+    assert all(trace.source.startswith("https://") for trace in KNOWN.values())

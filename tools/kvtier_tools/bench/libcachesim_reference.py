@@ -11,8 +11,16 @@ kvtier, so it runs in one that has only libCacheSim):
     /tmp/lcs/bin/python tools/kvtier_tools/bench/libcachesim_reference.py \
         cloudphysics=/tmp/keys_cloudphysics.txt zipf=/tmp/keys_zipf.txt --json ref.json
 
-Each trace is a text file of one integer key per line (docs/BENCHMARKS.md says how the
-table's were written from `policy_traces`' workloads).
+Each trace is a text file of one integer key per line (`policy_traces --keys-out DIR`
+writes them from its workloads). `--calibrate FILE` checks the calibration: FILE is
+`policy_traces --json`'s output for the same workloads, and each trace's LRU and ARC must
+equal kvtier's there within `TOLERANCE` at every fraction (exit status 1 and a line per
+cell otherwise):
+
+    python -m kvtier_tools.bench.policy_traces --trace-dir /tmp/traces --workloads oltp \
+        --json kvtier.json --keys-out /tmp/keys
+    /tmp/lcs/bin/python tools/kvtier_tools/bench/libcachesim_reference.py \
+        oltp=/tmp/keys/oltp.txt --calibrate kvtier.json
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ from typing import Any
 FRACTIONS = (0.01, 0.05, 0.10, 0.25)
 ALGORITHMS = ("LRU", "ARC", "S3FIFO", "Sieve", "WTinyLFU", "LIRS", "Cacheus", "LeCaR")
 """libCacheSim's classes, by their names in the `libcachesim` package."""
+_UINT64 = (1 << 64) - 1
+TOLERANCE = 0.002
+"""The most libCacheSim's LRU or ARC may differ from kvtier's in a cell (issue 34)."""
+CALIBRATED = {"LRU": "lru", "ARC": "arc"}
+"""libCacheSim's class -> kvtier's policy it must equal."""
 
 
 def _libcachesim() -> Any:
@@ -41,14 +54,16 @@ def _libcachesim() -> Any:
 
 
 def hit_ratios(keys: Sequence[int], capacity: int, algorithm: str) -> float:
-    """libCacheSim's `algorithm` at `capacity` unit-size objects over `keys`: its hit ratio."""
+    """libCacheSim's `algorithm` at `capacity` unit-size objects over `keys`: its hit ratio.
+    Keys are 64-bit integers, signed or not (a negative one is taken modulo 2**64, so
+    distinct signed keys stay distinct: scarab's are signed)."""
     lcs = _libcachesim()
     cache = getattr(lcs, algorithm)(cache_size=capacity)
     request = lcs.Request()
     request.obj_size = 1
     hits = 0
     for key in keys:
-        request.obj_id = key
+        request.obj_id = key & _UINT64  # its ids are unsigned: a signed 64-bit key wraps
         hits += bool(cache.get(request))
     return hits / len(keys) if keys else 0.0
 
@@ -67,11 +82,37 @@ def read_keys(path: str) -> list[int]:
     return [int(line) for line in Path(path).read_text().split() if line]
 
 
+def calibration(
+    found: dict[str, dict[str, list[float]]], kvtier: dict[str, dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """libCacheSim's LRU and ARC against kvtier's figures (`policy_traces --json`) on the
+    traces both have: a summary line per trace and policy (the largest difference), and a
+    line per cell where they differ by more than `TOLERANCE`."""
+    summary: list[str] = []
+    misses: list[str] = []
+    for name in sorted(found.keys() & kvtier.keys()):
+        for theirs, ours in CALIBRATED.items():
+            if theirs not in found[name] or ours not in kvtier[name]:
+                continue
+            pairs = zip(found[name][theirs], kvtier[name][ours]["hit_ratios"], strict=True)
+            gaps = [abs(a - b) for a, b in pairs]
+            summary.append(f"{name} {theirs}: largest difference from kvtier {max(gaps):.4f}")
+            misses += [
+                f"{name} {theirs} at {fraction:.0%}: libCacheSim and kvtier differ by {gap:.4f}"
+                for fraction, gap in zip(FRACTIONS, gaps, strict=True)
+                if gap > TOLERANCE
+            ]
+    return summary, misses
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", help="NAME=PATH, a text file of integer keys")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--calibrate", help="policy_traces --json output: LRU and ARC must match it"
+    )
     args = parser.parse_args(argv)
     found: dict[str, dict[str, list[float]]] = {}
     for spec in args.traces:
@@ -83,6 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name:<12} {algorithm:<9}" + "".join(f"{v:>9.4f}" for v in ratios), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(found, indent=1))
+    if args.calibrate:
+        summary, misses = calibration(found, json.loads(Path(args.calibrate).read_text()))
+        for line in summary:
+            print("calibration:", line)
+        for line in misses:
+            print("calibration fails:", line)
+        if not summary:
+            print("calibration: no trace with LRU or ARC in both")
+            return 1
+        return 1 if misses else 0
     return 0
 
 

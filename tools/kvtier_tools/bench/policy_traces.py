@@ -22,9 +22,13 @@ new one. Columns: the hit ratios, the policy's minus ARC's, and its cost per acc
 `belady` (always shown) is the offline optimum: `belady_hits`, which sees the trace's future.
 `--markdown FILE` writes the table as docs/BENCHMARKS.md shows it.
 
-Public traces: `--trace-dir DIR` reads the files of `public_traces.KNOWN` found in DIR (named
-`cloudphysics`, `w106`, `web12`, `scarab`, `orm-busy`), `--key-trace FORMAT:PATH` any other
-key trace (named by its file's stem); docs/BENCHMARKS.md says where to fetch them.
+Public traces: `--trace-dir DIR` (default: the `KVTIER_TRACE_DIR` environment variable)
+reads the files of `public_traces.KNOWN` found in DIR (named `cloudphysics`, `w106`, `web12`,
+`scarab`, `orm-busy`, `sprite`, and the ARC paper's `oltp`, `p1`-`p14`, `ds1`,
+`s1`-`s3`), `--key-trace FORMAT:PATH` any other key trace (named by its file's stem);
+docs/BENCHMARKS.md says where to fetch them, and a known trace named in `--workloads` but
+not found stops the run with one line saying where to fetch it. `--keys-out DIR` writes
+each workload's keys, one a line, as `kvtier_tools.bench.libcachesim_reference` reads them.
 
 Generated workloads (deterministic, seeded; `generate(name)`):
   - `zipf`: 400,000 keys drawn from 100,000 with Zipf(0.8) popularity (a stationary mix
@@ -47,6 +51,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -56,7 +61,7 @@ from pathlib import Path
 
 from kvtier.errors import InvalidValueError
 from kvtier.policies import CachePolicy, get_policy_class, partial_block_flags, simulate
-from kvtier_tools.workloads.public_traces import known_traces, read_trace
+from kvtier_tools.workloads.public_traces import known_traces, missing_trace_hint, read_trace
 from kvtier_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, read_mooncake
 
 FRACTIONS = (0.01, 0.05, 0.10, 0.25)
@@ -315,6 +320,15 @@ def public_workloads(trace_dir: str | None, key_traces: Sequence[str]) -> list[W
     return found
 
 
+def write_keys(workloads: Sequence[Workload], folder: Path) -> None:
+    """Each workload's keys to `folder`/NAME.txt, one a line (libCacheSim's reference reads
+    them; partial blocks are not flagged there, so a Mooncake workload's figures differ)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for workload in workloads:
+        text = "".join(f"{key}\n" for key in workload.accesses)
+        (folder / f"{workload.name}.txt").write_text(text)
+
+
 def markdown(workloads: Sequence[Workload], table: dict[str, dict[str, Row]]) -> str:
     """The table as docs/BENCHMARKS.md shows it: a row per workload and policy, the hit
     ratios at each fraction (bold: a cell where `auto` misses its target, see
@@ -391,7 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "after its last '_' (mooncake_fast25_synthetic_trace.jsonl: 'synthetic')",
     )
     parser.add_argument(
-        "--trace-dir", help="a folder holding public traces (kvtier_tools.workloads.public_traces)"
+        "--trace-dir",
+        default=os.environ.get("KVTIER_TRACE_DIR"),
+        help="a folder holding public traces (kvtier_tools.workloads.public_traces); "
+        "default: $KVTIER_TRACE_DIR",
     )
     parser.add_argument(
         "--key-trace",
@@ -406,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="timed replays per cell")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--markdown", help="also write the table in Markdown to this file")
+    parser.add_argument(
+        "--keys-out", help="also write each workload's keys to DIR/NAME.txt, one a line"
+    )
     args = parser.parse_args(argv)
     wanted = set(args.workloads) if args.workloads else None
 
@@ -420,7 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = stem.rsplit("_", 1)[-1]
         if selected(name):
             workloads.append(mooncake_workload(name, list(read_mooncake(path))))
-    workloads += [w for w in public_workloads(args.trace_dir, args.key_trace) if selected(w.name)]
+    public = public_workloads(args.trace_dir, args.key_trace)
+    for name in sorted((wanted or set()) - {w.name for w in public}):
+        if hint := missing_trace_hint(name, args.trace_dir):
+            raise SystemExit(hint)
+    workloads += [w for w in public if selected(w.name)]
     workloads += [generate(name) for name in GENERATED if selected(name)]
     if args.limit is not None:
         workloads = [
@@ -431,6 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for w in workloads
         ]
+    if args.keys_out:
+        write_keys(workloads, Path(args.keys_out))
     policies = {spec: load_policy(spec) for spec in args.policies}
     labels = {  # a policy from a file is named by the file: old_lct.py:LCTCachePolicy, old_lct
         spec: Path(spec.rpartition(":")[0]).stem if ":" in spec else spec for spec in policies
