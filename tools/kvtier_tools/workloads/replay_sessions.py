@@ -10,13 +10,18 @@ agent framework would drive a Hierarchy:
   keeps those blocks alive when the parent ends (`kvtier.sessions`);
 - a request marked `"session_end"` ends its session once its puts are done
   (`Hierarchy.end_session`): the blocks only that session read become `"never"`;
-- with `--expect-within S` (an **oracle**: it reads the future of the trace), after a request
-  whose session goes on, `Hierarchy.expect_session` with the trace's gap to that session's
-  next request plus S seconds. The Hierarchy's clock is the replay's wall clock, which runs
-  far faster than the trace's (a replay serves in a minute what the trace spreads over
-  half an hour), so the trace seconds are converted at the replay's pace so far (wall
-  seconds per trace second, `pace`): deadlines then fall in the order of the sessions' next
-  requests, as they would in real time.
+- with `--expect-within S` (an **oracle**: it reads the future of the trace), every put of a
+  request whose session goes on carries `expect_within_s`: the trace's gap to that
+  session's next request plus S seconds. It rides on the puts, as a framework that knows
+  its tool's run time says it with the request (and as `simulate --hints` gives it): an
+  expectation given only once the request is served leaves the request's own blocks ranked
+  idle while they are stored, below every expected session's, so its later parts evict
+  its earlier ones (measured: 0.21 at 1 % instead of 0.33, docs/BENCHMARKS.md). The
+  Hierarchy's clock is the replay's wall clock, which runs far faster than the trace's (a
+  replay serves in a minute what the trace spreads over half an hour), so the trace
+  seconds are converted at the replay's pace so far (wall seconds per trace second,
+  `pace`): deadlines then fall in the order of the sessions' next requests, as they would
+  in real time.
 
 The replay keeps its counters: how many puts named a session, how many sessions ended and
 how many expectations it gave, reported under `"sessions"` in `report.json`.
@@ -77,24 +82,28 @@ class SessionPlan:
         """The session of request `index` (0-based)."""
         return self.sessions[index]
 
-    def after(self, hierarchy: Hierarchy, index: int) -> None:
-        """What the framework says once request `index` is served: its session ended, or
-        (the oracle) when its next request comes."""
-        session = self.sessions[index]
+    def expect_within(self, index: int) -> float | None:
+        """The oracle's `expect_within_s` for the puts of request `index`, in seconds of
+        the replay's clock (None: no oracle, or its session has no next request)."""
         now = time.monotonic()
         if self.started is None:
             self.started = now
+        within = None if self.expect_s is None else self.expect_s[index]
+        if within is None or self.ends[index]:
+            return None
+        self.expected += 1
+        return min(MAX_EXPECT_S, max(1e-3, within * self.pace(index, now)))
+
+    def after(self, hierarchy: Hierarchy, index: int) -> None:
+        """What the framework says once request `index` is served: its session ended."""
+        if self.started is None:
+            self.started = time.monotonic()
         if self.ends[index]:
             try:
-                hierarchy.end_session(session)
+                hierarchy.end_session(self.sessions[index])
                 self.ended += 1
             except UnknownSessionError:
                 self.end_refused += 1
-            return
-        within = None if self.expect_s is None else self.expect_s[index]
-        if within is not None:
-            hierarchy.expect_session(session, min(MAX_EXPECT_S, within * self.pace(index, now)))
-            self.expected += 1
 
     def pace(self, index: int, now: float) -> float:
         """Wall seconds per trace second so far, at request `index` (1.0 before either
