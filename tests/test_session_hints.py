@@ -109,6 +109,26 @@ def test_every_policy_evicts_ranked_blocks_lowest_first_after_never(name: str) -
     assert 99 not in policy
 
 
+@pytest.mark.parametrize("name", ["lru", "arc"])
+def test_a_block_ranked_again_with_the_same_rank_is_evicted_once(name: str) -> None:
+    # A rank carried down to a tier that holds the block with that very rank already (the
+    # chain gives one rank object to every tier), or ranked A, B, then A again: one victim.
+    policy = get_policy_class(name)(8)
+    for i in range(4):
+        policy.insert(i, _ready())  # type: ignore[arg-type]
+    low, high = (0, 0.0, 0), (0, 5.0, 0)
+    policy.rank(0, low)  # type: ignore[arg-type]
+    policy.rank(0, low)  # type: ignore[arg-type]
+    policy.rank(1, low)  # type: ignore[arg-type]
+    policy.rank(1, high)  # type: ignore[arg-type]
+    policy.rank(1, low)  # type: ignore[arg-type]
+    policy.rank(2, high)  # type: ignore[arg-type]
+    victims = policy.evict(3)
+    assert victims is not None
+    assert sorted(k for k, _ in victims) == [0, 1, 2]
+    assert len(policy) == 1
+
+
 def test_when_only_likely_blocks_are_left_the_ranked_ones_go_lowest_first() -> None:
     policy = get_policy_class("lru")(4)
     for i in range(4):
