@@ -250,3 +250,16 @@ def test_simulate_hints_on_an_agentic_trace_gives_session_hints(tmp_path: Path) 
     (row,) = report["hints"]["results"]
     opt = next(r for r in report["results"] if r["policy"] == "opt")
     assert row["hit_ratio"] <= row["hinted_hit_ratio"] <= opt["hit_ratio"]
+
+
+async def test_the_session_clock_is_the_one_deadlines_are_read_on() -> None:
+    with pytest.raises(InvalidValueError, match="session_clock must be callable, got 5"):
+        Hierarchy.from_config(one_tier(), session_clock=5)
+    now = [0.0]
+    async with Hierarchy.from_config(one_tier(), session_clock=lambda: now[0]) as h:
+        a = [key(0), key(1)]
+        await h.put(a, blocks_of(a), session="a", expect_within_s=10)
+        assert h._sessions.deadline_of("a") == 10.0
+        now[0] = 10.0  # a's deadline passes on the given clock: a is idle again
+        await h.put([key(2)], blocks_of([key(2)]), session="b")
+        assert h._sessions.deadline_of("a") is None

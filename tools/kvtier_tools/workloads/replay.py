@@ -791,8 +791,9 @@ async def replay(
     interrupted = False
     timings: dict[str, float] = {"load_trace_s": load_trace_s}
     # No flush on close: the next replay empties the disk tiers anyway (it starts cold).
+    clock = {} if sessions is None else {"session_clock": sessions.clock}
     hierarchy = Hierarchy.from_config(
-        config, flush_on_close=False, metrics=metrics, metrics_name="replay"
+        config, flush_on_close=False, metrics=metrics, metrics_name="replay", **clock
     )
     async with hierarchy as h:
         opened = time.perf_counter()

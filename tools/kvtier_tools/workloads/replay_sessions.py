@@ -16,12 +16,12 @@ agent framework would drive a Hierarchy:
   its tool's run time says it with the request (and as `simulate --hints` gives it): an
   expectation given only once the request is served leaves the request's own blocks ranked
   idle while they are stored, below every expected session's, so its later parts evict
-  its earlier ones (measured: 0.21 at 1 % instead of 0.33, docs/BENCHMARKS.md). The
-  Hierarchy's clock is the replay's wall clock, which runs far faster than the trace's (a
-  replay serves in a minute what the trace spreads over half an hour), so the trace
-  seconds are converted at the replay's pace so far (wall seconds per trace second,
-  `pace`): deadlines then fall in the order of the sessions' next requests, as they would
-  in real time.
+  its earlier ones (measured: 0.21 at 1 % instead of 0.32, docs/BENCHMARKS.md).
+
+The Hierarchy reads the session hints' deadlines on the trace's clock (`session_clock`:
+the timestamp of the request being served, `SessionPlan.clock`), as the simulator does: a
+replay serves the trace's hour in minutes at a pace that varies with its load, and on the
+wall clock 18 % of the sessions' next requests came after their expectation had lapsed.
 
 The replay keeps its counters: how many puts named a session, how many sessions ended and
 how many expectations it gave, reported under `"sessions"` in `report.json`.
@@ -30,7 +30,6 @@ how many expectations it gave, reported under `"sessions"` in `report.json`.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,9 +68,9 @@ class SessionPlan:
     expect_s: tuple[float | None, ...] | None = None
     """Per request, the trace seconds to expect its session's next request in (the oracle)."""
     times_s: tuple[float, ...] = ()
-    """Each request's time in the trace, for the pace."""
-    started: float | None = None
-    """The wall clock (`time.monotonic()`) at the first request served."""
+    """Each request's time in the trace (seconds): the sessions' clock."""
+    now_s: float = 0.0
+    """The trace time of the request being served (`clock`)."""
     ended: int = 0
     expected: int = 0
     end_refused: int = 0
@@ -82,35 +81,31 @@ class SessionPlan:
         """The session of request `index` (0-based)."""
         return self.sessions[index]
 
+    def clock(self) -> float:
+        """The sessions' clock: the trace time of the request being served (what the
+        replay's Hierarchy takes as `session_clock`)."""
+        return self.now_s
+
     def expect_within(self, index: int) -> float | None:
-        """The oracle's `expect_within_s` for the puts of request `index`, in seconds of
-        the replay's clock (None: no oracle, or its session has no next request)."""
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
+        """Request `index` is being served (the clock moves to its time): the oracle's
+        `expect_within_s` for its puts, in trace seconds (None: no oracle, or its session
+        has no next request)."""
+        if self.times_s:
+            self.now_s = self.times_s[index]
         within = None if self.expect_s is None else self.expect_s[index]
         if within is None or self.ends[index]:
             return None
         self.expected += 1
-        return min(MAX_EXPECT_S, max(1e-3, within * self.pace(index, now)))
+        return within
 
     def after(self, hierarchy: Hierarchy, index: int) -> None:
         """What the framework says once request `index` is served: its session ended."""
-        if self.started is None:
-            self.started = time.monotonic()
         if self.ends[index]:
             try:
                 hierarchy.end_session(self.sessions[index])
                 self.ended += 1
             except UnknownSessionError:
                 self.end_refused += 1
-
-    def pace(self, index: int, now: float) -> float:
-        """Wall seconds per trace second so far, at request `index` (1.0 before either
-        clock has moved)."""
-        trace_s = self.times_s[index] - self.times_s[0]
-        wall_s = now - (self.started if self.started is not None else now)
-        return wall_s / trace_s if trace_s > 0 and wall_s > 0 else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """The `"sessions"` part of `report.json`."""
