@@ -117,7 +117,7 @@ def test_the_command_reports_the_sessions_and_refuses_expect_alone(tmp_path: Pat
         main, [*common, "--out", str(tmp_path / "o2"), "--expect-within", "1"]
     )
     assert alone.exit_code != 0
-    assert "--expect-within needs --sessions" in alone.stderr
+    assert "--expect-within and --hint-noise need --sessions" in alone.stderr
 
 
 def test_the_sessions_clock_is_the_trace_time_of_the_request_served() -> None:
@@ -188,3 +188,26 @@ async def test_the_oracle_rides_on_the_requests_puts(
     assert {s for s, expect in puts if expect} == {"a", "b"}
     assert {s for s, expect in puts if not expect} == {"a", "b", "c"}
     assert plan.expected == 2
+
+
+def test_noisy_predictions_follow_the_simulators_noise_model() -> None:
+    from kvtier_tools.workloads.replay_sessions import noisy_predictions
+    from kvtier_tools.workloads.simulation.hints import HintNoise
+    from kvtier_tools.workloads.simulation.sessions import FALSE_EXPECT_S
+
+    gaps: list[float | None] = [2.0, 3.0, None] * 200
+    ends, expect = noisy_predictions(gaps, 1.0, HintNoise(recall=1.0, fpr=0.0))
+    assert ends == [False, False, True] * 200  # perfect: the oracle itself
+    assert expect == [3.0, 4.0, None] * 200
+    ends, expect = noisy_predictions(gaps, 1.0, HintNoise(recall=0.0, fpr=0.0))
+    assert not any(ends) and expect == [None] * 600  # nothing said
+    ends, expect = noisy_predictions(gaps, 1.0, HintNoise(recall=0.5, fpr=0.5, seed=3))
+    for gap, end, within in zip(gaps, ends, expect, strict=True):
+        assert not (end and within is not None)  # one prediction a request at most
+        assert end or within is not None  # recall + fpr = 1: always one
+        if gap is None and within is not None:
+            assert within == FALSE_EXPECT_S  # a false expectation of an ending session
+    false_ends = sum(end for gap, end in zip(gaps, ends, strict=True) if gap is not None)
+    assert 0 < false_ends < 400
+    with pytest.raises(InvalidValueError, match="--hint-noise needs --expect-within"):
+        load_session_plan(None, 1, None, HintNoise(recall=1.0, fpr=0.0))

@@ -23,6 +23,10 @@ the timestamp of the request being served, `SessionPlan.clock`), as the simulato
 replay serves the trace's hour in minutes at a pace that varies with its load, and on the
 wall clock 18 % of the sessions' next requests came after their expectation had lapsed.
 
+`--hint-noise recall=R,fpr=F` (with `--expect-within`) makes the oracle's two predictions
+("the session ends", "its next request comes within T") as noisy as `simulate --hints`
+makes them, for the curve of a chain's hit ratio against hint accuracy.
+
 The replay keeps its counters: how many puts named a session, how many sessions ended and
 how many expectations it gave, reported under `"sessions"` in `report.json`.
 """
@@ -30,18 +34,21 @@ how many expectations it gave, reported under `"sessions"` in `report.json`.
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import InvalidValueError, UnknownSessionError
 from kvtier.sessions import MAX_EXPECT_S
+from kvtier_tools.workloads.simulation.hints import HintNoise
+from kvtier_tools.workloads.simulation.sessions import FALSE_EXPECT_S
 from kvtier_tools.workloads.traces import read_mooncake
 
 if TYPE_CHECKING:
     from kvtier.hierarchy import Hierarchy
 
-__all__ = ["SessionPlan", "load_session_plan", "next_gaps"]
+__all__ = ["SessionPlan", "load_session_plan", "next_gaps", "noisy_predictions"]
 
 
 def next_gaps(sessions: list[str], times_s: list[float]) -> list[float | None]:
@@ -120,17 +127,24 @@ class SessionPlan:
 
 
 def load_session_plan(
-    path: Path | None, count: int, expect_slack_s: float | None = None
+    path: Path | None,
+    count: int,
+    expect_slack_s: float | None = None,
+    noise: HintNoise | None = None,
 ) -> SessionPlan:
     """The sessions of the first `count` requests of the Mooncake trace at `path`; every
     request must name one (InvalidValueError names the first that does not). With
     `expect_slack_s`, the oracle: after a request whose session goes on, expect its next
-    request within the trace's gap plus `expect_slack_s` seconds (at most a week)."""
+    request within the trace's gap plus `expect_slack_s` seconds (at most a week). With
+    `noise` too, the oracle's two predictions made as noisy as `simulate --hints` makes
+    them (`noisy_predictions`)."""
     if expect_slack_s is not None and not 0 < expect_slack_s <= MAX_EXPECT_S:
         raise InvalidValueError(
             f"--expect-within must be more than 0 and at most {MAX_EXPECT_S:g} s, "
             f"got {expect_slack_s:g}"
         )
+    if noise is not None and expect_slack_s is None:
+        raise InvalidValueError("--hint-noise needs --expect-within")
     sessions: list[str] = []
     ends: list[bool] = []
     times_s: list[float] = []
@@ -145,8 +159,36 @@ def load_session_plan(
         times_s.append(request.timestamp_ms / 1000)
     expect: tuple[float | None, ...] | None = None
     if expect_slack_s is not None:
-        expect = tuple(
-            None if gap is None else min(MAX_EXPECT_S, gap + expect_slack_s)
-            for gap in next_gaps(sessions, times_s)
-        )
+        gaps = next_gaps(sessions, times_s)
+        if noise is not None:
+            ends, expected = noisy_predictions(gaps, expect_slack_s, noise)
+            expect = tuple(expected)
+        else:
+            expect = tuple(
+                None if gap is None else min(MAX_EXPECT_S, gap + expect_slack_s) for gap in gaps
+            )
     return SessionPlan(tuple(sessions), tuple(ends), expect, tuple(times_s))
+
+
+def noisy_predictions(
+    gaps: list[float | None], slack_s: float, noise: HintNoise
+) -> tuple[list[bool], list[float | None]]:
+    """Per request, whether the end is said and the expectation given, as noisy as
+    `kvtier_tools.workloads.simulation.sessions` makes them (one uniform draw a request,
+    `random.Random(noise.seed)`): a session that goes on is expected within its gap plus
+    `slack_s` with probability `recall`, and falsely ended with `fpr`; one that ends is
+    ended with `recall`, and falsely expected within `FALSE_EXPECT_S` with `fpr`."""
+    rng = random.Random(noise.seed)
+    ends: list[bool] = []
+    expect: list[float | None] = []
+    for gap in gaps:
+        u = rng.random()
+        if gap is None:
+            ends.append(u < noise.recall)
+            false = not ends[-1] and u < noise.recall + noise.fpr
+            expect.append(FALSE_EXPECT_S if false else None)
+        else:
+            expected = u < noise.recall
+            expect.append(min(MAX_EXPECT_S, gap + slack_s) if expected else None)
+            ends.append(not expected and u < noise.recall + noise.fpr)
+    return ends, expect
