@@ -78,6 +78,8 @@ class SessionPlan:
     """Each request's time in the trace (seconds): the sessions' clock."""
     now_s: float = 0.0
     """The trace time of the request being served (`clock`)."""
+    noise: HintNoise | None = None
+    """How noisy the oracle's predictions are (None: exact, or no oracle)."""
     ended: int = 0
     expected: int = 0
     end_refused: int = 0
@@ -118,7 +120,10 @@ class SessionPlan:
         """The `"sessions"` part of `report.json`."""
         return {
             "sessions": len(set(self.sessions)),
-            "session_ends_in_trace": sum(self.ends),
+            "session_ends_said": sum(self.ends),
+            "hint_noise": None
+            if self.noise is None
+            else {"recall": self.noise.recall, "fpr": self.noise.fpr, "seed": self.noise.seed},
             "ended": self.ended,
             "end_refused": self.end_refused,
             "expect_oracle": self.expect_s is not None,
@@ -167,7 +172,7 @@ def load_session_plan(
             expect = tuple(
                 None if gap is None else min(MAX_EXPECT_S, gap + expect_slack_s) for gap in gaps
             )
-    return SessionPlan(tuple(sessions), tuple(ends), expect, tuple(times_s))
+    return SessionPlan(tuple(sessions), tuple(ends), expect, tuple(times_s), noise=noise)
 
 
 def noisy_predictions(
