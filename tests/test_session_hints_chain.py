@@ -101,3 +101,16 @@ async def test_session_hints_do_not_make_a_cpu_disk_chain_worse(tmp_path: Path) 
     # demoted blocks unranked (evicting the sessions heard of last first)
     assert without > 0
     assert hinted >= without, (hinted, without)
+
+
+async def test_a_sessions_end_reaches_every_tier_holding_its_blocks(tmp_path: Path) -> None:
+    async with Hierarchy.from_config(cpu_disk(tmp_path, cpu=2, disk=4)) as h:
+        tiers: tuple[ChainTier, ...] = tuple(h.manager.tiers)
+        for i in range(3):  # a's three blocks: its tail then (1) goes down, the head stays
+            await put(h, i, "a")
+        assert [h.where(key(i)) for i in range(3)] == ["cpu0", "disk", "cpu0"]
+        h.end_session("a")
+        held = [tiers[DISK].hint_of(key(1)), tiers[CPU].hint_of(key(0))]
+        assert [None if hint is None else hint.reuse for hint in held] == ["never", "never"]
+        assert tiers[DISK].rank_of(key(1)) is None  # unranked everywhere: it has no session
+        h.check()
