@@ -120,6 +120,7 @@ class Hierarchy:
         staging_bytes: int = DEFAULT_STAGING_BYTES,
         metrics: CollectorRegistry | None = None,
         metrics_name: str = DEFAULT_METRICS_NAME,
+        session_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`load_timeout_s`: default deadline of `get` (None: wait as long as it takes).
         `store_timeout_s`: longest wait of a `put` for room in the top tier while background
@@ -134,7 +135,8 @@ class Hierarchy:
         `metrics`: a `prometheus_client.CollectorRegistry` to export the hierarchy's metrics
         on (read at scrape time from the counters `stats()` reports; needs the `metrics`
         extra), with the label `hierarchy=metrics_name`: hierarchies sharing a registry need
-        distinct names (the same name twice is an InvalidValueError)."""
+        distinct names (the same name twice is an InvalidValueError). `session_clock`:
+        the seconds session hints' deadlines are read on (a trace replay passes its trace's)."""
         if not isinstance(config, HierarchyConfig):
             raise InvalidValueError(
                 f"config must be a HierarchyConfig (see Hierarchy.from_config for a dict or a "
@@ -162,6 +164,9 @@ class Hierarchy:
         """What the last flush copied down and what it left (None until one ran)."""
         self._chain: Chain | None = None
         self._sessions = SessionTable()
+        if not callable(session_clock):
+            raise InvalidValueError(f"session_clock must be callable, got {session_clock!r}")
+        self._session_clock = session_clock
         self._publisher: EventPublisher | None = None
         """The `[events]` publisher while open (None when the table is off)."""
         self._disabled_logged_at: float | None = None  # when stats() last logged them
@@ -326,9 +331,11 @@ class Hierarchy:
         timeout_s = self.store_timeout_s
         stored = await store.put(chain, keys, blocks, row_ids, partial_last, timeout_s, checked)
         if session is not None:
-            changes = self._sessions.read(session, keys, time.monotonic())
+            changes = self._sessions.read(session, keys, self._session_clock())
             if expect_within_s is not None:
-                changes.merge(self._sessions.expect(session, expect_within_s, time.monotonic()))
+                changes.merge(
+                    self._sessions.expect(session, expect_within_s, self._session_clock())
+                )
             store.give_session_changes(chain, changes)
         return stored
 
@@ -337,14 +344,14 @@ class Hierarchy:
         session shares become `"never"` (evicted first, not demoted). UnknownSessionError
         for a session no put named or one that ended; nothing changes then."""
         chain = self._open()
-        changes = self._sessions.end(session, time.monotonic())
+        changes = self._sessions.end(session, self._session_clock())
         store.give_session_changes(chain, changes)
 
     def expect_session(self, session: str, within_s: float) -> None:
         """`session`'s next request comes within `within_s` seconds (0 < T <= a week):
         until then its blocks are evicted only after every idle session's."""
         chain = self._open()
-        changes = self._sessions.expect(session, within_s, time.monotonic())
+        changes = self._sessions.expect(session, within_s, self._session_clock())
         store.give_session_changes(chain, changes)
 
     def hint(self, keys: Sequence[OffloadKey], reuse: Reuse, ttl_s: float | None = None) -> None:

@@ -43,19 +43,25 @@ def check_reuse(reuse: object) -> Reuse:
     return reuse
 
 
+MAX_TTL_S = 7 * 24 * 3600.0
+"""The longest TTL a hint may give (a week): a larger one is a mistake (milliseconds given
+as seconds); a hint that should hold as long as its block stays has no TTL (None)."""
+
+
 def check_ttl(ttl_s: object) -> float | None:
     """`ttl_s` as a float (None: no TTL); raises InvalidValueError unless it is None or a
-    positive finite number of seconds."""
+    positive finite number of seconds of at most `MAX_TTL_S`."""
     if ttl_s is None:
         return None
     if (
         isinstance(ttl_s, bool)
         or not isinstance(ttl_s, int | float)
         or not isfinite(ttl_s)
-        or ttl_s <= 0
+        or not 0 < ttl_s <= MAX_TTL_S
     ):
         raise InvalidValueError(
-            f"ttl_s must be a positive number of seconds or None, got {ttl_s!r}"
+            f"ttl_s must be a positive number of seconds of at most {MAX_TTL_S:.0f} "
+            f"(a week) or None, got {ttl_s!r}"
         )
     return float(ttl_s)
 

@@ -113,6 +113,11 @@ class SessionTable:
     def __contains__(self, session: object) -> bool:
         return session in self._sessions
 
+    def deadline_of(self, session: str) -> float | None:
+        """When `session`'s expected request is due (None: it is idle). Raises
+        UnknownSessionError for a session no put named (or one that ended)."""
+        return self._require(session, "deadline_of").deadline
+
     def keys_of(self, session: str) -> list[OffloadKey]:
         """The keys `session` read, head first."""
         return list(self._require(session, "keys_of").keys)

@@ -26,7 +26,8 @@ def test_reuse_hint_validates_and_names_the_bad_value() -> None:
     assert ReuseHint.of("never") == ReuseHint("never", None)
     with pytest.raises(InvalidValueError, match=r"reuse must be one of .*got 'maybe'"):
         ReuseHint("maybe")  # type: ignore[arg-type]
-    for ttl in (0, -1.0, float("inf"), float("nan"), True, "5"):
+    assert ReuseHint("likely", 7 * 24 * 3600).ttl_s == 604800.0  # a week: the longest
+    for ttl in (0, -1.0, float("inf"), float("nan"), True, "5", 604800.5, 1e12):
         with pytest.raises(InvalidValueError, match="ttl_s must be a positive number"):
             ReuseHint("likely", ttl)  # type: ignore[arg-type]
 
@@ -179,6 +180,8 @@ async def test_bad_hints_are_refused_naming_the_argument(tmp_path: Path) -> None
             h.hint(keys, "sometimes")  # type: ignore[arg-type]
         with pytest.raises(InvalidValueError, match="hint: ttl_s must be a positive"):
             h.hint(keys, "likely", ttl_s=-1)
+        with pytest.raises(InvalidValueError, match=r"a week\).*got 1000000000000.0"):
+            h.hint(keys, "likely", ttl_s=1e12)  # a huge TTL: milliseconds given as seconds
 
 
 def test_sync_hierarchy_has_the_hint_verbs(tmp_path: Path) -> None:

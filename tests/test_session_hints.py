@@ -109,6 +109,26 @@ def test_every_policy_evicts_ranked_blocks_lowest_first_after_never(name: str) -
     assert 99 not in policy
 
 
+@pytest.mark.parametrize("name", ["lru", "arc"])
+def test_a_block_ranked_again_with_the_same_rank_is_evicted_once(name: str) -> None:
+    # A rank carried down to a tier that holds the block with that very rank already (the
+    # chain gives one rank object to every tier), or ranked A, B, then A again: one victim.
+    policy = get_policy_class(name)(8)
+    for i in range(4):
+        policy.insert(i, _ready())  # type: ignore[arg-type]
+    low, high = (0, 0.0, 0), (0, 5.0, 0)
+    policy.rank(0, low)  # type: ignore[arg-type]
+    policy.rank(0, low)  # type: ignore[arg-type]
+    policy.rank(1, low)  # type: ignore[arg-type]
+    policy.rank(1, high)  # type: ignore[arg-type]
+    policy.rank(1, low)  # type: ignore[arg-type]
+    policy.rank(2, high)  # type: ignore[arg-type]
+    victims = policy.evict(3)
+    assert victims is not None
+    assert sorted(k for k, _ in victims) == [0, 1, 2]
+    assert len(policy) == 1
+
+
 def test_when_only_likely_blocks_are_left_the_ranked_ones_go_lowest_first() -> None:
     policy = get_policy_class("lru")(4)
     for i in range(4):
@@ -230,3 +250,16 @@ def test_simulate_hints_on_an_agentic_trace_gives_session_hints(tmp_path: Path) 
     (row,) = report["hints"]["results"]
     opt = next(r for r in report["results"] if r["policy"] == "opt")
     assert row["hit_ratio"] <= row["hinted_hit_ratio"] <= opt["hit_ratio"]
+
+
+async def test_the_session_clock_is_the_one_deadlines_are_read_on() -> None:
+    with pytest.raises(InvalidValueError, match="session_clock must be callable, got 5"):
+        Hierarchy.from_config(one_tier(), session_clock=5)
+    now = [0.0]
+    async with Hierarchy.from_config(one_tier(), session_clock=lambda: now[0]) as h:
+        a = [key(0), key(1)]
+        await h.put(a, blocks_of(a), session="a", expect_within_s=10)
+        assert h._sessions.deadline_of("a") == 10.0
+        now[0] = 10.0  # a's deadline passes on the given clock: a is idle again
+        await h.put([key(2)], blocks_of([key(2)]), session="b")
+        assert h._sessions.deadline_of("a") is None

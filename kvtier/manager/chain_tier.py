@@ -139,6 +139,14 @@ class ChainTier(Protocol):
         """The hints of the blocks its last eviction took, once (what a demotion carries)."""
         ...
 
+    def rank_of(self, key: OffloadKey) -> Any:
+        """The rank `key` holds in this tier now, or None."""
+        ...
+
+    def take_evicted_ranks(self) -> dict[OffloadKey, Any]:
+        """The ranks of the blocks its last eviction took, once (what a demotion carries)."""
+        ...
+
     def take_events(self) -> list[OffloadingEvent]: ...
 
     @property

@@ -266,6 +266,14 @@ class KeyedTierManager:
         """Nothing: kvtier never evicts from this tier."""
         return {}
 
+    def rank_of(self, key: OffloadKey) -> Any:
+        """None: the tier holds no ranks."""
+        return None
+
+    def take_evicted_ranks(self) -> dict[OffloadKey, Any]:
+        """Nothing: kvtier never evicts from this tier."""
+        return {}
+
     # -- housekeeping ----------------------------------------------------------------------
 
     def take_events(self) -> list[OffloadingEvent]:

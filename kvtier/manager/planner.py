@@ -18,6 +18,11 @@
   write-through, a block hinted "never" when its store completes is not cascaded either,
   nor copied down by a flush (`plan_flush`; both counted `hint_not_cascaded`), and a
   cascaded block's copies hold the hint it holds.
+- **Ranks** (`rank`, what session hints become: `kvtier.sessions`) travel the same way: a
+  demoted block is ranked below as it was above, a promoted or cascaded block's copies as
+  their source. A lower tier that received blocks unranked would evict them after every
+  ranked one, so it would evict first the sessions heard of last, the likeliest to come
+  back: with a rank that travels, session hints order every tier alike.
 
 Deciding is all it does: each job it plans is opened in the chain's `JobLedger` (`ledger.py`),
 which hands it to the engine and settles it. It keeps the write policy and each tier's reserve.
@@ -235,6 +240,7 @@ class ChainPlanner:
         down or being written there already (their removal events wait for that write to
         settle: `ChainEvents`)."""
         hints = self.tiers[index].take_evicted_hints()
+        ranks = self.tiers[index].take_evicted_ranks()
         if hints:
             victims, slots = self._drop_never(victims, slots, hints)
         if index + 1 == len(self.tiers):
@@ -247,6 +253,8 @@ class ChainPlanner:
             below.touch(held)
         if hints:
             self._carry_hints(below, held, hints)
+        if ranks:
+            self._carry_ranks(below, held, ranks)
         # Being written below (a cascade): the removal waits for that write to settle too.
         on_the_way = [key for key, state in zip(victims, states, strict=True) if state is None]
         missing = [
@@ -277,6 +285,8 @@ class ChainPlanner:
             )
             if hints:
                 self._carry_hints(below, stored, hints)
+            if ranks:
+                self._carry_ranks(below, stored, ranks)
         self.counters.demoted += len(stored)
         return [*on_the_way, *stored]
 
@@ -305,6 +315,20 @@ class ChainPlanner:
         for hint, hinted in by_hint.items():
             below.hint(hinted, hint)
 
+    @staticmethod
+    def _carry_ranks(
+        tier: ChainTier, keys: Sequence[OffloadKey], ranks: dict[OffloadKey, Any]
+    ) -> None:
+        """Give `tier` the ranks its new (or already held) blocks had where they came from."""
+        carried = {key: rank for key in keys if (rank := ranks.get(key)) is not None}
+        if carried:
+            tier.rank(carried)
+
+    def _ranks_of(self, index: int, keys: Sequence[OffloadKey]) -> dict[OffloadKey, Any]:
+        """The ranks tier `index` holds of `keys` (what their copies elsewhere take)."""
+        rank_of = self.tiers[index].rank_of
+        return {key: rank for key in keys if (rank := rank_of(key)) is not None}
+
     # -- promotions ------------------------------------------------------------------------
 
     def start_promotion(self, keys: Sequence[OffloadKey], source: int) -> set[OffloadKey]:
@@ -315,6 +339,7 @@ class ChainPlanner:
         job = TransferJob(JobKind.PROMOTE, source=source)
         spec = self.tiers[source].spec_of(keys)
         job.pins.append((source, tuple(keys)))
+        ranks = self._ranks_of(source, keys)
         climbing, src, src_ids = list(keys), source, slot_ids(spec)
         for index in range(source - 1, -1, -1):
             out = self._store_into(index, climbing, job)
@@ -325,6 +350,8 @@ class ChainPlanner:
             job.steps.append(
                 _copy_step(stored, dict(zip(climbing, src_ids, strict=True)), src, index, dst_ids)
             )
+            if ranks:  # the copies above are ranked as their source
+                self._carry_ranks(self.tiers[index], stored, ranks)
             if index == 0:
                 job.pending.append((0, tuple(stored)))
             climbing, src, src_ids = list(stored), index, dst_ids
@@ -357,6 +384,7 @@ class ChainPlanner:
         job.pins.append((start, tuple(keys)))
         hint_of = self.tiers[start].hint_of
         hints = {key: hint for key in keys if (hint := hint_of(key)) is not None}
+        ranks = self._ranks_of(start, keys)
         src_keys, src_ids, src = list(keys), slot_ids(spec), start
         for index in range(start + 1, len(self.tiers)):
             tier = self.tiers[index]
@@ -374,6 +402,8 @@ class ChainPlanner:
             job.steps.append(_copy_step(stored, dict(wanted), src, index, dst_ids))
             if hints:  # the copies below hold the hints their source holds
                 self._carry_hints(tier, stored, hints)
+            if ranks:
+                self._carry_ranks(tier, stored, ranks)
             self.counters.cascaded += len(stored)
             src_keys, src_ids, src = list(stored), dst_ids, index
         if not job.steps:

@@ -103,6 +103,11 @@ class TierManager(OffloadingManager):
         self._deadlines: list[tuple[float, int, OffloadKey, HeldHint]] = []
         self._deadline_seq = 0
         self._evicted_hints: dict[OffloadKey, HeldHint] = {}
+        # Eviction ranks of resident blocks (session hints, `rank`), as the policy was given
+        # them: a rank leaves with its block and travels with its demotion or promotion, so
+        # the tier a block moves to ranks it as this one did. Empty: no cost anywhere.
+        self._ranks: dict[OffloadKey, Any] = {}
+        self._evicted_ranks: dict[OffloadKey, Any] = {}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class TierManager(OffloadingManager):
             evicted_keys = list(map(_key_of, evicted))
             evicted_spec = backend.evict_blocks(evicted_keys, list(map(_block_of, evicted)))
             self._events.record(evicted_keys, removed=True)
-            if self._hints or self._evicted_hints:
+            if self._hints or self._evicted_hints or self._ranks or self._evicted_ranks:
                 self._hints_leave(evicted_keys, evicted=True)
         blocks, store_spec = backend.allocate_with_spec(keys_to_store)
         policy.insert_many(keys_to_store, blocks)
@@ -253,7 +258,7 @@ class TierManager(OffloadingManager):
             for key, block in pending.items():
                 remove(key)
                 free(block)
-            if self._hints:
+            if self._hints or self._ranks:
                 self._hints_leave(pending, evicted=False)
             return
         stored: list[OffloadKey]
@@ -291,7 +296,7 @@ class TierManager(OffloadingManager):
         if not evicted:
             return [], []
         keys = [key for key, _ in evicted]
-        if self._hints or self._evicted_hints:
+        if self._hints or self._evicted_hints or self._ranks or self._evicted_ranks:
             self._hints_leave(keys, evicted=True)
         blocks = [block for _, block in evicted]
         self._num_evictable -= len(blocks)
@@ -375,7 +380,7 @@ class TierManager(OffloadingManager):
             self._num_evictable -= 1
             dropped.append(key)
         self._events.record(dropped, removed=True)
-        if self._hints:
+        if self._hints or self._ranks:
             self._hints_leave(dropped, evicted=False)
         return dropped
 
@@ -489,14 +494,28 @@ class TierManager(OffloadingManager):
 
     def rank(self, ranks: Mapping[OffloadKey, Any]) -> None:
         """Give the policy the application's eviction rank of each resident key of `ranks`
-        (None: withdraw it; `CachePolicy.rank`); absent keys are ignored. A rank stays
-        with its block in this tier only: a demoted block is ranked below when its session
-        is next heard of."""
+        (None: withdraw it; `CachePolicy.rank`); absent keys are ignored. A rank leaves
+        with its block (`take_evicted_ranks`): the chain gives it to the tier the block is
+        demoted or promoted to (`ChainPlanner`), so every copy of a block is ranked alike."""
         self._check_open()
-        policy, get = self.policy, self._get
+        policy, get, held = self.policy, self._get, self._ranks
         for key, value in ranks.items():
             if get(key) is not None:
                 policy.rank(key, value)
+                if value is None:
+                    held.pop(key, None)
+                else:
+                    held[key] = value
+
+    def rank_of(self, key: OffloadKey) -> Any:
+        """The rank resident `key` holds now, or None."""
+        return self._ranks.get(key)
+
+    def take_evicted_ranks(self) -> dict[OffloadKey, Any]:
+        """The ranks of the blocks the last eviction took (by `prepare_store` or
+        `evict_to_drain`), once: what the chain carries down with their demotion."""
+        ranks, self._evicted_ranks = self._evicted_ranks, {}
+        return ranks
 
     def hint_of(self, key: OffloadKey) -> HeldHint | None:
         """The hint resident `key` holds now, or None."""
@@ -518,11 +537,14 @@ class TierManager(OffloadingManager):
         return hints
 
     def _hints_leave(self, keys: Collection[OffloadKey], *, evicted: bool) -> None:
-        """Blocks left the tier: their hints too (kept for `take_evicted_hints` when they
-        were evicted, so a demotion carries them)."""
+        """Blocks left the tier: their hints and ranks too (kept for `take_evicted_hints`
+        and `take_evicted_ranks` when they were evicted, so a demotion carries them)."""
         taken = {key: hint for key in keys if (hint := self._hints.pop(key, None)) is not None}
+        ranks = self._ranks
+        ranked = {key: rank for key in keys if (rank := ranks.pop(key, None)) is not None}
         if evicted:
             self._evicted_hints = taken
+            self._evicted_ranks = ranked
         if not self._hints:
             self._deadlines.clear()
 

@@ -90,6 +90,8 @@ class HintBook:
             if self.ranks.pop(key, None) is not None:
                 self._refresh()
             return
+        if self.ranks.get(key, None) == rank:
+            return  # its heap entry holds already (a rank carried to a tier that had it)
         self.ranks[key] = rank
         self._seq += 1
         heapq.heappush(self._heap, (rank, self._seq, key))
@@ -185,11 +187,13 @@ class HintBook:
         heap, ranks, hinted = self._heap, self.ranks, self._by_reuse["likely"]
         chosen: list[_Entry] = []
         skipped: list[tuple[Any, int, OffloadKey]] = []
+        seen: set[OffloadKey] = set()
         while heap and len(chosen) < n:
             entry = heapq.heappop(heap)
             rank, _, key = entry
-            if key not in ranks or ranks[key] is not rank:
-                continue  # stale: re-ranked or unranked since
+            if key not in ranks or ranks[key] is not rank or key in seen:
+                continue  # stale: re-ranked or unranked since (or ranked A, B, A again)
+            seen.add(key)
             block = get(key)
             if block is None:
                 del ranks[key]  # the policy removed it

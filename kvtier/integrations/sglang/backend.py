@@ -108,8 +108,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        """Read pages into the host pool; True for each leading page read."""
-        return self.store.get_pages(keys, host_indices)
+        """Read pages into the host pool; True for each leading page read (named by the
+        request's session when `extra_info` gives one: `PageStore.session_of`)."""
+        return self.store.get_pages(keys, host_indices, extra_info)
 
     def batch_set_v1(
         self,
@@ -117,8 +118,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        """Store pages of the host pool; True for each page held afterwards."""
-        return self.store.set_pages(keys, host_indices)
+        """Store pages of the host pool; True for each page held afterwards (with the
+        request's session hints when `extra_info` gives them)."""
+        return self.store.set_pages(keys, host_indices, extra_info)
 
     # -- the legacy interface -------------------------------------------------------------------
 

@@ -13,6 +13,13 @@ Every call SGLang makes is answered within a deadline (`timeout_s`): the work ru
 Any failure (a timeout, a closed chain, a tier error, a malformed argument) is a miss or a
 failed store, logged, never an exception: an exception out of a backend kills SGLang's
 prefetch thread in some versions.
+
+Session hints (`kvtier.sessions`) come in the `extra_info` dict of the
+`HiCacheStorageExtraInfo` SGLang passes to `batch_get_v1` / `batch_set_v1`, under the keys
+vLLM's `kv_transfer_params` use (`kvtier.integrations.session_params`): the pages read and
+stored for a request are named by its session (and its expectation), and its session ends
+once the pages of a request marked `kvtier_session_end` are stored. A bad value is logged,
+counted (`session_hints_ignored`) and the call goes on without hints.
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ from kvtier.config import (
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.hierarchy import Hierarchy
 from kvtier.integrations.engine_config import ConfigSource, read_engine_config, refuse_gpu_tiers
+from kvtier.integrations.session_params import (
+    SessionParams,
+    end_session_quietly,
+    session_from_params,
+)
 from kvtier.keys import SGLANG_PAGE_TAG, OffloadKey, make_offload_key
 from kvtier.namespaces import combined_model_id
 from kvtier.sync import SyncHierarchy
@@ -208,6 +220,10 @@ class PageStore:
         self._hierarchy: SyncHierarchy | None = None
         self.namespace: str | None = None
         self.block_size: int | None = None
+        self.session_hints_given = 0
+        """Calls whose `extra_info` named a session (`session_of`)."""
+        self.session_hints_ignored = 0
+        """Calls whose `extra_info` held a bad session hint (logged, then ignored)."""
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -297,12 +313,31 @@ class PageStore:
         found = self._run("exists", lookup)
         return 0 if found is None else found
 
-    def get_pages(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[bool]:
+    def session_of(self, extra_info: object) -> SessionParams | None:
+        """The session hints of SGLang's `HiCacheStorageExtraInfo` (its `extra_info` dict;
+        a plain mapping is read as that dict), None if none. A bad one is logged and
+        counted, and None: a request is never failed for its hint."""
+        params = getattr(extra_info, "extra_info", extra_info)
+        try:
+            session = session_from_params(params)
+        except InvalidValueError as error:
+            self.session_hints_ignored += 1
+            log.warning("session hint in extra_info ignored: %s", error)
+            return None
+        if session is not None:
+            self.session_hints_given += 1
+        return session
+
+    def get_pages(
+        self, keys: Sequence[str], host_indices: torch.Tensor, extra_info: object = None
+    ) -> list[bool]:
         """Read the pages of `keys` into the host pool at `host_indices` (page i starts at
         `host_indices[i * page_size]`); True for each leading page read. The bytes come back
         in a tensor of kvtier's own and are copied into the pool only after the read has
         finished, so a read that runs past the deadline never writes into host memory
-        SGLang has since given to another request."""
+        SGLang has since given to another request. With a session in `extra_info`, the
+        pages read are named by it (a put of held pages: nothing is stored), so a session's
+        prefix ranks as recently active as its last request."""
         pool = self._pool
         misses = [False] * len(keys)
         if pool is None or not keys:
@@ -318,8 +353,18 @@ class PageStore:
             return misses
         timeout_s = self._timeout_s
 
+        session = self.session_of(extra_info)
+
         async def read(hierarchy: Hierarchy) -> torch.Tensor:
-            return await hierarchy.get(offload_keys, timeout_s=timeout_s)
+            blocks = await hierarchy.get(offload_keys, timeout_s=timeout_s)
+            if session is not None and blocks.shape[0]:
+                await hierarchy.put(
+                    offload_keys[: blocks.shape[0]],
+                    blocks,
+                    session=session.session,
+                    expect_within_s=session.expect_within_s,
+                )
+            return blocks
 
         blocks = self._run("get", read)
         if blocks is None:
@@ -333,9 +378,12 @@ class PageStore:
             log.warning("get: copying page %d into the host pool failed: %s", served, error)
         return [True] * served + [False] * (len(keys) - served)
 
-    def set_pages(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[bool]:
+    def set_pages(
+        self, keys: Sequence[str], host_indices: torch.Tensor, extra_info: object = None
+    ) -> list[bool]:
         """Store the host pool's pages at `host_indices` under `keys`; True for each page the
-        chain holds afterwards (stored now or already held)."""
+        chain holds afterwards (stored now or already held). `extra_info`: SGLang's, with
+        the request's session hints (`session_of`)."""
         pool = self._pool
         failed = [False] * len(keys)
         if pool is None or not keys:
@@ -351,12 +399,18 @@ class PageStore:
         except Exception as error:
             log.warning("set: reading the host pool failed: %s; not stored", error)
             return failed
-        return self.put_pages(keys, pages)
+        return self.put_pages(keys, pages, self.session_of(extra_info))
 
-    def put_pages(self, keys: Sequence[str], pages: Sequence[torch.Tensor]) -> list[bool]:
+    def put_pages(
+        self,
+        keys: Sequence[str],
+        pages: Sequence[torch.Tensor],
+        session: SessionParams | None = None,
+    ) -> list[bool]:
         """Store `pages` (flat tensors of one page each, any dtype) under `keys`; True for
         each page the chain holds afterwards. A page of the wrong size is not stored, nor is
-        a second copy of a key within the call (its first copy answers for it)."""
+        a second copy of a key within the call (its first copy answers for it). `session`:
+        the pages are the request's of that session; its end is given once they are in."""
         failed = [False] * len(keys)
         block_size = self.block_size
         if block_size is None or len(pages) != len(keys) or not keys:
@@ -380,7 +434,17 @@ class PageStore:
         blocks = torch.stack(rows)
 
         async def write(hierarchy: Hierarchy) -> list[bool]:
-            await hierarchy.put(unique, blocks)
+            if session is None:
+                await hierarchy.put(unique, blocks)
+            else:
+                await hierarchy.put(
+                    unique,
+                    blocks,
+                    session=session.session,
+                    expect_within_s=session.expect_within_s,
+                )
+                if session.end:
+                    end_session_quietly(hierarchy, session.session)
             return [hierarchy.where(key) is not None for key in offload_keys]
 
         held = self._run("set", write)

@@ -17,7 +17,8 @@ Session hints (`kvtier.sessions`) come the same way, for an agent framework's re
     {"kvtier_session": "task-42", "kvtier_session_end": true}     # the last request
 
 The secondary tier puts the request's blocks with `session=` (and `expect_within_s=`),
-and ends the session once the last request's blocks are stored. A bad value (a session id
+and ends the session once the last request's blocks are stored (the keys and their
+parsing: `kvtier.integrations.session_params`, shared with SGLang). A bad value (a session id
 that is not a string, a negative, huge or non-finite expectation, an end that is not a
 bool, either without a session) is ignored the same way.
 
@@ -33,9 +34,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.errors import InvalidValueError, UnknownSessionError
+from kvtier.errors import InvalidValueError
 from kvtier.hints import ReuseHint, check_reuse, check_ttl
-from kvtier.sessions import check_session_id, check_within_s
+from kvtier.integrations.session_params import (
+    EXPECT_KEY,
+    SESSION_END_KEY,
+    SESSION_KEY,
+    SessionParams,
+    end_session_quietly,
+    session_from_params,
+)
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
@@ -43,57 +51,6 @@ REUSE_KEY = "kvtier_reuse"
 """`kv_transfer_params` key: `"likely"`, `"unlikely"` or `"never"`."""
 TTL_KEY = "kvtier_reuse_ttl_s"
 """`kv_transfer_params` key: how long the hint holds, in seconds (optional)."""
-
-
-SESSION_KEY = "kvtier_session"
-"""`kv_transfer_params` key: the request's agentic session (a non-empty string)."""
-SESSION_END_KEY = "kvtier_session_end"
-"""`kv_transfer_params` key: true on a session's last request."""
-EXPECT_KEY = "kvtier_expect_within_s"
-"""`kv_transfer_params` key: the session's next request comes within this many seconds."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionParams:
-    """A request's session hints, as its `kv_transfer_params` give them."""
-
-    session: str
-    end: bool = False
-    expect_within_s: float | None = None
-
-
-def session_from_params(params: object) -> SessionParams | None:
-    """The session hints `params` give, None if none; raises InvalidValueError naming the
-    key and the bad value."""
-    keys = (SESSION_KEY, SESSION_END_KEY, EXPECT_KEY)
-    if not isinstance(params, Mapping) or not any(key in params for key in keys):
-        return None
-    if SESSION_KEY not in params:
-        given = next(key for key in keys if key in params)
-        raise InvalidValueError(f"{given} given without {SESSION_KEY}")
-    try:
-        session = check_session_id(params[SESSION_KEY], SESSION_KEY)
-    except InvalidValueError as error:
-        raise InvalidValueError(
-            str(error).replace(f"{SESSION_KEY}: session", SESSION_KEY)
-        ) from None
-    end = params.get(SESSION_END_KEY, False)
-    if not isinstance(end, bool):
-        raise InvalidValueError(f"{SESSION_END_KEY} must be true or false, got {end!r}")
-    within = params.get(EXPECT_KEY)
-    if within is not None:
-        within = check_within_s(within, EXPECT_KEY)
-    return SessionParams(session, end, within)
-
-
-def end_session_quietly(hierarchy: Any, session: str) -> None:
-    """End `session` in `hierarchy`; a session it does not know (none of its blocks were
-    stored under it, or it ended already) is logged, never raised: a request never fails
-    for its hint."""
-    try:
-        hierarchy.end_session(session)
-    except UnknownSessionError as error:
-        log.info("kvtier: %s", error)
 
 
 def hint_from_params(params: object) -> ReuseHint | None:

@@ -243,6 +243,14 @@ def _metrics_server(port: int | None, console: Console) -> tuple[Any, MetricsSer
     help="With --sessions, an ORACLE: expect each session's next request within the "
     "trace's gap to it plus S seconds (reads the trace's future).",
 )
+@click.option(
+    "--hint-noise",
+    "hint_noise",
+    default=None,
+    metavar="recall=R,fpr=F",
+    help="With --expect-within, the oracle's predictions (the session ends; its next "
+    "request comes within T) made noisy as simulate --hints makes them.",
+)
 @json_option()
 @no_plot_option()
 def replay(
@@ -255,6 +263,7 @@ def replay(
     metrics_port: int | None,
     with_sessions: bool,
     expect_slack_s: float | None,
+    hint_noise: str | None,
     as_json: bool,
     no_plot: bool,
 ) -> None:
@@ -326,10 +335,12 @@ def replay(
     sessions = None
     if with_sessions:
         from kvtier_tools.workloads.replay_sessions import load_session_plan
+        from kvtier_tools.workloads.simulation.hints import parse_hint_noise
 
-        sessions = load_session_plan(trace_path, len(trace.requests), expect_slack_s)
-    elif expect_slack_s is not None:
-        raise InvalidValueError("--expect-within needs --sessions")
+        noise = None if hint_noise is None else parse_hint_noise(hint_noise, "--hint-noise")
+        sessions = load_session_plan(trace_path, len(trace.requests), expect_slack_s, noise)
+    elif expect_slack_s is not None or hint_noise is not None:
+        raise InvalidValueError("--expect-within and --hint-noise need --sessions")
     load_trace_s = time.perf_counter() - started
     check_out_dir(out_dir)
     disk_dirs = prepare_disk_dirs(config)

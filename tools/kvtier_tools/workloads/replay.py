@@ -430,10 +430,12 @@ class Replayer:
         keys: Sequence[OffloadKey],
         input_length: int | None = None,
         session: str | None = None,
+        expect_within_s: float | None = None,
     ) -> int:
         """Serve one request (its block keys, in prefix order); return how many leading
         blocks were loaded (hits). `input_length` caps the tokens counted as reused; every put
-        carries `session`, and one more names the hits (`replay_sessions`)."""
+        carries `session` (and `expect_within_s`), and one more names the hits
+        (`replay_sessions`)."""
         h = self.hierarchy
         keys = list(keys)
         looked_up = h.lookup(keys)
@@ -449,11 +451,19 @@ class Replayer:
         await h.drain()
         if session is not None and got:  # held already: the session's read, nothing stored
             await h.put(
-                keys[:got], await self._off_loop(self.contents.make, keys[:got]), session=session
+                keys[:got],
+                await self._off_loop(self.contents.make, keys[:got]),
+                session=session,
+                expect_within_s=expect_within_s,
             )
         for start in range(got, len(keys), self.put_batch):
             part = keys[start : start + self.put_batch]
-            await h.put(part, await self._off_loop(self.contents.make, part), session=session)
+            await h.put(
+                part,
+                await self._off_loop(self.contents.make, part),
+                session=session,
+                expect_within_s=expect_within_s,
+            )
             await h.drain()
         events = h.take_events()
 
@@ -786,8 +796,9 @@ async def replay(
     interrupted = False
     timings: dict[str, float] = {"load_trace_s": load_trace_s}
     # No flush on close: the next replay empties the disk tiers anyway (it starts cold).
+    clock = {} if sessions is None else {"session_clock": sessions.clock}
     hierarchy = Hierarchy.from_config(
-        config, flush_on_close=False, metrics=metrics, metrics_name="replay"
+        config, flush_on_close=False, metrics=metrics, metrics_name="replay", **clock
     )
     async with hierarchy as h:
         opened = time.perf_counter()
@@ -803,10 +814,13 @@ async def replay(
                     interrupted = True
                     break
                 keys = [offload_key_of(key) for key in request]
-                session = None if sessions is None else sessions.session_of(index)
-                await replayer.serve(keys, None if lengths is None else lengths[index], session)
+                session = within = None
                 if sessions is not None:
-                    sessions.after(h, index)  # the session ended, or its next request expected
+                    session, within = sessions.session_of(index), sessions.expect_within(index)
+                length = None if lengths is None else lengths[index]
+                await replayer.serve(keys, length, session, within)
+                if sessions is not None:
+                    sessions.after(h, index)  # the session ended
                 number = index + 1
                 if number % every == 0 or number == len(requests):
                     series.append(_point(replayer, opened))
