@@ -27,9 +27,10 @@ class DiskTierConfig(BaseTierConfig):
     """O_DIRECT: true, false, or "auto" (used where the filesystem supports it)."""
     fsync: bool = True
     """fsync files before a stored block counts as ready (survives a crash)."""
-    layout: Literal["slots", "log"] = "slots"
-    """How blocks are laid out: "slots" (format 2, one fixed slot per block in slab files,
-    the default) or "log" (format 3, blocks appended to a log of regions: `LogStore`)."""
+    layout: Literal["slots", "log"] = "log"
+    """How blocks are laid out: "log" (format 3, the default: blocks appended to a log of
+    regions, `LogStore`) or "slots" (format 2, one fixed slot per block in slab files,
+    `DiskStore`). A store of the other layout in `path` is refused at open (one line)."""
     region_bytes: int = Field(default=16 << 20, ge=64 << 10, le=1 << 30, multiple_of=4096)
     """Size of one region of a `layout = "log"` store (ignored by "slots")."""
 
