@@ -1,6 +1,6 @@
 """The `[[tiers]]` table of a disk tier and its kind (`medium = "disk"`): a persistent tier
-of slots in files on a local disk, reached by host buffers (`DiskStore`, whose module holds
-the opener: validating a config imports no storage library).
+of slots in files on a local disk, reached by host buffers (`LogStore` or `DiskStore` by its
+`layout`; store.py holds the opener: validating a config imports no storage library).
 """
 
 from __future__ import annotations
