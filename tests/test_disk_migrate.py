@@ -179,3 +179,18 @@ def test_migrate_copies_nothing_damaged_whatever_the_damage(tmp_path: Path) -> N
         assert store.restore() == []
     finally:
         store.close()
+
+
+def test_check_of_a_config_finds_the_store_of_the_other_layout(tmp_path: Path) -> None:
+    """`kvtier check --config` of a log tier (the default) over a per-block store: the store
+    is checked as built, with a note saying that opening the tier refuses it and how on."""
+    old = fill("slots", tmp_path / "disk", [0, 1, 2])
+    config = tmp_path / "chain.toml"
+    config.write_text(
+        f'block_size = {BLOCK}\n[[tiers]]\nname = "disk"\nmedium = "disk"\ncapacity = 32\n'
+        f'path = "{tmp_path / "disk"}"\n'
+    )
+    code, output = run("check", "--config", str(config))
+    assert code == 0, output
+    assert 'the config says layout = "log"' in output and f"kvtier migrate {old}" in output
+    assert "3 index records checked" in output
