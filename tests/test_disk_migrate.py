@@ -194,3 +194,29 @@ def test_check_of_a_config_finds_the_store_of_the_other_layout(tmp_path: Path) -
     assert code == 0, output
     assert 'the config says layout = "log"' in output and f"kvtier migrate {old}" in output
     assert "3 index records checked" in output
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_migrate_never_writes_into_a_store_that_is_there(tmp_path: Path, in_place: bool) -> None:
+    """Both layouts' stores in one directory (or DEST holding the target's store already):
+    refused before anything is copied or removed, both stores as they were."""
+    where = tmp_path / "disk" if in_place else tmp_path / "dest"
+    there = fill("log", where, [7])  # first: a log store refuses to open beside a slots one
+    old = fill("slots", tmp_path / "disk", [0, 1])
+    before = files_of(there)
+    args = ["migrate", str(old)] if in_place else ["migrate", str(old), str(where)]
+    code, output = run(*args)
+    assert code == 2 and "already exists" in output and output.count("\n") == 1, output
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == sorted(
+        {old.name} | ({there.name} if in_place else set())
+    )
+    assert files_of(there) == before  # the store that was there: not a byte changed
+    store = open_tier("slots", tmp_path / "disk")
+    try:
+        asyncio.run(assert_intact(store, [0, 1], [0, 1]))
+    finally:
+        store.close()
+
+
+def files_of(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}

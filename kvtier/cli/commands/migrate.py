@@ -178,6 +178,7 @@ def migrate(
       kvtier migrate old/kvtier-0123456789abcdef0123 new-tier-dir --to log
     """
     from kvtier.errors import DiskLockedError, DiskTierError
+    from kvtier.tiers.disk.open_checks import store_dir_of
 
     if not store.is_dir() or store.is_symlink():
         raise InvalidValueError(f"{store} is not a store directory")
@@ -206,6 +207,17 @@ def migrate(
         out.print(f"cannot migrate: {error}", markup=False)
         _cleanup(target_dir, in_place)
         sys.exit(EXIT_UNREAD)
+    # Never into (nor, in place, over) a store that is already there: its blocks would mix.
+    there = store_dir_of(
+        store.parent if dest is None else dest, wanted, source.block_size, source.model_id
+    )
+    if there.exists() or there.is_symlink():
+        source.close()
+        _cleanup(target_dir, in_place)
+        raise InvalidValueError(
+            f'{there} already exists (a "{wanted}" store of this model and block size): '
+            "remove it first, or migrate into another directory"
+        )
     try:
         try:
             target = open_target(target_dir, wanted, source, region_bytes)
