@@ -174,3 +174,35 @@ async def test_a_mistyped_log_tier_path_grows_no_directory_tree(tmp_path: Path) 
     with pytest.raises(DiskTierError, match="does not exist"):
         await Hierarchy.from_config(config).open()
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("what", ["regions.bin", "checkpoint"])
+async def test_a_directory_or_file_in_place_of_a_log_file_is_one_error_or_a_scan(
+    tmp_path: Path, what: str
+) -> None:
+    """`regions.bin` replaced by a directory: the open fails with one DiskTierError naming the
+    store, and leaves the lock free. The checkpoint replaced by a file: the store opens from
+    its regions alone (a lost checkpoint costs a scan, no block)."""
+    store = open_log(tmp_path)
+    await write_ok(store, list(range(8)), list(range(8)))
+    await store.aclose()
+    target = store.path / what
+    if what == "regions.bin":
+        saved = target.read_bytes()
+        target.unlink()
+        target.mkdir()
+        with pytest.raises(DiskTierError) as caught:
+            open_log(tmp_path)
+        assert "\n" not in str(caught.value) and str(store.path) in str(caught.value)
+        target.rmdir()
+        target.write_bytes(saved)
+    else:
+        shutil.rmtree(target)
+        target.write_bytes(b"not a checkpoint")
+    again = open_log(tmp_path)  # the lock was given back; every block is there
+    try:
+        assert sorted(block.slot for block in again.restore()) == list(range(8))
+        served, missed = await assert_each_is_itself_or_a_miss(again, {s: s for s in range(8)})
+        assert (served, missed) == (8, 0)
+    finally:
+        again.close()
