@@ -149,7 +149,13 @@ def _say(report: MigrateReport, source: Path, target: Path) -> None:
     show_default=True,
     help='Region size of a new "log" store (the tier\'s region_bytes).',
 )
-@click.option("--batch", type=click.IntRange(1, 4096), default=64, show_default=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 4096),
+    default=64,
+    show_default=True,
+    help="Blocks read and written per call (one write group of the new store).",
+)
 def migrate(
     store: Path, dest: Path | None, to_layout: str | None, region_bytes: int, batch: int
 ) -> None:
