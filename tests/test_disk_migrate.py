@@ -220,3 +220,31 @@ def test_migrate_never_writes_into_a_store_that_is_there(tmp_path: Path, in_plac
 
 def files_of(store: Path) -> dict[str, bytes]:
     return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+
+async def test_a_log_store_of_another_log_format_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A log store this kvtier's log format does not read (its directory named by an older
+    format's fingerprint, its layout.json recording that format): refused, not shadowed by
+    an empty store beside it."""
+    import json
+
+    from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
+
+    store = await asyncio.to_thread(fill, "log", tmp_path / "disk", [0, 1])
+    layout = json.loads((store / "layout.json").read_text())
+    layout["format"] = LOG_FORMAT_VERSION - 1
+    (store / "layout.json").write_text(json.dumps(layout))
+    older = store.parent / "kvtier-log-00000000000000000000"
+    store.rename(older)
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=32)
+    with pytest.raises(DiskLayoutError) as refused:
+        await Hierarchy.from_config(config).open()
+    line = str(refused.value)
+    assert "\n" not in line and str(older) in line
+    assert f"format {LOG_FORMAT_VERSION - 1}" in line and "remove that directory" in line
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == [older.name]
+    # Another model's log store of another format is none of this tier's business.
+    layout["model_id"] = "another model"
+    (older / "layout.json").write_text(json.dumps(layout))
+    async with Hierarchy.from_config(config) as h:
+        assert h.disabled_tiers == {}

@@ -20,6 +20,12 @@ Counting what the old store holds only reads it: the per-block store's LMDB inde
 read-only, the log store opened to inspect (`LogStore(inspect=True)`, nothing written). A
 store that cannot be read so (in use, damaged) is described by its bytes on disk alone.
 
+**An older log format.** A log store's directory is named by its format too
+(`log_fingerprint`), so a kvtier whose log format changed would open an empty store beside
+the old one; a log store of this model and block size whose `layout.json` records another
+format is refused the same way (it cannot be read by this kvtier, so neither migrated: it is
+counted by its bytes on disk, and the ways on are removing it or the kvtier that wrote it).
+
 **Trusted directories.** As for the per-block store (safety.py): the tier's directory is
 created 0700 only where it is the default one (a configured path's parent must exist), must
 be owned by this user or root and writable by nobody else (or sticky), and an existing store
@@ -41,7 +47,9 @@ from kvtier.tiers.trusted import make_dirs
 
 __all__ = [
     "LAYOUT_NAMES",
+    "older_log_store_line",
     "other_layout_line",
+    "refuse_older_log_store",
     "refuse_other_layout",
     "store_dir_of",
     "trust_log_dirs",
@@ -136,6 +144,53 @@ def refuse_other_layout(directory: Path, wanted: Layout, block_size: int, model_
         return  # the store's own open says what is wrong with the directory
     if there:
         raise DiskLayoutError(other_layout_line(store, found, wanted))
+
+
+def older_log_store_line(directory: Path, block_size: int, model_id: str) -> str | None:
+    """The one line that refuses a log tier over a log store of this block size and model in
+    an older (or newer) format than this kvtier's, or None when there is none. Its format is
+    read from its `layout.json` (every log format records one); such a store cannot be
+    opened, so it is counted by its bytes on disk."""
+    import json
+
+    from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
+    from kvtier.tiers.disk.log_store import LAYOUT_FILE
+
+    own = store_dir_of(directory, "log", block_size, model_id).name
+    try:
+        children = sorted(directory.glob("kvtier-log-*"))
+    except OSError:
+        return None
+    for store in children:
+        if store.name == own or store.is_symlink() or not store.is_dir():
+            continue
+        try:
+            recorded = json.loads((store / LAYOUT_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(recorded, dict):
+            continue
+        if recorded.get("block_size") != block_size or recorded.get("model_id") != model_id:
+            continue  # another model's or block size's: said by nobody, read by nobody
+        found = recorded.get("format")
+        if found == LOG_FORMAT_VERSION:
+            continue
+        size = readable_size(bytes_on_disk(store))
+        return (
+            f"{store} is a log disk store of format {found} (this kvtier reads format "
+            f"{LOG_FORMAT_VERSION}) holding {size} on disk, which it does not read: remove that "
+            f"directory to start empty (a cache: its blocks are lost, nothing else), or keep "
+            f"running the kvtier that wrote it"
+        )
+    return None
+
+
+def refuse_older_log_store(directory: Path, block_size: int, model_id: str) -> None:
+    """Raise DiskLayoutError (`older_log_store_line`) when the tier's `directory` holds a
+    log store of this block size and model in another log format."""
+    line = older_log_store_line(directory, block_size, model_id)
+    if line is not None:
+        raise DiskLayoutError(line)
 
 
 def trust_log_dirs(directory: Path, store: Path, create_parents: bool) -> None:

@@ -51,7 +51,12 @@ from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
 from kvtier.tiers.disk.neighbours import say_other_stores
-from kvtier.tiers.disk.open_checks import refuse_other_layout, store_dir_of, trust_log_dirs
+from kvtier.tiers.disk.open_checks import (
+    refuse_older_log_store,
+    refuse_other_layout,
+    store_dir_of,
+    trust_log_dirs,
+)
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
@@ -415,6 +420,7 @@ async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> BlockS
 
         store = store_dir_of(config.path, "log", context.block_size, model_id)
         await asyncio.to_thread(trust_log_dirs, config.path, store, creates_parents(config))
+        await asyncio.to_thread(refuse_older_log_store, config.path, context.block_size, model_id)
 
         return await asyncio.to_thread(
             LogStore.from_config, config, context.block_size, model_id, **context.options
