@@ -147,7 +147,8 @@ def _say(report: MigrateReport, source: Path, target: Path) -> None:
     type=int,
     default=16 << 20,
     show_default=True,
-    help='Region size of a new "log" store (the tier\'s region_bytes).',
+    help='Region size of a new "log" store: the region_bytes of the tier that will open it '
+    "(a log store opened with other regions finds none of its blocks).",
 )
 @click.option(
     "--batch",
