@@ -14,9 +14,30 @@ import torch
 
 from kvtier import Hierarchy
 from kvtier.keys import OffloadKey, key_from_int
+from kvtier.tiers.disk.facade import StoreFacade
 from kvtier.tiers.disk.io import FileIO, IOBuffer
 
 BLOCK = 4096
+
+
+LAYOUTS = ("log", "slots")
+"""The disk tier's layouts, for tests that hold for both."""
+
+
+def store_class(layout: str) -> type[StoreFacade]:
+    """The disk store class of `layout`."""
+    from kvtier.tiers.disk import DiskStore
+    from kvtier.tiers.disk.log_store import LogStore
+
+    return LogStore if layout == "log" else DiskStore
+
+
+def tier_store(layout: str, path: Path, num_blocks: int, **kwargs: Any) -> StoreFacade:
+    """A store of `layout` in the tier directory `path` (as a disk tier of BLOCK-byte blocks
+    and no model id opens it): one that holds its lock, as another running kvtier would."""
+    return store_class(layout)(
+        path, block_size=BLOCK, num_blocks=num_blocks, create_parents=True, **kwargs
+    )
 
 
 def key(i: int) -> OffloadKey:
@@ -46,10 +67,12 @@ def chain_config(
     model_id: str = "",
     device: str = "cuda",
     reserve: bool = True,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """A gpu -> cpu -> disk chain (any tier None is left out). The gpu tier asks for cuda,
     which falls back to the CPU where there is none. `reserve=False` sets every tier's
-    high_watermark to 1 (no reserve of free slots), for tests of exact placement."""
+    high_watermark to 1 (no reserve of free slots), for tests of exact placement. `layout`
+    sets the disk tier's ("log" or "slots"; None: the default)."""
     tiers: list[dict[str, Any]] = []
     if gpu:
         tiers.append(
@@ -67,6 +90,8 @@ def chain_config(
                 "path": str(tmp_path / "disk"),
             }
         )
+        if layout is not None:
+            tiers[-1]["layout"] = layout
     if not reserve:
         for tier in tiers:
             tier["high_watermark"] = 1.0

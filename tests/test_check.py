@@ -34,6 +34,7 @@ def write_config(tmp_path: Path, capacity: int = 16, extra_tier: str = "") -> Pa
         f"{extra_tier}"
         '[[tiers]]\nname = "ssd"\nmedium = "disk"\n'
         f'capacity = {capacity}\npath = "{tmp_path / "tier"}"\n'
+        'layout = "slots"\n'  # these tests damage the per-block store's own files
     )
     return config
 

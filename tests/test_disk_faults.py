@@ -20,6 +20,7 @@ from disk_helpers import BLOCK, assert_intact, k, open_small, read, write
 from kvtier.errors import DirectIOError
 from kvtier.testing.storage import empty_buffers
 from kvtier.tiers.disk import Codec, DiskStore, FaultyIO, IndexRecord
+from kvtier.tiers.disk.log_store import LogStore
 from kvtier.tiers.disk.testing import (
     deterministic_block,
     flip_byte,
@@ -281,6 +282,7 @@ _WRITER = f"""
 import asyncio, os, signal, sys
 from kvtier.keys import key_from_int
 from kvtier.tiers.disk import DiskStore, FileIO
+from kvtier.tiers.disk.log_store import LogStore
 from kvtier.tiers.disk.testing import deterministic_block
 
 class TornIO(FileIO):
@@ -296,7 +298,8 @@ class TornIO(FileIO):
         return super().pwritev(fd, buffers, offset)
 
 async def main():
-    store = DiskStore(sys.argv[1], block_size={BLOCK}, num_blocks={_NUM_SLOTS},
+    kind = LogStore if sys.argv[4] == "log" else DiskStore
+    store = kind(sys.argv[1], block_size={BLOCK}, num_blocks={_NUM_SLOTS},
                       compression=sys.argv[2], direct_io="auto" if not TEAR_AT else False,
                       fsync=True, io=TornIO())
     first = 0
@@ -319,18 +322,34 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize(
-    ("compression", "tear_at"),
-    [("none", 0), ("zstd", 0), ("none", 40), ("zstd", 40)],
-    ids=["killed-raw", "killed-zstd", "torn-write-raw", "torn-write-zstd"],
+    ("layout", "compression", "tear_at"),
+    [
+        ("slots", "none", 0),
+        ("slots", "zstd", 0),
+        ("slots", "none", 40),
+        ("slots", "zstd", 40),
+        ("log", "none", 0),
+        ("log", "zstd", 0),
+    ],
+    ids=[
+        "killed-raw",
+        "killed-zstd",
+        "torn-write-raw",
+        "torn-write-zstd",
+        "log-killed-raw",
+        "log-killed-zstd",
+    ],
 )
 async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one(
-    tmp_path: Path, compression: str, tear_at: int
+    tmp_path: Path, layout: str, compression: str, tear_at: int
 ) -> None:
     """The writer is SIGKILLed by this process after 20 bursts (wherever it is then), or kills
     itself in the middle of its 40th pwritev, with half of that run's bytes written (a torn
-    overwrite of slots that hold indexed blocks)."""
+    overwrite of slots that hold indexed blocks). The log layout is killed the same way (48
+    slots overwritten 4 times: its regions are reclaimed meanwhile); its torn writes are
+    test_disk_log.py's kill loop."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(tmp_path), compression, str(tear_at)],
+        [sys.executable, "-c", _WRITER, str(tmp_path), compression, str(tear_at), layout],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -374,7 +393,8 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
     assert child.returncode == -signal.SIGKILL, errors
     assert attempted >= _NUM_SLOTS, "the writer died before overwriting any slot"
 
-    disk = DiskStore(tmp_path, block_size=BLOCK, num_blocks=_NUM_SLOTS, compression=compression)
+    kind = LogStore if layout == "log" else DiskStore
+    disk = kind(tmp_path, block_size=BLOCK, num_blocks=_NUM_SLOTS, compression=compression)
     try:
         restored = disk.restore()
         restored_ids = [int.from_bytes(block.key[:8], "big") for block in restored]

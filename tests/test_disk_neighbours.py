@@ -89,7 +89,13 @@ async def test_the_tiers_description_counts_the_store_it_does_not_read(tmp_path:
         "block_size": 4096,
         "tiers": [
             {"name": "cpu", "medium": "cpu", "capacity": 4},
-            {"name": "disk", "medium": "disk", "capacity": 8, "path": str(tmp_path)},
+            {
+                "name": "disk",
+                "medium": "disk",
+                "capacity": 8,
+                "path": str(tmp_path),
+                "layout": "slots",  # the per-block store says the stores beside it
+            },
         ],
     }
     async with Hierarchy.from_config(config) as h:

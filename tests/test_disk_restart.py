@@ -280,8 +280,9 @@ async def test_a_damaged_records_snapshot_is_not_used(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("layout", ["log", "slots"])
 async def test_a_restarted_chain_serves_cold_blocks_and_evicts_the_unused_oldest_first(
-    tmp_path: Path, policy: str
+    tmp_path: Path, policy: str, layout: str
 ) -> None:
     import torch
     from hierarchy_helpers import blocks_of, chain_config, key
@@ -289,7 +290,13 @@ async def test_a_restarted_chain_serves_cold_blocks_and_evicts_the_unused_oldest
     from kvtier import Hierarchy
 
     config = chain_config(
-        tmp_path, gpu=None, cpu=2, disk=8, policy=policy, write_policy="write-through"
+        tmp_path,
+        gpu=None,
+        cpu=2,
+        disk=8,
+        policy=policy,
+        write_policy="write-through",
+        layout=layout,
     )
     ks = [key(i) for i in range(8)]
     async with Hierarchy.from_config(config) as h:
@@ -331,8 +338,14 @@ async def test_every_damaged_block_is_dropped_restored_again_and_served_after_a_
 
     from kvtier import Hierarchy
 
-    config = chain_config(
-        tmp_path, gpu=None, cpu=4, disk=32, policy="lru", write_policy="write-through"
+    config = chain_config(  # the per-block store's files are damaged below
+        tmp_path,
+        gpu=None,
+        cpu=4,
+        disk=32,
+        policy="lru",
+        write_policy="write-through",
+        layout="slots",
     )
     ks = [key(i) for i in range(18)]
     async with Hierarchy.from_config(config) as h:

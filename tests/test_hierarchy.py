@@ -267,7 +267,8 @@ def disk_slot(h: Hierarchy, k: bytes) -> int:
 
 
 async def test_flipped_bytes_on_disk_are_a_miss_and_the_block_is_dropped(tmp_path: Path) -> None:
-    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False)
+    # The per-block store's slab files (the log layout's rotten bytes: test_disk_log.py).
+    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False, layout="slots")
     async with Hierarchy.from_config(config) as h:
         ks = keys_(*range(6))
         for k in ks:
@@ -619,6 +620,7 @@ async def test_a_corrupt_block_of_a_disk_only_chain_is_dropped_after_one_failed_
                 "medium": "disk",
                 "capacity": 16,
                 "path": str(tmp_path / "d"),
+                "layout": "slots",  # its slab files are damaged below
                 "fsync": False,
             }
         ],

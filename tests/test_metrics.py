@@ -143,7 +143,7 @@ async def test_per_block_lookup_counts_give_the_replays_hit_ratio(tmp_path: Path
 
 async def test_corrupt_blocks_and_refusals_are_exported(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False)
+    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False, layout="slots")
     async with Hierarchy.from_config(config, metrics=registry) as h:
         ks = keys_(*range(4))
         for k in ks:

@@ -453,13 +453,20 @@ async def test_open_storage_of_a_cpu_tier_is_a_host_pool() -> None:
         await storage.aclose()
 
 
-async def test_open_storage_of_a_disk_tier_is_a_disk_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", [None, "log", "slots"])
+async def test_open_storage_of_a_disk_tier_is_a_disk_store(
+    tmp_path: Path, layout: str | None
+) -> None:
+    from kvtier.tiers.disk.log_store import LogStore
+
     disk = {"name": "d", "medium": "disk", "capacity": 4, "path": str(tmp_path)}
+    if layout is not None:
+        disk["layout"] = layout
     tier = parse_config(chain(disk)).tiers[0]
     context = TierContext(block_size=4096, model_id="m", options={"max_workers": 1})
     storage = await open_storage(tier, context)
     try:
-        assert isinstance(storage, DiskStore)
+        assert isinstance(storage, DiskStore if layout == "slots" else LogStore)
         assert (storage.num_blocks, storage.block_size, storage.persistent) == (4, 4096, True)
         assert any(tmp_path.iterdir())  # its files are under the tier's path
     finally:

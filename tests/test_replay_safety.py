@@ -12,8 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import main
-from kvtier.cli.commands.check import store_shape
-from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk.log_store import LogStore, read_layout
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -55,13 +54,15 @@ def test_a_second_replay_refuses_an_out_whose_store_is_in_use(tmp_path: Path) ->
     out = tmp_path / "out"
     assert run("--out", str(out))[0] == 0
     store_dir = the_store(out)
-    shape = store_shape(store_dir)
+    assert store_dir.name.startswith("kvtier-log-")  # the default layout
+    shape = read_layout(store_dir)
     assert shape is not None
-    running = DiskStore(  # holds the store's lock, as a replay in progress does
+    running = LogStore(  # holds the store's lock, as a replay in progress does
         store_dir.parent,
-        block_size=shape.block_size,
-        num_blocks=shape.num_blocks,
-        model_id=shape.model_id,
+        block_size=shape["block_size"],
+        num_blocks=shape["num_blocks"],
+        model_id=shape["model_id"],
+        region_bytes=shape["region_bytes"],
     )
     try:
         before = sorted(path.name for path in store_dir.iterdir())

@@ -127,7 +127,7 @@ async def test_tier_activity_counts_what_happened(tmp_path: Path) -> None:
 
 
 async def test_a_corrupt_block_is_counted_against_its_tier(tmp_path: Path) -> None:
-    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False)
+    config = chain_config(tmp_path, gpu=None, cpu=2, disk=8, reserve=False, layout="slots")
     async with Hierarchy.from_config(config) as h:
         ks = keys_(*range(4))
         for k in ks:

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
+from hierarchy_helpers import BLOCK, LAYOUTS, blocks_of, chain_config, key, store_class, tier_store
 
 import kvtier.hierarchy
 from kvtier import Hierarchy, HierarchyConfig
 from kvtier.config import load_config, parse_config
 from kvtier.errors import DiskLockedError, DiskTierError, KvtierError
-from kvtier.tiers.disk import DiskStore
+from kvtier.tiers.disk.facade import StoreFacade
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,29 +64,33 @@ async def test_a_mistyped_disk_path_stops_the_open_naming_the_tier_and_why(
     assert not (tmp_path / "mnt-typo").exists()  # nothing grown on a typo
 
 
-async def test_a_locked_tier_keeps_its_error_class_and_names_the_tier(tmp_path: Path) -> None:
-    config = chain_config(tmp_path, gpu=None, cpu=8, disk=16)
-    holder = DiskStore(tmp_path / "disk", block_size=BLOCK, num_blocks=16, create_parents=True)
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_a_locked_tier_keeps_its_error_class_and_names_the_tier(
+    tmp_path: Path, layout: str
+) -> None:
+    config = chain_config(tmp_path, gpu=None, cpu=8, disk=16, layout=layout)
+    holder = tier_store(layout, tmp_path / "disk", 16)
     try:
         with pytest.raises(
             DiskLockedError,
             match=r"^tier 'disk' \(disk\) could not be opened: "
-            r"the disk tier at .* is already open",
+            r"the (disk tier|log store) at .* is (already open|open in another process)",
         ):
             await Hierarchy.from_config(config).open()
     finally:
         holder.close()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 async def test_an_error_of_another_class_becomes_a_kvtier_error_naming_the_tier(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
-    def no_memory(self: DiskStore) -> Any:
+    def no_memory(self: StoreFacade) -> Any:
         raise MemoryError("no memory for the restore (test)")
 
-    monkeypatch.setattr(DiskStore, "restore", no_memory)
-    monkeypatch.setattr(DiskStore, "restore_cold", no_memory)  # what a chain calls
-    config = chain_config(tmp_path, gpu=None, cpu=8, disk=16)
+    monkeypatch.setattr(store_class(layout), "restore", no_memory)
+    monkeypatch.setattr(store_class(layout), "restore_cold", no_memory)  # what a chain calls
+    config = chain_config(tmp_path, gpu=None, cpu=8, disk=16, layout=layout)
     with pytest.raises(KvtierError) as raised:
         await Hierarchy.from_config(config).open()
     assert str(raised.value).startswith(

@@ -54,9 +54,11 @@ def tiering(tmp_path: Path) -> Iterator[Make]:
         events: bool = True,
         path: Path | None = None,
         model: str = "kvtier-test",
+        layout: str | None = None,
         **options: Any,
     ) -> tuple[Any, Driver, KvtierSecondaryTier]:
-        chain = disk_chain(path or tmp_path / "disk", capacity, fsync=False)
+        disk = {"fsync": False} if layout is None else {"fsync": False, "layout": layout}
+        chain = disk_chain(path or tmp_path / "disk", capacity, **disk)
         extra = {
             "cpu_bytes_to_use": PRIMARY * CHUNK,
             "secondary_tiers": [kvtier_tier(chain, **options)],
@@ -152,7 +154,7 @@ def test_a_key_kvtier_never_stored_is_a_miss_after_one_retry(tiering: Make) -> N
 
 
 def test_a_damaged_block_is_a_partial_load_and_never_wrong_bytes(tiering: Make) -> None:
-    manager, driver, tier = tiering()
+    manager, driver, tier = tiering(layout="slots")  # a byte of its slab file is flipped
     keys = fill(driver, 2 * PRIMARY)
 
     # Damage chunk 2 on disk; promote chunks 0..3 in one job (one request, one step).

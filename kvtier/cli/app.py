@@ -3,7 +3,8 @@
 Every command turns a kvtier error into one line on stderr and a non-zero exit status, never
 a traceback. Progress bars appear only when stderr is a terminal.
 
-The product's own commands are here (`kvtier check`, `kvtier keys`, `kvtier fleet index`).
+The product's own commands are here (`kvtier check`, `kvtier migrate`, `kvtier keys`,
+`kvtier fleet index`).
 The tooling's commands (`kvtier replay`, `simulate`, `bench`, `demo`, `workloads`, `fleet
 simulate`) come with the kvtier-tools distribution (tools/ in the repository), which adds them
 through the `kvtier.commands` entry-point group (and `kvtier.fleet.commands`): kvtier imports
@@ -78,10 +79,12 @@ def main() -> None:
 from kvtier.cli.commands.check import check  # noqa: E402
 from kvtier.cli.commands.fleet import fleet  # noqa: E402
 from kvtier.cli.commands.keys import keys  # noqa: E402
+from kvtier.cli.commands.migrate import migrate  # noqa: E402
 
 main.add_command(check)
 main.add_command(fleet)
 main.add_command(keys)
+main.add_command(migrate)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,7 +33,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -353,6 +353,16 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
         fingerprint = layout_fingerprint(config.block_size, config.model_id)
         store_dir = tier.path / f"kvtier-{fingerprint}"
     if not store_dir.exists():
+        other = _other_layout_store(tier, config)
+        if other is not None:  # checked as built; the tier's open would refuse it
+            result = check_store(tier.name, other, repair)
+            result.lines.insert(
+                0,
+                f'note: the config says layout = "{tier.layout}" but {other} is a store of the '
+                f"other layout, which opening this tier refuses: set the layout back, or "
+                f"`kvtier migrate {other}` to convert it",
+            )
+            return result
         result = TierCheck(tier.name, store_dir)
         result.lines.append(f"nothing stored yet: {store_dir} does not exist")
         return result
@@ -362,6 +372,15 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
         return result
     expected = StoreShape(config.block_size, config.model_id, tier.num_blocks)
     return check_store(tier.name, store_dir, repair, expected)
+
+
+def _other_layout_store(tier: DiskTierConfig, config: HierarchyConfig) -> Path | None:
+    """The store of the layout `tier` does not name, when its directory holds one."""
+    from kvtier.tiers.disk.open_checks import store_dir_of
+
+    other: Literal["slots", "log"] = "slots" if tier.layout == "log" else "log"
+    store_dir = store_dir_of(tier.path, other, config.block_size, config.model_id)
+    return store_dir if store_dir.is_dir() and not store_dir.is_symlink() else None
 
 
 def _shown(store: Path, path: Path) -> str:

@@ -1,7 +1,10 @@
-"""The disk tier's storage: fixed-size slots in preallocated slab files, an LMDB index that
-records each block's slot, codec and checksum, and every read verified.
+"""The disk tier's storage, in one of two layouts, every read verified: `layout = "log"` (the
+default, `LogStore`, log_store.py: blocks appended to a log of regions, an in-memory index
+checkpointed to LMDB) or `layout = "slots"` (`DiskStore`: fixed-size slots in preallocated
+slab files, an LMDB index that records each block's slot, codec and checksum).
 
-`DiskStore` is the `BlockStorage` (store.py, a facade over the parts listed there);
+`DiskStore` is the per-block `BlockStorage` (store.py, a facade over the parts listed there,
+and the disk kind's opener, which picks the layout: open_checks.py);
 `FileIO` / `FaultyIO` are the replaceable system calls it makes (the latter injects errors for
 tests); `StoreLayout`, `BlockIndex` and `BlockCodec` are parts exposed for tools.
 

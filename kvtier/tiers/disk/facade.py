@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from kvtier.errors import DiskTierError, StorageClosedError
+from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.fsck import CheckReport
 from kvtier.tiers.disk.kind import DiskTierConfig
@@ -60,6 +61,8 @@ class StoreFacade(BlockStorage):
 
     path: Path
     """The store's own directory."""
+    model_id: str
+    """The model id (with a tenant, the combined one) the store's blocks are bound to."""
     inspect: bool
     """Whether the store was opened only to be checked."""
     _closed: bool
@@ -80,6 +83,14 @@ class StoreFacade(BlockStorage):
     @abstractmethod
     def check(self, repair: bool = False) -> CheckReport:
         """Verify every block the store holds (blocking)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """How many blocks the store holds now."""
+
+    @abstractmethod
+    def keys(self) -> list[OffloadKey]:
+        """The keys of the blocks the store holds now."""
 
     async def aclose(self) -> None:
         """`close()` in a thread. Idempotent. When no thread can be started any more (the

@@ -1,6 +1,6 @@
 """The `[[tiers]]` table of a disk tier and its kind (`medium = "disk"`): a persistent tier
-of slots in files on a local disk, reached by host buffers (`DiskStore`, whose module holds
-the opener: validating a config imports no storage library).
+of slots in files on a local disk, reached by host buffers (`LogStore` or `DiskStore` by its
+`layout`; store.py holds the opener: validating a config imports no storage library).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ class DiskTierConfig(BaseTierConfig):
     """O_DIRECT: true, false, or "auto" (used where the filesystem supports it)."""
     fsync: bool = True
     """fsync files before a stored block counts as ready (survives a crash)."""
-    layout: Literal["slots", "log"] = "slots"
-    """How blocks are laid out: "slots" (format 2, one fixed slot per block in slab files,
-    the default) or "log" (format 3, blocks appended to a log of regions: `LogStore`)."""
+    layout: Literal["slots", "log"] = "log"
+    """How blocks are laid out: "log" (format 3, the default: blocks appended to a log of
+    regions, `LogStore`) or "slots" (format 2, one fixed slot per block in slab files,
+    `DiskStore`). A store of the other layout in `path` is refused at open (one line)."""
     region_bytes: int = Field(default=16 << 20, ge=64 << 10, le=1 << 30, multiple_of=4096)
     """Size of one region of a `layout = "log"` store (ignored by "slots")."""
 

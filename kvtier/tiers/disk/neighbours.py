@@ -99,7 +99,7 @@ def other_stores(directory: Path, layout: StoreLayout) -> list[OtherStore]:
                 child,
                 block_size if isinstance(block_size, int) else None,
                 model_id if isinstance(model_id, str) else None,
-                _bytes_on_disk(child),
+                bytes_on_disk(child),
             )
         )
     return found
@@ -128,7 +128,7 @@ def _layout_record(store: Path) -> dict[str, object] | None:
     return unpack_file_header(data)
 
 
-def _bytes_on_disk(store: Path) -> int:
+def bytes_on_disk(store: Path) -> int:
     """Bytes the files under `store` take on disk (allocated blocks, so sparse slabs count
     what they hold), 0 for what cannot be read."""
     total = 0

@@ -51,6 +51,12 @@ from kvtier.tiers.disk.kind import DiskTierConfig
 from kvtier.tiers.disk.lane import WriteLane
 from kvtier.tiers.disk.layout import IndexRecord, StoreLayout, slab_file_name
 from kvtier.tiers.disk.neighbours import say_other_stores
+from kvtier.tiers.disk.open_checks import (
+    refuse_older_log_store,
+    refuse_other_layout,
+    store_dir_of,
+    trust_log_dirs,
+)
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
@@ -398,13 +404,23 @@ async def open_disk_tier(config: DiskTierConfig, context: TierContext) -> BlockS
     """The disk kind's opener: a store opened off the event loop (it may scan its index and
     preallocate files); `context.options` are `DiskStore`'s own (`max_workers`, `io`, ...).
     A tenant narrows the namespace of the store's blocks (and so its directory), as it does
-    for the shared tiers; without one the store is the model's. `layout = "log"` opens a
-    `LogStore` (log_store.py) instead."""
+    for the shared tiers; without one the store is the model's. `layout = "log"` (the
+    default) opens a `LogStore` (log_store.py), `"slots"` a `DiskStore`; a store of the other
+    layout in the tier's directory is refused first (open_checks.py: one line saying what
+    it holds and what to do), and a log store's directories are trusted first (open_checks.py;
+    the per-block store's recovery checks its own)."""
     model_id = (
         combined_model_id(context.model_id, context.tenant) if context.tenant else context.model_id
     )
+    await asyncio.to_thread(
+        refuse_other_layout, config.path, config.layout, context.block_size, model_id
+    )
     if config.layout == "log":
         from kvtier.tiers.disk.log_store import LogStore
+
+        store = store_dir_of(config.path, "log", context.block_size, model_id)
+        await asyncio.to_thread(trust_log_dirs, config.path, store, creates_parents(config))
+        await asyncio.to_thread(refuse_older_log_store, config.path, context.block_size, model_id)
 
         return await asyncio.to_thread(
             LogStore.from_config, config, context.block_size, model_id, **context.options

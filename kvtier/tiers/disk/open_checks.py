@@ -1,0 +1,202 @@
+"""What the disk kind's opener (`open_disk_tier`) checks before it opens a layout's store:
+a store of the other layout in the tier's directory (refused, in one line), and for the log
+layout the trust rules of the tier's directories (the per-block store's recovery checks
+them itself).
+
+**The other layout.**
+
+The disk tier has two layouts (`layout` in its `[[tiers]]` table): "log" (format 3,
+`LogStore`, the default) in `<path>/kvtier-log-<fingerprint>/` and "slots" (format 2, the
+per-block `DiskStore`) in `<path>/kvtier-<fingerprint>/`. Neither reads the other's files.
+A tier whose layout changed (a config written before "log" became the default, or an edit)
+would otherwise open an empty store beside the old one: every lookup a miss, the old store's
+space still taken, nothing said. So the disk kind's opener (`open_disk_tier`) refuses to
+open while a store of the same model and block size in the other layout is there, with one
+line saying what it is, how much it holds, and the three ways on: set `layout` back to keep
+using it, `kvtier migrate` it (its verified blocks copied into the new layout), or remove
+it to start empty (it is a cache: its blocks are lost, nothing else).
+
+Counting what the old store holds only reads it: the per-block store's LMDB index opened
+read-only, the log store opened to inspect (`LogStore(inspect=True)`, nothing written). A
+store that cannot be read so (in use, damaged) is described by its bytes on disk alone.
+
+**An older log format.** A log store's directory is named by its format too
+(`log_fingerprint`), so a kvtier whose log format changed would open an empty store beside
+the old one; a log store of this model and block size whose `layout.json` records another
+format is refused the same way (it cannot be read by this kvtier, so neither migrated: it is
+counted by its bytes on disk, and the ways on are removing it or the kvtier that wrote it).
+
+**Trusted directories.** As for the per-block store (safety.py): the tier's directory is
+created 0700 only where it is the default one (a configured path's parent must exist), must
+be owned by this user or root and writable by nobody else (or sticky), and an existing store
+directory must be a real directory (no symlink) owned by this user and writable by nobody
+else; else one DiskTierError saying so, before anything is opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from kvtier.config_fields import readable_size
+from kvtier.errors import DiskLayoutError
+from kvtier.tiers.disk.layout import INDEX_DIR, layout_fingerprint
+from kvtier.tiers.disk.neighbours import bytes_on_disk
+from kvtier.tiers.disk.safety import check_parent_dir, check_store_dir
+from kvtier.tiers.trusted import make_dirs
+
+__all__ = [
+    "LAYOUT_NAMES",
+    "older_log_store_line",
+    "other_layout_line",
+    "refuse_older_log_store",
+    "refuse_other_layout",
+    "store_dir_of",
+    "trust_log_dirs",
+]
+
+Layout = Literal["slots", "log"]
+
+LAYOUT_NAMES: dict[str, str] = {
+    "slots": 'a per-block disk store (layout = "slots", format 2)',
+    "log": 'a log disk store (layout = "log", format 3)',
+}
+"""What each layout's store is, in the words of the refusal."""
+
+
+def store_dir_of(directory: Path, layout: Layout, block_size: int, model_id: str) -> Path:
+    """The directory a store of `layout` for this block size and model has under the tier's
+    `directory`."""
+    if layout == "log":
+        from kvtier.tiers.disk.log_format import log_fingerprint
+
+        return directory / f"kvtier-log-{log_fingerprint(block_size, model_id)}"
+    return directory / f"kvtier-{layout_fingerprint(block_size, model_id)}"
+
+
+def _slots_blocks(store: Path) -> int | None:
+    """The records of a per-block store's index, read-only; None when it cannot be read."""
+    try:
+        import lmdb
+
+        env = lmdb.open(str(store / INDEX_DIR), readonly=True, lock=False, max_dbs=2, subdir=True)
+    except Exception:
+        return None
+    try:
+        blocks = env.open_db(b"blocks", create=False)
+        with env.begin(db=blocks) as txn:
+            return int(txn.stat(blocks)["entries"])
+    except Exception:
+        return None
+    finally:
+        env.close()
+
+
+def _log_blocks(store: Path) -> int | None:
+    """The blocks a log store holds, opened to inspect; None when it cannot be opened."""
+    from kvtier.tiers.disk.log_store import LogStore, read_layout
+
+    shape = read_layout(store)
+    if shape is None:
+        return None
+    try:
+        opened = LogStore(
+            store.parent,
+            block_size=int(shape["block_size"]),
+            num_blocks=int(shape["num_blocks"]),
+            model_id=str(shape["model_id"]),
+            region_bytes=int(shape["region_bytes"]),
+            direct_io=False,
+            max_workers=1,
+            create_parents=False,
+            inspect=True,
+        )
+    except Exception:
+        return None
+    try:
+        return len(opened)
+    finally:
+        opened.close()
+
+
+def other_layout_line(store: Path, found: Layout, wanted: Layout) -> str:
+    """The one line that refuses a tier of layout `wanted` over `store`, of layout `found`."""
+    blocks = _log_blocks(store) if found == "log" else _slots_blocks(store)
+    size = readable_size(bytes_on_disk(store))
+    held = f"{blocks:,} blocks, {size} on disk" if blocks is not None else f"{size} on disk"
+    lost = f"its {blocks:,} blocks" if blocks is not None else "its blocks"
+    return (
+        f'{store} is {LAYOUT_NAMES[found]} holding {held}, which layout = "{wanted}" does not '
+        f'read: set layout = "{found}" in this disk tier to keep using it, run `kvtier migrate '
+        f'{store}` to copy its verified blocks into a "{wanted}" store, or remove that '
+        f"directory to start empty (a cache: {lost} are lost, nothing else)"
+    )
+
+
+def refuse_other_layout(directory: Path, wanted: Layout, block_size: int, model_id: str) -> None:
+    """Raise DiskLayoutError (one line, `other_layout_line`) when the tier's `directory`
+    holds a store of this block size and model in the layout other than `wanted`."""
+    found: Layout = "slots" if wanted == "log" else "log"
+    store = store_dir_of(directory, found, block_size, model_id)
+    try:
+        there = store.is_dir()
+    except OSError:
+        return  # the store's own open says what is wrong with the directory
+    if there:
+        raise DiskLayoutError(other_layout_line(store, found, wanted))
+
+
+def older_log_store_line(directory: Path, block_size: int, model_id: str) -> str | None:
+    """The one line that refuses a log tier over a log store of this block size and model in
+    an older (or newer) format than this kvtier's, or None when there is none. Its format is
+    read from its `layout.json` (every log format records one); such a store cannot be
+    opened, so it is counted by its bytes on disk."""
+    import json
+
+    from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
+    from kvtier.tiers.disk.log_store import LAYOUT_FILE
+
+    own = store_dir_of(directory, "log", block_size, model_id).name
+    try:
+        children = sorted(directory.glob("kvtier-log-*"))
+    except OSError:
+        return None
+    for store in children:
+        if store.name == own or store.is_symlink() or not store.is_dir():
+            continue
+        try:
+            recorded = json.loads((store / LAYOUT_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(recorded, dict):
+            continue
+        if recorded.get("block_size") != block_size or recorded.get("model_id") != model_id:
+            continue  # another model's or block size's: said by nobody, read by nobody
+        found = recorded.get("format")
+        if found == LOG_FORMAT_VERSION:
+            continue
+        size = readable_size(bytes_on_disk(store))
+        return (
+            f"{store} is a log disk store of format {found} (this kvtier reads format "
+            f"{LOG_FORMAT_VERSION}) holding {size} on disk, which it does not read: remove that "
+            f"directory to start empty (a cache: its blocks are lost, nothing else), or keep "
+            f"running the kvtier that wrote it"
+        )
+    return None
+
+
+def refuse_older_log_store(directory: Path, block_size: int, model_id: str) -> None:
+    """Raise DiskLayoutError (`older_log_store_line`) when the tier's `directory` holds a
+    log store of this block size and model in another log format."""
+    line = older_log_store_line(directory, block_size, model_id)
+    if line is not None:
+        raise DiskLayoutError(line)
+
+
+def trust_log_dirs(directory: Path, store: Path, create_parents: bool) -> None:
+    """The tier's `directory` created (with its missing parents only when `create_parents`)
+    and trusted, and the log `store` in it trusted when it exists (module docstring)."""
+    make_dirs(directory, create_parents=create_parents)
+    check_parent_dir(directory)
+    if store.exists() or store.is_symlink():
+        check_store_dir(store)
