@@ -18,7 +18,6 @@ from disk_helpers import BLOCK, assert_intact, k, open_or_skip, open_small, read
 from kvtier.errors import DiskLayoutError, DiskTierError
 from kvtier.keys import OffloadKey
 from kvtier.testing.storage import StorageTests
-from kvtier.tiers.disk import DiskStore
 from kvtier.tiers.disk.jobs import WriteJob
 from kvtier.tiers.disk.log_format import PAGE
 from kvtier.tiers.disk.log_store import LogStore
@@ -148,15 +147,6 @@ async def test_an_lru_workload_moves_little(tmp_path: Path) -> None:
         assert store.write_amplification < 1.2, store.write_amplification
     finally:
         await store.aclose()
-
-
-async def test_a_per_block_store_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    old = DiskStore(tmp_path, block_size=BLOCK, num_blocks=4, direct_io=False)
-    await old.aclose()
-    with pytest.raises(DiskLayoutError) as caught:
-        open_log(tmp_path)
-    message = str(caught.value)
-    assert "\n" not in message and "remove" in message and "lost" in message
 
 
 async def test_a_log_store_of_the_old_format_is_refused_with_what_to_do(tmp_path: Path) -> None:

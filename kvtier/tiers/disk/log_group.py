@@ -194,10 +194,15 @@ class Flight:
     """Whether the sync thread has taken it."""
 
     def fail(self, error: OSError) -> None:
-        """Every record of the group not yet durable fails with `error`."""
-        for number, i in self.where[self.pending.flushed :]:
-            if number >= 0 and self.results[number][i] is None:
-                self.results[number][i] = error
+        """Every block of the group's writes not yet durable fails with `error`: those placed
+        after the last mid-group flush and those never placed (a disabled store's group, the
+        calls after the one whose placing failed), so no block is reported stored that is
+        not durable."""
+        durable = set(self.where[: self.pending.flushed])
+        for number, result in enumerate(self.results):
+            for i, held in enumerate(result):
+                if held is None and (number, i) not in durable:
+                    result[i] = error
 
     def outputs(self) -> list[Any]:
         """Per call its result: a write's list, None for a forget."""

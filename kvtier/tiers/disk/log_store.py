@@ -39,7 +39,7 @@ from kvtier.tiers.disk.fsck import CheckProblem, CheckReport
 from kvtier.tiers.disk.io import FileIO
 from kvtier.tiers.disk.jobs import ForgetJob, WriteJob
 from kvtier.tiers.disk.kind import DiskTierConfig
-from kvtier.tiers.disk.layout import StoreLayout, layout_fingerprint
+from kvtier.tiers.disk.layout import StoreLayout
 from kvtier.tiers.disk.log_files import LogFiles, geometry
 from kvtier.tiers.disk.log_format import (
     DEFAULT_REGION_BYTES,
@@ -129,13 +129,6 @@ class LogStore(StoreFacade):
                     f"{LOG_FORMAT_VERSION}) does not read: remove that directory to start empty "
                     f"(it is a cache: its blocks are lost, nothing else)"
                 )
-        old = self.directory / f"kvtier-{layout_fingerprint(block_size, model_id)}"
-        if old.exists():
-            raise DiskLayoutError(
-                f'{old} is a per-block disk store (format 2), which layout = "log" (format 4) '
-                f"does not read: remove that directory to start empty (it is a cache: its "
-                f'blocks are lost, nothing else), or keep layout = "slots"'
-            )
         self._namespace = self.fingerprint.encode("ascii")
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()

@@ -5,7 +5,7 @@ them itself).
 
 **The other layout.**
 
-The disk tier has two layouts (`layout` in its `[[tiers]]` table): "log" (format 3,
+The disk tier has two layouts (`layout` in its `[[tiers]]` table): "log" (format 4,
 `LogStore`, the default) in `<path>/kvtier-log-<fingerprint>/` and "slots" (format 2, the
 per-block `DiskStore`) in `<path>/kvtier-<fingerprint>/`. Neither reads the other's files.
 A tier whose layout changed (a config written before "log" became the default, or an edit)
@@ -41,6 +41,7 @@ from typing import Literal
 from kvtier.config_fields import readable_size
 from kvtier.errors import DiskLayoutError
 from kvtier.tiers.disk.layout import INDEX_DIR, layout_fingerprint
+from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
 from kvtier.tiers.disk.neighbours import bytes_on_disk
 from kvtier.tiers.disk.safety import check_parent_dir, check_store_dir
 from kvtier.tiers.trusted import make_dirs
@@ -59,7 +60,7 @@ Layout = Literal["slots", "log"]
 
 LAYOUT_NAMES: dict[str, str] = {
     "slots": 'a per-block disk store (layout = "slots", format 2)',
-    "log": 'a log disk store (layout = "log", format 3)',
+    "log": f'a log disk store (layout = "log", format {LOG_FORMAT_VERSION})',
 }
 """What each layout's store is, in the words of the refusal."""
 
