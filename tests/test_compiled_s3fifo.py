@@ -122,12 +122,16 @@ def test_compiled_s3fifo_decides_as_the_pure_one_on_the_trace(fraction: float) -
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_compiled_s3fifo_shadow_accesses_as_the_pure_one(seed: int) -> None:
-    """`access` (a shadow's batch of accesses) hits and changes state alike both ways, with
-    blocks pinned meanwhile (a former live policy's) skipped by the evictions."""
+@pytest.mark.parametrize("twin_class", [TwinS3FIFO, TwinARC])
+def test_compiled_cores_shadow_access_as_the_pure_ones(
+    twin_class: type[TwinARC], seed: int
+) -> None:
+    """`access` (a shadow's batch of accesses, S3-FIFO's and ARC's in their cores) hits and
+    changes state alike both ways, with blocks pinned meanwhile (a former live policy's)
+    skipped by the evictions."""
     rng = random.Random(seed)
     capacity = rng.choice([1, 3, 8, 32])
-    twin = TwinS3FIFO(capacity, check_states=True)
+    twin = twin_class(capacity, check_states=True)
     shared = (BlockStatus(0), BlockStatus(0))
     for block in shared:
         block.ref_cnt = 0

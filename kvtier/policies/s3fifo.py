@@ -132,6 +132,8 @@ class S3FIFOCachePolicy(CachePolicy):
     def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
         """A shadow's accesses of `keys`, last first, each stored with `block` on a miss:
         the hits (`S3FIFOQueues.access`; what `auto` drives a shadow with)."""
+        if self._hints.active:  # never in a shadow; the calls one by one honour the hints
+            return super().access(keys, block)
         return self._core.access(keys, block)
 
     def adopted(self, entries: Sequence[tuple[OffloadKey, BlockStatus]]) -> S3FIFOCachePolicy:
