@@ -46,8 +46,9 @@ every other decision (admission, eviction order) is the serving policy's.
 Cost per access: every candidate's (the live one's and three shadows'), plus an
 ordered-dict move per hit. A shadow takes a request's accesses in one call
 (`CachePolicy.access`): LRU's is one loop over its ordered dict, ARC's and S3-FIFO's run in
-their compiled cores with no Python call per key; lct's is the calls one by one. Memory: per candidate, its own per-key state at full capacity
-(lct remembers `MEMORY` capacities of keys), measured in docs/BENCHMARKS.md.
+their compiled cores with no Python call per key; lct's is the calls one by one. Memory:
+per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
+of keys), measured in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
