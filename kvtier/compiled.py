@@ -12,8 +12,9 @@ file alone: its annotations are C types, its lists int arrays, its class an exte
 since compiling the ordered-dict ARC left its cost in ordered-dict and tuple operations
 (issue 23); uncompiled it is plain Python, the same text (`tests/test_compiled_core.py`
 compares the two). lct's per-access state and steps, `kvtier/policies/_lct_core.py`, are
-written the same way (its solver stays lct.py's, compiled as it is). Two modules are
-written in Cython instead: `kvtier/_blocks_core.pyx`,
+written the same way (its solver stays lct.py's, compiled as it is), and so are S3-FIFO's
+queues and steps, `kvtier/policies/_s3fifo_core.py` (`tests/test_compiled_s3fifo.py`).
+Two modules are written in Cython instead: `kvtier/_blocks_core.pyx`,
 `BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
 is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
 write group's batches of system calls made without the GIL, which
@@ -49,11 +50,14 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies._arc_core",
     "kvtier.policies.lct",
     "kvtier.policies._lct_core",
+    "kvtier.policies.s3fifo",
+    "kvtier.policies._s3fifo_core",
     "kvtier.manager.tier",
     "kvtier.tiers.disk._io_core",
 )
 """The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
-Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise) and
+Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise), S3-FIFO
+(`_s3fifo_core`: its queues, likewise) and
 `TierManager`, and their base class; and, with no `.py`, `BlockStatus`'s constructor in C
 (`_blocks_core.pyx`: when it is not selected, `kvtier.blocks` keeps the Python
 constructor); and a disk write group's system calls

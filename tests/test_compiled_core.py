@@ -183,7 +183,11 @@ def random_program(name: str, seed: int) -> list[object]:
         else:
             policy.touch(rng.sample(keys, rng.randint(1, 4)))
     log.append(("final", sorted(key for key, _ in policy.items())))
-    lists = getattr(policy, "lists", None) or getattr(policy, "lru_order", None)
+    lists = (
+        getattr(policy, "lists", None)
+        or getattr(policy, "lru_order", None)
+        or getattr(policy, "queues", None)
+    )
     if lists is not None:
         log.append(("order", lists()))
     return log
@@ -228,9 +232,10 @@ def trace_decisions(name: str, fraction: float, limit: int) -> list[object]:
 
 
 def decisions_digest() -> str:
-    """One hash of every decision above, for LRU, ARC and lct (run in each core's process)."""
+    """One hash of every decision above, for LRU, ARC, S3-FIFO and lct (run in each core's
+    process)."""
     log: list[object] = []
-    for name in ("lru", "arc", "lct"):
+    for name in ("lru", "arc", "s3fifo", "lct"):
         log += [random_program(name, seed) for seed in range(40)]
         log += [trace_decisions(name, fraction, 3000) for fraction in (0.01, 0.1)]
     return hashlib.sha256(repr(log).encode()).hexdigest()
@@ -355,10 +360,10 @@ def test_with_a_compiled_core_the_policies_run_their_extensions() -> None:
     assert arc_file.endswith(compiled.extension_suffix())
 
 
-@pytest.mark.parametrize("name", ["arc", "lct"])
+@pytest.mark.parametrize("name", ["arc", "lct", "s3fifo"])
 def test_the_cores_run_without_cython_installed(name: str) -> None:
-    """Where Cython is not installed, `_arc_core` and `_lct_core` import `_cython_shim`
-    instead and decide as they do with Cython's own shadow module."""
+    """Where Cython is not installed, `_arc_core`, `_lct_core` and `_s3fifo_core` import
+    `_cython_shim` instead and decide as they do with Cython's own shadow module."""
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_compiled_core as t; "
     code += f"import hashlib; log = repr([t.random_program({name!r}, s) for s in range(5)]); "
     code += "print(hashlib.sha256(log.encode()).hexdigest())"

@@ -390,11 +390,16 @@ class ARCLists:
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
         """`key` (new, announced or a ghost) becomes resident with `block`."""
+        self._insert(key, block)
+
+    @cython.cfunc
+    def _insert(self, key: OffloadKey, block: BlockStatus) -> cython.int:
+        """`insert`'s steps."""
         node: cython.int = self._announced_node(key)
         where: cython.int = self._where[node]
         if where in (B1, B2):
             self.insert_many((key,), (block,))
-            return
+            return 0
         if where in (T1, T2):
             raise BlockStateError(f"arc: key {key!r} is already resident")
         self._join_t1(node, block)
@@ -403,6 +408,7 @@ class ARCLists:
             self._insert_room -= 1
         else:
             self._make_insert_room()
+        return 0
 
     @cython.cfunc
     def _announced_node(self, key: OffloadKey) -> cython.int:
@@ -498,44 +504,78 @@ class ARCLists:
         """Hits, oldest last: a T2 block becomes T2's newest; a ready T1 block moves to T2
         (case I, its second access), a T1 block still being written stays in T1."""
         node: cython.int
-        where: cython.int
         i: cython.Py_ssize_t
         for i in range(len(keys) - 1, -1, -1):
             node = self._find(keys[i])
-            if node < 0:
+            if node >= 0:
+                self._touch_node(node)
+
+    @cython.cfunc
+    def _touch_node(self, node: cython.int) -> cython.bint:
+        """A hit on `node` if it is resident (T1 or T2); whether it was."""
+        where: cython.int = self._where[node]
+        if where == T2:
+            if self._tail[T2] != node:
+                self._move(node, T2)
+        elif where == T1:
+            if self._ref_cnt(node) >= 0:
+                self._move(node, T2)
+            elif self._tail[T1] != node:
+                self._move(node, T1)
+        else:
+            return False
+        return True
+
+    def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
+        """Accesses of `keys`, last first, as `simulate` makes them one by one (each the
+        policy's `touch`, or `on_store_miss`, `evict(1)` when full and `insert` with
+        `block`; not stored when no block can be evicted): what `auto` drives a shadow with,
+        one call per request. Returns the hits."""
+        hits: cython.Py_ssize_t = 0
+        i: cython.Py_ssize_t
+        node: cython.int
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
+            node = self._find(key)
+            if node >= 0 and self._touch_node(node):
+                hits += 1
                 continue
-            where = self._where[node]
-            if where == T2:
-                if self._tail[T2] != node:
-                    self._move(node, T2)
-            elif where == T1:
-                if self._ref_cnt(node) >= 0:
-                    self._move(node, T2)
-                elif self._tail[T1] != node:
-                    self._move(node, T1)
+            self._release_announced()
+            if len(self._ann) < 1:
+                self._ann = _filled(1, 0)
+            self._announce(key)
+            self._incoming_adapted = False
+            if len(self._resident) >= self._capacity and self._evict(1, ()) is None:
+                continue
+            self._insert(key, block)
+        return hits
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """The keys that are not resident become the announced ones, in order and each
         once. Each is one dict operation: its node if it has one (a ghost's), else a new
         PENDING node registered for it."""
-        node: cython.int
-        where: cython.int
         for key in keys:
             hash(key)  # an unhashable key fails here, before anything changed
         self._release_announced()
         if len(keys) > len(self._ann):
             self._ann = _filled(len(keys), 0)
         for key in keys:
-            node = self._node_of(key)
-            where = self._where[node]
-            if self._created:
-                self._where[node] = PENDING
-            elif where in (T1, T2) or self._incoming[node]:
-                continue  # resident, or announced already
-            self._incoming[node] = 1
-            self._ann[self._nann] = node
-            self._nann += 1
+            self._announce(key)
         self._incoming_adapted = False
+
+    @cython.cfunc
+    def _announce(self, key: OffloadKey) -> cython.int:
+        """Announce `key` unless it is resident or announced already (`_ann` has room)."""
+        node: cython.int = self._node_of(key)
+        where: cython.int = self._where[node]
+        if self._created:
+            self._where[node] = PENDING
+        elif where in (T1, T2) or self._incoming[node]:
+            return 0  # resident, or announced already
+        self._incoming[node] = 1
+        self._ann[self._nann] = node
+        self._nann += 1
+        return 0
 
     # -- evict: a plan, then the plan applied ----------------------------------------------
 
@@ -548,6 +588,13 @@ class ARCLists:
         before the last n fill free slots (only p adapts), each of the last n pays for one
         eviction (when fewer keys were announced, plain misses lead them). List sizes are
         tracked as the sequential algorithm would see them."""
+        return self._evict(n, protected)
+
+    @cython.cfunc
+    def _evict(
+        self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """`evict`'s steps."""
         i: cython.Py_ssize_t
         if n > self._plan_room:
             self._victims = _filled(n, 0)

@@ -107,6 +107,12 @@ class ARCCachePolicy(CachePolicy):
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         self._core.on_store_miss(keys)
 
+    def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
+        """One call of the core (`ARCLists.access`): no Python call per key."""
+        if self._hints.active:  # never in a shadow; the calls one by one honour the hints
+            return super().access(keys, block)
+        return self._core.access(keys, block)
+
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:

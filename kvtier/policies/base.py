@@ -125,6 +125,29 @@ class CachePolicy(ABC):
         `on_store_miss`, so LRU and ARC decide as they always did; the same rules apply."""
         self.on_store_miss(keys)
 
+    def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
+        """Accesses of `keys`, last first, one by one as `simulate` makes them, and the hits:
+        a resident key is touched; an absent one is announced (`on_store_miss`), and if
+        admitted stored with `block` after one eviction when the cache is full (not stored
+        when no block can be evicted). What `auto` drives a shadow with (one shared ready
+        block for every key: metadata only), one call per request; LRU, ARC and S3-FIFO run
+        it in one call of their own, with no Python call per key when compiled."""
+        get = self.get
+        hits = 0
+        for key in reversed(keys):
+            one = (key,)
+            if get(key) is not None:
+                self.touch(one)
+                hits += 1
+                continue
+            self.on_store_miss(one)
+            if not self.admits_all and not self.admit(one)[0]:
+                continue
+            if len(self) >= self.cache_capacity and not self.evict(1):
+                continue
+            self.insert(key, block)
+        return hits
+
     @abstractmethod
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()

@@ -77,6 +77,33 @@ class LRUCachePolicy(CachePolicy):
             if key in blocks:
                 move_to_end(key)
 
+    def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
+        """`CachePolicy.access` in one loop over the ordered dict: a hit moves to the
+        recent end; a miss evicts the oldest block when full (`evict(1)` when it is pinned
+        or hints are active) and is stored."""
+        blocks = self._blocks
+        move_to_end = blocks.move_to_end
+        capacity = self.cache_capacity
+        hinted = self._hints.active
+        hits = 0
+        for key in reversed(keys):
+            if key in blocks:
+                if hinted:
+                    self.touch((key,))
+                else:
+                    move_to_end(key)
+                hits += 1
+                continue
+            if len(blocks) >= capacity:
+                oldest = next(iter(blocks))
+                if hinted or blocks[oldest].ref_cnt != 0:
+                    if not self.evict(1):
+                        continue
+                else:
+                    del blocks[oldest]
+            blocks[key] = block
+        return hits
+
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:

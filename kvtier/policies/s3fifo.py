@@ -22,21 +22,23 @@ The only departures are where a tier cannot follow the paper:
 A move from S to M is free (libCacheSim's S3FIFO.c does the same: an eviction evicts one
 block; M may grow past its share until the next eviction from it).
 
-Plain Python (ordered dicts), as LRU is: every step is O(1) amortized (a block in M is
-reinserted at most 3 times per hit it had).
+The state and steps are `S3FIFOQueues` (`kvtier/policies/_s3fifo_core.py`, this algorithm's
+one source: ordered dicts, every step O(1) amortized), written in Cython's pure Python mode as
+ARC's core is: `scripts/build-core` compiles it, and without a build it runs as plain Python,
+the same text. This class adds what is not S3-FIFO's: the checks of its arguments and the
+reuse hints.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
-from itertools import chain
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import BlockStateError, InvalidValueError
+from kvtier.errors import InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies._s3fifo_core import S3FIFOQueues
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 
@@ -52,9 +54,15 @@ MAX_FREQ = 3
 
 
 class S3FIFOCachePolicy(CachePolicy):
-    """S3-FIFO: a small probation FIFO, a main FIFO with reinsertion, a ghost FIFO."""
+    """S3-FIFO: a small probation FIFO, a main FIFO with reinsertion, a ghost FIFO.
+
+    `get` and `insert` are `S3FIFOQueues`' own, with no frame of this class's, unless a
+    subclass overrides them."""
 
     name: ClassVar[str] = "s3fifo"
+    queues_class: ClassVar[type[S3FIFOQueues]] = S3FIFOQueues
+    """The class of the state and steps: `S3FIFOQueues`, compiled when the core is; a test
+    gives a subclass the pure-Python one to compare the two (`tests/test_compiled_s3fifo.py`)."""
 
     def __init__(
         self,
@@ -75,29 +83,58 @@ class S3FIFOCachePolicy(CachePolicy):
             raise InvalidValueError(
                 f"s3fifo: move_threshold must be 1 to {MAX_FREQ}, got {move_threshold!r}"
             )
-        self.small_target = max(1, round(small * cache_capacity))
-        """S's share, in blocks: evictions take from S while it holds at least this many."""
-        self.ghost_capacity = round(ghosts * cache_capacity)
-        self.move_threshold = move_threshold
-        self._blocks: dict[OffloadKey, BlockStatus] = {}
-        self._freq: dict[OffloadKey, int] = {}
-        self._small: OrderedDict[OffloadKey, None] = OrderedDict()
-        self._main: OrderedDict[OffloadKey, None] = OrderedDict()
-        self._ghost: OrderedDict[OffloadKey, None] = OrderedDict()
         self._hints = HintBook()
-        # `get` is that dict's own bound method, as LRU's is (the dict is never replaced).
-        if type(self).get is S3FIFOCachePolicy.get:
-            self.get = self._blocks.get  # type: ignore[method-assign,assignment]
+        self._bind(
+            self.queues_class(
+                cache_capacity,
+                max(1, round(small * cache_capacity)),
+                round(ghosts * cache_capacity),
+                move_threshold,
+            )
+        )
+
+    def _bind(self, core: S3FIFOQueues) -> None:
+        """Serve from `core`: `get` and `insert` bound to the instance, so that every caller
+        reaches the dict or the core with no Python frame (the dict is never replaced)."""
+        self._core = core
+        cls = type(self)
+        if cls.get is S3FIFOCachePolicy.get:
+            self.get = core.blocks.get  # type: ignore[method-assign,assignment]
+        if cls.insert is S3FIFOCachePolicy.insert:
+            self.insert = core.insert  # type: ignore[method-assign]
 
     # -- inspection ------------------------------------------------------------------------
 
+    @property
+    def small_target(self) -> int:
+        """S's share, in blocks: evictions take from S while it holds at least this many."""
+        return self._core.small_target
+
+    @property
+    def ghost_capacity(self) -> int:
+        """Keys the ghost queue remembers."""
+        return self._core.ghost_capacity
+
+    @property
+    def move_threshold(self) -> int:
+        """Hits while in S that move a block to M."""
+        return self._core.move_threshold
+
     def queues(self) -> dict[str, list[OffloadKey]]:
         """S, M and G, each oldest first (for tests and inspection)."""
-        return {"small": list(self._small), "main": list(self._main), "ghost": list(self._ghost)}
+        core = self._core
+        return {"small": list(core.small), "main": list(core.main), "ghost": list(core.ghost)}
 
     def frequency(self, key: OffloadKey) -> int:
         """The 2-bit counter of resident `key` (0 if absent)."""
-        return self._freq.get(key, 0)
+        return self._core.freq.get(key, 0)
+
+    def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
+        """A shadow's accesses of `keys`, last first, each stored with `block` on a miss:
+        the hits (`S3FIFOQueues.access`; what `auto` drives a shadow with)."""
+        if self._hints.active:  # never in a shadow; the calls one by one honour the hints
+            return super().access(keys, block)
+        return self._core.access(keys, block)
 
     def adopted(self, entries: Sequence[tuple[OffloadKey, BlockStatus]]) -> S3FIFOCachePolicy:
         """A new S3-FIFO of this capacity holding exactly `entries` (key, block), oldest
@@ -106,73 +143,62 @@ class S3FIFOCachePolicy(CachePolicy):
         holds that `entries` lack becomes a ghost (newest), so that it comes back to M, where
         this one kept it (without, a switch of `auto` on cloudPhysics at 10 % lost 0.005
         more). `auto` hands the tier over this way to the S3-FIFO its shadow simulated."""
-        new = S3FIFOCachePolicy(self.cache_capacity)
-        new.small_target, new.ghost_capacity = self.small_target, self.ghost_capacity
-        new.move_threshold = self.move_threshold
+        new = type(self)(self.cache_capacity)
+        old = self._core
+        core = self.queues_class(
+            self.cache_capacity, old.small_target, old.ghost_capacity, old.move_threshold
+        )
+        new._bind(core)
         blocks = dict(entries)
-        new._blocks.update(entries)
+        held, freq = old.blocks, old.freq
+        core.blocks.update(entries)
         for key, _ in entries:
-            if key not in self._blocks:
-                new._small[key] = None
-                new._freq[key] = 0
-        for queue, into in ((self._small, new._small), (self._main, new._main)):
+            if key not in held:
+                core.small[key] = None
+                core.freq[key] = 0
+        for queue, into in ((old.small, core.small), (old.main, core.main)):
             for key in queue:
                 if key in blocks:
                     into[key] = None
-                    new._freq[key] = self._freq[key]
-        new._ghost.update((key, None) for key in self._ghost if key not in blocks)
-        for queue in (self._main, self._small):  # what the tier lacks comes back to M
+                    core.freq[key] = freq[key]
+        ghost = core.ghost
+        ghost.update((key, None) for key in old.ghost if key not in blocks)
+        for queue in (old.main, old.small):  # what the tier lacks comes back to M
             for key in queue:
-                if key not in blocks:
-                    new._remember(key)
+                if key not in blocks and old.ghost_capacity > 0:
+                    ghost[key] = None
+                    if len(ghost) > old.ghost_capacity:
+                        ghost.popitem(last=False)
         return new
 
     # -- CachePolicy -----------------------------------------------------------------------
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._blocks.get(key)
+        return self._core.blocks.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
-        return self._blocks.get
+        return self._core.blocks.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        if key in self._blocks:
-            raise BlockStateError(f"s3fifo: key {key!r} is already resident")
-        self._insert(key, block)
-
-    def _insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self._blocks[key] = block
-        self._freq[key] = 0
-        if self._ghost.pop(key, 0) is None:  # a ghost's value is None: it comes back to M
-            self._main[key] = None
-        else:
-            self._small[key] = None
+        self._core.insert(key, block)
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
-        self._check_insert_batch(keys, blocks, self._blocks)
-        for key, block in zip(keys, blocks, strict=True):
-            self._insert(key, block)
+        core = self._core
+        self._check_insert_batch(keys, blocks, core.blocks)
+        core.insert_many(keys, blocks)
 
     def remove(self, key: OffloadKey) -> None:
-        if self._blocks.pop(key, None) is None:
-            raise BlockStateError(f"s3fifo: key {key!r} is not resident")
-        del self._freq[key]
-        if self._small.pop(key, 0) is not None:  # not in S: in M
-            del self._main[key]
+        self._core.remove(key)
         if self._hints.reuse:
             self._hints.discard(key)
 
     def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
-        self._hints.mark(key, reuse, key in self._blocks)
+        self._hints.mark(key, reuse, key in self._core.blocks)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         if self._hints.reuse:
             self._hints.touched(keys)
-        freq = self._freq
-        for key in keys:
-            count = freq.get(key)
-            if count is not None and count < MAX_FREQ:
-                freq[key] = count + 1
+        self._core.touch(keys)
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()
@@ -180,90 +206,20 @@ class S3FIFOCachePolicy(CachePolicy):
         check_evict_count(n)
         if n == 0:
             return []
-        if n > len(self._blocks):
+        if n > len(self._core.blocks):
             return None
         if self._hints.active:
             return self._hints.evict_hinted(
-                n, protected, self.evict, self._blocks.get, self.remove, self.items
+                n, protected, self.evict, self._core.blocks.get, self.remove, self.items
             )
-        if not self._can_evict(n, protected):
-            return None
-        victims: list[tuple[OffloadKey, BlockStatus]] = []
-        while len(victims) < n:
-            victims.append(self._evict_one(protected))
-        return victims
-
-    def _can_evict(self, n: int, protected: Collection[OffloadKey]) -> bool:
-        """Whether `n` resident blocks are ready, unpinned and unprotected."""
-        blocks = self._blocks
-        found = 0
-        for key in chain(self._small, self._main):
-            if blocks[key].ref_cnt == 0 and key not in protected:
-                found += 1
-                if found == n:
-                    return True
-        return False
-
-    def _evict_one(self, protected: Collection[OffloadKey]) -> tuple[OffloadKey, BlockStatus]:
-        """One eviction, the paper's; some block is evictable (`_can_evict`)."""
-        small, main, blocks, freq = self._small, self._main, self._blocks, self._freq
-        # Blocks put back since the last progress in each queue: a queue all of whose
-        # blocks were put back has no evictable one, and the other queue is walked instead.
-        stuck_small = stuck_main = 0
-        while True:
-            use_small = small and stuck_small < len(small)
-            if use_small and len(small) < self.small_target and main and stuck_main < len(main):
-                use_small = False
-            if use_small:
-                key, _ = small.popitem(last=False)
-                block = blocks[key]
-                if block.ref_cnt != 0 or key in protected:
-                    small[key] = None
-                    stuck_small += 1
-                    continue
-                stuck_small = 0
-                if freq[key] >= self.move_threshold:
-                    freq[key] = 0
-                    main[key] = None
-                    stuck_main = 0  # M has an evictable block again
-                    continue
-                del blocks[key], freq[key]
-                self._remember(key)
-                return key, block
-            key, _ = main.popitem(last=False)
-            block = blocks[key]
-            if block.ref_cnt != 0 or key in protected:
-                main[key] = None
-                stuck_main += 1
-                continue
-            count = freq[key]
-            if count > 0:
-                freq[key] = count - 1
-                main[key] = None
-                stuck_main = 0
-                continue
-            del blocks[key], freq[key]
-            return key, block
-
-    def _remember(self, key: OffloadKey) -> None:
-        """Put `key`, evicted from S, in the ghost queue (its oldest falls out when full)."""
-        if self.ghost_capacity <= 0:
-            return
-        ghost = self._ghost
-        ghost[key] = None
-        if len(ghost) > self.ghost_capacity:
-            ghost.popitem(last=False)
+        return self._core.evict(n, protected)
 
     def clear(self) -> None:
-        self._blocks.clear()
-        self._freq.clear()
-        self._small.clear()
-        self._main.clear()
-        self._ghost.clear()
+        self._core.clear()
         self._hints.clear()
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._core.blocks)
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
-        return iter(list(self._blocks.items()))
+        return iter(list(self._core.blocks.items()))

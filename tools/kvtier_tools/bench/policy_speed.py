@@ -7,7 +7,8 @@ second.
 
 Workload: the shipped Mooncake trace (`kvtier_tools.workloads.traces.read_mooncake()`); each
 request's `hash_ids` (a prompt prefix of block keys, duplicates within a request dropped) is
-one request; capacities are 1 % and 10 % of the distinct blocks.
+one request; capacities are 1 % and 10 % of the distinct blocks. `--trace zipf`: 200,000
+one-key requests of a Zipf(0.8) mix over 80,000 keys instead (every call is one access).
 
 Two drivers, identical for both sides, one request at a time:
   - `loop` (the plain access loop, as `kvtier.policies.simulate` drives a policy): hits
@@ -40,8 +41,9 @@ plain Python for both sides.
 Figures: accesses (block keys of the requests) per second, median over `--repeats` timed
 replays after one untimed warm-up, kvtier's and vLLM's replays taking turns (the order
 rotating every repeat), each replay on a fresh policy or manager,
-`time.perf_counter`, garbage collector disabled while timing. Sanity: both LRUs must make the
-same decisions (equal hit counts), else the script exits 1.
+`time.perf_counter` (`--cpu-time`: `time.process_time`, the process's CPU time, steadier
+where other processes load the machine), garbage collector disabled while timing. Sanity:
+both LRUs must make the same decisions (equal hit counts), else the script exits 1.
 """
 
 from __future__ import annotations
@@ -64,9 +66,13 @@ from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import TierManager
 from kvtier.manager.backend import SlotPoolBackend
 from kvtier.policies import CachePolicy, get_policy_class
+from kvtier_tools.bench.policy_traces import zipf
 from kvtier_tools.workloads.traces import read_mooncake
 
 Requests = list[list[OffloadKey]]  # each request's keys, head first
+ZIPF_ACCESSES = 200_000
+ZIPF_KEYS = 80_000
+"""`--trace zipf`: this many one-key requests drawn from this many keys, Zipf(0.8)."""
 
 
 class FloorPolicy(CachePolicy):
@@ -142,7 +148,11 @@ def make_policy(
     return policy
 
 
-def load_requests(limit: int | None) -> tuple[Requests, int]:
+def load_requests(limit: int | None, trace: str = "mooncake") -> tuple[Requests, int]:
+    """The requests (each its keys, head first) and how many distinct keys they have."""
+    if trace == "zipf":  # one key per request: the cost of a call per access shows
+        draws = zipf(ZIPF_ACCESSES, ZIPF_KEYS)[:limit]
+        return [[key_from_int(h)] for h in draws], len(set(draws))
     requests: Requests = []
     for i, req in enumerate(read_mooncake()):
         if limit is not None and i >= limit:
@@ -307,12 +317,17 @@ def manager_vllm(name: str, capacity: int, requests: Requests) -> int:
 Driver = Callable[[str, int, Requests], int]
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+"""The clock of `timed`: wall time, or this process's CPU time with `--cpu-time`."""
+
+
 def timed(
     fns: Sequence[Driver], name: str, capacity: int, requests: Requests, repeats: int
 ) -> list[tuple[float, int]]:
     """For each driver: the median seconds of `repeats` replays after one warm-up, and its
     hit count. The drivers take turns, each repeat in a rotated order, so that the drift of
     a shared machine falls on all of them alike."""
+    clock = CLOCK
     hits = [fn(name, capacity, requests) for fn in fns]  # warm-up
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
@@ -320,9 +335,9 @@ def timed(
             gc.collect()
             gc.disable()
             try:
-                t0 = time.perf_counter()
+                t0 = clock()
                 h = fns[i](name, capacity, requests)
-                times[i].append(time.perf_counter() - t0)
+                times[i].append(clock() - t0)
             finally:
                 gc.enable()
             if h != hits[i]:
@@ -334,6 +349,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--limit", type=int, default=None, help="first N requests (default all)")
+    ap.add_argument(
+        "--trace",
+        choices=["mooncake", "zipf"],
+        default="mooncake",
+        help="the shipped trace (default), or 200,000 one-key requests of a Zipf(0.8) mix "
+        "over 80,000 keys (kvtier_tools.bench.policy_traces.zipf)",
+    )
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
     ap.add_argument("--policies", nargs="+", default=["lru", "arc", "s3fifo", "lct", "auto"])
     ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
@@ -343,13 +365,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_false",
         help="skip the FloorPolicy rows (the drivers' cost with a do-nothing FIFO)",
     )
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by this process's CPU time (time.process_time), not wall time: steadier "
+        "on a machine other processes load",
+    )
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
 
-    requests, distinct = load_requests(args.limit)
+    requests, distinct = load_requests(args.limit, args.trace)
     accesses = sum(map(len, requests))
     print(
         f"{len(requests)} requests, {accesses} block accesses, {distinct} distinct blocks; "
-        f"median of {args.repeats} after 1 warm-up; kvtier's bookkeeping: {core_status()}"
+        f"median of {args.repeats} after 1 warm-up"
+        f"{' (CPU time)' if args.cpu_time else ''}; kvtier's bookkeeping: {core_status()}"
     )
     drivers = {"loop": (loop_kvtier, loop_vllm), "manager": (manager_kvtier, manager_vllm)}
     header = (
