@@ -296,25 +296,13 @@ def check_log_store(name: str, store_dir: Path, repair: bool) -> TierCheck:
     what its open dropped reported; `repair` forgets the bad blocks and writes a checkpoint
     without them, else nothing is written."""
     from kvtier.errors import DiskLockedError, DiskTierError
-    from kvtier.tiers.disk.log_store import LAYOUT_FILE, LogStore, read_layout
+    from kvtier.tiers.disk.log_store import LAYOUT_FILE, read_layout
+    from kvtier.tiers.disk.open_checks import open_recorded_log_store
 
     result = TierCheck(name, store_dir)
     shape = read_layout(store_dir)
-    if shape is None:
-        result.status = EXIT_UNCHECKED
-        result.lines.append(f"cannot check: {store_dir} has no readable {LAYOUT_FILE}")
-        return result
     try:
-        store = LogStore(
-            store_dir.parent,
-            block_size=int(shape["block_size"]),
-            num_blocks=int(shape["num_blocks"]),
-            model_id=str(shape["model_id"]),
-            region_bytes=int(shape["region_bytes"]),
-            direct_io=False,
-            max_workers=1,
-            inspect=not repair,
-        )
+        store = open_recorded_log_store(store_dir, inspect=not repair, max_workers=1)
     except DiskLockedError:
         result.status = EXIT_UNCHECKED
         result.lines.append(f"cannot check: {store_dir} is in use; stop it and check again")
@@ -322,6 +310,10 @@ def check_log_store(name: str, store_dir: Path, repair: bool) -> TierCheck:
     except DiskTierError as error:
         result.status = EXIT_UNCHECKED
         result.lines.append(f"cannot check: {error}")
+        return result
+    if store is None or shape is None:
+        result.status = EXIT_UNCHECKED
+        result.lines.append(f"cannot check: {store_dir} has no readable {LAYOUT_FILE}")
         return result
     try:
         report = store.check(repair)

@@ -60,21 +60,14 @@ def open_source(store_dir: Path, layout: Layout) -> StoreFacade:
     from kvtier.cli.commands.check import store_shape
     from kvtier.errors import DiskTierError
     from kvtier.tiers.disk import DiskStore
-    from kvtier.tiers.disk.log_store import LAYOUT_FILE, LogStore, read_layout
+    from kvtier.tiers.disk.log_store import LAYOUT_FILE
+    from kvtier.tiers.disk.open_checks import open_recorded_log_store
 
     if layout == "log":
-        shape = read_layout(store_dir)
-        if shape is None:
+        store = open_recorded_log_store(store_dir)
+        if store is None:
             raise DiskTierError(f"{store_dir} has no readable {LAYOUT_FILE}: not a log store")
-        return LogStore(
-            store_dir.parent,
-            block_size=int(shape["block_size"]),
-            num_blocks=int(shape["num_blocks"]),
-            model_id=str(shape["model_id"]),
-            region_bytes=int(shape["region_bytes"]),
-            direct_io=False,
-            create_parents=False,
-        )
+        return store
     slots = store_shape(store_dir)
     if slots is None:
         raise DiskTierError(f"{store_dir} has no readable headers.bin: not a per-block store")

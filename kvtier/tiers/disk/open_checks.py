@@ -36,7 +36,7 @@ else; else one DiskTierError saying so, before anything is opened.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvtier.config_fields import readable_size
 from kvtier.errors import DiskLayoutError
@@ -45,6 +45,9 @@ from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
 from kvtier.tiers.disk.neighbours import bytes_on_disk
 from kvtier.tiers.disk.safety import check_parent_dir, check_store_dir
 from kvtier.tiers.trusted import make_dirs
+
+if TYPE_CHECKING:
+    from kvtier.tiers.disk.log_store import LogStore
 
 __all__ = [
     "LAYOUT_NAMES",
@@ -93,26 +96,35 @@ def _slots_blocks(store: Path) -> int | None:
         env.close()
 
 
-def _log_blocks(store: Path) -> int | None:
-    """The blocks a log store holds, opened to inspect; None when it cannot be opened."""
+def open_recorded_log_store(store: Path, **options: Any) -> LogStore | None:
+    """The log store in `store` opened by the geometry its `layout.json` records (block
+    size, blocks, model, region size), plain I/O, its parents never created, with `options`
+    (`inspect`, `max_workers`) on top; None when it has no readable
+    `layout.json`. What `kvtier check`, `kvtier migrate` and this opener's counting share."""
     from kvtier.tiers.disk.log_store import LogStore, read_layout
 
     shape = read_layout(store)
     if shape is None:
         return None
+    arguments: dict[str, Any] = {"direct_io": False, "create_parents": False}
+    arguments.update(options)
+    return LogStore(
+        store.parent,
+        block_size=int(shape["block_size"]),
+        num_blocks=int(shape["num_blocks"]),
+        model_id=str(shape["model_id"]),
+        region_bytes=int(shape["region_bytes"]),
+        **arguments,
+    )
+
+
+def _log_blocks(store: Path) -> int | None:
+    """The blocks a log store holds, opened to inspect; None when it cannot be opened."""
     try:
-        opened = LogStore(
-            store.parent,
-            block_size=int(shape["block_size"]),
-            num_blocks=int(shape["num_blocks"]),
-            model_id=str(shape["model_id"]),
-            region_bytes=int(shape["region_bytes"]),
-            direct_io=False,
-            max_workers=1,
-            create_parents=False,
-            inspect=True,
-        )
+        opened = open_recorded_log_store(store, inspect=True, max_workers=1)
     except Exception:
+        return None
+    if opened is None:
         return None
     try:
         return len(opened)

@@ -76,20 +76,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import errno
 import functools
 import gc
 import json
 import math
-import mmap
 import os
 import platform
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -106,7 +104,7 @@ from kvtier.tiers.disk.io import PLAIN_IO, preadv_all, pwritev_all
 from kvtier.tiers.pool.storage import TorchPool
 from kvtier.tiers.storage import ReadFailure
 from kvtier.tiers.tensor_copy import TensorCopier
-from kvtier_tools.bench.device import DeviceRow, measure_device
+from kvtier_tools.bench.device import DeviceRow, measure_device, page_aligned
 
 GB = 1e9
 """A GB/s figure is this many bytes per second (decimal, as disks and links are rated)."""
@@ -535,20 +533,6 @@ async def measure_cpu_copies(
 # -- disk ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _page_aligned(nbytes: int) -> Iterator[npt.NDArray[np.uint8]]:
-    """`nbytes` of anonymous, page-aligned memory (what O_DIRECT needs), every page touched."""
-    mapping = mmap.mmap(-1, nbytes)
-    array = np.frombuffer(mapping, dtype=np.uint8)
-    try:
-        array.fill(0)
-        yield array
-    finally:
-        del array
-        with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
-            mapping.close()
-
-
 def _open_raw_write(path: Path, block_size: int) -> tuple[bool, int]:
     """(whether O_DIRECT is on, fd) of a new file for a raw write baseline: O_DIRECT unless
     the filesystem refuses it (or blocks are not whole 4 KiB pages), else buffered."""
@@ -626,7 +610,7 @@ async def measure_disk(
         raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
         try:
             PLAIN_IO.allocate(raw_fd, total)
-            with _page_aligned(total) as raw_source:
+            with page_aligned(total) as raw_source:
                 # the bytes the store writes, in slot order, in memory O_DIRECT can use
                 raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
 
@@ -658,7 +642,7 @@ async def measure_disk(
             slab, offset = store.slot_location(0)
         raw_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
         try:
-            with _page_aligned(total) as landing:
+            with page_aligned(total) as landing:
 
                 async def kvtier_read() -> float:
                     start = time.perf_counter()
@@ -906,7 +890,7 @@ async def _serving_writes(
     raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
     try:
         PLAIN_IO.allocate(raw_fd, total)
-        with _page_aligned(total) as raw_source:
+        with page_aligned(total) as raw_source:
             blocks_out = list(raw_source.reshape(count, block_size))
             raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
 
@@ -973,7 +957,7 @@ async def _serving_reads(
     rows: list[Row] = []
     raw_read_direct, read_fd = _open_for_raw_read(slab, store.direct_io_active, block_size)
     try:
-        with _page_aligned(count * block_size) as landing:
+        with page_aligned(count * block_size) as landing:
             blocks_in = list(landing.reshape(count, block_size))
 
             def raw_read_lane(calls: list[int]) -> None:

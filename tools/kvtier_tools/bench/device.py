@@ -120,7 +120,7 @@ def _gcd(a: int, b: int) -> int:
 
 
 @contextlib.contextmanager
-def _page_aligned(nbytes: int) -> Iterator[npt.NDArray[np.uint8]]:
+def page_aligned(nbytes: int) -> Iterator[npt.NDArray[np.uint8]]:
     """`nbytes` of anonymous, page-aligned memory (what O_DIRECT needs), every page touched."""
     mapping = mmap.mmap(-1, nbytes)
     array = np.frombuffer(mapping, dtype=np.uint8)
@@ -186,7 +186,7 @@ def measure_device(
     executor = ThreadPoolExecutor(queue_depth, thread_name_prefix="kvtier-bench-device")
     try:
         PLAIN_IO.allocate(fd, total)
-        with _page_aligned(total) as source, _page_aligned(block_size * queue_depth) as sink:
+        with page_aligned(total) as source, page_aligned(block_size * queue_depth) as sink:
             source[:] = rng.integers(0, 256, size=total, dtype=np.uint8)
             landings = list(sink.reshape(queue_depth, block_size))  # one per lane
 
