@@ -5,6 +5,14 @@ Every byte of a region is moved through here: `write_parts` (a group's header pa
 payloads, straight from the caller's memory, on the write threads), `read_run` (payloads
 back to back straight into the caller's buffers), `read_into` (any range: with O_DIRECT
 through an aligned staging buffer) and `sync`.
+
+Failing closed (as the per-block store, guard.py): `check_ground`, run by the write lane after
+a group's sync and before it indexes anything, finds the lock file or the regions file removed
+or replaced under the open store; the files then disable themselves for good (`lost`): one
+ERROR line, every later use of a descriptor fails with ESTALE, and once the uses in flight
+have ended the descriptors are closed (the lock released, the space of removed files given
+back now). Each use of a descriptor is counted by a `Guard`, so none is ever closed under a
+read or a write (nor its number reused by another file meanwhile).
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
+from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import IOV_MAX, FileIO, preadv_fill, pwritev_all, staging_buffer
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
 
@@ -29,6 +40,8 @@ WRITE_PART_BYTES = 1 << 20
 
 MIN_REGION_BYTES = 64 << 10
 """The smallest region (a small store's regions shrink to this so it still has several)."""
+
+_log = logging.getLogger("kvtier.disk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +79,8 @@ class LogFiles:
         self.geo = geo
         self.io = io
         self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
+        self._guard = Guard()
+        """Counts the uses of the descriptors in flight; disabled once the files are lost."""
         try:
             self._lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as error:
@@ -128,7 +143,18 @@ class LogFiles:
         return futures
 
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
-        return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
+        with self._use():
+            return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[None]:
+        """A use of the descriptors: counted while it runs; OSError(ESTALE) once lost."""
+        if not self._guard.enter_read():
+            raise OSError(errno.ESTALE, f"the disk tier at {self.root} is disabled: {self.lost}")
+        try:
+            yield
+        finally:
+            self._guard.leave_read()
 
     def read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         """Fill `buffers`, back to back, from `start` of `region` with one preadv (and more
@@ -137,6 +163,10 @@ class LogFiles:
         boundary; else, with an O_DIRECT descriptor, through an aligned staging buffer and
         one copy (every access to the regions stays O_DIRECT: no page cache to go stale
         under a direct write); buffered without one."""
+        with self._use():
+            return self._read_run(region, start, buffers, direct)
+
+    def _read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         at = self.base(region) + start
         if self.direct_fd is None:
             return preadv_fill(self.fd, buffers, at, io=self.io)
@@ -159,6 +189,10 @@ class LogFiles:
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
         the end of the file)."""
+        with self._use():
+            return self._read_into(region, start, out)
+
+    def _read_into(self, region: int, start: int, out: Any) -> int:
         view = memoryview(out).cast("B")
         at = self.base(region) + start
         if self.direct_fd is None:
@@ -173,22 +207,48 @@ class LogFiles:
 
     def sync(self) -> None:
         """fdatasync the regions file."""
-        self.io.fsync(self.fd)
+        with self._use():
+            self.io.fsync(self.fd)
+
+    @property
+    def lost(self) -> str | None:
+        """Why the files were lost (removed or replaced while open), or None."""
+        return self._guard.reason
 
     def check_ground(self) -> str | None:
-        """Why the store's files are no longer its own (removed or replaced), or None."""
-        try:
-            here = os.stat(self.root / REGIONS_FILE)
-        except OSError:
-            return f"{self.root / REGIONS_FILE} was removed"
-        mine = os.fstat(self.fd)
-        if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
-            return f"{self.root / REGIONS_FILE} was replaced"
-        return None
+        """Why the store's files are no longer its own, or None: the regions file, then the
+        lock file, each removed (its path gone, or the file held unlinked) or replaced (its
+        path now another file); a file that cannot be examined counts as lost too. On the
+        first problem found the files disable themselves (see the module; `lose`)."""
+        if self.lost is not None:
+            return self.lost
+        why = _moved(self.root / REGIONS_FILE, self.fd, "the regions file")
+        if why is None:
+            why = _moved(self.root / LOCK_FILE, self._lock_fd, "the lock file")
+        if why is not None:
+            self.lose(why)
+        return self.lost
+
+    def lose(self, why: str) -> None:
+        """Disable the files for good because `why` (the first reason stays): one ERROR line,
+        then, once the uses in flight have ended, every descriptor closed."""
+        if not self._guard.disable(why):
+            return
+        _log.error(
+            "disk tier at %s disabled while open: %s; its writes fail and its reads are misses "
+            "from now on (blocks it stored may be gone: open the path again to start from what "
+            "is there)",
+            self.root,
+            why,
+        )
+        self._close_descriptors()
 
     def close(self) -> None:
         """Close every descriptor (idempotent)."""
         self._writers.shutdown(wait=True)
+        self._close_descriptors()
+
+    def _close_descriptors(self) -> None:
         for fd in (self.direct_fd, getattr(self, "fd", None)):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -199,6 +259,22 @@ class LogFiles:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+def _moved(path: Path, fd: int, name: str) -> str | None:
+    """Why `path` is no longer the file `fd` holds ("the lock file P was removed"), or None."""
+    try:
+        held = os.fstat(fd)
+        here = os.stat(path)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"{name} {path} was removed"
+        return f"the files in {path.parent} cannot be examined: {error.strerror}"
+    if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+        return f"{name} {path} was replaced by another file"
+    if held.st_nlink == 0:
+        return f"{name} {path} was removed"
+    return None
 
 
 def _cut(buffers: list[memoryview]) -> list[memoryview]:

@@ -12,8 +12,8 @@ A facade over its parts, each a module with one job:
     log_recovery.py    the open: checkpoint, region headers, the regions written since
     log_checkpoint.py  the index's checkpoint in LMDB
 
-The per-block layout (`DiskStore`, store.py) stays the default; see docs/ARCHITECTURE.md for
-why and for what each promises.
+The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, `layout =
+"slots"`) is the other. See docs/ARCHITECTURE.md for why and for what each promises.
 """
 
 from __future__ import annotations
@@ -229,7 +229,10 @@ class LogStore(StoreFacade):
                 self._checkpoint_busy = False
 
     def checkpoint(self) -> None:
-        """Write the index as the checkpoint now (blocking; tools, tests and close)."""
+        """Write the index as the checkpoint now (blocking; tools, tests and close); never
+        once the store is disabled (the directory may be another store's now)."""
+        if self._files.lost is not None:
+            return
         lane = self._lane
         save_checkpoint(
             self.path,
@@ -253,7 +256,7 @@ class LogStore(StoreFacade):
             if self._read_pool is not None:
                 self._read_pool.shutdown(wait=True)
                 self._read_pool = None
-            if self._lane.lost is None and not self.inspect:
+            if self._files.lost is None and not self.inspect:
                 try:
                     self.checkpoint()
                 except Exception as error:
@@ -262,8 +265,11 @@ class LogStore(StoreFacade):
 
     @property
     def disabled_reason(self) -> str | None:
-        """Why the store disabled itself (its files were removed or replaced), or None."""
-        return self._lane.lost
+        """Why the store disabled itself while open (its lock file or regions file was
+        removed or replaced under it), or None while it serves. Once set it stays: every
+        write fails, every read is a miss, it holds no block and its files are closed; open
+        the path again to start from what is there."""
+        return self._files.lost
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -305,21 +311,25 @@ class LogStore(StoreFacade):
         return f"log of {self.num_regions} regions in {self.path} ({mode}{codec})"
 
     def __len__(self) -> int:
-        return 0 if self._lane.lost is not None else self._index.blocks
+        return 0 if self._files.lost is not None else self._index.blocks
 
     def __contains__(self, key: object) -> bool:
-        if self._lane.lost is not None or not isinstance(key, bytes):
+        if self._files.lost is not None or not isinstance(key, bytes):
             return False
         return self._index.find(OffloadKey(key)) is not None
 
     def keys(self) -> list[OffloadKey]:
-        """The keys held now."""
+        """The keys held now (none once disabled)."""
+        if self._files.lost is not None:
+            return []
         found = (self._index.key_at(int(slot)) for slot in self._index.held_slots())
         return [key for key in found if key is not None]
 
     def restore(self) -> list[RestoredBlock]:
         """The blocks found at open, oldest first, less those written over or forgotten
-        since (an object per block: a chain uses `restore_cold`)."""
+        since (an object per block: a chain uses `restore_cold`); none once disabled."""
+        if self._files.lost is not None:
+            return []
         cold = self._cold
         found = ((cold.key_of(int(slot)), int(slot)) for slot in cold.slots())
         return [RestoredBlock(key, slot) for key, slot in found if key is not None]
@@ -329,7 +339,12 @@ class LogStore(StoreFacade):
         return self._cold
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} blocks"
+        if self._closed:
+            state = "closed"
+        elif self._files.lost is not None:
+            state = f"disabled: {self._files.lost}"
+        else:
+            state = f"{len(self)} blocks"
         return f"LogStore({str(self.path)!r}, block_size={self.block_size}, {state})"
 
     # -- the calls -------------------------------------------------------------------------
@@ -371,7 +386,7 @@ class LogStore(StoreFacade):
         )
         if not key_list:
             return []
-        if self._lane.lost is not None:
+        if self._files.lost is not None:
             return [ReadFailure.IO_ERROR] * len(key_list)
         parts = read_parts(slot_list, self.block_size, self._max_workers)
         return await read_split(
@@ -380,8 +395,11 @@ class LogStore(StoreFacade):
 
     def check(self, repair: bool = False) -> CheckReport:
         """Read back every block and verify it; with `repair`, forget the bad ones in memory
-        and write a checkpoint without them. Blocking; run it with no batch in flight."""
+        and write a checkpoint without them. Blocking; run it with no batch in flight.
+        DiskTierError once the store is disabled (its files are not its own any more)."""
         self._check_open()
+        if self._files.lost is not None:
+            raise DiskTierError(f"the disk tier at {self.path} is disabled: {self._files.lost}")
         index = self._index
         problems: list[CheckProblem] = []
         bad: list[int] = []
