@@ -57,18 +57,37 @@ class Geometry:
         return self.region_bytes * self.num_regions
 
 
-def geometry(num_blocks: int, record_max: int, region_bytes: int, spare: float) -> Geometry:
+def geometry(
+    num_blocks: int, record_max: int, region_bytes: int, spare: float, *, exact: bool = False
+) -> Geometry:
     """Regions enough for `num_blocks` records of at most `record_max` bytes each (each
     counted as whole pages: a group of one block is padded to a page), plus `spare` of that
-    for the space reclaiming needs, plus two (the open region and the reserve). A store too
-    small for eight regions of `region_bytes` gets smaller ones (at least MIN_REGION_BYTES)."""
-    footprint = -(-record_max // PAGE) * PAGE
-    live = num_blocks * footprint
-    region = min(region_bytes, max(MIN_REGION_BYTES, -(-live // (8 * PAGE)) * PAGE))
-    region = max(region, -(-(4 * footprint + PAGE) // PAGE) * PAGE)
+    for the space reclaiming needs, plus two (the open region and the reserve). Regions of
+    `region_size` (with `exact`, of `region_bytes` as given: the size a store's regions were
+    written with)."""
+    live = num_blocks * _footprint(record_max)
+    region = region_bytes if exact else region_size(num_blocks, record_max, region_bytes)
     usable = region - PAGE
     regions = -(-int(live * (1 + spare)) // usable) + 2
     return Geometry(region, regions)
+
+
+def region_size(num_blocks: int, record_max: int, region_bytes: int) -> int:
+    """The size of a store's regions: `region_bytes`, or smaller ones (at least
+    MIN_REGION_BYTES) for a store too small for eight of them, never one too small for four
+    records of `record_max` bytes (`smallest_region`)."""
+    live = num_blocks * _footprint(record_max)
+    region = min(region_bytes, max(MIN_REGION_BYTES, -(-live // (8 * PAGE)) * PAGE))
+    return max(region, smallest_region(record_max))
+
+
+def smallest_region(record_max: int) -> int:
+    """The smallest region a store of records of at most `record_max` bytes has."""
+    return -(-(4 * _footprint(record_max) + PAGE) // PAGE) * PAGE
+
+
+def _footprint(record_max: int) -> int:
+    return -(-record_max // PAGE) * PAGE
 
 
 class LogFiles:
@@ -98,6 +117,8 @@ class LogFiles:
             raise DiskTierError(f"cannot open {path}: {error.strerror}") from None
         self.found_bytes = io.size(self.fd)
         """The regions file's size when opened (shorter than the geometry: truncated)."""
+        self.inode = os.fstat(self.fd).st_ino
+        """The regions file's inode number (what a store's identity is made for)."""
         self.direct_fd: int | None = None
         if direct_io is not False:
             try:
@@ -106,6 +127,11 @@ class LogFiles:
                 if direct_io is True:
                     self.close()
                     raise DirectIOError(f"O_DIRECT unavailable for {path}: {error}") from None
+
+    def cut(self, geo: Geometry) -> None:
+        """Cut the regions by `geo` instead (the geometry the store was written with): at
+        open, before any region is read or written."""
+        self.geo = geo
 
     def allocate(self) -> None:
         """Size the regions file to the geometry (preallocated where the filesystem can)."""

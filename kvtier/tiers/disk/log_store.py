@@ -11,6 +11,7 @@ A facade over its parts, each a module with one job:
     log_reader.py      reads, each block verified (and read again if its record moved)
     log_recovery.py    the open: checkpoint, region headers, the regions written since
     log_checkpoint.py  the index's checkpoint in LMDB
+    log_layout.py      layout.json: the regions' size and the identity the store was written with
 
 The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, `layout =
 "slots"`) is the other. See docs/ARCHITECTURE.md for why and for what each promises.
@@ -19,7 +20,6 @@ The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -52,6 +52,14 @@ from kvtier.tiers.disk.log_format import (
 )
 from kvtier.tiers.disk.log_index import LogIndex, LogRestored
 from kvtier.tiers.disk.log_lane import LogLane
+from kvtier.tiers.disk.log_layout import (
+    LAYOUT_FILE,
+    Written,
+    new_store_id,
+    read_layout,
+    write_layout,
+    written_with,
+)
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
 from kvtier.tiers.disk.reader import read_parts, read_split
@@ -145,11 +153,16 @@ class LogStore(StoreFacade):
         geo = geometry(num_blocks, record_max, region_bytes, float(spare))
         self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
         try:
+            written = self._written(record_max, region_bytes, float(spare))
+            self._store_id = written.store_id or ("" if inspect else new_store_id())
+            geo = self._files.geo
             self._index = LogIndex(num_blocks, geo.num_regions)
-            self.opened = recover(self._files, self._index, self.fingerprint, self._namespace)
+            self.opened = recover(
+                self._files, self._index, self.fingerprint, self._namespace, self._store_id
+            )
             if not inspect:
                 self._files.allocate()
-                write_layout(self.path, block_size, num_blocks, model_id, region_bytes)
+                self._record_layout(region_bytes)
         except BaseException:
             self._files.close()
             raise
@@ -186,6 +199,51 @@ class LogStore(StoreFacade):
         )
         self._closed = False
         self._close_lock = threading.Lock()
+
+    def _written(self, record_max: int, region_bytes: int, spare: float) -> Written:
+        """What the store's regions file was written with (log_layout.py); its regions'
+        size, when known and not this open's, replaces the open's geometry (one line)."""
+        files = self._files
+        written = written_with(
+            read_layout(self.path),
+            block_size=self.block_size,
+            model_id=self.model_id,
+            record_max=record_max,
+            regions_inode=files.inode,
+            fresh=files.found_bytes == 0,
+        )
+        size = written.region_size
+        if size is not None and size != files.geo.region_bytes:
+            _LOG.warning(
+                "log store %s keeps the regions of %d bytes it was written with, not the %d "
+                "bytes region_bytes = %d gives for %d blocks: remove that directory to start "
+                "empty with those (a cache: its blocks are lost, nothing else)",
+                self.path,
+                size,
+                files.geo.region_bytes,
+                region_bytes,
+                self.num_blocks,
+            )
+            files.cut(geometry(self.num_blocks, record_max, size, spare, exact=True))
+        return written
+
+    def _record_layout(self, region_bytes: int) -> None:
+        """Record this open's layout and the store's identity (log_layout.py)."""
+        layout = {
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "model_id": self.model_id,
+            "region_bytes": region_bytes,
+            "region_size": self._files.geo.region_bytes,
+            "store_id": self._store_id,
+            "regions_inode": self._files.inode,
+        }
+        try:
+            write_layout(self.path, layout)
+        except OSError as error:
+            raise DiskTierError(
+                f"cannot write {self.path / LAYOUT_FILE}: {error.strerror}"
+            ) from None
 
     @classmethod
     def from_config(
@@ -237,6 +295,7 @@ class LogStore(StoreFacade):
         save_checkpoint(
             self.path,
             self.fingerprint,
+            self._store_id,
             self._index,
             self._files.geo.region_bytes,
             lane.next_seq,
@@ -424,39 +483,3 @@ class LogStore(StoreFacade):
         return CheckReport(
             records, tuple(problems), repaired=repaired, opened=tuple(self.opened.problems)
         )
-
-
-LAYOUT_FILE = "layout.json"
-"""A log store's geometry, written when it is created: what `kvtier check` opens it by."""
-
-
-def write_layout(
-    path: Path, block_size: int, num_blocks: int, model_id: str, region_bytes: int
-) -> None:
-    """Record the store's geometry in `path/layout.json` (atomically; kept when present)."""
-    target = path / LAYOUT_FILE
-    if target.exists():
-        return
-    text = json.dumps(
-        {
-            "format": LOG_FORMAT_VERSION,
-            "block_size": block_size,
-            "num_blocks": num_blocks,
-            "model_id": model_id,
-            "region_bytes": region_bytes,
-        }
-    )
-    temporary = path / f".{LAYOUT_FILE}.tmp"
-    temporary.write_text(text)
-    os.replace(temporary, target)
-
-
-def read_layout(path: Path) -> dict[str, Any] | None:
-    """The geometry a log store in `path` recorded, or None (absent or unreadable)."""
-    try:
-        data = json.loads((path / LAYOUT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != LOG_FORMAT_VERSION:
-        return None
-    return data
