@@ -175,6 +175,43 @@ async def test_a_store_whose_files_are_taken_reports_no_block_stored(
         again.close()
 
 
+@pytest.mark.timeout(60)
+async def test_a_second_log_store_opened_after_the_lock_was_removed_disables_the_first(
+    tmp_path: Path,
+) -> None:
+    """The lock file removed under an open store lets a second one open the same files: the
+    first one's next group fails and disables it (it writes nothing more there), the second
+    serves, and every block claimed afterwards reads back as its own bytes. (Log layout
+    only: the per-block store's LMDB index cannot be opened twice in one process; its lock
+    file cases are above.)"""
+    layout = "log"
+    first = open_store(tmp_path, layout)
+    try:
+        assert await write(first, [0, 1], [0, 1]) == [None, None]
+        remove_lock(first)
+        second = open_store(tmp_path, layout)  # the lock is free: nothing refuses it
+        try:
+            assert await write(second, [2, 3], [2, 3]) == [None, None]
+            results = await write(first, [4, 5], [4, 5])
+            assert all(isinstance(r, OSError) and r.errno == errno.ESTALE for r in results)
+            reason = first.disabled_reason
+            assert reason is not None and "lock file" in reason, reason
+            assert second.disabled_reason is None
+            assert await read(second, [2, 3], [2, 3]) == [None, None]
+        finally:
+            second.close()
+    finally:
+        await first.aclose()
+    again = open_store(tmp_path, layout)
+    try:
+        held = {block.key: block.slot for block in again.restore()}
+        assert k(2) in held and k(3) in held
+        ids = [i for i in range(6) if k(i) in held]
+        assert await read(again, ids, [held[k(i)] for i in ids]) == [None] * len(ids)
+    finally:
+        again.close()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 async def test_after_rm_rf_the_reopened_path_starts_empty(tmp_path: Path, layout: str) -> None:
     disk = open_store(tmp_path, layout)

@@ -276,7 +276,7 @@ class LogFiles:
 
     def _close_descriptors(self) -> None:
         for fd in (self.direct_fd, getattr(self, "fd", None)):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     self.io.close(fd)
         self.direct_fd = None
