@@ -17,6 +17,7 @@ read or a write (nor its number reused by another file meanwhile).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -117,8 +118,8 @@ class LogFiles:
             raise DiskTierError(f"cannot open {path}: {error.strerror}") from None
         self.found_bytes = io.size(self.fd)
         """The regions file's size when opened (shorter than the geometry: truncated)."""
-        self.inode = os.fstat(self.fd).st_ino
-        """The regions file's inode number (what a store's identity is made for)."""
+        self.identity = file_identity(self.fd)
+        """The regions file's identity on its filesystem (what a store's id is made for)."""
         self.direct_fd: int | None = None
         if direct_io is not False:
             try:
@@ -285,6 +286,20 @@ class LogFiles:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+FS_IOC_GETVERSION = 0x80087601
+"""Linux's ioctl for a file's inode generation (the `_IOR('v', 1, long)` of 64-bit ABIs)."""
+
+
+def file_identity(fd: int) -> str:
+    """The identity of the file `fd` holds, "inode:generation": the generation number (which
+    the filesystem changes when an inode number is reused) where the filesystem gives one,
+    else 0, and then a new file that got a removed one's inode number looks the same."""
+    generation = array.array("l", [0])
+    with contextlib.suppress(OSError, OverflowError):
+        fcntl.ioctl(fd, FS_IOC_GETVERSION, generation, True)
+    return f"{os.fstat(fd).st_ino}:{generation[0] & 0xFFFFFFFF}"
 
 
 def _moved(path: Path, fd: int, name: str) -> str | None:

@@ -4,10 +4,10 @@ settings keeps the store's own regions and a checkpoint that is not its own is i
 It records the block size, the model, the capacity and `region_bytes` of the last open (what
 `kvtier check` and `kvtier migrate` open a store by), the size of the regions the regions
 file is cut into (`region_size`: a small store's are smaller than `region_bytes`), and the
-store's identity: a random `store_id` made for one regions file (`regions_inode`), which
-every checkpoint carries. A new or emptied regions file, or another file at its path (a copy,
-a replacement), gets a new identity, so no checkpoint written for other regions is loaded
-over these (the open then scans them)."""
+store's identity: a random `store_id` made for one regions file (`regions_file`: its inode
+number and generation, `file_identity`), which every checkpoint carries. A new or emptied
+regions file, or another file at its path (a copy, a replacement), gets a new identity, so
+no checkpoint written for other regions is loaded over these (the open scans them)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def written_with(
     block_size: int,
     model_id: str,
     record_max: int,
-    regions_inode: int,
+    regions_file: str,
     fresh: bool,
 ) -> Written:
-    """What the regions file (of inode `regions_inode`; `fresh`: new or empty) was written
+    """What the regions file (whose identity is `regions_file`; `fresh`: new or empty) was written
     with, by the `recorded` layout: nothing known for a fresh file, another store's layout
     (block size, model) or a damaged one; the identity only for the file it was made for.
     A layout written before `region_size` was recorded gives the size its capacity and
@@ -80,7 +80,7 @@ def written_with(
     ):
         size = None
     store_id = recorded.get("store_id")
-    if not isinstance(store_id, str) or recorded.get("regions_inode") != regions_inode:
+    if not isinstance(store_id, str) or recorded.get("regions_file") != regions_file:
         store_id = None
     return Written(size, store_id)
 
@@ -92,7 +92,7 @@ def new_store_id() -> str:
 
 def write_layout(path: Path, layout: dict[str, Any]) -> None:
     """Record `layout` (block_size, num_blocks, model_id, region_bytes, region_size,
-    store_id, regions_inode) in `path/layout.json`, atomically and durably, unless it
+    store_id, regions_file) in `path/layout.json`, atomically and durably, unless it
     already says that (a checkpoint carrying the identity must never outlive it)."""
     layout = {"format": LOG_FORMAT_VERSION, **layout}
     if read_layout(path) == layout:

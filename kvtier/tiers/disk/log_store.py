@@ -209,7 +209,7 @@ class LogStore(StoreFacade):
             block_size=self.block_size,
             model_id=self.model_id,
             record_max=record_max,
-            regions_inode=files.inode,
+            regions_file=files.identity,
             fresh=files.found_bytes == 0,
         )
         size = written.region_size
@@ -236,7 +236,7 @@ class LogStore(StoreFacade):
             "region_bytes": region_bytes,
             "region_size": self._files.geo.region_bytes,
             "store_id": self._store_id,
-            "regions_inode": self._files.inode,
+            "regions_file": self._files.identity,
         }
         try:
             write_layout(self.path, layout)
