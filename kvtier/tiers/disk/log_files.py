@@ -11,8 +11,9 @@ a group's sync and before it indexes anything, finds the lock file or the region
 or replaced under the open store; the files then disable themselves for good (`lost`): one
 ERROR line, every later use of a descriptor fails with ESTALE, and once the uses in flight
 have ended the descriptors are closed (the lock released, the space of removed files given
-back now). Each use of a descriptor is counted by a `Guard`, so none is ever closed under a
-read or a write (nor its number reused by another file meanwhile).
+back now). Each use of a descriptor is counted while it runs (a lock and a counter: well
+under a microsecond), so none is ever closed under a read or a write (nor its number reused
+by another file meanwhile).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import errno
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
-from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import IOV_MAX, FileIO, preadv_fill, pwritev_all, staging_buffer
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
 
@@ -99,8 +100,10 @@ class LogFiles:
         self.geo = geo
         self.io = io
         self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
-        self._guard = Guard()
-        """Counts the uses of the descriptors in flight; disabled once the files are lost."""
+        self._uses_lock = threading.Lock()
+        self._uses = 0
+        """Uses of the descriptors in flight (under `_uses_lock`)."""
+        self._lost: str | None = None
         try:
             self._lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as error:
@@ -170,18 +173,24 @@ class LogFiles:
         return futures
 
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
-        with self._use():
-            return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
-
-    @contextlib.contextmanager
-    def _use(self) -> Iterator[None]:
-        """A use of the descriptors: counted while it runs; OSError(ESTALE) once lost."""
-        if not self._guard.enter_read():
-            raise OSError(errno.ESTALE, f"the disk tier at {self.root} is disabled: {self.lost}")
+        self._enter()
         try:
-            yield
+            return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
         finally:
-            self._guard.leave_read()
+            self._leave()
+
+    def _enter(self) -> None:
+        """Count a use of the descriptors as in flight; OSError(ESTALE) once lost."""
+        with self._uses_lock:
+            if self._lost is not None:
+                why = f"the disk tier at {self.root} is disabled: {self._lost}"
+                raise OSError(errno.ESTALE, why)
+            self._uses += 1
+
+    def _leave(self) -> None:
+        """A use counted by `_enter` has ended."""
+        with self._uses_lock:
+            self._uses -= 1
 
     def read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         """Fill `buffers`, back to back, from `start` of `region` with one preadv (and more
@@ -190,8 +199,11 @@ class LogFiles:
         boundary; else, with an O_DIRECT descriptor, through an aligned staging buffer and
         one copy (every access to the regions stays O_DIRECT: no page cache to go stale
         under a direct write); buffered without one."""
-        with self._use():
+        self._enter()
+        try:
             return self._read_run(region, start, buffers, direct)
+        finally:
+            self._leave()
 
     def _read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         at = self.base(region) + start
@@ -216,8 +228,11 @@ class LogFiles:
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
         the end of the file)."""
-        with self._use():
+        self._enter()
+        try:
             return self._read_into(region, start, out)
+        finally:
+            self._leave()
 
     def _read_into(self, region: int, start: int, out: Any) -> int:
         view = memoryview(out).cast("B")
@@ -234,13 +249,16 @@ class LogFiles:
 
     def sync(self) -> None:
         """fdatasync the regions file."""
-        with self._use():
+        self._enter()
+        try:
             self.io.fsync(self.fd)
+        finally:
+            self._leave()
 
     @property
     def lost(self) -> str | None:
         """Why the files were lost (removed or replaced while open), or None."""
-        return self._guard.reason
+        return self._lost
 
     def check_ground(self) -> str | None:
         """Why the store's files are no longer its own, or None: the regions file, then the
@@ -259,8 +277,10 @@ class LogFiles:
     def lose(self, why: str) -> None:
         """Disable the files for good because `why` (the first reason stays): one ERROR line,
         then, once the uses in flight have ended, every descriptor closed."""
-        if not self._guard.disable(why):
-            return
+        with self._uses_lock:
+            if self._lost is not None:
+                return
+            self._lost = why
         _log.error(
             "disk tier at %s disabled while open: %s; its writes fail and its reads are misses "
             "from now on (blocks it stored may be gone: open the path again to start from what "
@@ -268,6 +288,11 @@ class LogFiles:
             self.root,
             why,
         )
+        while True:  # (once in a store's life: the uses in flight are single system calls)
+            with self._uses_lock:
+                if self._uses == 0:
+                    break
+            time.sleep(0.001)
         self._close_descriptors()
 
     def close(self) -> None:
