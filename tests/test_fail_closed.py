@@ -212,6 +212,41 @@ async def test_a_second_log_store_opened_after_the_lock_was_removed_disables_the
         again.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_reads_in_flight_when_the_files_are_taken_are_blocks_or_misses(
+    tmp_path: Path, layout: str
+) -> None:
+    """Reads keep running while the directory is removed and a write group finds it: each
+    read is its block's own bytes or a miss, none raises, and the files are closed once the
+    store disabled itself (no descriptor closed under a read: a reused one would be read)."""
+    disk = open_store(tmp_path, layout, num_blocks=64)
+    try:
+        ids = list(range(64))
+        assert await write(disk, ids, ids) == [None] * 64
+        stop = asyncio.Event()
+        outcomes: list[ReadFailure | None] = []
+
+        async def reader(first: int) -> None:
+            while not stop.is_set():
+                part = [(first + i) % 64 for i in range(8)]
+                outcomes.extend(await read(disk, part, part))  # (verifies the bytes served)
+                await asyncio.sleep(0)  # (a disabled store answers without waiting)
+
+        readers = [asyncio.create_task(reader(first)) for first in range(0, 64, 8)]
+        await asyncio.sleep(0)
+        remove_directory(disk)
+        results = await write(disk, [0], [0])
+        assert isinstance(results[0], OSError) and disk.disabled_reason is not None
+        stop.set()
+        await asyncio.gather(*readers)
+        assert all(r is None or isinstance(r, ReadFailure) for r in outcomes)
+        assert await read(disk, [1, 2], [1, 2]) == [ReadFailure.IO_ERROR] * 2
+        assert open_descriptors_under(disk.path) == []
+    finally:
+        await disk.aclose()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 async def test_after_rm_rf_the_reopened_path_starts_empty(tmp_path: Path, layout: str) -> None:
     disk = open_store(tmp_path, layout)
