@@ -141,7 +141,7 @@ def _say(report: MigrateReport, source: Path, target: Path) -> None:
     default=16 << 20,
     show_default=True,
     help='Region size of a new "log" store: the region_bytes of the tier that will open it '
-    "(a log store opened with other regions finds none of its blocks).",
+    "(a log store keeps the regions it was written with whatever an open asks).",
 )
 @click.option(
     "--batch",

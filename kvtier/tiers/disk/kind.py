@@ -28,11 +28,12 @@ class DiskTierConfig(BaseTierConfig):
     fsync: bool = True
     """fsync files before a stored block counts as ready (survives a crash)."""
     layout: Literal["slots", "log"] = "log"
-    """How blocks are laid out: "log" (format 3, the default: blocks appended to a log of
+    """How blocks are laid out: "log" (format 4, the default: blocks appended to a log of
     regions, `LogStore`) or "slots" (format 2, one fixed slot per block in slab files,
     `DiskStore`). A store of the other layout in `path` is refused at open (one line)."""
     region_bytes: int = Field(default=16 << 20, ge=64 << 10, le=1 << 30, multiple_of=4096)
-    """Size of one region of a `layout = "log"` store (ignored by "slots")."""
+    """Size of one region of a new `layout = "log"` store (ignored by "slots"); an existing
+    store keeps the regions it was written with (log_layout.py)."""
 
     @field_validator("path", mode="before")
     @classmethod

@@ -3,7 +3,8 @@
 A checkpoint is written in the background (never on the write path) from a consistent
 snapshot of the index (`LogIndex.snapshot`), and read at open so that a restart scans only
 the regions written since. LMDB makes a checkpoint all-or-nothing; a digest over its values
-(LMDB checks none) makes a damaged one read as absent, and then the open scans every region.
+(LMDB checks none) makes a damaged one read as absent, and then the open scans every region;
+so does one written for another store or geometry (its meta against the open's).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import numpy as np
 import xxhash
 
 _LOG = logging.getLogger(__name__)
+
+_OWNER = ("version", "fingerprint", "store")
+"""The meta naming the store a checkpoint was written for (the rest is its geometry)."""
 
 _META = b"meta"
 _DIGEST = b"digest"
@@ -91,6 +95,13 @@ def load(path: Path, meta: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]] | 
     if found is None:
         return None
     saved, arrays = found
+    if any(saved.get(name) != meta[name] for name in _OWNER if name in meta):
+        _LOG.warning(
+            "log store checkpoint %s is not this store's (copied from another, or written for "
+            "an earlier regions file): ignored, scanning every region",
+            path,
+        )
+        return None
     if any(saved.get(name) != value for name, value in meta.items()):
         _LOG.warning("log store checkpoint %s is of another geometry: scanning every region", path)
         return None

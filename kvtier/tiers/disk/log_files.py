@@ -5,14 +5,27 @@ Every byte of a region is moved through here: `write_parts` (a group's header pa
 payloads, straight from the caller's memory, on the write threads), `read_run` (payloads
 back to back straight into the caller's buffers), `read_into` (any range: with O_DIRECT
 through an aligned staging buffer) and `sync`.
+
+Failing closed (as the per-block store, guard.py): `check_ground`, run by the write lane after
+a group's sync and before it indexes anything, finds the lock file or the regions file removed
+or replaced under the open store; the files then disable themselves for good (`lost`): one
+ERROR line, every later use of a descriptor fails with ESTALE, and once the uses in flight
+have ended the descriptors are closed (the lock released, the space of removed files given
+back now). Each use of a descriptor is counted while it runs (a lock and a counter: well
+under a microsecond), so none is ever closed under a read or a write (nor its number reused
+by another file meanwhile).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
+import logging
 import os
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +43,8 @@ WRITE_PART_BYTES = 1 << 20
 MIN_REGION_BYTES = 64 << 10
 """The smallest region (a small store's regions shrink to this so it still has several)."""
 
+_log = logging.getLogger("kvtier.disk")
+
 
 @dataclass(frozen=True, slots=True)
 class Geometry:
@@ -44,18 +59,37 @@ class Geometry:
         return self.region_bytes * self.num_regions
 
 
-def geometry(num_blocks: int, record_max: int, region_bytes: int, spare: float) -> Geometry:
+def geometry(
+    num_blocks: int, record_max: int, region_bytes: int, spare: float, *, exact: bool = False
+) -> Geometry:
     """Regions enough for `num_blocks` records of at most `record_max` bytes each (each
     counted as whole pages: a group of one block is padded to a page), plus `spare` of that
-    for the space reclaiming needs, plus two (the open region and the reserve). A store too
-    small for eight regions of `region_bytes` gets smaller ones (at least MIN_REGION_BYTES)."""
-    footprint = -(-record_max // PAGE) * PAGE
-    live = num_blocks * footprint
-    region = min(region_bytes, max(MIN_REGION_BYTES, -(-live // (8 * PAGE)) * PAGE))
-    region = max(region, -(-(4 * footprint + PAGE) // PAGE) * PAGE)
+    for the space reclaiming needs, plus two (the open region and the reserve). Regions of
+    `region_size` (with `exact`, of `region_bytes` as given: the size a store's regions were
+    written with)."""
+    live = num_blocks * _footprint(record_max)
+    region = region_bytes if exact else region_size(num_blocks, record_max, region_bytes)
     usable = region - PAGE
     regions = -(-int(live * (1 + spare)) // usable) + 2
     return Geometry(region, regions)
+
+
+def region_size(num_blocks: int, record_max: int, region_bytes: int) -> int:
+    """The size of a store's regions: `region_bytes`, or smaller ones (at least
+    MIN_REGION_BYTES) for a store too small for eight of them, never one too small for four
+    records of `record_max` bytes (`smallest_region`)."""
+    live = num_blocks * _footprint(record_max)
+    region = min(region_bytes, max(MIN_REGION_BYTES, -(-live // (8 * PAGE)) * PAGE))
+    return max(region, smallest_region(record_max))
+
+
+def smallest_region(record_max: int) -> int:
+    """The smallest region a store of records of at most `record_max` bytes has."""
+    return -(-(4 * _footprint(record_max) + PAGE) // PAGE) * PAGE
+
+
+def _footprint(record_max: int) -> int:
+    return -(-record_max // PAGE) * PAGE
 
 
 class LogFiles:
@@ -66,6 +100,10 @@ class LogFiles:
         self.geo = geo
         self.io = io
         self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
+        self._uses_lock = threading.Lock()
+        self._uses = 0
+        """Uses of the descriptors in flight (under `_uses_lock`)."""
+        self._lost: str | None = None
         try:
             self._lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as error:
@@ -83,6 +121,8 @@ class LogFiles:
             raise DiskTierError(f"cannot open {path}: {error.strerror}") from None
         self.found_bytes = io.size(self.fd)
         """The regions file's size when opened (shorter than the geometry: truncated)."""
+        self.identity = file_identity(self.fd)
+        """The regions file's identity on its filesystem (what a store's id is made for)."""
         self.direct_fd: int | None = None
         if direct_io is not False:
             try:
@@ -91,6 +131,11 @@ class LogFiles:
                 if direct_io is True:
                     self.close()
                     raise DirectIOError(f"O_DIRECT unavailable for {path}: {error}") from None
+
+    def cut(self, geo: Geometry) -> None:
+        """Cut the regions by `geo` instead (the geometry the store was written with): at
+        open, before any region is read or written."""
+        self.geo = geo
 
     def allocate(self) -> None:
         """Size the regions file to the geometry (preallocated where the filesystem can)."""
@@ -128,7 +173,24 @@ class LogFiles:
         return futures
 
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
-        return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
+        self._enter()
+        try:
+            return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        """Count a use of the descriptors as in flight; OSError(ESTALE) once lost."""
+        with self._uses_lock:
+            if self._lost is not None:
+                why = f"the disk tier at {self.root} is disabled: {self._lost}"
+                raise OSError(errno.ESTALE, why)
+            self._uses += 1
+
+    def _leave(self) -> None:
+        """A use counted by `_enter` has ended."""
+        with self._uses_lock:
+            self._uses -= 1
 
     def read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         """Fill `buffers`, back to back, from `start` of `region` with one preadv (and more
@@ -137,6 +199,13 @@ class LogFiles:
         boundary; else, with an O_DIRECT descriptor, through an aligned staging buffer and
         one copy (every access to the regions stays O_DIRECT: no page cache to go stale
         under a direct write); buffered without one."""
+        self._enter()
+        try:
+            return self._read_run(region, start, buffers, direct)
+        finally:
+            self._leave()
+
+    def _read_run(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         at = self.base(region) + start
         if self.direct_fd is None:
             return preadv_fill(self.fd, buffers, at, io=self.io)
@@ -159,6 +228,13 @@ class LogFiles:
     def read_into(self, region: int, start: int, out: Any) -> int:
         """Fill `out` (a writable buffer) from `start` of `region`; the bytes read (fewer at
         the end of the file)."""
+        self._enter()
+        try:
+            return self._read_into(region, start, out)
+        finally:
+            self._leave()
+
+    def _read_into(self, region: int, start: int, out: Any) -> int:
         view = memoryview(out).cast("B")
         at = self.base(region) + start
         if self.direct_fd is None:
@@ -173,24 +249,60 @@ class LogFiles:
 
     def sync(self) -> None:
         """fdatasync the regions file."""
-        self.io.fsync(self.fd)
+        self._enter()
+        try:
+            self.io.fsync(self.fd)
+        finally:
+            self._leave()
+
+    @property
+    def lost(self) -> str | None:
+        """Why the files were lost (removed or replaced while open), or None."""
+        return self._lost
 
     def check_ground(self) -> str | None:
-        """Why the store's files are no longer its own (removed or replaced), or None."""
-        try:
-            here = os.stat(self.root / REGIONS_FILE)
-        except OSError:
-            return f"{self.root / REGIONS_FILE} was removed"
-        mine = os.fstat(self.fd)
-        if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
-            return f"{self.root / REGIONS_FILE} was replaced"
-        return None
+        """Why the store's files are no longer its own, or None: the regions file, then the
+        lock file, each removed (its path gone, or the file held unlinked) or replaced (its
+        path now another file); a file that cannot be examined counts as lost too. On the
+        first problem found the files disable themselves (see the module; `lose`)."""
+        if self.lost is not None:
+            return self.lost
+        why = _moved(self.root / REGIONS_FILE, self.fd, "the regions file")
+        if why is None:
+            why = _moved(self.root / LOCK_FILE, self._lock_fd, "the lock file")
+        if why is not None:
+            self.lose(why)
+        return self.lost
+
+    def lose(self, why: str) -> None:
+        """Disable the files for good because `why` (the first reason stays): one ERROR line,
+        then, once the uses in flight have ended, every descriptor closed."""
+        with self._uses_lock:
+            if self._lost is not None:
+                return
+            self._lost = why
+        _log.error(
+            "disk tier at %s disabled while open: %s; its writes fail and its reads are misses "
+            "from now on (blocks it stored may be gone: open the path again to start from what "
+            "is there)",
+            self.root,
+            why,
+        )
+        while True:  # (once in a store's life: the uses in flight are single system calls)
+            with self._uses_lock:
+                if self._uses == 0:
+                    break
+            time.sleep(0.001)
+        self._close_descriptors()
 
     def close(self) -> None:
         """Close every descriptor (idempotent)."""
         self._writers.shutdown(wait=True)
+        self._close_descriptors()
+
+    def _close_descriptors(self) -> None:
         for fd in (self.direct_fd, getattr(self, "fd", None)):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     self.io.close(fd)
         self.direct_fd = None
@@ -199,6 +311,36 @@ class LogFiles:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+FS_IOC_GETVERSION = 0x80087601
+"""Linux's ioctl for a file's inode generation (the `_IOR('v', 1, long)` of 64-bit ABIs)."""
+
+
+def file_identity(fd: int) -> str:
+    """The identity of the file `fd` holds, "inode:generation": the generation number (which
+    the filesystem changes when an inode number is reused) where the filesystem gives one,
+    else 0, and then a new file that got a removed one's inode number looks the same."""
+    generation = array.array("l", [0])
+    with contextlib.suppress(OSError, OverflowError):
+        fcntl.ioctl(fd, FS_IOC_GETVERSION, generation, True)
+    return f"{os.fstat(fd).st_ino}:{generation[0] & 0xFFFFFFFF}"
+
+
+def _moved(path: Path, fd: int, name: str) -> str | None:
+    """Why `path` is no longer the file `fd` holds ("the lock file P was removed"), or None."""
+    try:
+        held = os.fstat(fd)
+        here = os.stat(path)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"{name} {path} was removed"
+        return f"the files in {path.parent} cannot be examined: {error.strerror}"
+    if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+        return f"{name} {path} was replaced by another file"
+    if held.st_nlink == 0:
+        return f"{name} {path} was removed"
+    return None
 
 
 def _cut(buffers: list[memoryview]) -> list[memoryview]:

@@ -236,6 +236,7 @@ class LogLane:
         if self.lost is not None:
             flight.fail(self._disabled(self.lost))
             flight.taken = True
+            self._count(flight)  # (its blocks count as failed writes)
             return flight
         pending = flight.pending
         self._overwritten = {

@@ -1,7 +1,8 @@
 """Opening a log store: its index from the last checkpoint, then only the regions written
 since scanned, every record found there verified before it is indexed.
 
-In order: the checkpoint (log_checkpoint.py; absent, damaged or of another geometry: none);
+In order: the checkpoint (log_checkpoint.py; absent, damaged, of another geometry or not this
+store's, one copied from another store or written for an earlier regions file: none);
 every region's first page (its epoch: a region reused since the checkpoint, or one whose page
 is damaged or cut off, loses the checkpoint's records in it); the regions scanned from where
 the checkpoint left them (from their start when reused), group by group up to the first header
@@ -50,22 +51,28 @@ class Opened:
     problems: list[str] = field(default_factory=list)
 
 
-def checkpoint_meta(fingerprint: str, index: LogIndex, region_bytes: int) -> dict[str, Any]:
-    """What a checkpoint must have been written for to be used."""
+def checkpoint_meta(
+    fingerprint: str, store_id: str, index: LogIndex, region_bytes: int
+) -> dict[str, Any]:
+    """What a checkpoint must have been written for to be used: this store (its fingerprint
+    and the identity of its regions file, log_layout.py) and this geometry."""
     return {
         "version": LOG_FORMAT_VERSION,
         "fingerprint": fingerprint,
+        "store": store_id,
         "num_blocks": index.num_blocks,
         "num_regions": index.num_regions,
         "region_bytes": region_bytes,
     }
 
 
-def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes) -> Opened:
+def recover(
+    files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes, store_id: str
+) -> Opened:
     """Fill `index` from the checkpoint and the regions written since (see the module)."""
     opened = Opened()
     geo = files.geo
-    meta = checkpoint_meta(fingerprint, index, geo.region_bytes)
+    meta = checkpoint_meta(fingerprint, store_id, index, geo.region_bytes)
     arrays = log_checkpoint.load(files.root / CHECKPOINT_DIR, meta)
     epochs = np.zeros(geo.num_regions, dtype=np.uint64)
     whole = np.zeros(geo.num_regions, dtype=bool)
@@ -140,7 +147,13 @@ def recover(files: LogFiles, index: LogIndex, fingerprint: str, namespace: bytes
 
 
 def save_checkpoint(
-    root: Path, fingerprint: str, index: LogIndex, region_bytes: int, next_seq: int, epoch: int
+    root: Path,
+    fingerprint: str,
+    store_id: str,
+    index: LogIndex,
+    region_bytes: int,
+    next_seq: int,
+    epoch: int,
 ) -> None:
     """Write the index as the store's checkpoint (blocking: call it off the write path)."""
     arrays, written = index.snapshot()
@@ -148,7 +161,7 @@ def save_checkpoint(
         arrays["keys"], arrays["key_len"], arrays["region"], arrays["codec"]
     )
     arrays["hashes"], arrays["hashed_slots"] = hashes, slots
-    meta = checkpoint_meta(fingerprint, index, region_bytes)
+    meta = checkpoint_meta(fingerprint, store_id, index, region_bytes)
     meta.update(next_seq=next_seq, next_epoch=epoch)
     log_checkpoint.save(root / CHECKPOINT_DIR, meta, arrays)
     index.adopt(hashes, slots, int(arrays["keys"].shape[1]), written)

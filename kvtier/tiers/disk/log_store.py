@@ -11,15 +11,15 @@ A facade over its parts, each a module with one job:
     log_reader.py      reads, each block verified (and read again if its record moved)
     log_recovery.py    the open: checkpoint, region headers, the regions written since
     log_checkpoint.py  the index's checkpoint in LMDB
+    log_layout.py      layout.json: the regions' size and the identity the store was written with
 
-The per-block layout (`DiskStore`, store.py) stays the default; see docs/ARCHITECTURE.md for
-why and for what each promises.
+The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, `layout =
+"slots"`) is the other. See docs/ARCHITECTURE.md for why and for what each promises.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -52,6 +52,14 @@ from kvtier.tiers.disk.log_format import (
 )
 from kvtier.tiers.disk.log_index import LogIndex, LogRestored
 from kvtier.tiers.disk.log_lane import LogLane
+from kvtier.tiers.disk.log_layout import (
+    LAYOUT_FILE,
+    Written,
+    new_store_id,
+    read_layout,
+    write_layout,
+    written_with,
+)
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
 from kvtier.tiers.disk.reader import read_parts, read_split
@@ -145,11 +153,16 @@ class LogStore(StoreFacade):
         geo = geometry(num_blocks, record_max, region_bytes, float(spare))
         self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
         try:
+            written = self._written(record_max, region_bytes, float(spare))
+            self._store_id = written.store_id or ("" if inspect else new_store_id())
+            geo = self._files.geo
             self._index = LogIndex(num_blocks, geo.num_regions)
-            self.opened = recover(self._files, self._index, self.fingerprint, self._namespace)
+            self.opened = recover(
+                self._files, self._index, self.fingerprint, self._namespace, self._store_id
+            )
             if not inspect:
                 self._files.allocate()
-                write_layout(self.path, block_size, num_blocks, model_id, region_bytes)
+                self._record_layout(region_bytes)
         except BaseException:
             self._files.close()
             raise
@@ -186,6 +199,51 @@ class LogStore(StoreFacade):
         )
         self._closed = False
         self._close_lock = threading.Lock()
+
+    def _written(self, record_max: int, region_bytes: int, spare: float) -> Written:
+        """What the store's regions file was written with (log_layout.py); its regions'
+        size, when known and not this open's, replaces the open's geometry (one line)."""
+        files = self._files
+        written = written_with(
+            read_layout(self.path),
+            block_size=self.block_size,
+            model_id=self.model_id,
+            record_max=record_max,
+            regions_file=files.identity,
+            fresh=files.found_bytes == 0,
+        )
+        size = written.region_size
+        if size is not None and size != files.geo.region_bytes:
+            _LOG.warning(
+                "log store %s keeps the regions of %d bytes it was written with, not the %d "
+                "bytes region_bytes = %d gives for %d blocks: remove that directory to start "
+                "empty with those (a cache: its blocks are lost, nothing else)",
+                self.path,
+                size,
+                files.geo.region_bytes,
+                region_bytes,
+                self.num_blocks,
+            )
+            files.cut(geometry(self.num_blocks, record_max, size, spare, exact=True))
+        return written
+
+    def _record_layout(self, region_bytes: int) -> None:
+        """Record this open's layout and the store's identity (log_layout.py)."""
+        layout = {
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "model_id": self.model_id,
+            "region_bytes": region_bytes,
+            "region_size": self._files.geo.region_bytes,
+            "store_id": self._store_id,
+            "regions_file": self._files.identity,
+        }
+        try:
+            write_layout(self.path, layout)
+        except OSError as error:
+            raise DiskTierError(
+                f"cannot write {self.path / LAYOUT_FILE}: {error.strerror}"
+            ) from None
 
     @classmethod
     def from_config(
@@ -229,11 +287,15 @@ class LogStore(StoreFacade):
                 self._checkpoint_busy = False
 
     def checkpoint(self) -> None:
-        """Write the index as the checkpoint now (blocking; tools, tests and close)."""
+        """Write the index as the checkpoint now (blocking; tools, tests and close); never
+        once the store is disabled (the directory may be another store's now)."""
+        if self._files.lost is not None:
+            return
         lane = self._lane
         save_checkpoint(
             self.path,
             self.fingerprint,
+            self._store_id,
             self._index,
             self._files.geo.region_bytes,
             lane.next_seq,
@@ -253,7 +315,7 @@ class LogStore(StoreFacade):
             if self._read_pool is not None:
                 self._read_pool.shutdown(wait=True)
                 self._read_pool = None
-            if self._lane.lost is None and not self.inspect:
+            if self._files.lost is None and not self.inspect:
                 try:
                     self.checkpoint()
                 except Exception as error:
@@ -262,8 +324,11 @@ class LogStore(StoreFacade):
 
     @property
     def disabled_reason(self) -> str | None:
-        """Why the store disabled itself (its files were removed or replaced), or None."""
-        return self._lane.lost
+        """Why the store disabled itself while open (its lock file or regions file was
+        removed or replaced under it), or None while it serves. Once set it stays: every
+        write fails, every read is a miss, it holds no block and its files are closed; open
+        the path again to start from what is there."""
+        return self._files.lost
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -305,21 +370,25 @@ class LogStore(StoreFacade):
         return f"log of {self.num_regions} regions in {self.path} ({mode}{codec})"
 
     def __len__(self) -> int:
-        return 0 if self._lane.lost is not None else self._index.blocks
+        return 0 if self._files.lost is not None else self._index.blocks
 
     def __contains__(self, key: object) -> bool:
-        if self._lane.lost is not None or not isinstance(key, bytes):
+        if self._files.lost is not None or not isinstance(key, bytes):
             return False
         return self._index.find(OffloadKey(key)) is not None
 
     def keys(self) -> list[OffloadKey]:
-        """The keys held now."""
+        """The keys held now (none once disabled)."""
+        if self._files.lost is not None:
+            return []
         found = (self._index.key_at(int(slot)) for slot in self._index.held_slots())
         return [key for key in found if key is not None]
 
     def restore(self) -> list[RestoredBlock]:
         """The blocks found at open, oldest first, less those written over or forgotten
-        since (an object per block: a chain uses `restore_cold`)."""
+        since (an object per block: a chain uses `restore_cold`); none once disabled."""
+        if self._files.lost is not None:
+            return []
         cold = self._cold
         found = ((cold.key_of(int(slot)), int(slot)) for slot in cold.slots())
         return [RestoredBlock(key, slot) for key, slot in found if key is not None]
@@ -329,7 +398,12 @@ class LogStore(StoreFacade):
         return self._cold
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} blocks"
+        if self._closed:
+            state = "closed"
+        elif self._files.lost is not None:
+            state = f"disabled: {self._files.lost}"
+        else:
+            state = f"{len(self)} blocks"
         return f"LogStore({str(self.path)!r}, block_size={self.block_size}, {state})"
 
     # -- the calls -------------------------------------------------------------------------
@@ -371,7 +445,7 @@ class LogStore(StoreFacade):
         )
         if not key_list:
             return []
-        if self._lane.lost is not None:
+        if self._files.lost is not None:
             return [ReadFailure.IO_ERROR] * len(key_list)
         parts = read_parts(slot_list, self.block_size, self._max_workers)
         return await read_split(
@@ -380,8 +454,11 @@ class LogStore(StoreFacade):
 
     def check(self, repair: bool = False) -> CheckReport:
         """Read back every block and verify it; with `repair`, forget the bad ones in memory
-        and write a checkpoint without them. Blocking; run it with no batch in flight."""
+        and write a checkpoint without them. Blocking; run it with no batch in flight.
+        DiskTierError once the store is disabled (its files are not its own any more)."""
         self._check_open()
+        if self._files.lost is not None:
+            raise DiskTierError(f"the disk tier at {self.path} is disabled: {self._files.lost}")
         index = self._index
         problems: list[CheckProblem] = []
         bad: list[int] = []
@@ -406,39 +483,3 @@ class LogStore(StoreFacade):
         return CheckReport(
             records, tuple(problems), repaired=repaired, opened=tuple(self.opened.problems)
         )
-
-
-LAYOUT_FILE = "layout.json"
-"""A log store's geometry, written when it is created: what `kvtier check` opens it by."""
-
-
-def write_layout(
-    path: Path, block_size: int, num_blocks: int, model_id: str, region_bytes: int
-) -> None:
-    """Record the store's geometry in `path/layout.json` (atomically; kept when present)."""
-    target = path / LAYOUT_FILE
-    if target.exists():
-        return
-    text = json.dumps(
-        {
-            "format": LOG_FORMAT_VERSION,
-            "block_size": block_size,
-            "num_blocks": num_blocks,
-            "model_id": model_id,
-            "region_bytes": region_bytes,
-        }
-    )
-    temporary = path / f".{LAYOUT_FILE}.tmp"
-    temporary.write_text(text)
-    os.replace(temporary, target)
-
-
-def read_layout(path: Path) -> dict[str, Any] | None:
-    """The geometry a log store in `path` recorded, or None (absent or unreadable)."""
-    try:
-        data = json.loads((path / LAYOUT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != LOG_FORMAT_VERSION:
-        return None
-    return data
