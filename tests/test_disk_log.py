@@ -802,3 +802,32 @@ async def test_a_batch_read_verifies_each_block_of_a_run(
                 assert np.array_equal(buffers[i], deterministic_block(i, BLOCK)), i
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("layout", ["log", "slots"])
+async def test_damage_stored_blocks_makes_every_block_a_checksum_failure(
+    tmp_path: Path, layout: str
+) -> None:
+    """The engine and SGLang lanes' damage helper, on both layouts: after it, the store opens
+    as before and every block it holds reads as a checksum failure, never its bytes."""
+    from kvtier.tiers.disk import DiskStore
+    from kvtier.tiers.disk.testing import damage_stored_blocks
+
+    def opened() -> LogStore | DiskStore:
+        if layout == "log":
+            return open_log(tmp_path, num_blocks=16)
+        return DiskStore(tmp_path, block_size=BLOCK, num_blocks=16, direct_io=False)
+
+    ids = list(range(6))
+    store = opened()
+    await write_ok(store, ids, ids)
+    await store.aclose()
+    assert damage_stored_blocks(tmp_path, step=256, at=0) > 0
+    again = opened()
+    try:
+        assert sorted(b.slot for b in again.restore()) == ids
+        buffers = [np.zeros(BLOCK, dtype=np.uint8) for _ in ids]
+        results = await again.read([k(i) for i in ids], ids, buffers)
+        assert results == [ReadFailure.CHECKSUM] * len(ids)
+    finally:
+        await again.aclose()

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 
 import engine_run  # noqa: E402
 
-from kvtier.tiers.disk.testing import damage_every_page  # noqa: E402
+from kvtier.tiers.disk.testing import damage_stored_blocks  # noqa: E402
 from kvtier_tools.bench.greedy_match import compare_greedy, steps_of  # noqa: E402
 
 LIFE_TIMEOUT_S = 300
@@ -132,9 +132,10 @@ def cached(serve: list[dict[str, Any]]) -> list[int]:
 
 
 def damage_disk(disk: Path) -> int:
-    """Flip one byte in every 4 KiB page of every slab file (so in every block, whatever the
-    block size): every block on disk fails its checksum. Returns the pages damaged."""
-    return damage_every_page(sorted(disk.glob("*/slab-*.bin")))
+    """Flip one byte in every 4 KiB of every block the disk tier stores, whatever its layout
+    and block size: every block on disk fails its checksum. Returns the pages or payloads
+    damaged."""
+    return damage_stored_blocks(disk)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def restarted(cold: Life, work: Path, report: Callable[[str], None]) -> Life:
 @pytest.fixture(scope="module")
 def damaged(restarted: Life, work: Path, report: Callable[[str], None]) -> Life:
     pages = damage_disk(work / "disk")
-    assert pages > 0, "no slab file found to damage"
+    assert pages > 0, "no stored block found to damage"
     life = run_life(work, "damaged")
     same = agree(restarted["serves"][0], life["serves"][0], loaded=False)
     report(

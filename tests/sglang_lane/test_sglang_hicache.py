@@ -48,7 +48,7 @@ from sglang_pages import PAGE, FakeHostPool, chain, hashes, indices, page
 from kvtier.errors import InvalidValueError
 from kvtier.integrations.sglang.store import page_key
 from kvtier.testing.keyed import AUTH_KEY_ENV
-from kvtier.tiers.disk.testing import damage_every_page
+from kvtier.tiers.disk.testing import damage_stored_blocks
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "sglang_node.py"
@@ -235,10 +235,8 @@ def disk_lives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Life]:
     config = chain(work / "disk")
     lives = {"store": run_node("store", config, work, "store")}
     lives["restart"] = run_node("serve", config, work, "restart")
-    slabs = sorted((work / "disk").glob("*/slab-*.bin"))
-    assert slabs, "no slab file found to damage"
-    for at in range(0, 4096, 256):  # a byte in every 256: every 512-byte page is hit
-        damage_every_page(slabs, at=at)
+    # a byte in every 256 of every stored block (whatever the layout): every 512-byte page
+    assert damage_stored_blocks(work / "disk", step=256, at=0) > 0, "no stored block to damage"
     lives["damaged"] = run_node("serve", config, work, "damaged")
     return lives
 

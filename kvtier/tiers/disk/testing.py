@@ -102,6 +102,41 @@ def damage_every_page(slabs: list[Path], at: int = 2048) -> int:
     return pages
 
 
+def damage_stored_blocks(tier_dir: Path, step: int = 4096, at: int = 2048) -> int:
+    """Flip one byte in every `step` bytes (from byte `at % step`) of every block stored under
+    the disk tier directory `tier_dir`, whatever its layout: every page of the per-block
+    store's slab files, and every live payload of a log store (found by opening it to
+    inspect; its headers and checkpoint are left whole, so the store opens as before and each
+    block fails its checksum when read). Returns the pages or payloads damaged."""
+    from kvtier.tiers.disk.open_checks import open_recorded_log_store
+
+    slabs = sorted(tier_dir.glob("*/slab-*.bin"))
+    firsts = range(at % step, 4096, step) if step < 4096 else [at % 4096]
+    damaged = sum(damage_every_page(slabs, at=first) for first in firsts)
+    for store_dir in sorted(tier_dir.glob("kvtier-log-*")):
+        store = open_recorded_log_store(store_dir, inspect=True, max_workers=1)
+        if store is None:
+            continue
+        try:
+            index, files = store._index, store._files
+            spans = [
+                (files.base(int(index.region[i])) + int(index.offset[i]), int(index.length[i]))
+                for i in index.held_slots().tolist()
+            ]
+            path = files.root / "regions.bin"
+        finally:
+            store.close()
+        with open(path, "r+b") as file:
+            for start, length in spans:
+                for offset in range(start + at % step, start + length, step):
+                    file.seek(offset)
+                    byte = file.read(1)
+                    file.seek(offset)
+                    file.write(bytes([byte[0] ^ 0xFF]))
+                damaged += 1
+    return damaged
+
+
 def deterministic_block(i: int, block_size: int) -> HostBuffer:
     """The content of block `i`: a deterministic function of `i`, half of them compressible,
     so a reader can tell whether a block's bytes are the right ones."""
