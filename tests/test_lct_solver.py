@@ -199,7 +199,8 @@ def test_reuses_never_exceed_their_arrivals() -> None:
 
     class Watched(LCTCachePolicy):
         def _solve(self) -> None:
-            seen.append([pair for h in range(4) for pair in self.class_statistics(h)])
+            candidates = range(len(self._horizons))
+            seen.append([pair for h in candidates for pair in self.class_statistics(h)])
             super()._solve()
 
     policy = Watched(64)
@@ -372,7 +373,9 @@ def _this(policy: LCTCachePolicy) -> Callable[[int], LCTCachePolicy]:
 
 
 def _final_horizon(keys: list[int], capacity: int, start: int) -> LCTCachePolicy:
-    policy = LCTCachePolicy(capacity, start=start)
+    """lct over the four candidates it had until issue 34 item 2 (1, 4, 16 and 64
+    capacities), to see the horizon move between short and long ones."""
+    policy = LCTCachePolicy(capacity, horizons=(1.0, 4.0, 16.0, 64.0), start=start)
     simulate(_this(policy), capacity, keys)
     return policy
 
