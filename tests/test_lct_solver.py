@@ -288,7 +288,7 @@ def test_a_refused_class_lifted_by_the_one_below_takes_its_share(seed: int) -> N
     in part and class 3 (the last read, never reused) refused on its own statistics. Lifted
     to class 2's limit with all of its keys (before issue 34 item 2), class 3 filled the
     cache: 1,362 hits against LRU's 3,048 at seed 0. Taking class 2's share it gives about
-    0.8 of LRU's (still below it: the bursts' first reads are refused)."""
+    0.8 of LRU's (still below it: class 2's share holds most of the cache)."""
     keys = bursts_read_again(30, 400, seed)
     lct = simulate("lct", 90, keys).hits
     lru = simulate("lru", 90, keys).hits
