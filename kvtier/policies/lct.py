@@ -18,18 +18,18 @@ The horizon is learned. A count since the start (the first version of this polic
 ghost directory outlived long traces) puts every reused block into class 4 after warm-up,
 and the policy degenerates to LRU; a horizon too short cannot tell a block reused now and
 then from one seen once. So the policy counts every key under each candidate (`HORIZONS`:
-1, 4, 16 and 64 times the capacity, in accesses) at once: the ages of a key's previous three
-accesses, each summed up by how many candidates it is within, make one small state id (35
-states for four candidates), and the statistics are kept per state, so each candidate's
-classes are a grouping of the same statistics. At each solve the solver runs for every
-candidate and the horizon moves one step toward the one whose classes are expected to hit
-most (as ARC moves its target toward the list whose ghosts hit); the resident blocks are then
-queued again by their class under the new horizon. What is kept of a key that is not
-resident, (state, its last three access times), is dropped `memory` accesses (`MEMORY` times
-the capacity) after its last access: a reuse further apart is a new arrival. That is at most
-two keys per access of that window, usually the window's distinct keys, whatever the trace's
-length (on the shipped trace at 1 %: 41 x capacity, where the first version kept 32 x; at 5
-and 10 % the window is longer than the trace).
+16 and 64 times the capacity, in accesses; up to four may be given) at once: the ages of a
+key's previous three accesses, each summed up by how many candidates it is within, make one
+small state id (10 states for two candidates, 35 for four), and the statistics are kept per
+state, so each candidate's classes are a grouping of the same statistics. At each solve the
+solver runs for every candidate and the horizon moves one step toward the one whose classes
+are expected to hit most (as ARC moves its target toward the list whose ghosts hit); the
+resident blocks are then queued again by their class under the new horizon. What is kept
+of a key that is not resident, (state, its last three access times), is dropped `memory`
+accesses (`MEMORY` times the capacity) after its last access: a reuse further apart is a new
+arrival. That is at most two keys per access of that window, usually the window's distinct
+keys, whatever the trace's length (on the shipped trace at 1 %: 41 x capacity, where the
+first version kept 32 x; at 5 and 10 % the window is longer than the trace).
 
 The solver, and why it is sound:
   - Same cohort. The statistics fade by `decay` at every solve; a reuse is weighted as its own
@@ -58,14 +58,22 @@ The solver, and why it is sound:
     admitting every n-th miss instead (before issue 34) made each admitted block of such a
     loop evict the next one needed, LRU's zero. This realizes the relaxation's optimum,
     whose value is what the candidates' horizons are compared by. When every segment fits,
-    the classes that pay are unlimited.
+    the limits stay as solved: eviction runs only when the cache is full, and then takes
+    first the blocks past their limits. (Before issue 34 item 2 every class that paid was
+    then unlimited, which is LRU: blocks seen once, past their short limit, pushed out the
+    blocks waiting for a reuse that did fit. On blocks read twice in a burst and again two
+    capacities later, lct gave LRU's 0.21 where the limits give 0.39, ARC 0.40.)
+  - Classes in order. A later class is kept at least as long as the one below it; a class
+    the statistics refuse (limit 0) that is lifted so takes the share of keys the class
+    below it takes, not all of its keys (which let never-reused blocks of class 3 fill the
+    cache while class 2 was admitted in part).
 
 Within one request the deepest blocks go first: `on_store_miss` and `touch` take a request's
 keys tail to head, so its head is the newest access and a prefix outlives its tail.
 `insert_many` inserts in order, as every policy's does (the fast paths' contract).
 
 Cost: O(1) amortized per access (a state from three ages, one histogram cell, four queues),
-a solve every `period` accesses over (35 states x ~70 bins, four candidates) and, when the
+a solve every `period` accesses over (10 states x ~70 bins, two candidates) and, when the
 horizon moves, a requeue of the resident blocks (O(n log n)).
 
 The per-access state and steps are `LCTState` (`kvtier/policies/_lct_core.py`, their one
@@ -103,9 +111,16 @@ MAX_BINS = BINS_PER_OCTAVE * 48
 # The tunables were chosen together on the first half (by time) of the shipped trace, one set
 # for every capacity (kvtier_tools.bench.lct_tuning), and are reported on other traces too
 # (kvtier_tools.bench.policy_traces).
-HORIZONS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
-"""Candidate horizons, in accesses, as multiples of the capacity (ascending)."""
-START = 2
+HORIZONS: tuple[float, ...] = (16.0, 64.0)
+"""Candidate horizons, in accesses, as multiples of the capacity (ascending). Until issue 34
+item 2 also 1 and 4 capacities (starting at 16): a horizon that short classes a block read
+again more than 1 or 4 capacities later as one seen once, and the solver moved there in its
+first solves, on expected hits equal to a few thousandths, before any reuse that far apart
+had been seen (cloudPhysics at 25 %: 16 -> 4 -> 1 capacities in its first three solves);
+the blocks then read again 4 capacities later were class 1, refused or limited to tens of
+accesses. Without them: cloudPhysics 10 / 25 % +0.009 / +0.008, the shipped trace 1 %
++0.0015; no other trace of docs/BENCHMARKS.md loses more than 0.001."""
+START = 0
 """The index in `HORIZONS` of the horizon the policy starts with."""
 MEMORY = 64.0
 """How long what is known of a key is kept after its last access, in accesses, as a multiple
@@ -449,15 +464,18 @@ class LCTCachePolicy(CachePolicy):
             [(slots * rate, hits * rate, limit) for slots, hits, limit in curve]
             for curve, rate in zip(curves, (a / total for a in arrivals), strict=True)
         ]
-        limits, shares, hits, fits = _allocate(curves, float(self.cache_capacity))
+        # Whether every option fit is not read: the limits stand even with room to spare
+        # (eviction runs only when the cache is full; see the module doc, "The optimum").
+        limits, shares, hits, _ = _allocate(curves, float(self.cache_capacity))
         longest = _EDGES[top]
-        limits = [
-            UNLIMITED if limit > 0 and (fits or limit >= longest) else limit for limit in limits
-        ]
+        limits = [UNLIMITED if limit >= longest else limit for limit in limits]
         for cls in range(1, CLASSES):  # never keep a later class shorter
             if limits[cls] < limits[cls - 1]:
+                refused = limits[cls] <= 0
                 limits[cls] = limits[cls - 1]
-                shares[cls] = max(shares[cls], shares[cls - 1])
+                # a class refused on its own statistics is taken only as far as the class
+                # below it is: the same share of its keys, not all of them
+                shares[cls] = shares[cls - 1] if refused else max(shares[cls], shares[cls - 1])
         return limits, shares, hits
 
     def _curve(
