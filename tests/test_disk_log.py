@@ -802,3 +802,56 @@ async def test_a_batch_read_verifies_each_block_of_a_run(
                 assert np.array_equal(buffers[i], deterministic_block(i, BLOCK)), i
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("direct_io", [False, "auto"])
+async def test_a_small_batch_reads_neighbours_with_one_call_and_checks_each(
+    tmp_path: Path, direct_io: bool | str
+) -> None:
+    """A batch of a few blocks (looked up scalar by scalar, not with the arrays) reads the
+    blocks that lie back to back with one preadv, straight into page-aligned buffers, and
+    still verifies each: a rotten payload is a checksum failure, a key its slot does not
+    hold a miss, a single block read alone is intact."""
+    import mmap
+    import threading
+    from collections.abc import Sequence
+
+    from kvtier.tiers.disk.io import FileIO, IOBuffer
+    from kvtier.tiers.disk.log_reader import SMALL_BATCH
+
+    class CountingIO(FileIO):
+        def __init__(self) -> None:
+            self.reads = 0
+            self._lock = threading.Lock()
+
+        def preadv(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
+            with self._lock:
+                self.reads += 1
+            return super().preadv(fd, buffers, offset)
+
+    io = CountingIO()
+    store = open_log(tmp_path, num_blocks=16, direct_io=direct_io, io=io)
+    try:
+        ids = list(range(12))
+        await write_ok(store, ids, ids)
+        pool = np.frombuffer(mmap.mmap(-1, 4 * BLOCK), dtype=np.uint8).reshape(4, BLOCK)
+        buffers = [pool[i] for i in range(4)]
+        assert SMALL_BATCH > 3
+        before = io.reads
+        assert await store.read([k(6), k(7), k(8)], [6, 7, 8], buffers[:3]) == [None] * 3
+        assert io.reads - before == 1  # one run: one preadv
+        for i, buffer in zip([6, 7, 8], buffers, strict=False):
+            assert np.array_equal(buffer, deterministic_block(i, BLOCK)), i
+        assert await store.read([k(11)], [11], buffers[:1]) == [None]
+        assert np.array_equal(buffers[0], deterministic_block(11, BLOCK))
+        row = store._index.row(5)
+        assert row is not None
+        with open(store._files.root / "regions.bin", "r+b") as file:
+            file.seek(store._files.base(row.region) + row.offset + 7)
+            file.write(b"\xee")
+        results = await store.read([k(2), k(3), k(99), k(5)], [2, 3, 9, 5], buffers)
+        assert results == [None, None, ReadFailure.NOT_INDEXED, ReadFailure.CHECKSUM]
+        for i, buffer in zip([2, 3], buffers, strict=False):
+            assert np.array_equal(buffer, deterministic_block(i, BLOCK)), i
+    finally:
+        await store.aclose()
