@@ -26,7 +26,7 @@ from kvtier.tiers.storage import HostBuffer, ReadFailure
 RUN_BYTES = 2 << 20
 """Most bytes one preadv of back-to-back payloads reads."""
 
-SMALL_BATCH = 8
+SMALL_BATCH = 16
 """Batches of fewer blocks are looked up scalar by scalar (no array set-up)."""
 
 Entry = tuple[int, int, int, int]
