@@ -118,9 +118,8 @@ class LogLane:
         self._overwritten: set[int] = set()
         """The slots the running group writes: a reclaim moves none of their old records."""
         self._group_regions: set[int] = set()
-        """The regions the running group wrote to: never its victims (after a mid-group
-        flush they hold its own new records of `_overwritten` slots, indexed: a victim's
-        records of those slots are dropped, not moved)."""
+        """The regions the running group wrote to: never its victims (after a mid-group flush
+        they hold its new records, indexed, which a reclaim would drop as old copies)."""
         self._spare: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         """Region-sized aligned buffers (images, reclaimed regions) kept from group to group:
         faulted in once, not per group."""
@@ -505,17 +504,9 @@ class LogLane:
         with index.lock:
             for slot in slots:
                 if index.region[slot] == victim:
-                    rows.append(
-                        (
-                            slot,
-                            index._key(slot),
-                            int(index.offset[slot]),
-                            int(index.length[slot]),
-                            int(index.codec[slot]),
-                            int(index.seq[slot]),
-                            int(index.checksum[slot]),
-                        )
-                    )
+                    fields = (index.offset, index.length, index.codec, index.seq, index.checksum)
+                    offset, length, codec, seq, checksum = (int(f[slot]) for f in fields)
+                    rows.append((slot, index._key(slot), offset, length, codec, seq, checksum))
         if not rows:  # every live record of it is written over by this group
             pending.victims.append(victim)
             return
