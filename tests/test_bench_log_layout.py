@@ -31,3 +31,20 @@ def test_log_writes_prints_raw_and_both_layouts(
     for row in ("slots fsync=on ", "slots fsync=off", "log   fsync=on ", "log   fsync=off"):
         assert row in out, out
     assert not list(tmp_path.iterdir())  # its files removed
+
+
+def test_log_reads_prints_both_layouts_and_undoes_its_timing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtier.tiers.disk.facade import StoreFacade
+    from kvtier_tools.bench import log_reads
+
+    original = StoreFacade._run
+    log_reads.main(["--limit", "700", "--out", str(tmp_path)])  # the disk tier serves some
+    out = capsys.readouterr().out
+    assert StoreFacade._run is original
+    for layout in ("log  ", "slots"):
+        line = next(row for row in out.splitlines() if row.startswith(f"{layout}  disk -> cpu"))
+        assert "mismatches 0" in line, line
+        calls = int(line.split("; ")[1].split(" read calls")[0])
+        assert calls > 0, line

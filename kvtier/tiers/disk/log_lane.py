@@ -117,6 +117,9 @@ class LogLane:
         self._reclaiming = False
         self._overwritten: set[int] = set()
         """The slots the running group writes: a reclaim moves none of their old records."""
+        self._group_regions: set[int] = set()
+        """The regions the running group wrote to: never its victims (after a mid-group flush
+        they hold its new records, indexed, which a reclaim would drop as old copies)."""
         self._spare: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
         """Region-sized aligned buffers (images, reclaimed regions) kept from group to group:
         faulted in once, not per group."""
@@ -242,6 +245,7 @@ class LogLane:
         self._overwritten = {
             slot for job in jobs if isinstance(job, WriteJob) for slot in job.slots
         }
+        self._group_regions = set()
         before, syncs = self.appended_bytes, self.syncs
         written: set[int] = set()
         try:
@@ -367,6 +371,7 @@ class LogLane:
         region = self.open
         epoch = int(self.index.epoch[region])
         part = Part(region, int(self.cursor[region]), epoch, opens=False)
+        self._group_regions.add(region)
         pending.parts.append(part)
         return part
 
@@ -476,6 +481,7 @@ class LogLane:
             self.index.epoch[region] = epoch
             self.index.fill[region] = 0
         self.open = region
+        self._group_regions.add(region)
         self.opened += 1
         pending.parts.append(Part(region, REGION_HEADER_BYTES, epoch, opens=True))
         self.cursor[region] = REGION_HEADER_BYTES
@@ -485,7 +491,7 @@ class LogLane:
     def _reclaim(self, pending: Pending) -> None:
         """Move the live records of the region with the fewest live bytes into the group
         (each one's bound checksum verified first: a damaged one is not moved)."""
-        busy = self._busy(pending)
+        busy = self._busy(pending) | self._group_regions
         with self.index.lock:
             live = self.index.live.copy()
         candidates = [r for r in np.argsort(live, kind="stable").tolist() if live[r] > 0]
@@ -499,17 +505,9 @@ class LogLane:
         with index.lock:
             for slot in slots:
                 if index.region[slot] == victim:
-                    rows.append(
-                        (
-                            slot,
-                            index._key(slot),
-                            int(index.offset[slot]),
-                            int(index.length[slot]),
-                            int(index.codec[slot]),
-                            int(index.seq[slot]),
-                            int(index.checksum[slot]),
-                        )
-                    )
+                    fields = (index.offset, index.length, index.codec, index.seq, index.checksum)
+                    offset, length, codec, seq, checksum = (int(f[slot]) for f in fields)
+                    rows.append((slot, index._key(slot), offset, length, codec, seq, checksum))
         if not rows:  # every live record of it is written over by this group
             pending.victims.append(victim)
             return

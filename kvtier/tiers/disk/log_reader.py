@@ -2,11 +2,13 @@
 verified against its bound checksum, and re-checked against the index when it does not
 verify (a region reclaimed meanwhile moved it: read again from the new place).
 
-A batch takes its rows from the index in one locked array look-up (region, payload offset,
-length, codec, sequence, checksum, key), and raw blocks whose payloads lie back to back in a
-region are read with one preadv straight into the caller's buffers (O_DIRECT where they are
-page-aligned); each is then verified against the in-memory checksum. Anything else (a zstd
-block, a block that does not verify, a failed read) takes the one-block path."""
+A batch takes its rows from the index in one locked look-up (region, payload offset, length,
+codec, sequence, checksum, key: array operations for a large batch, a few scalars a block for
+a small one, where the arrays' set-up would cost more), and raw blocks whose payloads lie back
+to back in a region are read with one preadv straight into the caller's buffers (O_DIRECT
+where they are page-aligned: a single block too, with no staging copy); each is then verified
+against the in-memory checksum. Anything else (a zstd block, a block that does not verify, a
+failed read) takes the one-block path, which re-reads the index when a reclaim moved it."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec, Codec, CodecError
 from kvtier.tiers.disk.io import IOV_MAX
 from kvtier.tiers.disk.log_files import LogFiles, whole_pages
-from kvtier.tiers.disk.log_format import TOMBSTONE, bound_checksum
+from kvtier.tiers.disk.log_format import bound_checksum
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Row
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
@@ -24,8 +26,14 @@ from kvtier.tiers.storage import HostBuffer, ReadFailure
 RUN_BYTES = 2 << 20
 """Most bytes one preadv of back-to-back payloads reads."""
 
-SMALL_BATCH = 4
-"""Batches of fewer blocks take the one-block path for each (no array set-up)."""
+SMALL_BATCH = 16
+"""Batches of fewer blocks are looked up scalar by scalar (no array set-up)."""
+
+Entry = tuple[int, int, int, int]
+"""A block to read in a run: (position in the batch, region, payload offset, length)."""
+
+_RAW = int(Codec.NONE)
+"""The codec of a raw block, as the index stores it (an int: no enum look-up a block)."""
 
 _TRIES = 3
 """Reads of one block when its record moves under it (a reclaim per try is unlikely)."""
@@ -56,9 +64,9 @@ class LogReader:
         results: list[ReadFailure | None] = [None] * count
         done = [False] * count
         nbytes = 0
-        # a handful of blocks: the one-block path costs less than the batch's array set-up
-        runs, expected = self._runs(keys, slots, buffers) if count >= SMALL_BATCH else ([], [])
-        for run, region, start in runs:
+        lookup = self._lookup_small if count < SMALL_BATCH else self._lookup
+        entries, expected = lookup(keys, slots, buffers)
+        for run, region, start in _runs(entries):
             views = [buffers[i].data.cast("B") for i in run]
             direct = all(whole_pages(buffers[i]) for i in run)
             try:
@@ -73,7 +81,7 @@ class LogReader:
                     break
                 seq, checksum = expected[i]
                 if checksum == bound_checksum(
-                    namespace, keys[i], slots[i], view.nbytes, Codec.NONE, seq, buffers[i]
+                    namespace, keys[i], slots[i], view.nbytes, _RAW, seq, buffers[i]
                 ):
                     done[i] = True
         for i in range(count):
@@ -83,12 +91,12 @@ class LogReader:
         self.counters.count_reads(results, nbytes)
         return results
 
-    def _runs(
+    def _lookup(
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
-    ) -> tuple[list[tuple[list[int], int, int]], list[tuple[int, int]]]:
+    ) -> tuple[list[Entry], list[tuple[int, int]]]:
         """The raw blocks of a batch whose index rows hold them (key, codec, length checked
-        with array operations), as runs of back-to-back payloads (positions, region, start),
-        and per position the sequence and checksum its block must verify against."""
+        with array operations), in the order of their place in the regions, and per position
+        the sequence and checksum its block must verify against."""
         index = self.index
         count = len(keys)
         at = np.fromiter(slots, dtype=np.int64, count=count)
@@ -109,40 +117,53 @@ class LogReader:
         sizes = np.fromiter((buffer.nbytes for buffer in buffers), dtype=np.int64, count=count)
         ok = (
             (region != NO_REGION)
-            & (codec == Codec.NONE)
+            & (codec == _RAW)
             & (length == sizes)
             & (key_len == lengths)
             & (lengths <= width)
             & (rows == wanted).all(axis=1)
         )
         expected = list(zip(seq.tolist(), checksum.tolist(), strict=True))
-        chosen = np.flatnonzero(ok & (codec != TOMBSTONE))
+        chosen = np.flatnonzero(ok)
         if not chosen.size:
             return [], expected
         chosen = chosen[np.lexsort((offset[chosen], region[chosen]))]
-        runs: list[tuple[list[int], int, int]] = []
-        run: list[int] = []
-        start = end = run_region = -1
-        for i, where, first, size in zip(
-            chosen.tolist(),
-            region[chosen].tolist(),
-            offset[chosen].tolist(),
-            length[chosen].tolist(),
-            strict=True,
-        ):
-            if (
-                where != run_region
-                or first != end
-                or len(run) >= IOV_MAX
-                or end - start + size > RUN_BYTES
-            ):
-                if run:
-                    runs.append((run, run_region, start))
-                run, run_region, start = [], where, first
-            run.append(i)
-            end = first + size
-        runs.append((run, run_region, start))
-        return runs, expected
+        entries = list(
+            zip(
+                chosen.tolist(),
+                region[chosen].tolist(),
+                offset[chosen].tolist(),
+                length[chosen].tolist(),
+                strict=True,
+            )
+        )
+        return entries, expected
+
+    def _lookup_small(
+        self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
+    ) -> tuple[list[Entry], list[tuple[int, int]]]:
+        """`_lookup` for a handful of blocks: the same checks on each row's scalars, under
+        one hold of the lock."""
+        index = self.index
+        entries: list[Entry] = []
+        expected: list[tuple[int, int]] = []
+        with index.lock:
+            for i, (key, slot, buffer) in enumerate(zip(keys, slots, buffers, strict=True)):
+                expected.append((int(index.seq[slot]), int(index.checksum[slot])))
+                region = int(index.region[slot])
+                length = int(index.length[slot])
+                size = len(key)
+                if (
+                    region == NO_REGION
+                    or index.codec[slot] != _RAW
+                    or length != buffer.nbytes
+                    or index.key_len[slot] != size
+                    or index.keys[slot, :size].tobytes() != key
+                ):
+                    continue
+                entries.append((i, region, int(index.offset[slot]), length))
+        entries.sort(key=lambda entry: (entry[1], entry[2]))
+        return entries, expected
 
     def _read_one(
         self, key: OffloadKey, slot: int, buffer: HostBuffer
@@ -181,3 +202,27 @@ class LogReader:
             except CodecError:
                 return ReadFailure.CODEC, got
         return None, got
+
+
+def _runs(entries: list[Entry]) -> list[tuple[list[int], int, int]]:
+    """`entries` (in the order of their place in the regions) as runs of back-to-back
+    payloads of one region, each at most RUN_BYTES and IOV_MAX blocks: (positions, region,
+    start)."""
+    runs: list[tuple[list[int], int, int]] = []
+    run: list[int] = []
+    start = end = run_region = -1
+    for i, where, first, size in entries:
+        if (
+            where != run_region
+            or first != end
+            or len(run) >= IOV_MAX
+            or end - start + size > RUN_BYTES
+        ):
+            if run:
+                runs.append((run, run_region, start))
+            run, run_region, start = [], where, first
+        run.append(i)
+        end = first + size
+    if run:
+        runs.append((run, run_region, start))
+    return runs
