@@ -112,7 +112,6 @@ class LogLane:
         self.opened = 0
         self.moved_bytes = 0
         self.appended_bytes = 0
-        self.lost: str | None = None
         self.syncs = 0
         self._reclaiming = False
         self._overwritten: set[int] = set()
@@ -236,8 +235,8 @@ class LogLane:
         flight = Flight(jobs, results, Pending())
         if self._poisoned is not None:
             self._drain()
-        if self.lost is not None:
-            flight.fail(self._disabled(self.lost))
+        if self.files.lost is not None:
+            flight.fail(self._disabled(self.files.lost))
             flight.taken = True
             self._count(flight)  # (its blocks count as failed writes)
             return flight
@@ -290,10 +289,7 @@ class LogLane:
                 self.files.sync()
                 self.syncs += 1
                 good[0].syncs += 1
-            lost = self.files.check_ground()
-            if lost is not None:  # the files are no longer the store's: fail closed
-                self.lost = lost
-                raise self._disabled(lost)
+            self._hold_ground()
         except OSError as failed:
             error, good = error or failed, []
         for flight in good:
@@ -312,6 +308,13 @@ class LogLane:
 
     def _disabled(self, why: str) -> OSError:
         return OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {why}")
+
+    def _hold_ground(self) -> None:
+        """Fail closed (raise the disabled store's OSError) when the store's files are no
+        longer its own; `LogFiles` remembers why, for every later group."""
+        lost = self.files.check_ground()
+        if lost is not None:
+            raise self._disabled(lost)
 
     def _count(self, flight: Flight) -> None:
         jobs, results = flight.jobs, flight.results
@@ -560,10 +563,7 @@ class LogLane:
         if self.fsync and pending.parts:
             self.files.sync()
             self.syncs += 1
-        lost = self.files.check_ground()
-        if lost is not None:  # the files are no longer the store's: fail closed
-            self.lost = lost
-            raise self._disabled(lost)
+        self._hold_ground()
         self._apply(pending)
         self.on_flush(self.opened)
 
