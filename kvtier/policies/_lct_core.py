@@ -132,6 +132,7 @@ class LCTState:
     period = cython.declare(cython.longlong, visibility="public")
     capacity = cython.declare(cython.longlong, visibility="public")  # the policy's, blocks
     ratio = cython.declare(cython.bint, visibility="public")  # `order == "ratio"`
+    by_class = cython.declare(cython.bint, visibility="public")  # lct.py's `BY_CLASS`
     _memory: cython.longlong
     _horizons = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _nhorizons: cython.int
@@ -179,6 +180,7 @@ class LCTState:
         self.period = 1
         self.capacity = 1
         self.ratio = True
+        self.by_class = False
         self._memory = 0
         self._horizons = _longs([])
         self._nhorizons = self._width = self._first = self._nstates = 0
@@ -579,14 +581,19 @@ class LCTState:
     @cython.cfunc
     def _past_limit(self, cls: cython.int, node: cython.int) -> cython.double:
         """How far resident `node` of class `cls` is past its class limit (lct.py's
-        `_past_limit`): the largest goes first."""
+        `evict`): the largest goes first; with `by_class`, a block past its limit ranks
+        above every block of a higher class (the classes 1e10 apart, beyond any ratio or
+        age)."""
         age: cython.double = self.clock - self._last[node]
         limit: cython.double = self._limits[cls]
+        over: cython.double = age - limit
         if limit == _INF:
             return age - 1e18
         if self.ratio:
-            return age / limit if limit > 0 else 1e18 + age
-        return age - limit
+            over = age / limit if limit > 0 else 1e18 + age
+        if self.by_class and 0 < limit < age:  # past its limit: the lowest class first
+            return (4 - cls) * 1e10 + over
+        return over
 
     @cython.cfunc
     def _take_head(self, cls: cython.int, protected: Collection[OffloadKey]) -> cython.int:
