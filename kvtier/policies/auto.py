@@ -381,7 +381,7 @@ class AutoCachePolicy(CachePolicy):
         self._epochs = self._epochs * decay + 1.0
         self._weights2 = self._weights2 * decay * decay + 1.0
         self.decisions += 1
-        if self._on_probation is not None and self._probation_failed(hits):
+        if self._on_probation is not None and self._probation_failed(hits, *self._on_probation):
             return
         if (
             self.decisions <= self.warmup
@@ -396,15 +396,13 @@ class AutoCachePolicy(CachePolicy):
                 self._on_probation = (serving, self.decisions)
                 self._behind = 0
 
-    def _probation_failed(self, hits: list[int]) -> bool:
-        """Whether the switch on probation was undone, given the epoch's `hits` per
-        candidate: the candidate it replaced, which went on as a shadow from the same blocks
-        (what the tier would have had without the switch), has more hits since than the new
-        one by `revert_cost` plus the margin over the accesses since. The shadows cannot
-        price a takeover (the blocks the tier lacks); this measures it. Ends the probation
-        after `probation` decisions."""
-        assert self._on_probation is not None
-        old, decided = self._on_probation
+    def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
+        """Whether the switch on probation (made at decision `decided`) was undone, given
+        the epoch's `hits` per candidate: the candidate it replaced, `old`, which went on as
+        a shadow from the same blocks (what the tier would have had without the switch), has
+        more hits since than the new one by `revert_cost` plus the margin over the accesses
+        since. The shadows cannot price a takeover (the blocks the tier lacks); this
+        measures it. Ends the probation after `probation` decisions."""
         self._behind += hits[old] - hits[self.serving_index]
         epochs = self.decisions - decided
         if self._behind > self.margin * epochs * self.epoch + self.revert_cost:
@@ -430,7 +428,8 @@ class AutoCachePolicy(CachePolicy):
         """Serve with candidate `name` from now on (what a decision does; public for tests
         and for an operator who knows better): its shadow takes over warm (`take_over`);
         nothing the tier holds is dropped. Serving with the candidate that serves already
-        changes nothing."""
+        changes nothing. A switch made here is not on probation (it ends one under way):
+        the caller chose it."""
         if name not in self.candidates:
             raise InvalidValueError(f"auto: {name!r} is not a candidate of {self.candidates!r}")
         index = self.candidates.index(name)
