@@ -60,6 +60,7 @@ def test_registered_with_the_other_policies() -> None:
         {"margin": -0.1},
         {"switch_cost": -1.0},
         {"min_gap": -1},
+        {"probation": -1},
     ],
 )
 def test_rejects_bad_options(options: dict[str, object]) -> None:
@@ -193,6 +194,46 @@ def test_a_policy_that_stops_serving_goes_on_as_a_shadow() -> None:
     _drive(policy, [500, 501, 500])
     assert lct.count(k(500)) == 2  # it heard the accesses
     assert len(lct) <= 20
+
+
+def _scans_then_a_loop(seed: int = 3) -> list[int]:
+    """7,000 accesses of a hot set of 500 keys read at random among one-off scans (S3-FIFO
+    keeps the hot set, LRU loses it to the scans), then a loop of 800 keys (LRU keeps it
+    whole; an S3-FIFO that took over LRU's blocks puts the loop's new keys in its small
+    queue, 10 % of the cache, and loses them before their next pass)."""
+    rng = random.Random(seed)
+    keys: list[int] = []
+    fresh = 1_000_000
+    while len(keys) < 7_000:
+        if rng.random() < 0.5:
+            keys.extend(range(fresh, fresh + 300))
+            fresh += 300
+        else:
+            keys.extend(rng.randrange(500) for _ in range(100))
+    return keys + list(itertools.islice(itertools.cycle(range(50_000, 50_800)), 20_000))
+
+
+@pytest.mark.parametrize("probation", [16, 0])
+def test_a_switch_that_does_worse_than_staying_is_undone(probation: int) -> None:
+    """S3-FIFO's shadow leads during the scans and auto switches; the loop comes within the
+    switch's probation, and the LRU that stopped serving, going on as a shadow from the same
+    blocks, is ahead of the new S3-FIFO: the switch is undone, and auto has more hits than
+    without a probation (which stays on S3-FIFO for `MIN_GAP` accesses)."""
+    found = {}
+    for policy_probation in (probation, 0):
+        policy = AutoCachePolicy(
+            1_000, candidates=("lru", "s3fifo"), min_epoch=250, probation=policy_probation
+        )
+        hits = sum(_access(policy, k(raw)) for raw in _scans_then_a_loop())
+        found[policy_probation] = (hits, policy)
+    hits, policy = found[probation]
+    assert policy.switches[0][1] == "s3fifo" and policy.switches[0][0] < 7_000
+    if probation:
+        assert policy.reverts and policy.switches[1] == (policy.reverts[0], "lru")
+        assert policy.reverts[0] <= policy.switches[0][0] + probation * policy.epoch
+        assert policy.serving == "lru" and hits > found[0][0]
+    else:
+        assert policy.reverts == [] and policy.serving == "s3fifo"
 
 
 def test_serve_with_an_unknown_candidate_raises() -> None:

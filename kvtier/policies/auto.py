@@ -25,6 +25,18 @@ On a stationary workload the lead of a winner grows as the epochs do and noise a
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
 
+A decided switch is on probation for `PROBATION` decisions: the shadows price the
+candidates, not a takeover (the new policy starts from the blocks the old one kept, and the
+blocks its shadow held that the tier lacks are misses), so the switch's real cost is
+measured: the candidate that stopped serving goes on as a shadow from those same blocks, the
+exact run without the switch, and if the new one falls behind it by `REVERT_COST` x capacity
+hits (plus `MARGIN` over the accesses since), the switch is undone (`reverts`), and counts
+as a switch for `DWELL` and `MIN_GAP`. Issue 34's cloudPhysics trace at 10 %: S3-FIFO's
+shadow leads lct's late, the switch at 74,664 accesses left the tier with neither set and
+the hits fell to LRU's (0.2125, lct alone 0.2467); undone 3,700 accesses later, 0.2334. The
+first candidate, lct, is kept: S3-FIFO first meets cloudPhysics at 10 and 25 % but loses
+cells lct first meets (docs/BENCHMARKS.md, "auto's decision rule, third round").
+
 A switch takes over warm: the winner's shadow becomes the live policy, its state (its
 order, its lists, its counters, its ghosts where the policy allows) for every block the
 tier holds, with the tier's blocks in it; a block the tier holds that the shadow had let go
@@ -106,6 +118,12 @@ WARMUP = 16
 capacity is cold misses, and a learner's first ones are spent learning."""
 DWELL = 16
 """Decisions after a switch before the next one may be made (four capacities)."""
+PROBATION = 16
+"""Decisions after a switch during which it is undone if the candidate it replaced, going
+on as a shadow, gets more hits than the new one (`AutoCachePolicy._probation_failed`)."""
+REVERT_COST = 0.05
+"""How far behind the candidate it replaced a new one must fall during its probation to be
+undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
 many accesses, whatever the noise (issue 34's bound on flapping). A candidate that learns
@@ -203,6 +221,8 @@ class AutoCachePolicy(CachePolicy):
         warmup: int = WARMUP,
         dwell: int = DWELL,
         min_gap: int = MIN_GAP,
+        probation: int = PROBATION,
+        revert_cost: float = REVERT_COST,
     ) -> None:
         """Every parameter defaults to the module's constant of that name (the one set chosen
         for every capacity); they are parameters for tuning and tests."""
@@ -224,11 +244,14 @@ class AutoCachePolicy(CachePolicy):
             and warmup >= 0
             and dwell >= 0
             and min_gap >= 0
+            and probation >= 0
+            and revert_cost >= 0.0
         ):
             raise InvalidValueError(
-                f"auto: needs epoch > 0, 0 < decay < 1, margin, switch_cost, z, warmup, dwell "
-                f"and min_gap >= 0; got {epoch!r}, {decay!r}, {margin!r}, {switch_cost!r}, "
-                f"{z!r}, {warmup!r}, {dwell!r}, {min_gap!r}"
+                f"auto: needs epoch > 0, 0 < decay < 1, margin, switch_cost, z, warmup, dwell, "
+                f"min_gap, probation and revert_cost >= 0; got {epoch!r}, {decay!r}, "
+                f"{margin!r}, {switch_cost!r}, {z!r}, {warmup!r}, {dwell!r}, {min_gap!r}, "
+                f"{probation!r}, {revert_cost!r}"
             )
         self.candidates = candidates
         self.epoch = max(int(min_epoch), round(epoch * cache_capacity), 1)
@@ -241,6 +264,9 @@ class AutoCachePolicy(CachePolicy):
         self.warmup = warmup
         self.dwell = dwell
         self.min_gap = min_gap
+        self.probation = probation
+        self.revert_cost = revert_cost * cache_capacity
+        """How far behind, in hits, the new candidate must fall to be undone."""
         self._block = BlockStatus(0)
         """The one ready block every shadow's key shares: a shadow stores no data."""
         self._block.ref_cnt = 0
@@ -284,7 +310,15 @@ class AutoCachePolicy(CachePolicy):
         self.decisions = 0
         self._last_switch = 0
         self.switches: list[tuple[int, str]] = []
-        """Each switch: (accesses so far, the candidate that took over)."""
+        """Each switch: (accesses so far, the candidate that took over); a revert is one."""
+        self.reverts: list[int] = []
+        """The accesses at which a switch was undone (its probation failed)."""
+        self._on_probation: tuple[int, int] | None = None
+        """After a decided switch, until `probation` decisions have passed: (the candidate
+        that stopped serving, the decision of the switch)."""
+        self._behind = 0
+        """During a probation: the old candidate's hits since the switch minus the new
+        one's."""
         self.accesses = 0
         self._until_decision = self.epoch
 
@@ -347,6 +381,8 @@ class AutoCachePolicy(CachePolicy):
         self._epochs = self._epochs * decay + 1.0
         self._weights2 = self._weights2 * decay * decay + 1.0
         self.decisions += 1
+        if self._on_probation is not None and self._probation_failed(hits, *self._on_probation):
+            return
         if (
             self.decisions <= self.warmup
             or (self.switches and self.decisions - self._last_switch <= self.dwell)
@@ -355,7 +391,28 @@ class AutoCachePolicy(CachePolicy):
             return
         best = max(range(len(self.scores)), key=lambda i: (self.scores[i], i == serving, -i))
         if best != serving and self._leads(best):
-            self.serve_with(self.candidates[best])
+            self._switch(best)
+            if self.probation:
+                self._on_probation = (serving, self.decisions)
+                self._behind = 0
+
+    def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
+        """Whether the switch on probation (made at decision `decided`) was undone, given
+        the epoch's `hits` per candidate: the candidate it replaced, `old`, which went on as
+        a shadow from the same blocks (what the tier would have had without the switch), has
+        more hits since than the new one by `revert_cost` plus the margin over the accesses
+        since. The shadows cannot price a takeover (the blocks the tier lacks); this
+        measures it. Ends the probation after `probation` decisions."""
+        self._behind += hits[old] - hits[self.serving_index]
+        epochs = self.decisions - decided
+        if self._behind > self.margin * epochs * self.epoch + self.revert_cost:
+            self._on_probation = None
+            self._switch(old)
+            self.reverts.append(self.accesses)
+            return True
+        if epochs >= self.probation:
+            self._on_probation = None
+        return False
 
     def _leads(self, best: int) -> bool:
         """Whether candidate `best` leads the serving one by more than the margin plus the
@@ -371,12 +428,19 @@ class AutoCachePolicy(CachePolicy):
         """Serve with candidate `name` from now on (what a decision does; public for tests
         and for an operator who knows better): its shadow takes over warm (`take_over`);
         nothing the tier holds is dropped. Serving with the candidate that serves already
-        changes nothing."""
+        changes nothing. A switch made here is not on probation (it ends one under way):
+        the caller chose it."""
         if name not in self.candidates:
             raise InvalidValueError(f"auto: {name!r} is not a candidate of {self.candidates!r}")
         index = self.candidates.index(name)
         if index == self.serving_index:
             return
+        self._on_probation = None
+        self._switch(index)
+
+    def _switch(self, index: int) -> None:
+        """Candidate `index` takes over (see `serve_with`)."""
+        name = self.candidates[index]
         live = take_over(self._policies[index], list(self._resident.items()))
         self._policies[index] = live
         self._getters[index] = live.getter()
