@@ -20,6 +20,7 @@ The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -62,7 +63,7 @@ from kvtier.tiers.disk.log_layout import (
 )
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
-from kvtier.tiers.disk.reader import read_parts, read_split
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure, RestoredBlock
 
@@ -191,11 +192,14 @@ class LogStore(StoreFacade):
             next_epoch=self.opened.next_epoch,
             on_flush=self._maybe_checkpoint,
         )
+        self._read_pool: ReadThreads | None = ReadThreads(max_workers, "kvtier-log-read")
         self._reader = LogReader(
-            self._files, self._index, self._codec, self._counters, self._namespace
-        )
-        self._read_pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers, thread_name_prefix="kvtier-log-read"
+            self._files,
+            self._index,
+            self._codec,
+            self._counters,
+            self._namespace,
+            self._read_pool,
         )
         self._closed = False
         self._close_lock = threading.Lock()
@@ -437,8 +441,9 @@ class LogStore(StoreFacade):
     async def read(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[ReadFailure | None]:
-        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value. A large
-        batch is split over the read threads (as the per-block layout's, `read_parts`)."""
+        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value. One call
+        to a read thread, whatever the batch's size: that thread reads a large batch's runs
+        with the other read threads (`LogReader.read`)."""
         self._check_open()
         key_list, slot_list, buffer_list = check_batch(
             self._shape, keys, slots, buffers, writable=True
@@ -447,9 +452,8 @@ class LogStore(StoreFacade):
             return []
         if self._files.lost is not None:
             return [ReadFailure.IO_ERROR] * len(key_list)
-        parts = read_parts(slot_list, self.block_size, self._max_workers)
-        return await read_split(
-            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
+        return await self._run(
+            functools.partial(self._reader.read, key_list, slot_list, buffer_list)
         )
 
     def check(self, repair: bool = False) -> CheckReport:

@@ -32,7 +32,6 @@ import asyncio
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +56,7 @@ from kvtier.tiers.disk.open_checks import (
     store_dir_of,
     trust_log_dirs,
 )
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
@@ -201,9 +201,7 @@ class DiskStore(StoreFacade):
             fsync=self.fsync,
         )
         # Reads and writes never share a thread: a read never waits behind a queued write.
-        self._read_pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix="kvtier-disk-read"
-        )
+        self._read_pool: ReadThreads | None = ReadThreads(self._max_workers, "kvtier-disk-read")
 
     @classmethod
     def from_config(
