@@ -67,7 +67,10 @@ from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure, RestoredBlock
 
-__all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "LogStore", "read_layout"]
+__all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "READ_THREADS", "LogStore", "read_layout"]
+
+READ_THREADS = 8
+"""A log store's read threads by default: a large read keeps this many runs in flight."""
 
 DEFAULT_SPARE = 0.25
 """Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
@@ -80,7 +83,9 @@ class LogStore(StoreFacade):
 
     Same contract and arguments as `DiskStore` (store.py) plus `region_bytes` (the size of a
     region, shrunk for a store too small for eight) and `spare` (space for reclaiming, as a
-    fraction of the blocks' own); `inspect` opens an existing store only to `check` it
+    fraction of the blocks' own); `max_workers` is its read threads (default 8: calls in
+    flight at once, and the runs of one large batch read at once, as a device is rated at
+    queue depth); `inspect` opens an existing store only to `check` it
     (nothing created, grown or written; writes raise DiskTierError). Blocking constructor:
     use `open_async` from a coroutine. A new store records its geometry in `layout.json`
     (what `kvtier check` opens it by).
@@ -99,7 +104,7 @@ class LogStore(StoreFacade):
         zstd_level: int = 3,
         direct_io: bool | str = "auto",
         fsync: bool = True,
-        max_workers: int = 4,
+        max_workers: int = READ_THREADS,
         io: FileIO | None = None,
         region_bytes: int = DEFAULT_REGION_BYTES,
         spare: float = DEFAULT_SPARE,
@@ -141,7 +146,6 @@ class LogStore(StoreFacade):
         self._namespace = self.fingerprint.encode("ascii")
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
-        self._max_workers = max_workers
         self.inspect = inspect
         if inspect and not self.path.is_dir():
             raise DiskTierError(f"nothing to check: {self.path} does not exist")
