@@ -6,6 +6,7 @@ and a shutdown finishes what was queued and refuses what comes after."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 
@@ -30,7 +31,7 @@ async def test_a_call_returns_its_result_or_raises_its_exception() -> None:
         with pytest.raises(OSError, match="boom"):
             await threads.submit(loop, fail)
         results = await asyncio.gather(
-            *(threads.submit(loop, lambda n=n: n * n) for n in range(50))
+            *(threads.submit(loop, functools.partial(pow, n, 2)) for n in range(50))
         )
         assert results == [n * n for n in range(50)]
     finally:
@@ -48,7 +49,7 @@ async def test_a_call_cancelled_before_a_thread_takes_it_is_skipped() -> None:
         skipped.cancel()
         release.set()
         assert await blocker is True
-        assert await threads.submit(loop, lambda: ran.append("after")) is None
+        await threads.submit(loop, lambda: ran.append("after"))
         assert ran == ["after"]
     finally:
         threads.shutdown()
@@ -59,7 +60,7 @@ def _parts(count: int, seen: list[int], lock: threading.Lock) -> list[Callable[[
         with lock:
             seen.append(number)
 
-    return [lambda n=n: part(n) for n in range(count)]
+    return [functools.partial(part, n) for n in range(count)]
 
 
 @pytest.mark.parametrize("size", [1, 2, 8])
@@ -144,3 +145,35 @@ async def test_shutdown_finishes_queued_calls_then_refuses_new_ones() -> None:
     threads.fan_out(_parts(5, seen, threading.Lock()))  # no threads left: all on this one
     assert sorted(seen) == list(range(5))
     threads.shutdown()  # idempotent
+
+
+@pytest.mark.parametrize("size", [None, 1, 4])
+def test_read_in_parts_puts_each_outcome_at_its_place_in_the_batch(size: int | None) -> None:
+    """The per-block layout's large read: its parts (in slot order, not the batch's) read
+    by the threads at once or one after the other, each outcome back at its position."""
+    import numpy as np
+
+    from kvtier.keys import OffloadKey, key_from_int
+    from kvtier.tiers.disk.reader import read_in_parts
+    from kvtier.tiers.storage import HostBuffer, ReadFailure
+
+    keys = [key_from_int(i) for i in range(12)]
+    slots = [11 - i for i in range(12)]
+    buffers: list[HostBuffer] = [np.zeros(8, dtype=np.uint8) for _ in keys]
+    parts = [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1, 0]]
+
+    def read(
+        part_keys: list[OffloadKey], part_slots: list[int], part_buffers: list[HostBuffer]
+    ) -> list[ReadFailure | None]:
+        for slot, buffer in zip(part_slots, part_buffers, strict=True):
+            buffer[:] = slot
+        return [ReadFailure.CHECKSUM if s % 5 == 0 else None for s in part_slots]
+
+    threads = None if size is None else ReadThreads(size, "test-read")
+    try:
+        results = read_in_parts(threads, read, keys, slots, buffers, parts)
+    finally:
+        if threads is not None:
+            threads.shutdown()
+    assert results == [ReadFailure.CHECKSUM if s % 5 == 0 else None for s in slots]
+    assert [int(buffer[0]) for buffer in buffers] == slots

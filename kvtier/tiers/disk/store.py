@@ -29,6 +29,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -57,7 +58,7 @@ from kvtier.tiers.disk.open_checks import (
     trust_log_dirs,
 )
 from kvtier.tiers.disk.read_threads import ReadThreads
-from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
+from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_in_parts, read_parts
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.registry import TierContext
@@ -382,8 +383,16 @@ class DiskStore(StoreFacade):
         if self._guard.reason is not None:
             return self._reader.refuse(len(key_list))
         parts = read_parts(slot_list, self.block_size, self._max_workers)
-        return await read_split(
-            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
+        return await self._run(  # one call; its parts read by the read threads at once
+            functools.partial(
+                read_in_parts,
+                self._read_pool,
+                self._reader.read,
+                key_list,
+                slot_list,
+                buffer_list,
+                parts,
+            )
         )
 
     def check(self, repair: bool = False) -> CheckReport:
