@@ -670,18 +670,64 @@ async def test_a_checkpoint_shrinks_the_key_dict_and_every_key_is_still_found(
         await store.aclose()
 
 
-async def test_a_large_read_is_split_over_the_read_threads_and_stays_exact(
+async def test_a_large_read_is_one_call_whose_runs_go_over_the_read_threads(
     tmp_path: Path,
 ) -> None:
-    from kvtier.tiers.disk.reader import READ_SPLIT_BYTES
+    """A batch of many runs is one call to a read thread, which reads the runs with the
+    other read threads at once (two preadvs in flight together, or the first would wait
+    forever at the barrier), one preadv a run; every block is still verified on its own:
+    a rotten byte in one is a checksum failure, the rest are exact."""
+    import mmap
+    import threading
+    from collections.abc import Sequence
+
+    from kvtier.tiers.disk.io import FileIO, IOBuffer
+    from kvtier.tiers.disk.log_reader import RUN_BYTES
+
+    class MeetingIO(FileIO):
+        """The first two preadvs of the read wait for each other."""
+
+        def __init__(self) -> None:
+            self.meet: threading.Barrier | None = None
+            self.reads = 0
+            self._lock = threading.Lock()
+
+        def preadv(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
+            with self._lock:
+                self.reads += 1
+                meet = self.meet if self.reads <= 2 else None
+            if meet is not None:
+                meet.wait()
+            return super().preadv(fd, buffers, offset)
 
     block = 64 << 10
-    count = max(8, 4 * READ_SPLIT_BYTES // block)
-    store = open_log(tmp_path, block_size=block, num_blocks=count, max_workers=4)
+    runs = 6
+    count = runs * RUN_BYTES // block
+    io = MeetingIO()
+    store = open_log(
+        tmp_path, block_size=block, num_blocks=count, max_workers=4, io=io, direct_io="auto"
+    )
     try:
         ids = list(range(count))
-        await write_ok(store, ids, ids[::-1])
-        await assert_intact(store, ids, ids[::-1])
+        await write_ok(store, ids, ids)
+        row = store._index.row(count // 2)
+        assert row is not None
+        with open(store._files.root / "regions.bin", "r+b") as file:
+            file.seek(store._files.base(row.region) + row.offset + 11)
+            file.write(b"\xee")
+        pool = np.frombuffer(mmap.mmap(-1, count * block), dtype=np.uint8).reshape(count, block)
+        io.meet, io.reads = threading.Barrier(2, timeout=30), 0
+        results = await store.read([k(i) for i in ids], ids, list(pool))
+        calls = io.reads
+        expected: list[ReadFailure | None] = [None] * count
+        expected[count // 2] = ReadFailure.CHECKSUM
+        assert results == expected
+        # one preadv a run (the regions' header pages may cut a run in two), then the
+        # rotten block read again alone
+        assert runs + 1 <= calls <= 2 * runs + 1
+        for i in ids:
+            if expected[i] is None:
+                assert np.array_equal(pool[i], deterministic_block(i, block)), i
     finally:
         await store.aclose()
 

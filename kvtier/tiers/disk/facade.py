@@ -1,6 +1,7 @@
 """`StoreFacade`: what the disk tier's two layouts (`DiskStore`, store.py, and `LogStore`,
 log_store.py) do alike around their own parts: the config's arguments, opening in a thread,
-closing from a coroutine, the checks every call starts with and the read threads' calls.
+closing from a coroutine, the checks every call starts with and the read threads' calls
+(`ReadThreads`, read_threads.py: one hop to a thread and one back per call).
 
 One base so that a fix to the lifecycle or the read pool's closing reaches both layouts; each
 layout keeps its own parts, `close`, `check` and the calls' bodies.
@@ -14,7 +15,6 @@ import logging
 import os
 from abc import abstractmethod
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -23,6 +23,7 @@ from kvtier.keys import OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.fsck import CheckReport
 from kvtier.tiers.disk.kind import DiskTierConfig
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.storage import BlockStorage
 
@@ -66,7 +67,7 @@ class StoreFacade(BlockStorage):
     inspect: bool
     """Whether the store was opened only to be checked."""
     _closed: bool
-    _read_pool: ThreadPoolExecutor | None
+    _read_pool: ReadThreads | None
     _codec: BlockCodec
     _counters: StoreCounters
 
@@ -133,13 +134,14 @@ class StoreFacade(BlockStorage):
             raise DiskTierError(f"the disk tier at {self.path} is open only to be checked")
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        """`call` in the read pool (reads and `acheck`; never the write lane)."""
-        executor = self._read_pool
-        if self._closed or executor is None:
+        """`call` in the read threads (reads and `acheck`; never the write lane): one hop
+        there, one back."""
+        threads = self._read_pool
+        if self._closed or threads is None:
             raise StorageClosedError(f"the disk tier at {self.path} is closed")
         try:
-            future = asyncio.get_running_loop().run_in_executor(executor, call)
-        except RuntimeError:  # the executor was shut down between the check and the submit
+            future = threads.submit(asyncio.get_running_loop(), call)
+        except RuntimeError:  # the threads were shut down between the check and the submit
             raise StorageClosedError(f"the disk tier at {self.path} is closed") from None
         return await future
 

@@ -6,11 +6,17 @@ A batch takes its rows from the index in one locked look-up (region, payload off
 codec, sequence, checksum, key: array operations for a large batch, a few scalars a block for
 a small one, where the arrays' set-up would cost more), and raw blocks whose payloads lie back
 to back in a region are read with one preadv straight into the caller's buffers (O_DIRECT
-where they are page-aligned: a single block too, with no staging copy); each is then verified
-against the in-memory checksum. Anything else (a zstd block, a block that does not verify, a
-failed read) takes the one-block path, which re-reads the index when a reclaim moved it."""
+where they are page-aligned: a single block too, with no staging copy), in runs of at most
+RUN_BYTES; a batch of several runs has them read by the store's read threads at once
+(`ReadThreads.fan_out`: the thread the call runs in and the idle others), so the disk sees
+several reads in flight, as a device is rated, while the event loop sees one call. Each block
+is then verified against the in-memory checksum. Anything else (a zstd block, a block that
+does not verify, a failed read) takes the one-block path, which re-reads the index when a
+reclaim moved it."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -20,17 +26,22 @@ from kvtier.tiers.disk.io import IOV_MAX
 from kvtier.tiers.disk.log_files import LogFiles, whole_pages
 from kvtier.tiers.disk.log_format import bound_checksum
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Row
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
-RUN_BYTES = 2 << 20
-"""Most bytes one preadv of back-to-back payloads reads."""
+RUN_BYTES = 1 << 20
+"""Most bytes one preadv of back-to-back payloads reads: a large batch is cut into runs of
+this size or less so that the read threads keep several in flight at once."""
 
 SMALL_BATCH = 16
 """Batches of fewer blocks are looked up scalar by scalar (no array set-up)."""
 
 Entry = tuple[int, int, int, int]
 """A block to read in a run: (position in the batch, region, payload offset, length)."""
+
+Run = tuple[list[int], int, int]
+"""Back-to-back payloads read with one preadv: (positions in the batch, region, start)."""
 
 _RAW = int(Codec.NONE)
 """The codec of a raw block, as the index stores it (an int: no enum look-up a block)."""
@@ -49,47 +60,77 @@ class LogReader:
         codec: BlockCodec,
         counters: StoreCounters,
         namespace: bytes,
+        threads: ReadThreads | None = None,
     ) -> None:
         self.files = files
         self.index = index
         self.codec = codec
         self.counters = counters
         self.namespace = namespace
+        self.threads = threads
+        """The store's read threads, which read a batch's runs at once (None: one by one)."""
 
     def read(
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
     ) -> list[ReadFailure | None]:
-        """Fill each buffer with its block; one result per block (None: intact)."""
+        """Fill each buffer with its block; one result per block (None: intact). A batch of
+        several runs has them read by the read threads at once (`threads.fan_out`)."""
         count = len(keys)
-        results: list[ReadFailure | None] = [None] * count
-        done = [False] * count
-        nbytes = 0
         lookup = self._lookup_small if count < SMALL_BATCH else self._lookup
         entries, expected = lookup(keys, slots, buffers)
-        for run, region, start in _runs(entries):
-            views = [buffers[i].data.cast("B") for i in run]
-            direct = all(whole_pages(buffers[i]) for i in run)
-            try:
-                got = self.files.read_run(region, start, views, direct)
-            except OSError:
-                continue  # each block of the run takes the one-block path
-            nbytes += got
-            namespace = self.namespace
-            for i, view in zip(run, views, strict=True):
-                got -= view.nbytes
-                if got < 0:
-                    break
-                seq, checksum = expected[i]
-                if checksum == bound_checksum(
-                    namespace, keys[i], slots[i], view.nbytes, _RAW, seq, buffers[i]
-                ):
-                    done[i] = True
+        runs = _runs(entries)
+        done = [False] * count
+        got = [0] * len(runs)
+
+        def read_run(number: int) -> None:
+            got[number] = self._read_run(runs[number], keys, slots, buffers, expected, done)
+
+        threads = self.threads
+        if threads is not None and threads.size > 1 and len(runs) > 1:
+            threads.fan_out([functools.partial(read_run, n) for n in range(len(runs))])
+        else:
+            for number in range(len(runs)):
+                read_run(number)
+        nbytes = sum(got)
+        results: list[ReadFailure | None] = [None] * count
         for i in range(count):
             if not done[i]:
-                results[i], got = self._read_one(keys[i], slots[i], buffers[i])
-                nbytes += got
+                results[i], one = self._read_one(keys[i], slots[i], buffers[i])
+                nbytes += one
         self.counters.count_reads(results, nbytes)
         return results
+
+    def _read_run(
+        self,
+        run: Run,
+        keys: list[OffloadKey],
+        slots: list[int],
+        buffers: list[HostBuffer],
+        expected: list[tuple[int, int]],
+        done: list[bool],
+    ) -> int:
+        """Read one run with one preadv and mark `done` each of its blocks that verifies
+        against its bound checksum (the rest, and every block of a failed read, take the
+        one-block path); the bytes read."""
+        members, region, start = run
+        views = [buffers[i].data.cast("B") for i in members]
+        direct = all(whole_pages(buffers[i]) for i in members)
+        try:
+            got = self.files.read_run(region, start, views, direct)
+        except OSError:
+            return 0
+        left = got
+        namespace = self.namespace
+        for i, view in zip(members, views, strict=True):
+            size = view.nbytes
+            left -= size
+            if left < 0:
+                break
+            seq, checksum = expected[i]
+            stored = buffers[i]
+            if checksum == bound_checksum(namespace, keys[i], slots[i], size, _RAW, seq, stored):
+                done[i] = True
+        return got
 
     def _lookup(
         self, keys: list[OffloadKey], slots: list[int], buffers: list[HostBuffer]
@@ -204,11 +245,11 @@ class LogReader:
         return None, got
 
 
-def _runs(entries: list[Entry]) -> list[tuple[list[int], int, int]]:
+def _runs(entries: list[Entry]) -> list[Run]:
     """`entries` (in the order of their place in the regions) as runs of back-to-back
     payloads of one region, each at most RUN_BYTES and IOV_MAX blocks: (positions, region,
     start)."""
-    runs: list[tuple[list[int], int, int]] = []
+    runs: list[Run] = []
     run: list[int] = []
     start = end = run_region = -1
     for i, where, first, size in entries:

@@ -20,6 +20,7 @@ The default layout of a disk tier; the per-block layout (`DiskStore`, store.py, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -62,11 +63,14 @@ from kvtier.tiers.disk.log_layout import (
 )
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
-from kvtier.tiers.disk.reader import read_parts, read_split
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure, RestoredBlock
 
-__all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "LogStore", "read_layout"]
+__all__ = ["DEFAULT_SPARE", "LAYOUT_FILE", "READ_THREADS", "LogStore", "read_layout"]
+
+READ_THREADS = 8
+"""A log store's read threads by default: a large read keeps this many runs in flight."""
 
 DEFAULT_SPARE = 0.25
 """Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
@@ -79,7 +83,9 @@ class LogStore(StoreFacade):
 
     Same contract and arguments as `DiskStore` (store.py) plus `region_bytes` (the size of a
     region, shrunk for a store too small for eight) and `spare` (space for reclaiming, as a
-    fraction of the blocks' own); `inspect` opens an existing store only to `check` it
+    fraction of the blocks' own); `max_workers` is its read threads (default 8: calls in
+    flight at once, and the runs of one large batch read at once, as a device is rated at
+    queue depth); `inspect` opens an existing store only to `check` it
     (nothing created, grown or written; writes raise DiskTierError). Blocking constructor:
     use `open_async` from a coroutine. A new store records its geometry in `layout.json`
     (what `kvtier check` opens it by).
@@ -98,7 +104,7 @@ class LogStore(StoreFacade):
         zstd_level: int = 3,
         direct_io: bool | str = "auto",
         fsync: bool = True,
-        max_workers: int = 4,
+        max_workers: int = READ_THREADS,
         io: FileIO | None = None,
         region_bytes: int = DEFAULT_REGION_BYTES,
         spare: float = DEFAULT_SPARE,
@@ -140,7 +146,6 @@ class LogStore(StoreFacade):
         self._namespace = self.fingerprint.encode("ascii")
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
-        self._max_workers = max_workers
         self.inspect = inspect
         if inspect and not self.path.is_dir():
             raise DiskTierError(f"nothing to check: {self.path} does not exist")
@@ -191,11 +196,14 @@ class LogStore(StoreFacade):
             next_epoch=self.opened.next_epoch,
             on_flush=self._maybe_checkpoint,
         )
+        self._read_pool: ReadThreads | None = ReadThreads(max_workers, "kvtier-log-read")
         self._reader = LogReader(
-            self._files, self._index, self._codec, self._counters, self._namespace
-        )
-        self._read_pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers, thread_name_prefix="kvtier-log-read"
+            self._files,
+            self._index,
+            self._codec,
+            self._counters,
+            self._namespace,
+            self._read_pool,
         )
         self._closed = False
         self._close_lock = threading.Lock()
@@ -437,8 +445,9 @@ class LogStore(StoreFacade):
     async def read(
         self, keys: Sequence[OffloadKey], slots: Sequence[int], buffers: Sequence[HostBuffer]
     ) -> list[ReadFailure | None]:
-        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value. A large
-        batch is split over the read threads (as the per-block layout's, `read_parts`)."""
+        """Read the blocks (`BlockStorage.read`), each verified; a miss is a value. One call
+        to a read thread, whatever the batch's size: that thread reads a large batch's runs
+        with the other read threads (`LogReader.read`)."""
         self._check_open()
         key_list, slot_list, buffer_list = check_batch(
             self._shape, keys, slots, buffers, writable=True
@@ -447,9 +456,8 @@ class LogStore(StoreFacade):
             return []
         if self._files.lost is not None:
             return [ReadFailure.IO_ERROR] * len(key_list)
-        parts = read_parts(slot_list, self.block_size, self._max_workers)
-        return await read_split(
-            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
+        return await self._run(
+            functools.partial(self._reader.read, key_list, slot_list, buffer_list)
         )
 
     def check(self, repair: bool = False) -> CheckReport:

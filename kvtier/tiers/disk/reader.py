@@ -14,9 +14,8 @@ uses to keep or drop a record and what `check` reports.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import ALIGNMENT, is_aligned, round_up, staging_buffer
 from kvtier.tiers.disk.layout import IndexRecord, Run, StoreLayout, slab_file_name
+from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
@@ -35,7 +35,8 @@ Scratch = np.ndarray[Any, np.dtype[np.uint8]]
 """Two block-sized rows: the stored bytes of a block, and the block they decode to."""
 
 READ_SPLIT_BYTES = 8 << 20
-"""A read of at least twice this many bytes is split over the read threads (`read_parts`)."""
+"""A read of at least twice this many bytes is split over the read threads (`read_parts`,
+`read_in_parts`)."""
 
 
 def read_parts(slots: list[int], block_size: int, max_workers: int) -> list[list[int]]:
@@ -52,34 +53,36 @@ def read_parts(slots: list[int], block_size: int, max_workers: int) -> list[list
 
 
 Outcomes = list[ReadFailure | None]
-ReadRunner = Callable[[Callable[[], Outcomes]], Awaitable[Outcomes]]
+PartReader = Callable[[list[OffloadKey], list[int], list[HostBuffer]], Outcomes]
 
 
-async def read_split(
-    run: ReadRunner,
-    read: Callable[[list[OffloadKey], list[int], list[HostBuffer]], Outcomes],
+def read_in_parts(
+    threads: ReadThreads | None,
+    read: PartReader,
     keys: list[OffloadKey],
     slots: list[int],
     buffers: list[HostBuffer],
     parts: list[list[int]],
 ) -> Outcomes:
-    """One batch read as `parts` (`read_parts`), each by `read` in a thread `run` gives it, at
-    once: each block's outcome at its position in the batch."""
+    """One batch read as `parts` (`read_parts`), each by `read`, by the read threads at
+    once (`threads.fan_out`, from the read thread the batch's one call runs in; one after
+    the other without threads): each block's outcome at its position in the batch."""
     if len(parts) == 1:
-        return await run(functools.partial(read, keys, slots, buffers))
-    outcomes = await asyncio.gather(
-        *(
-            run(
-                functools.partial(
-                    read,
-                    [keys[m] for m in part],
-                    [slots[m] for m in part],
-                    [buffers[m] for m in part],
-                )
-            )
-            for part in parts
+        return read(keys, slots, buffers)
+    outcomes: list[Outcomes] = [[] for _ in parts]
+
+    def read_part(number: int) -> None:
+        part = parts[number]
+        outcomes[number] = read(
+            [keys[m] for m in part], [slots[m] for m in part], [buffers[m] for m in part]
         )
-    )
+
+    calls = [functools.partial(read_part, number) for number in range(len(parts))]
+    if threads is None:
+        for call in calls:
+            call()
+    else:
+        threads.fan_out(calls)
     results: Outcomes = [None] * len(keys)
     for part, outcome in zip(parts, outcomes, strict=True):
         for member, result in zip(part, outcome, strict=True):

@@ -29,10 +29,10 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,7 +57,8 @@ from kvtier.tiers.disk.open_checks import (
     store_dir_of,
     trust_log_dirs,
 )
-from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_parts, read_split
+from kvtier.tiers.disk.read_threads import ReadThreads
+from kvtier.tiers.disk.reader import BlockReader, BlockVerifier, read_in_parts, read_parts
 from kvtier.tiers.disk.recovery import Recovery
 from kvtier.tiers.disk.stats import DiskStoreStats, StoreCounters
 from kvtier.tiers.registry import TierContext
@@ -201,9 +202,7 @@ class DiskStore(StoreFacade):
             fsync=self.fsync,
         )
         # Reads and writes never share a thread: a read never waits behind a queued write.
-        self._read_pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix="kvtier-disk-read"
-        )
+        self._read_pool: ReadThreads | None = ReadThreads(self._max_workers, "kvtier-disk-read")
 
     @classmethod
     def from_config(
@@ -384,8 +383,16 @@ class DiskStore(StoreFacade):
         if self._guard.reason is not None:
             return self._reader.refuse(len(key_list))
         parts = read_parts(slot_list, self.block_size, self._max_workers)
-        return await read_split(
-            self._run, self._reader.read, key_list, slot_list, buffer_list, parts
+        return await self._run(  # one call; its parts read by the read threads at once
+            functools.partial(
+                read_in_parts,
+                self._read_pool,
+                self._reader.read,
+                key_list,
+                slot_list,
+                buffer_list,
+                parts,
+            )
         )
 
     def check(self, repair: bool = False) -> CheckReport:

@@ -1,15 +1,16 @@
 """Where the disk tier's promotions (disk -> cpu reads) spend their time, both layouts, on the
 replay of the shipped trace (issue 33).
 
-    PYTHONPATH=tools python -m kvtier_tools.bench.log_reads [--limit N] [--out DIR]
+    PYTHONPATH=tools python -m kvtier_tools.bench.log_reads [--limit N] [--out DIR] [--layouts L]
 
 Replays the shipped trace through the embedded default chain (16 KiB blocks, as `kvtier
 replay`), once with the disk tier's `layout = "log"` and once with `"slots"`, and prints per
 layout the `disk -> cpu` pair (GB/s over the seconds its copies were in flight, as the replay
 reports it) and, per read call of the disk store (its read threads' `StoreFacade._run`),
-the mean of: the hop to a read thread (submitted -> running), the time in the thread (its
-CPU time beside), the hop back (done -> the awaiting coroutine resumed); with the number of
-`preadv` calls the store's files made (the log's reclaim reads counted too). The replay's
+the mean and the median of: the hop to a read thread (submitted -> running), the time in
+the thread (its CPU time beside), the hop back (done -> the awaiting coroutine resumed);
+with the number of `preadv` calls the store's files made (the log's reclaim reads counted
+too); `--layouts` runs only those (default `log,slots`). The replay's
 promotions are small scattered batches (a request's prefix blocks: ~14 blocks a call, a
 third of the calls one block), so the hops weigh as much as the reads. The timing wraps the
 read threads' calls for the run's length only.
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,15 +51,33 @@ _T = TypeVar("_T")
 
 @dataclass
 class ReadTimes:
-    """Sums over the read threads' calls (seconds) and the preadv calls made."""
+    """Each read-thread call's times (seconds) and the preadv calls made."""
 
-    calls: int = 0
-    hop_in: float = 0.0
-    in_thread: float = 0.0
-    cpu: float = 0.0
-    hop_out: float = 0.0
+    hop_in: list[float] = field(default_factory=list)
+    in_thread: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    hop_out: list[float] = field(default_factory=list)
     preadvs: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def calls(self) -> int:
+        """Read-thread calls timed."""
+        return len(self.hop_in)
+
+    def line(self) -> str:
+        """Per call, mean / median microseconds of each part."""
+
+        def us(values: list[float]) -> str:
+            if not values:
+                return "-"
+            return f"{1e6 * statistics.mean(values):.0f} / {1e6 * statistics.median(values):.0f}"
+
+        return (
+            f"{self.calls} read calls, mean / median us: hop in {us(self.hop_in)},"
+            f" in thread {us(self.in_thread)} (CPU {us(self.cpu)}), hop out {us(self.hop_out)};"
+            f" {self.preadvs} preadv"
+        )
 
 
 class CountingIO(FileIO):
@@ -90,11 +110,10 @@ def timed_reads(times: ReadTimes) -> Iterator[None]:
 
         result = await original(self, timed)
         resumed = time.perf_counter()
-        times.calls += 1
-        times.hop_in += marks["start"] - submitted
-        times.in_thread += marks["end"] - marks["start"]
-        times.cpu += marks["cpu"]
-        times.hop_out += resumed - marks["end"]
+        times.hop_in.append(marks["start"] - submitted)
+        times.in_thread.append(marks["end"] - marks["start"])
+        times.cpu.append(marks["cpu"])
+        times.hop_out.append(resumed - marks["end"])
         return result
 
     StoreFacade._run = run  # type: ignore[method-assign]
@@ -131,24 +150,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=None, help="first N requests only")
     parser.add_argument("--out", type=Path, default=Path("kvtier-out/log-reads"))
+    parser.add_argument(
+        "--layouts", default="log,slots", help="comma list of the layouts to run, in order"
+    )
     args = parser.parse_args(argv)
     given = load_default_config()
     trace = load_replay_trace(None, args.limit)
     print(f"trace: {len(trace.requests)} requests, 16 KiB blocks, embedded default chain")
-    for layout in ("log", "slots"):
+    for layout in args.layouts.split(","):
         config = replay_config(with_layout(given, layout), BLOCK_BYTES, args.out / layout)
         dirs = prepare_disk_dirs(config)
         times = ReadTimes()
         row = asyncio.run(_replay(config, trace, times))
         for directory in dirs:
             shutil.rmtree(directory, ignore_errors=True)
-        calls = max(times.calls, 1)
         print(
             f"{layout:5s}  disk -> cpu {row['gbps']:.3f} GB/s ({row['seconds']:.2f} s);"
-            f" {times.calls} read calls, mean us: hop in {1e6 * times.hop_in / calls:.0f},"
-            f" in thread {1e6 * times.in_thread / calls:.0f}"
-            f" (CPU {1e6 * times.cpu / calls:.0f}), hop out {1e6 * times.hop_out / calls:.0f};"
-            f" {times.preadvs} preadv; mismatches {row['mismatches']}"
+            f" {times.line()}; mismatches {row['mismatches']}"
         )
 
 
