@@ -11,6 +11,9 @@ flagged and kept in announcement order: a new key announced gets its node then (
 no list), so announcing it is one dict operation and its `insert` and `evict`'s look-ups none.
 `evict` plans first (the victims, what happens to each, the ghosts deleted, the new p),
 without changing anything, and applies the plan only when all n victims were found.
+`access` (a shadow's request, what `auto` drives) takes a miss's steps with no more than a
+lone key needs: the node its look-up found, announced alone, and the plan applied without a
+list of victims (issue 34's third round; docs/BENCHMARKS.md, "Policy cost, third round").
 
 Written in Cython's pure Python mode: `scripts/build-core` compiles this file with its
 annotations as C types (the `cython:` line above; the arrays typed memoryviews, the counts C
