@@ -11,6 +11,9 @@ flagged and kept in announcement order: a new key announced gets its node then (
 no list), so announcing it is one dict operation and its `insert` and `evict`'s look-ups none.
 `evict` plans first (the victims, what happens to each, the ghosts deleted, the new p),
 without changing anything, and applies the plan only when all n victims were found.
+`access` (a shadow's request, what `auto` drives) takes a miss's steps with no more than a
+lone key needs: the node its look-up found, announced alone, and the plan applied without a
+list of victims (issue 34's third round; docs/BENCHMARKS.md, "Policy cost, third round").
 
 Written in Cython's pure Python mode: `scripts/build-core` compiles this file with its
 annotations as C types (the `cython:` line above; the arrays typed memoryviews, the counts C
@@ -298,6 +301,17 @@ class ARCLists:
         self._link(node, where)
 
     @cython.cfunc
+    def _new_node(self, key: OffloadKey) -> cython.int:
+        """A free node registered for `key` (which has none; on no list, NOWHERE)."""
+        if self._free < 0:
+            self._grow(self._allocated)
+        node: cython.int = self._free
+        self._free = self._next[node]
+        self._keys[node] = key
+        self._node[key] = self._ids[node]
+        return node
+
+    @cython.cfunc
     def _node_of(self, key: OffloadKey) -> cython.int:
         """The node of `key`, or a free node registered for it (`_created` then says so; it
         is on no list, NOWHERE): one dict operation."""
@@ -530,25 +544,69 @@ class ARCLists:
         """Accesses of `keys`, last first, as `simulate` makes them one by one (each the
         policy's `touch`, or `on_store_miss`, `evict(1)` when full and `insert` with
         `block`; not stored when no block can be evicted): what `auto` drives a shadow with,
-        one call per request. Returns the hits."""
+        one call per request. Returns the hits.
+
+        A miss takes the steps of those calls with nothing of theirs that a lone key does
+        not need: its node is the one the look-up found (a ghost's) or a new one, announced
+        alone; the eviction's plan is `evict`'s, applied without a list of victims; with a
+        free slot the key joins T1 (new) or T2 (a ghost, p adapted) at once."""
         hits: cython.Py_ssize_t = 0
         i: cython.Py_ssize_t
         node: cython.int
+        if len(self._ann) < 1:
+            self._ann = _filled(1, 0)
         for i in range(len(keys) - 1, -1, -1):
             key = keys[i]
             node = self._find(key)
             if node >= 0 and self._touch_node(node):
                 hits += 1
                 continue
-            self._release_announced()
-            if len(self._ann) < 1:
-                self._ann = _filled(1, 0)
-            self._announce(key)
+            if self._nann:
+                self._release_announced()
+                if node >= 0 and self._where[node] == NOWHERE:
+                    node = -1  # an announced key's node, freed with the announcement
             self._incoming_adapted = False
-            if len(self._resident) >= self._capacity and self._evict(1, ()) is None:
+            if len(self._resident) < self._capacity:
+                self._join_free(key, node, block)
+                continue
+            if node < 0:
+                node = self._new_node(key)
+                self._where[node] = PENDING
+            self._incoming[node] = 1
+            self._ann[0] = node
+            self._nann = 1
+            if not self._evict(1, (), None):
                 continue
             self._insert(key, block)
         return hits
+
+    @cython.cfunc
+    def _join_free(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """A miss on `key` (`node`: its ghost's, or -1) that a free slot serves, as
+        `on_store_miss((key,))` then `insert(key, block)` would: a ghost adapts p (case II
+        or III) and joins T2, then the ghost bound; a new key joins T1."""
+        c: cython.Py_ssize_t = self._capacity
+        b1n: cython.Py_ssize_t = self._size[B1]
+        b2n: cython.Py_ssize_t = self._size[B2]
+        if node >= 0:
+            if self._where[node] == B1:  # case II: a B1 ghost hit grows T1's target
+                self._p = min(self._p + (1.0 if b1n >= b2n else b2n / b1n), float(c))
+            else:  # case III: a B2 ghost hit shrinks it
+                self._p = max(self._p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
+            self._move(node, T2)
+            self._blocks[node] = block
+            self._resident[key] = block
+            self._insert_room = 0
+            self._bound_ghosts()
+            return 0
+        node = self._new_node(key)
+        self._join_t1(node, block)
+        self._resident[key] = block
+        if self._insert_room:
+            self._insert_room -= 1
+        else:
+            self._make_insert_room()
+        return 0
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """The keys that are not resident become the announced ones, in order and each
@@ -588,13 +646,20 @@ class ARCLists:
         before the last n fill free slots (only p adapts), each of the last n pays for one
         eviction (when fewer keys were announced, plain misses lead them). List sizes are
         tracked as the sequential algorithm would see them."""
-        return self._evict(n, protected)
+        victims: list[tuple[OffloadKey, BlockStatus]] = []
+        if self._evict(n, protected, victims):
+            return victims
+        return None
 
     @cython.cfunc
     def _evict(
-        self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        """`evict`'s steps."""
+        self,
+        n: cython.Py_ssize_t,
+        protected: Collection[OffloadKey],
+        victims: list[tuple[OffloadKey, BlockStatus]] | None,
+    ) -> cython.bint:
+        """`evict`'s steps: whether the n victims were found (appended to `victims` unless
+        None) and evicted."""
         i: cython.Py_ssize_t
         if n > self._plan_room:
             self._victims = _filled(n, 0)
@@ -603,8 +668,9 @@ class ARCLists:
         self._nplan = self._nmarked = self._npopped = 0
         try:
             if self._plan(n, protected):
-                return self._apply()
-            return None
+                self._apply(victims)
+                return True
+            return False
         finally:
             for i in range(self._nmarked):
                 self._gone[self._marked[i]] = 0
@@ -875,10 +941,9 @@ class ARCLists:
         return 0
 
     @cython.cfunc
-    def _apply(self) -> list[tuple[OffloadKey, BlockStatus]]:
-        """Apply the plan: the victims in order to the MRU end of B1 or B2 (or dropped),
-        then the ghosts it deleted; p as planned."""
-        out: list[tuple[OffloadKey, BlockStatus]] = []
+    def _apply(self, out: list[tuple[OffloadKey, BlockStatus]] | None) -> cython.int:
+        """Apply the plan: the victims in order (appended to `out` unless None) to the MRU
+        end of B1 or B2 (or dropped), then the ghosts it deleted; p as planned."""
         i: cython.Py_ssize_t
         node: cython.int
         op: cython.int
@@ -886,7 +951,8 @@ class ARCLists:
             node = self._victims[i]
             op = self._ops[i]
             key = self._keys[node]
-            out.append((key, self._blocks[node]))
+            if out is not None:
+                out.append((key, self._blocks[node]))
             del self._resident[key]
             if op == DROP_T1:
                 self._drop(node)
@@ -899,4 +965,4 @@ class ARCLists:
         self._incoming_adapted = True
         self._insert_room = 0
         self._bound_ghosts()
-        return out
+        return 0

@@ -1,25 +1,37 @@
-# cython: annotation_typing=True
+# cython: annotation_typing=True, boundscheck=False, wraparound=False, initializedcheck=False
 """S3-FIFO's state and steps, `S3FIFOQueues`: the one source of the algorithm that
 `kvtier.policies.s3fifo.S3FIFOCachePolicy` runs, compiled or as plain Python.
 
-The algorithm and its departures for a tier are s3fifo.py's docstring. The queues S, M and G
-are ordered dicts of keys (oldest first), beside a dict of the resident blocks and one of
-their 2-bit counters: every step is O(1) amortized (a block in M is reinserted at most 3
-times per hit it had). `access` is a whole request's accesses of a shadow at once (`auto`
-drives its shadows so): per key, what `simulate` does with one access, with no Python call
-per key when compiled.
+The algorithm and its departures for a tier are s3fifo.py's docstring. Every key the queues
+hold (resident in S or M, or a ghost in G) has a node, an int: one dict maps the key to its
+node, and S, M and G are intrusive doubly linked FIFO lists over int arrays of node numbers
+(oldest at the head), beside each node's 2-bit counter, its key and its block in arrays and
+lists. A hit is one dict look-up and a counter raised; a miss is its look-up, the eviction's
+relinks (a block moved from S to M or reinserted in M is two relinks, no dict operation),
+the victim's delete from the resident dict, and the new key's two dict writes (its block,
+its node; a ghost's node is reused as it comes back to M). The resident blocks are a dict of
+their own besides, which `S3FIFOCachePolicy.get` reads with no Python frame. Every step is
+O(1) amortized (a block in M is reinserted at most 3 times per hit it had). `access` is a
+whole request's accesses of a shadow at once (`auto` drives its shadows so): per key, what
+`simulate` does with one access, with no Python call per key when compiled.
+
+(Before issue 34's third round S, M and G were ordered dicts of keys and the counters a
+dict: a miss cost about a dozen dict operations; docs/BENCHMARKS.md, "Policy cost, third
+round", has the figures.)
 
 Written in Cython's pure Python mode, as `_arc_core.py` is: `scripts/build-core` compiles
 this file with its annotations as C types (the class an extension type, its counts C
-integers, its `@cython.cfunc` methods C functions); without a build it runs as the Python it
-is (`cython` is Cython's shadow module, or `_cython_shim`). Both take the same decisions
-(`tests/test_compiled_s3fifo.py` runs this file's text both ways in one process and compares
-every answer and state).
+integers, its arrays typed memoryviews, its `@cython.cfunc` methods C functions); without a
+build it runs as the Python it is (`cython` is Cython's shadow module, or `_cython_shim`).
+Both take the same decisions (`tests/test_compiled_s3fifo.py` runs this file's text both
+ways in one process and compares every answer and state). mypy cannot read a typed
+memoryview or a C array: they are declared with `cython.declare`, each with a `type:
+ignore`, and are `Any` to mypy (as in `_arc_core.py`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -38,6 +50,30 @@ else:
 MAX_FREQ = cython.declare(cython.int, 3)
 """The counter's ceiling: two bits."""
 
+# The queue a node is on (`_where`), indexes of `_head`, `_tail` and `_size`.
+SMALL = cython.declare(cython.int, 0)
+MAIN = cython.declare(cython.int, 1)
+GHOST = cython.declare(cython.int, 2)
+NOWHERE = cython.declare(cython.int, 3)  # a free node
+
+INITIAL_NODES = 16
+MOST_NODES_AT_START = 1 << 20
+
+# The key and block of a node that has none (free; a ghost has no block). Never looked up,
+# never returned: they keep the lists' item types exact (and release what a node held).
+_NO_KEY = OffloadKey(b"")
+_NO_BLOCK = BlockStatus(-1)
+
+
+def _filled(count: int, value: int) -> array[int]:
+    """An int array of `count` copies of `value`."""
+    return array("i", [value]) * count
+
+
+def _extended(old: Sequence[int], count: int, value: int) -> array[int]:
+    """A new int array of `count` items: `old`'s, then copies of `value`."""
+    return array("i", old) + _filled(count - len(old), value)
+
 
 @cython.final
 @cython.cclass
@@ -49,11 +85,23 @@ class S3FIFOQueues:
     _small_target: cython.Py_ssize_t
     _ghost_capacity: cython.Py_ssize_t
     _move_threshold: cython.int
-    _blocks: dict[OffloadKey, BlockStatus]
-    _freq: dict[OffloadKey, int]
-    _small: OrderedDict[OffloadKey, None]
-    _main: OrderedDict[OffloadKey, None]
-    _ghost: OrderedDict[OffloadKey, None]
+    _blocks: dict[OffloadKey, BlockStatus]  # the resident blocks (S and M)
+    _node: dict[OffloadKey, int]  # every key on a queue (S, M or G) -> its node
+    # Per node: the neighbours (-1: none), the queue, the counter, its key, its block
+    # (`_NO_BLOCK` on G or free), its number as a Python int (the `_node` dict's values).
+    _prev = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _next = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _where = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _freq = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _keys: list[OffloadKey]
+    _block_of: list[BlockStatus]
+    _ids: list[int]
+    _allocated: cython.int
+    _free: cython.int  # the first free node, chained through `_next` (-1: none)
+    # Per queue (S, M, G): its oldest and newest node (-1: empty), its length.
+    _head = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
+    _tail = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
+    _size = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
@@ -67,10 +115,19 @@ class S3FIFOQueues:
         self._ghost_capacity = ghost_capacity
         self._move_threshold = move_threshold
         self._blocks = {}
-        self._freq = {}
-        self._small = OrderedDict()
-        self._main = OrderedDict()
-        self._ghost = OrderedDict()
+        self._node = {}
+        self._keys = []
+        self._block_of = []
+        self._ids = []
+        self._allocated = 0
+        self._free = -1
+        self._head = [-1, -1, -1]
+        self._tail = [-1, -1, -1]
+        self._size = [0, 0, 0]
+        empty = _filled(0, 0)
+        self._prev = self._next = self._where = self._freq = empty
+        most = capacity + max(ghost_capacity, 0) + 1
+        self._grow(max(INITIAL_NODES, min(most, MOST_NODES_AT_START)))
 
     # -- inspection ------------------------------------------------------------------------
 
@@ -93,65 +150,207 @@ class S3FIFOQueues:
         return self._blocks
 
     @property
-    def freq(self) -> dict[OffloadKey, int]:
-        """Each resident key's 2-bit counter."""
-        return self._freq
+    def small(self) -> list[OffloadKey]:
+        """S's keys, oldest first."""
+        return self.keys_of(SMALL)
 
     @property
-    def small(self) -> OrderedDict[OffloadKey, None]:
-        return self._small
+    def main(self) -> list[OffloadKey]:
+        """M's keys, oldest first."""
+        return self.keys_of(MAIN)
 
     @property
-    def main(self) -> OrderedDict[OffloadKey, None]:
-        return self._main
+    def ghost(self) -> list[OffloadKey]:
+        """G's keys, oldest first."""
+        return self.keys_of(GHOST)
 
-    @property
-    def ghost(self) -> OrderedDict[OffloadKey, None]:
-        return self._ghost
+    def keys_of(self, where: cython.int) -> list[OffloadKey]:
+        """The keys of queue `where` (0: S, 1: M, 2: G), oldest first."""
+        out: list[OffloadKey] = []
+        node: cython.int = self._head[where]
+        while node >= 0:
+            out.append(self._keys[node])
+            node = self._next[node]
+        return out
+
+    def frequency(self, key: OffloadKey) -> int:
+        """The counter of resident `key` (0 if absent)."""
+        found = self._node.get(key)
+        if found is None:
+            return 0
+        node: cython.int = found
+        if self._where[node] == GHOST:
+            return 0
+        count: cython.int = self._freq[node]
+        return count
+
+    # -- nodes and queues ------------------------------------------------------------------
+
+    @cython.cfunc
+    def _grow(self, count: cython.int) -> cython.int:
+        """Add `count` free nodes."""
+        old: cython.int = self._allocated
+        new: cython.int = old + count
+        i: cython.int
+        self._prev = _extended(self._prev, new, -1)
+        self._next = _extended(self._next, new, -1)
+        self._where = _extended(self._where, new, NOWHERE)
+        self._freq = _extended(self._freq, new, 0)
+        for i in range(old, new):
+            self._keys.append(_NO_KEY)
+            self._block_of.append(_NO_BLOCK)
+            self._ids.append(i)
+        for i in range(old, new):  # chained onto the free list, lowest first
+            self._next[i] = i + 1 if i + 1 < new else self._free
+        self._free = old
+        self._allocated = new
+        return 0
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _link(self, node: cython.int, where: cython.int) -> cython.void:
+        """Append `node` at the newest end of queue `where`."""
+        tail: cython.int = self._tail[where]
+        self._where[node] = where
+        self._prev[node] = tail
+        self._next[node] = -1
+        if tail < 0:
+            self._head[where] = node
+        else:
+            self._next[tail] = node
+        self._tail[where] = node
+        self._size[where] += 1
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _unlink(self, node: cython.int) -> cython.void:
+        """Take `node` off its queue (it is then NOWHERE)."""
+        where: cython.int = self._where[node]
+        prev: cython.int = self._prev[node]
+        nxt: cython.int = self._next[node]
+        if prev < 0:
+            self._head[where] = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt < 0:
+            self._tail[where] = prev
+        else:
+            self._prev[nxt] = prev
+        self._size[where] -= 1
+        self._where[node] = NOWHERE
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _requeue(self, node: cython.int, where: cython.int) -> cython.void:
+        """Move `node` to the newest end of queue `where`."""
+        self._unlink(node)
+        self._link(node, where)
+
+    @cython.cfunc
+    def _new_node(self, key: OffloadKey) -> cython.int:
+        """A free node registered for `key` (not on any queue)."""
+        if self._free < 0:
+            self._grow(self._allocated)
+        node: cython.int = self._free
+        self._free = self._next[node]
+        self._keys[node] = key
+        self._node[key] = self._ids[node]
+        return node
+
+    @cython.cfunc
+    def _free_node(self, node: cython.int) -> cython.int:
+        """Forget `node`'s key (off every queue already) and put it on the free list."""
+        del self._node[self._keys[node]]
+        self._keys[node] = _NO_KEY
+        self._block_of[node] = _NO_BLOCK
+        self._where[node] = NOWHERE
+        self._next[node] = self._free
+        self._free = node
+        return 0
+
+    @cython.cfunc
+    @cython.inline
+    def _find(self, key: OffloadKey) -> cython.int:
+        """The node of `key` (on S, M or G), or -1."""
+        node = self._node.get(key)
+        if node is None:
+            return -1
+        return node
 
     # -- steps -----------------------------------------------------------------------------
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        if key in self._blocks:
+        node: cython.int = self._find(key)
+        if node >= 0 and self._where[node] != GHOST:
             raise BlockStateError(f"s3fifo: key {key!r} is already resident")
-        self._insert(key, block)
+        self._insert(key, node, block)
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         """Insert every key (the policy checked the batch)."""
         i: cython.Py_ssize_t
         for i in range(len(keys)):
-            self._insert(keys[i], blocks[i])
+            key = keys[i]
+            self._insert(key, self._find(key), blocks[i])
 
     @cython.cfunc
-    def _insert(self, key: OffloadKey, block: BlockStatus) -> cython.int:
+    def _insert(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """`key` (not resident; `node` its ghost's node, or -1) becomes resident with
+        `block`: into M when it was a ghost (it comes back), else into S."""
         self._blocks[key] = block
-        self._freq[key] = 0
-        if self._ghost.pop(key, 0) is None:  # a ghost's value is None: it comes back to M
-            self._main[key] = None
+        if node >= 0:  # a ghost: its node leaves G for M
+            self._requeue(node, MAIN)
         else:
-            self._small[key] = None
+            node = self._new_node(key)
+            self._link(node, SMALL)
+        self._freq[node] = 0
+        self._block_of[node] = block
         return 0
+
+    def place(self, key: OffloadKey, block: BlockStatus, to_main: bool, count: int) -> None:
+        """Append resident `key` (not held yet) at the newest end of M (`to_main`) or S
+        with counter `count`: `S3FIFOCachePolicy.adopted` builds a state so."""
+        node: cython.int = self._find(key)
+        if node >= 0:
+            raise BlockStateError(f"s3fifo: key {key!r} is already held")
+        node = self._new_node(key)
+        self._link(node, MAIN if to_main else SMALL)
+        self._freq[node] = count
+        self._block_of[node] = block
+        self._blocks[key] = block
+
+    def remember(self, key: OffloadKey) -> None:
+        """Append `key` (not held) as G's newest ghost (its oldest falls out when full)."""
+        if self._find(key) >= 0:
+            raise BlockStateError(f"s3fifo: key {key!r} is already held")
+        if self._ghost_capacity <= 0:
+            return
+        node: cython.int = self._new_node(key)
+        self._link(node, GHOST)
+        self._trim_ghosts()
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is None:
             raise BlockStateError(f"s3fifo: key {key!r} is not resident")
-        del self._freq[key]
-        if self._small.pop(key, 0) is not None:  # not in S: in M
-            del self._main[key]
+        node: cython.int = self._find(key)
+        self._unlink(node)
+        self._free_node(node)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         """Hits: each resident key's counter goes up by one, to `MAX_FREQ` at most."""
         for key in keys:
-            self._touch(key)
+            self._touch(self._find(key))
 
     @cython.cfunc
-    def _touch(self, key: OffloadKey) -> cython.bint:
-        """A hit on `key` if resident; whether it was."""
-        count = self._freq.get(key)
-        if count is None:
+    @cython.inline
+    def _touch(self, node: cython.int) -> cython.bint:
+        """A hit on `node` (-1: none) if resident; whether it was."""
+        if node < 0 or self._where[node] == GHOST:
             return False
-        if count < MAX_FREQ:
-            self._freq[key] = count + 1
+        if self._freq[node] < MAX_FREQ:
+            self._freq[node] += 1
         return True
 
     def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
@@ -161,14 +360,20 @@ class S3FIFOQueues:
         ignores announcements; hints are the policy's, which `auto` never gives a shadow.)"""
         hits: cython.Py_ssize_t = 0
         i: cython.Py_ssize_t
+        node: cython.int
         for i in range(len(keys) - 1, -1, -1):
             key = keys[i]
-            if self._touch(key):
+            node = self._find(key)
+            if self._touch(node):
                 hits += 1
                 continue
-            if len(self._blocks) >= self._capacity and not self._evict_into(1, (), None):
-                continue
-            self._insert(key, block)
+            if len(self._blocks) >= self._capacity:
+                if not self._can_evict(1, ()):
+                    continue
+                self._evict_one((), None)
+                if node >= 0 and self._where[node] == NOWHERE:
+                    node = -1  # its ghost fell out of G during the eviction
+            self._insert(key, node, block)
         return hits
 
     def evict(
@@ -176,107 +381,125 @@ class S3FIFOQueues:
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
         """n >= 1 victims (n at most the resident count), or None changing nothing when n
         blocks cannot be evicted."""
-        victims: list[tuple[OffloadKey, BlockStatus]] = []
-        if not self._evict_into(n, protected, victims):
+        if n > len(self._blocks) or not self._can_evict(n, protected):
             return None
+        victims: list[tuple[OffloadKey, BlockStatus]] = []
+        done: cython.Py_ssize_t = 0
+        while done < n:
+            self._evict_one(protected, victims)
+            done += 1
         return victims
 
     @cython.cfunc
-    def _evict_into(
-        self,
-        n: cython.Py_ssize_t,
-        protected: Collection[OffloadKey],
-        victims: list[tuple[OffloadKey, BlockStatus]] | None,
-    ) -> cython.bint:
-        """Evict n blocks (appended to `victims` unless None); False changing nothing when
-        n blocks cannot be evicted."""
-        if n > len(self._blocks) or not self._can_evict(n, protected):
+    def _evictable(self, node: cython.int, protected: Collection[OffloadKey]) -> cython.bint:
+        """Whether resident `node`'s block is ready, unpinned and unprotected."""
+        if self._block_of[node].ref_cnt != 0:
             return False
-        done: cython.Py_ssize_t = 0
-        while done < n:
-            victim = self._evict_one(protected)
-            done += 1
-            if victims is not None:
-                victims.append(victim)
-        return True
+        return len(protected) == 0 or self._keys[node] not in protected
 
     @cython.cfunc
     def _can_evict(self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]) -> cython.bint:
         """Whether `n` resident blocks are ready, unpinned and unprotected."""
-        blocks = self._blocks
         found: cython.Py_ssize_t = 0
-        for queue in (self._small, self._main):
-            for key in queue:
-                if blocks[key].ref_cnt == 0 and key not in protected:
+        node: cython.int
+        where: cython.int
+        for where in range(SMALL, MAIN + 1):
+            node = self._head[where]
+            while node >= 0:
+                if self._evictable(node, protected):
                     found += 1
                     if found == n:
                         return True
+                node = self._next[node]
         return False
 
     @cython.cfunc
-    def _evict_one(self, protected: Collection[OffloadKey]) -> tuple[OffloadKey, BlockStatus]:
-        """One eviction, the paper's; some block is evictable (`_can_evict`)."""
-        small, main, blocks, freq = self._small, self._main, self._blocks, self._freq
+    def _evict_one(
+        self,
+        protected: Collection[OffloadKey],
+        victims: list[tuple[OffloadKey, BlockStatus]] | None,
+    ) -> cython.int:
+        """One eviction, the paper's (appended to `victims` unless None); some block is
+        evictable (`_can_evict`)."""
         # Blocks put back since the last progress in each queue: a queue all of whose
         # blocks were put back has no evictable one, and the other queue is walked instead.
         stuck_small: cython.Py_ssize_t = 0
         stuck_main: cython.Py_ssize_t = 0
-        count: cython.int
+        node: cython.int
         use_small: cython.bint
         while True:
-            use_small = len(small) > 0 and stuck_small < len(small)
+            use_small = self._size[SMALL] > 0 and stuck_small < self._size[SMALL]
             if (
                 use_small
-                and len(small) < self._small_target
-                and len(main) > 0
-                and stuck_main < len(main)
+                and self._size[SMALL] < self._small_target
+                and self._size[MAIN] > 0
+                and stuck_main < self._size[MAIN]
             ):
                 use_small = False
             if use_small:
-                key, _ = small.popitem(last=False)
-                block = blocks[key]
-                if block.ref_cnt != 0 or key in protected:
-                    small[key] = None
+                node = self._head[SMALL]
+                if not self._evictable(node, protected):
+                    self._requeue(node, SMALL)
                     stuck_small += 1
                     continue
                 stuck_small = 0
-                if freq[key] >= self._move_threshold:
-                    freq[key] = 0
-                    main[key] = None
+                if self._freq[node] >= self._move_threshold:
+                    self._freq[node] = 0
+                    self._requeue(node, MAIN)
                     stuck_main = 0  # M has an evictable block again
                     continue
-                del blocks[key], freq[key]
-                self._remember(key)
-                return key, block
-            key, _ = main.popitem(last=False)
-            block = blocks[key]
-            if block.ref_cnt != 0 or key in protected:
-                main[key] = None
+                self._evicted(node, victims)
+                if self._ghost_capacity > 0:
+                    self._requeue(node, GHOST)
+                    self._block_of[node] = _NO_BLOCK
+                    self._trim_ghosts()
+                else:
+                    self._unlink(node)
+                    self._free_node(node)
+                return 0
+            node = self._head[MAIN]
+            if not self._evictable(node, protected):
+                self._requeue(node, MAIN)
                 stuck_main += 1
                 continue
-            count = freq[key]
-            if count > 0:
-                freq[key] = count - 1
-                main[key] = None
+            if self._freq[node] > 0:
+                self._freq[node] -= 1
+                self._requeue(node, MAIN)
                 stuck_main = 0
                 continue
-            del blocks[key], freq[key]
-            return key, block
+            self._evicted(node, victims)
+            self._unlink(node)
+            self._free_node(node)
+            return 0
 
     @cython.cfunc
-    def _remember(self, key: OffloadKey) -> cython.int:
-        """Put `key`, evicted from S, in the ghost queue (its oldest falls out when full)."""
-        if self._ghost_capacity <= 0:
-            return 0
-        ghost = self._ghost
-        ghost[key] = None
-        if len(ghost) > self._ghost_capacity:
-            ghost.popitem(last=False)
+    def _evicted(
+        self, node: cython.int, victims: list[tuple[OffloadKey, BlockStatus]] | None
+    ) -> cython.int:
+        """Resident `node` is evicted: out of the blocks (and into `victims` unless None)."""
+        key = self._keys[node]
+        del self._blocks[key]
+        if victims is not None:
+            victims.append((key, self._block_of[node]))
+        self._freq[node] = 0
+        return 0
+
+    @cython.cfunc
+    def _trim_ghosts(self) -> cython.int:
+        """G's oldest ghosts fall out while G holds more than its capacity."""
+        node: cython.int
+        while self._size[GHOST] > self._ghost_capacity:
+            node = self._head[GHOST]
+            self._unlink(node)
+            self._free_node(node)
         return 0
 
     def clear(self) -> None:
+        where: cython.int
+        node: cython.int
+        for where in range(SMALL, GHOST + 1):
+            while self._head[where] >= 0:
+                node = self._head[where]
+                self._unlink(node)
+                self._free_node(node)
         self._blocks.clear()
-        self._freq.clear()
-        self._small.clear()
-        self._main.clear()
-        self._ghost.clear()

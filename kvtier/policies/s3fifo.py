@@ -23,7 +23,8 @@ A move from S to M is free (libCacheSim's S3FIFO.c does the same: an eviction ev
 block; M may grow past its share until the next eviction from it).
 
 The state and steps are `S3FIFOQueues` (`kvtier/policies/_s3fifo_core.py`, this algorithm's
-one source: ordered dicts, every step O(1) amortized), written in Cython's pure Python mode as
+one source: an int node per key, S, M and G linked lists over int arrays, every step O(1)
+amortized, a hit one dict look-up), written in Cython's pure Python mode as
 ARC's core is: `scripts/build-core` compiles it, and without a build it runs as plain Python,
 the same text. This class adds what is not S3-FIFO's: the checks of its arguments and the
 reuse hints.
@@ -127,7 +128,7 @@ class S3FIFOCachePolicy(CachePolicy):
 
     def frequency(self, key: OffloadKey) -> int:
         """The 2-bit counter of resident `key` (0 if absent)."""
-        return self._core.freq.get(key, 0)
+        return self._core.frequency(key)
 
     def access(self, keys: Sequence[OffloadKey], block: BlockStatus) -> int:
         """A shadow's accesses of `keys`, last first, each stored with `block` on a miss:
@@ -150,25 +151,22 @@ class S3FIFOCachePolicy(CachePolicy):
         )
         new._bind(core)
         blocks = dict(entries)
-        held, freq = old.blocks, old.freq
-        core.blocks.update(entries)
-        for key, _ in entries:
+        held = old.blocks
+        core.blocks.update(entries)  # the resident dict in `entries`' order, as before
+        for key, block in entries:
             if key not in held:
-                core.small[key] = None
-                core.freq[key] = 0
-        for queue, into in ((old.small, core.small), (old.main, core.main)):
+                core.place(key, block, False, 0)
+        for to_main, queue in ((False, old.small), (True, old.main)):
             for key in queue:
                 if key in blocks:
-                    into[key] = None
-                    core.freq[key] = freq[key]
-        ghost = core.ghost
-        ghost.update((key, None) for key in old.ghost if key not in blocks)
+                    core.place(key, blocks[key], to_main, old.frequency(key))
+        for key in old.ghost:
+            if key not in blocks:
+                core.remember(key)
         for queue in (old.main, old.small):  # what the tier lacks comes back to M
             for key in queue:
-                if key not in blocks and old.ghost_capacity > 0:
-                    ghost[key] = None
-                    if len(ghost) > old.ghost_capacity:
-                        ghost.popitem(last=False)
+                if key not in blocks:
+                    core.remember(key)
         return new
 
     # -- CachePolicy -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ request's `hash_ids` (a prompt prefix of block keys, duplicates within a request
 one request; capacities are 1 % and 10 % of the distinct blocks. `--trace zipf`: 200,000
 one-key requests of a Zipf(0.8) mix over 80,000 keys instead (every call is one access).
 
-Two drivers, identical for both sides, one request at a time:
+Two drivers, identical for both sides, one request at a time (and a third, kvtier's alone):
   - `loop` (the plain access loop, as `kvtier.policies.simulate` drives a policy): hits
     (`get(key) is not None`) are touched with one `touch(hits)` call; the misses are announced
     with one `on_store_miss(misses)` call, then admitted (kvtier's `lct`: `admit`), then
@@ -23,6 +23,9 @@ Two drivers, identical for both sides, one request at a time:
     `prepare_store` and `complete_store` of the keys it chose. vLLM gets a fresh `ReqContext`
     per request (its per-request access tracking runs as in the engine);
     `on_request_finished` is not called (its recency update would repeat `touch`).
+  - `shadow` (`--drivers shadow`, kvtier only): one `policy.access(keys, block)` per
+    request with one shared ready block, as `auto` drives each of its shadows: what a
+    full-size shadow of that policy adds to `auto`'s cost per access.
 
 Floor (on by default, `--no-floor` skips it): for `lru` and `arc`, the kvtier drivers once
 more with `FloorPolicy`, which replays the evictions the real policy chose in that driver
@@ -210,6 +213,20 @@ def loop_kvtier(
     return hits_total
 
 
+def shadow_kvtier(name: str, capacity: int, requests: Requests) -> int:
+    """Driver `shadow`: what `auto` does with each of its shadows, one
+    `CachePolicy.access(keys, block)` per request, every key stored with one shared ready
+    block (metadata only)."""
+    policy = make_policy(name, capacity, None, None)
+    access = policy.access
+    block = BlockStatus(0)
+    block.ref_cnt = 0
+    hits_total = 0
+    for keys in requests:
+        hits_total += access(keys, block)
+    return hits_total
+
+
 def loop_vllm(name: str, capacity: int, requests: Requests) -> int:
     from vllm.v1.kv_offload.base import ReqContext
     from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
@@ -358,7 +375,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.01, 0.10])
     ap.add_argument("--policies", nargs="+", default=["lru", "arc", "s3fifo", "lct", "auto"])
-    ap.add_argument("--drivers", nargs="+", default=["loop", "manager"])
+    ap.add_argument(
+        "--drivers",
+        nargs="+",
+        choices=["loop", "manager", "shadow"],
+        default=["loop", "manager"],
+        help="shadow: a shadow's one `access(keys, block)` call per request, as `auto` "
+        "drives it (kvtier only)",
+    )
     ap.add_argument(
         "--no-floor",
         dest="floor",
@@ -382,7 +406,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"median of {args.repeats} after 1 warm-up"
         f"{' (CPU time)' if args.cpu_time else ''}; kvtier's bookkeeping: {core_status()}"
     )
-    drivers = {"loop": (loop_kvtier, loop_vllm), "manager": (manager_kvtier, manager_vllm)}
+    drivers: dict[str, tuple[Callable[..., int], Driver | None]] = {
+        "loop": (loop_kvtier, loop_vllm),
+        "manager": (manager_kvtier, manager_vllm),
+        "shadow": (shadow_kvtier, None),
+    }
     header = (
         f"{'driver':8} {'policy':10} {'capacity':>13} {'kvtier acc/s':>13} "
         f"{'vLLM acc/s':>12} {'kvtier/vLLM':>11} {'hits kvtier':>11} {'hits vLLM':>10}"
@@ -395,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for frac in args.fractions:
             capacity = max(1, int(frac * distinct))
             for name in args.policies:
-                if name in ("lru", "arc"):
+                if name in ("lru", "arc") and vl_fn is not None:
                     (kt, kh), (vt, vh) = timed(
                         [kv_fn, vl_fn], name, capacity, requests, args.repeats
                     )
@@ -409,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{vs} {ratio} {kh:11} {v_hits:>10}",
                     flush=True,
                 )
-                if args.floor and name in ("lru", "arc"):
+                if args.floor and name in ("lru", "arc") and vl_fn is not None:
                     recorded: list[list[OffloadKey] | None] = []
                     kv_fn(name, capacity, requests, record=recorded)
                     floor_fn = functools.partial(kv_fn, victims=recorded)
@@ -427,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             file=sys.stderr,
                         )
                         ok = False
-                if name == "lru" and kh != vh:
+                if name == "lru" and vl_fn is not None and kh != vh:
                     print(
                         f"ERROR: {driver} lru hit counts differ: kvtier {kh}, vLLM {vh}",
                         file=sys.stderr,
