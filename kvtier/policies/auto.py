@@ -61,9 +61,11 @@ Cost per access: every candidate's (the live one's and three shadows'), plus an
 ordered-dict move per hit. A shadow takes a request's accesses in one call
 (`CachePolicy.access`): LRU's is one loop over its ordered dict, ARC's and S3-FIFO's run in
 their compiled cores with no Python call per key; lct's is the calls one by one. Compiled,
-on the shipped trace, auto costs 3.7 / 4.4 x ARC at 1 / 10 % (8.3 / 5.5 x before the batch
+on the shipped trace, auto costs 3.3 / 4.2 x ARC at 1 / 10 % (4.3 / 5.4 x in the same runs
+before S3-FIFO's int-array queues and ARC's leaner shadow miss; 8.3 / 5.5 x before the batch
 calls; issue 34's target is 2 x, out of reach while lct serves: lct alone costs 1.2 to 1.8 x
-ARC and each full-size shadow its own policy's work; docs/BENCHMARKS.md has each part). Memory:
+ARC and each full-size shadow its own policy's work; docs/BENCHMARKS.md, "Policy cost, third
+round", has each part). Memory:
 per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
 of keys), measured in docs/BENCHMARKS.md.
 """
