@@ -405,6 +405,35 @@ async def test_each_serving_row_is_verified_by_its_own_calls(
 
 
 @pytest.mark.slow
+async def test_the_steady_state_log_row_writes_each_call_over_the_oldest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a store `store_calls` batches large, the store is filled first and each timed
+    write goes to the next batch's slots in turn; the rows are verified and named so."""
+    from kvtier.tiers.disk.log_store import LogStore
+
+    written: list[tuple[int, int]] = []
+    real = LogStore.write
+
+    async def recording(self: LogStore, keys: object, slots: list[int], buffers: object) -> object:
+        written.append((min(slots), self.num_blocks))
+        return await real(self, keys, slots, buffers)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LogStore, "write", recording)
+    rows, _ = await datapath.measure_disk(
+        4096, 16 << 10, 2, tmp_path, np.random.default_rng(0), layout="log", store_calls=3
+    )
+    assert {(row.pair, row.case) for row in rows} == {
+        ("cpu -> disk", "log layout, 3 calls stored"),
+        ("disk -> cpu", "log layout, 3 calls stored"),
+    }
+    assert all(row.verified for row in rows)
+    # 2 fill writes, the warm-up, 2 timed, the check's: batches 1, 2, 0, 1, 2, then 0
+    assert written == [(4, 12), (8, 12), (0, 12), (4, 12), (8, 12), (0, 12)]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_raw_baselines_fall_back_to_buffered_where_o_direct_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,10 @@ op's `error` (an OSError with the errno) and does not stop the ops after it, and
 Built by `scripts/build-core` with the other core modules (`kvtier.compiled`); when it is not
 built or not selected, io.py runs the same ops one Python call at a time.
 `tests/test_disk_io_batch.py` checks that both give every op the same outcome.
+
+`page_aligned` is the log lane's per-block check whether O_DIRECT can write a block
+straight from its memory (log_group.py's `page_aligned` in Python: ~2-4 us a numpy row,
+against ~0.1 us here).
 """
 
 import os
@@ -179,3 +183,21 @@ def run_batch(list ops, Py_ssize_t iov_max):
         free(views)
         free(iovs)
         free(cops)
+
+
+def page_aligned(list buffers, Py_ssize_t page):
+    """Per buffer whether it is `page`-aligned memory of whole pages (an empty one: True;
+    one that is not a contiguous buffer: False)."""
+    cdef Py_buffer view
+    cdef list out = []
+    for buffer in buffers:
+        try:
+            PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+        except (BufferError, TypeError, ValueError):
+            out.append(False)
+            continue
+        out.append(
+            view.len == 0 or (view.len % page == 0 and (<size_t> view.buf) % page == 0)
+        )
+        PyBuffer_Release(&view)
+    return out

@@ -1,11 +1,17 @@
 """A write group of a log store as the lane builds it (log_lane.py): its records placed in
 parts, one per region it writes (log_format.py: header pages, then payloads), each record's
 payload kept as the caller's memory until the part is written; and the group's records as the
-index takes them once durable (`placed`)."""
+index takes them once durable (`placed`).
+
+A write call's blocks are placed as a run (`fit_run`, `add_run`): how many of them fit the
+part and their offsets are array operations over the run, and the part's columns are
+extended with slices, so the Python per block is a few list elements, not a placement.
+Moved records (reclaiming) and forgets are placed one at a time (`add`)."""
 
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +20,25 @@ import numpy as np
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.jobs import Job, WriteJob
-from kvtier.tiers.disk.log_format import PAGE, head_bytes, payload_at, round_page
-from kvtier.tiers.disk.log_index import Placed
+from kvtier.tiers.disk.log_files import LogFiles, whole_pages
+from kvtier.tiers.disk.log_format import (
+    PAGE,
+    RECORD_HEADER_BYTES,
+    bound_checksums,
+    head_bytes,
+    pack_group,
+    pack_region_header,
+    pad8,
+    payload_at,
+    round_page,
+)
+from kvtier.tiers.disk.log_index import NO_REGION, Placed
+
+_compiled_page_aligned: Callable[[list[Any], int], list[bool]] | None
+try:  # the compiled check, present only when kvtier.compiled selected it
+    from kvtier.tiers.disk._io_core import page_aligned as _compiled_page_aligned
+except ImportError:
+    _compiled_page_aligned = None
 
 ZEROS = memoryview(bytes(PAGE))
 
@@ -70,7 +93,7 @@ class Pending:
     writes read from (kept alive until they are done)."""
 
     parts: list[Part] = field(default_factory=list)
-    writes: list[Future[int]] = field(default_factory=list)
+    writes: list[Future[Any]] = field(default_factory=list)
     victims: list[int] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)
     spares: list[np.ndarray[Any, np.dtype[np.uint8]]] = field(default_factory=list)
@@ -80,6 +103,19 @@ class Pending:
     flushed: int = 0
     """New records (not moves) of the group already durable and indexed."""
 
+    def wait(self) -> None:
+        """Wait for every write of the group started so far; raise the first one's OSError
+        (after all of them are done: no write is left in flight over a skipped group)."""
+        first: BaseException | None = None
+        for future in self.writes:
+            try:
+                future.result()
+            except BaseException as error:
+                first = first or error
+        self.writes.clear()
+        if first is not None:
+            raise first
+
     def clear(self) -> None:
         """Forget what was placed (every write done)."""
         self.parts.clear()
@@ -87,6 +123,19 @@ class Pending:
         self.victims.clear()
         self.keep.clear()
         self.closed = 0
+
+
+def page_aligned(buffers: list[Any]) -> list[bool]:
+    """Per buffer whether O_DIRECT can write it from its memory (`whole_pages`; an empty one:
+    True); in C with the compiled core."""
+    if _compiled_page_aligned is not None:
+        return _compiled_page_aligned(buffers, PAGE)
+    return [_page_aligned(buffer) for buffer in buffers]
+
+
+def _page_aligned(buffer: Any) -> bool:
+    array = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
+    return array.nbytes == 0 or whole_pages(array)
 
 
 def aligned_buffer(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -122,6 +171,75 @@ def add(
     part.direct = part.direct and (direct or not length)
 
 
+def fit_run(
+    part: Part,
+    key_lens: np.ndarray[Any, np.dtype[np.int64]],
+    lengths: np.ndarray[Any, np.dtype[np.int64]],
+    region_bytes: int,
+) -> tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None:
+    """How many of a run of records (in order; their keys' and payloads' lengths) fit in
+    `part` and their payload offsets, as `Part.fits` would place them one by one; None when
+    the run mixes payloads of whole pages with others (placed one by one instead)."""
+    count = min(lengths.size, region_bytes // RECORD_HEADER_BYTES + 1)  # (at most that fit)
+    lengths, key_lens = lengths[:count], key_lens[:count]
+    whole = (lengths % PAGE == 0) & (lengths > 0)
+    if whole.all():  # each on a page boundary, back to back
+        ends = round_page(part.end) + np.cumsum(lengths)
+        at = ends - lengths
+    elif not whole.any():  # each on 8 bytes
+        padded = (lengths + 7) & ~7
+        at = pad8(part.end) + np.cumsum(padded) - padded
+        ends = at + lengths
+    else:
+        return None
+    records = len(part.keys) + np.arange(1, count + 1, dtype=np.int64)
+    heads = head_bytes(0, part.key_bytes) + records * RECORD_HEADER_BYTES + np.cumsum(key_lens)
+    used = part.start + (-(-heads // PAGE) + -(-ends // PAGE)) * PAGE
+    fits: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(used <= region_bytes)
+    taken = count if fits.all() else int(np.argmin(fits))
+    return taken, at[:taken]
+
+
+def add_run(
+    part: Part,
+    keys: list[OffloadKey],
+    slots: list[int],
+    first_seq: int,
+    at: np.ndarray[Any, np.dtype[np.int64]],
+    lengths: np.ndarray[Any, np.dtype[np.int64]],
+    codecs: list[int],
+    payloads: list[Any],
+    direct: bool,
+) -> None:
+    """Add a run of new records to `part` (as `add` would one by one) at the payload offsets
+    `at` (from `fit_run`), with sequence numbers from `first_seq`; `direct`: whether every
+    payload of the run with bytes is page-aligned memory of whole pages."""
+    count = len(keys)
+    part.keys.extend(keys)
+    part.slot.extend(slots)
+    part.seq.extend(range(first_seq, first_seq + count))
+    part.checksum.extend([None] * count)
+    part.offset.extend(at.tolist())
+    part.length.extend(lengths.tolist())
+    part.codec.extend(codecs)
+    part.payloads.extend(payloads)
+    part.moved_from.extend([NO_REGION] * count)
+    part.key_bytes += sum(map(len, keys))
+    part.end = int(at[-1] + lengths[-1])
+    part.direct = part.direct and direct
+
+
+def run_bytes(
+    key_lens: np.ndarray[Any, np.dtype[np.int64]], lengths: np.ndarray[Any, np.dtype[np.int64]]
+) -> int:
+    """`record_bytes` summed over a run of records."""
+    return int(
+        key_lens.size * RECORD_HEADER_BYTES
+        + ((key_lens + 7) & ~7).sum()
+        + ((lengths + 7) & ~7).sum()
+    )
+
+
 def payload_views(part: Part, span: int) -> list[memoryview]:
     """A part's payloads as the buffers of its write (the caller's memory, not copied),
     with zeros in the gaps and up to `span`."""
@@ -147,22 +265,61 @@ def copy_payloads(part: Part, image: np.ndarray[Any, np.dtype[np.uint8]]) -> mem
     return image.data
 
 
+def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> None:
+    """On one of the lane's head threads, once `part` takes no more records and its payloads'
+    writes are started: the bound checksums of its new records (xxh3 releases the GIL over
+    the payloads: this runs beside the lane thread, which places the next part), then its
+    header pages (after the region's first page when it opens the region) written; raises
+    the write's OSError."""
+    checksums = part.checksum
+    new = [i for i, check in enumerate(checksums) if check is None]
+    if new:
+        computed = bound_checksums(
+            namespace,
+            [part.keys[i] for i in new],
+            [part.slot[i] for i in new],
+            [part.length[i] for i in new],
+            [part.codec[i] for i in new],
+            [part.seq[i] for i in new],
+            [part.payloads[i] for i in new],
+        )
+        for i, check in zip(new, computed, strict=True):
+            checksums[i] = check
+    fields = {
+        "slot": part.slot,
+        "seq": part.seq,
+        "checksum": checksums,
+        "offset": part.offset,
+        "length": part.length,
+        "codec": part.codec,
+    }
+    head = pack_group(namespace, part.epoch, part.keys, fields, span) if part.keys else b""
+    first = b""
+    if part.opens:
+        first = pack_region_header(namespace, part.epoch, part.region, files.geo.region_bytes)
+    front = aligned_buffer(len(first) + len(head))
+    front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
+    front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
+    start = 0 if part.opens else part.start
+    for write in files.write_parts(part.region, start, [front.data], True):
+        write.result()
+
+
 def placed(parts: list[Part]) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
     start), in the order placed."""
     keys = [key for part in parts for key in part.keys]
 
     def column(name: str, dtype: Any) -> np.ndarray[Any, Any]:
-        return np.fromiter(
-            (value for part in parts for value in getattr(part, name)), dtype, len(keys)
-        )
+        return np.array([value for part in parts for value in getattr(part, name)], dtype)
 
-    base = np.fromiter(
-        (part.start + part.head_pages * PAGE for part in parts for _ in part.keys),
-        np.int64,
-        len(keys),
+    base = np.repeat(
+        np.array([part.start + part.head_pages * PAGE for part in parts], np.int64),
+        [len(part.keys) for part in parts],
     )
-    region = np.fromiter((part.region for part in parts for _ in part.keys), np.int64, len(keys))
+    region = np.repeat(
+        np.array([part.region for part in parts], np.int64), [len(part.keys) for part in parts]
+    )
     return Placed(
         keys,
         column("slot", np.int64),

@@ -3,12 +3,15 @@ group, appended to the open region and made durable with one fdatasync (group co
 then are its records put in the index and its calls resolved.
 
 A group's records in one region are a part (log_format.py): header pages with every record's
-entry and key, then the payloads. The payloads are written straight from the caller's memory
-(one pwritev of the header pages and the caller's rows, with O_DIRECT where they are
-page-aligned whole pages; else copied once into an aligned image), and a part's write starts
-on the write threads as soon as the group moves on to the next region, so the next part's
-checksums are computed while it is in flight. The Python per block is its placement and its
-bound checksum; the header and the index's update are array operations over the group.
+entry and key, then the payloads, written straight from the caller's memory (O_DIRECT where
+they are page-aligned whole pages; else copied once into an aligned image). A call's blocks
+are placed as runs (log_group.py's `fit_run`: array operations, no Python per block but a
+few list elements); a part's payload writes start as soon as the group moves on to the next
+region, and a head thread computes its bound checksums (xxh3 releases the GIL) and writes
+its header pages while the lane places the next part. The index's update is array
+operations over the group. (The lane thread's CPU for one 64 MiB call of 64 KiB rows went
+16.8 -> 6.9 ms with runs and head threads: docs/BENCHMARKS.md, "The write lane's per-block
+work".)
 
 Space is reclaimed a region at a time. When a new region is opened and no clean region would
 be left in reserve, the region holding the fewest live bytes is read and its live records (the
@@ -43,15 +46,13 @@ from kvtier.tiers.disk.jobs import (
     settle_by_loop,
     take_group,
 )
-from kvtier.tiers.disk.log_files import LogFiles, whole_pages
+from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     PAGE,
     REGION_HEADER_BYTES,
     TOMBSTONE,
     bound_checksum,
     head_bytes,
-    pack_group,
-    pack_region_header,
     record_bytes,
     round_page,
 )
@@ -61,10 +62,15 @@ from kvtier.tiers.disk.log_group import (
     Part,
     Pending,
     add,
+    add_run,
     aligned_buffer,
     copy_payloads,
+    fit_run,
+    page_aligned,
     payload_views,
     placed,
+    run_bytes,
+    write_front,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex
 from kvtier.tiers.disk.stats import StoreCounters
@@ -74,6 +80,9 @@ GROUP_BYTES = 32 << 20
 
 MAX_IN_FLIGHT = 4
 """Groups placed and written but not yet synced and indexed, at most (the lane thread waits)."""
+
+HEAD_THREADS = 2
+"""Threads computing parts' checksums and writing their header pages (`write_front`)."""
 
 RESERVE_REGIONS = 1
 """Clean regions kept for reclaiming: moving a region's live records needs somewhere to go."""
@@ -131,6 +140,7 @@ class LogLane:
         """Set by the sync thread when a group's write failed; cleared by the lane thread
         once no group is in flight (the open region then takes no more records)."""
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="kvtier-log-sync")
+        self._heads = ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="kvtier-log-head")
         self._jobs = JobQueue(files.root, "kvtier-log-write", self._take_group, self._run_group)
 
     # -- the queue -------------------------------------------------------------------------
@@ -144,6 +154,7 @@ class LogLane:
         self._jobs.close()
         self._drain()
         self._syncer.shutdown(wait=True)
+        self._heads.shutdown(wait=True)
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
         """The next group (`take_group`): up to GROUP_BYTES, never two jobs on one key (a
@@ -279,7 +290,7 @@ class LogLane:
         good: list[Flight] = []
         for flight in flights:
             try:
-                self._wait(flight.pending)
+                flight.pending.wait()
             except OSError as failed:
                 error = error or failed
             if error is None and self._poisoned is None:
@@ -331,16 +342,42 @@ class LogLane:
         )
 
     def _append_write(self, pending: Pending, job: WriteJob) -> None:
-        """Place the blocks of one write call (encoded; raw blocks are not touched)."""
-        raw = self.codec.compression == "none"
-        encode = self.codec.encode
-        for key, slot, buffer in zip(job.keys, job.slots, job.buffers, strict=True):
-            if raw:
-                self._append(pending, key, slot, 0, buffer, whole_pages(buffer))
-            else:
-                codec, stored = encode(buffer)
-                view = memoryview(stored).cast("B")
-                self._append(pending, key, slot, int(codec), view, whole_pages(view))
+        """Place the blocks of one write call (encoded; raw blocks are not touched), as runs:
+        as many as fit the open region's part at once (`fit_run`), then the next region."""
+        keys, slots = job.keys, job.slots
+        if self.codec.compression == "none":
+            stored: list[Any] = job.buffers
+            codecs = [0] * len(keys)
+        else:
+            encoded = [self.codec.encode(buffer) for buffer in job.buffers]
+            codecs = [int(codec) for codec, _ in encoded]
+            stored = [memoryview(data).cast("B") for _, data in encoded]
+        count = len(keys)
+        lengths = np.fromiter((buffer.nbytes for buffer in stored), np.int64, count)
+        key_lens = np.fromiter(map(len, keys), np.int64, count)
+        direct = page_aligned(stored)
+        done = 0
+        while done < count:
+            part = self._current(pending)
+            fit = None
+            if part is not None:
+                fit = fit_run(part, key_lens[done:], lengths[done:], self.region_bytes)
+                if fit is None:  # whole pages and not, mixed: this record alone
+                    self._append(
+                        pending, keys[done], slots[done], codecs[done], stored[done], direct[done]
+                    )
+                    done += 1
+                    continue
+            if part is None or fit is None or not fit[0]:
+                self._open_region(pending)  # (its reclaiming may fill the region it opened)
+                continue
+            taken, at = fit
+            run = slice(done, done + taken)
+            runs = (keys[run], slots[run], self.next_seq, at, lengths[run], codecs[run])
+            add_run(part, *runs, stored[run], all(direct[run]))
+            self.next_seq += taken
+            self.appended_bytes += run_bytes(key_lens[run], lengths[run])
+            done += taken
 
     def _append(
         self, pending: Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
@@ -380,8 +417,9 @@ class LogLane:
 
     def _close(self, pending: Pending) -> None:
         """Start writing the part taking records (if any) and take no more into it: its
-        payloads first (their place is known once its records are), then, while they are
-        in flight, the new records' bound checksums, then its header pages."""
+        payloads first (their place is known once its records are), then, on a head thread
+        while they are in flight, the new records' bound checksums and its header pages
+        (`write_front`; the lane goes on placing the next part meanwhile)."""
         if pending.closed == len(pending.parts):
             return
         part = pending.parts[-1]
@@ -400,36 +438,7 @@ class LogLane:
             buffers, direct = [copy_payloads(part, self._buffer(pending, span))], True
         if span:
             pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
-        namespace, checksums = self.namespace, part.checksum
-        for i, check in enumerate(checksums):
-            if check is None:
-                checksums[i] = bound_checksum(
-                    namespace,
-                    part.keys[i],
-                    part.slot[i],
-                    part.length[i],
-                    part.codec[i],
-                    part.seq[i],
-                    part.payloads[i],
-                )
-        fields = {
-            "slot": part.slot,
-            "seq": part.seq,
-            "checksum": checksums,
-            "offset": part.offset,
-            "length": part.length,
-            "codec": part.codec,
-        }
-        head = pack_group(self.namespace, part.epoch, part.keys, fields, span) if part.keys else b""
-        first = b""
-        if part.opens:
-            first = pack_region_header(self.namespace, part.epoch, part.region, self.region_bytes)
-        front = aligned_buffer(len(first) + len(head))
-        front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
-        front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
-        pending.keep.append(front)
-        start = 0 if part.opens else part.start
-        pending.writes.extend(files.write_parts(part.region, start, [front.data], True))
+        pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
 
     def _buffer(self, pending: Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
@@ -539,19 +548,6 @@ class LogLane:
             self._reclaiming = False
         pending.victims.append(victim)
 
-    def _wait(self, pending: Pending) -> None:
-        """Wait for every write of the group started so far; raise the first one's OSError
-        (after all of them are done: no write is left in flight over a skipped group)."""
-        first: BaseException | None = None
-        for future in pending.writes:
-            try:
-                future.result()
-            except BaseException as error:
-                first = first or error
-        pending.writes.clear()
-        if first is not None:
-            raise first
-
     def _flush(self, pending: Pending) -> None:
         """Mid-group, on the lane thread (once no group is in flight): write every part
         placed so far, wait, sync once, index them and release the reclaimed regions;
@@ -559,7 +555,7 @@ class LogLane:
         if self._drain() and pending.parts:  # an earlier group's write failed: these follow it
             raise OSError(errno.EIO, "an earlier group's write failed")
         self._close(pending)
-        self._wait(pending)
+        pending.wait()
         if self.fsync and pending.parts:
             self.files.sync()
             self.syncs += 1
@@ -589,7 +585,7 @@ class LogLane:
         """After a failed write: the group's space is skipped (never rewritten: a later scan
         must not find half of it under a later group) and nothing it placed is indexed."""
         with contextlib.suppress(OSError):
-            self._wait(pending)
+            pending.wait()
         for part in pending.parts:
             self.cursor[part.region] = max(int(self.cursor[part.region]), part.stop)
         self.open = None  # a region whose header may not be written takes no more records

@@ -131,6 +131,10 @@ SERVING_WRITE_BLOCKS = 20
 serving engine holds."""
 SERVING_READ_BLOCKS = 16
 """Blocks per `DiskStore.read` in the serving-sized rows: a typical prefix read back."""
+STEADY_CALLS = 4
+"""Batches the log layout's steady-state rows' store holds (`measure_disk`'s `store_calls`):
+each timed write overwrites the oldest, as in a full tier, rather than the batch before it
+in a store exactly one batch large (which makes the log reclaim inside every call)."""
 SERVING_QUEUE_DEPTH = 16
 """Calls in flight in the concurrent rows, on both sides: kvtier's concurrent `DiskStore`
 calls and the raw baseline's threads (enough to saturate an SSD or a virtual disk)."""
@@ -557,12 +561,19 @@ async def measure_disk(
     directory: Path,
     rng: np.random.Generator,
     layout: str = "slots",
+    store_calls: int = 1,
 ) -> tuple[list[Row], dict[str, Any]]:
     """`DiskStore.write` and `DiskStore.read` of one batch against a raw O_DIRECT pwrite +
     fdatasync and a raw O_DIRECT preadv of the same bytes (buffered where the filesystem
     refuses O_DIRECT); also what the store and the baselines used. `layout = "log"`: the
     same for a `LogStore` (rows of case "log layout"; the raw read reads as many bytes from
-    the start of its regions file)."""
+    the start of its regions file).
+
+    `store_calls` > 1 (rows of case "..., store N calls"): the store holds that many
+    batches, filled before the timed runs, and each write goes to the next batch's slots in
+    turn, overwriting the oldest (the steady state of a full tier whose policy evicts its
+    least recently stored blocks); with one, the store is exactly one batch, so a log store
+    reclaims the regions the call itself is writing over, inside the call."""
     from kvtier.tiers.disk import DEFAULT_SLAB_FILE_BYTES, DiskStore
     from kvtier.tiers.disk.log_store import LogStore
 
@@ -582,7 +593,7 @@ async def measure_disk(
         store = await LogStore.open_async(
             directory / f"log-store-{block_size}",
             block_size=block_size,
-            num_blocks=count,
+            num_blocks=count * store_calls,
             fsync=True,
             direct_io="auto",
         )
@@ -590,7 +601,7 @@ async def measure_disk(
         store = await DiskStore.open_async(
             directory / f"store-{block_size}",
             block_size=block_size,
-            num_blocks=count,
+            num_blocks=count * store_calls,
             fsync=True,
             direct_io="auto",
             # every slot in one slab file, so the raw read can cover them in one call
@@ -605,6 +616,16 @@ async def measure_disk(
         return [key_from_int(first + i) for i in range(count)]
 
     keys = fresh_keys()
+    turn = [0]
+
+    def next_slots() -> list[int]:
+        """The next batch's slots (the oldest batch's, once the store is full)."""
+        turn[0] = (turn[0] + 1) % store_calls
+        return [turn[0] * count + slot for slot in slots]
+
+    for _ in range(store_calls - 1):  # fill the store (the warm-up write fills the rest)
+        _raise_failures("write", await store.write(fresh_keys(), next_slots(), sources))
+    write_slots = slots
     try:
         raw_path = directory / f"raw-{block_size}.bin"
         raw_write_direct, raw_fd = _open_raw_write(raw_path, block_size)
@@ -615,10 +636,10 @@ async def measure_disk(
                 raw_source.reshape(count, block_size)[:] = pool_rows[write_ids]
 
                 async def kvtier_write() -> float:
-                    nonlocal keys
-                    keys = fresh_keys()
+                    nonlocal keys, write_slots
+                    keys, write_slots = fresh_keys(), next_slots()
                     start = time.perf_counter()
-                    failures = await store.write(keys, slots, sources)
+                    failures = await store.write(keys, write_slots, sources)
                     elapsed = time.perf_counter() - start
                     _raise_failures("write", failures)
                     return elapsed
@@ -646,7 +667,7 @@ async def measure_disk(
 
                 async def kvtier_read() -> float:
                     start = time.perf_counter()
-                    failures = await store.read(keys, slots, targets)
+                    failures = await store.read(keys, write_slots, targets)
                     elapsed = time.perf_counter() - start
                     _raise_failures("read", failures)
                     return elapsed
@@ -668,6 +689,8 @@ async def measure_disk(
             pool_rows, write_ids, target_rows, read_ids, rng
         )
         case = "log layout" if layout == "log" else ""
+        if store_calls > 1:
+            case = f"{case or 'per-block'}, {store_calls} calls stored"
         rows = [
             Row(
                 "cpu -> disk",
@@ -1272,6 +1295,10 @@ async def _measure(
             for measure, step in (
                 (measure_disk, "one batch"),
                 (functools.partial(measure_disk, layout="log"), "one batch, log layout"),
+                (
+                    functools.partial(measure_disk, layout="log", store_calls=STEADY_CALLS),
+                    f"one batch, log layout, {STEADY_CALLS} calls stored",
+                ),
                 (measure_disk_serving, "serving-sized batches"),
             ):
                 rows, info = await measure(
