@@ -236,6 +236,44 @@ def test_a_switch_that_does_worse_than_staying_is_undone(probation: int) -> None
         assert policy.reverts == [] and policy.serving == "s3fifo"
 
 
+def _decide_with_leads(policy: AutoCachePolicy, leads: list[int]) -> list[float]:
+    """Drive `policy`'s decisions with made-up epochs: per epoch the serving candidate has
+    100 hits and S3-FIFO 100 + the epoch's lead (the others 90). Returns S3-FIFO's faded lead
+    over lct before each decision's switch, as the faded rule sees it."""
+    faded = []
+    for lead in leads:
+        policy._hits = [100 + lead if name == "s3fifo" else 90 for name in policy.candidates]
+        policy._hits[policy.serving_index] = 100
+        policy.accesses += policy.epoch
+        policy._decide()
+        lct, s3fifo = policy.candidates.index("lct"), policy.candidates.index("s3fifo")
+        faded.append(policy.scores[s3fifo] - policy.scores[lct])
+    return faded
+
+
+def test_a_small_steady_lead_takes_over_a_noise_of_the_same_size_does_not() -> None:
+    """A lead of 10 hits an epoch, held: its faded score tops out near 50 hits, below the
+    faded rule's margin plus switch cost (90), but its hits since the warm-up pass the same
+    bar after ~10 epochs, and auto switches. A lead of +-13 hits that averages nothing never
+    does; nor does the steady lead count the warm-up, or pass before the warm-up ends."""
+    policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    assert policy.epoch == 1_000
+    bar = policy.margin * policy.epoch / (1 - policy.decay) + policy.switch_cost
+    faded = _decide_with_leads(policy, [10 + (3 if i % 2 else -3) for i in range(60)])
+    assert policy.switches and policy.switches[0][1] == "s3fifo"
+    switched_at = policy.switches[0][0] // policy.epoch  # the decision it was made at
+    assert policy.warmup + 5 < switched_at < 40
+    assert max(faded[:switched_at]) < bar  # the faded rule alone would not have switched
+
+    noisy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    _decide_with_leads(noisy, [13 if i % 2 else -13 for i in range(200)])
+    assert noisy.switches == []
+
+    early = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    _decide_with_leads(early, [15] * early.warmup + [0] * 40)  # 240 hits, all in the warm-up
+    assert early.switches == []
+
+
 def test_serve_with_an_unknown_candidate_raises() -> None:
     policy = AutoCachePolicy(8, candidates=("lct", "arc"))
     with pytest.raises(InvalidValueError):
