@@ -367,7 +367,13 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
             stored.update(int(number) for number in numbers)
             bursts += 1
 
-    watchdog = threading.Timer(120, child.kill)  # a hung writer fails the test, not the run
+    fired = threading.Event()
+
+    def hung() -> None:  # a hung writer fails the test, not the run
+        fired.set()
+        child.kill()
+
+    watchdog = threading.Timer(120, hung)
     watchdog.start()
     try:
         assert child.stdout is not None and child.stderr is not None
@@ -390,8 +396,11 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
             child.stdout.close()
         if child.stderr is not None:
             child.stderr.close()
-    assert child.returncode == -signal.SIGKILL, errors
-    assert attempted >= _NUM_SLOTS, "the writer died before overwriting any slot"
+    seen = f"bursts {bursts}, last begun {attempted}, watchdog fired {fired.is_set()}"
+    assert child.returncode == -signal.SIGKILL, f"{seen}; {errors}"
+    assert attempted >= _NUM_SLOTS, (
+        f"the writer died before overwriting any slot ({seen}): {errors}"
+    )
 
     kind = LogStore if layout == "log" else DiskStore
     disk = kind(tmp_path, block_size=BLOCK, num_blocks=_NUM_SLOTS, compression=compression)
@@ -402,7 +411,7 @@ async def test_sigkill_mid_burst_loses_no_stored_block_and_serves_no_corrupt_one
         assert [block.slot for block in restored] == [i % _NUM_SLOTS for i in restored_ids]
         # Every block reported stored is there, unless a later block was (maybe) written over it.
         survivors = {i for i in stored if i + _NUM_SLOTS > attempted}
-        assert survivors <= set(restored_ids)
+        assert survivors <= set(restored_ids), (seen, sorted(survivors - set(restored_ids)))
         # Every restored block reads back intact, its checksum verified.
         await assert_intact(disk, restored_ids, [block.slot for block in restored])
         # No block ever attempted reads as anything but itself or a miss.
