@@ -146,10 +146,10 @@ def bound_checksums(
     seqs: Sequence[int],
     stored: Sequence[object],
 ) -> list[int]:
-    """`bound_checksum` of each record (the same values), in one loop: a group's records."""
-    pack, digest, magic = _BINDING.pack, xxhash.xxh3_64_intdigest, _BINDING_MAGIC
+    """`bound_checksum` of each record: a group's records (the binding is spelt once, there;
+    a call per record is nothing beside xxh3 over its payload)."""
     return [
-        digest(data, seed=digest(pack(magic, namespace, slot, length, codec, seq) + key))
+        bound_checksum(namespace, key, slot, length, codec, seq, data)
         for key, slot, length, codec, seq, data in zip(
             keys, slots, lengths, codecs, seqs, stored, strict=True
         )
