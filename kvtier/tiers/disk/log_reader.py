@@ -26,7 +26,7 @@ from kvtier.tiers.disk.io import IOV_MAX
 from kvtier.tiers.disk.log_files import LogFiles, whole_pages
 from kvtier.tiers.disk.log_format import bound_checksum
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Row
-from kvtier.tiers.disk.read_threads import ReadThreads
+from kvtier.tiers.disk.read_threads import ReadThreads, run_parts
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
@@ -85,12 +85,7 @@ class LogReader:
         def read_run(number: int) -> None:
             got[number] = self._read_run(runs[number], keys, slots, buffers, expected, done)
 
-        threads = self.threads
-        if threads is not None and threads.size > 1 and len(runs) > 1:
-            threads.fan_out([functools.partial(read_run, n) for n in range(len(runs))])
-        else:
-            for number in range(len(runs)):
-                read_run(number)
+        run_parts(self.threads, [functools.partial(read_run, n) for n in range(len(runs))])
         nbytes = sum(got)
         results: list[ReadFailure | None] = [None] * count
         for i in range(count):

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["ReadThreads"]
+__all__ = ["ReadThreads", "run_parts"]
 
 _T = TypeVar("_T")
 
@@ -180,3 +180,13 @@ class ReadThreads:
             item()
             with self._lock:
                 self._idle += 1
+
+
+def run_parts(threads: ReadThreads | None, parts: Sequence[Callable[[], None]]) -> None:
+    """Run `parts` (from a read thread): by `threads` at once (`ReadThreads.fan_out`) when
+    there are several parts and threads to share them, else one after the other here."""
+    if threads is not None and threads.size > 1 and len(parts) > 1:
+        threads.fan_out(parts)
+    else:
+        for part in parts:
+            part()

@@ -27,7 +27,7 @@ from kvtier.tiers.disk.files import StoreFiles
 from kvtier.tiers.disk.guard import Guard
 from kvtier.tiers.disk.io import ALIGNMENT, is_aligned, round_up, staging_buffer
 from kvtier.tiers.disk.layout import IndexRecord, Run, StoreLayout, slab_file_name
-from kvtier.tiers.disk.read_threads import ReadThreads
+from kvtier.tiers.disk.read_threads import ReadThreads, run_parts
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure
 
@@ -65,8 +65,8 @@ def read_in_parts(
     parts: list[list[int]],
 ) -> Outcomes:
     """One batch read as `parts` (`read_parts`), each by `read`, by the read threads at
-    once (`threads.fan_out`, from the read thread the batch's one call runs in; one after
-    the other without threads): each block's outcome at its position in the batch."""
+    once (`run_parts`, from the read thread the batch's one call runs in; one after the
+    other without threads): each block's outcome at its position in the batch."""
     if len(parts) == 1:
         return read(keys, slots, buffers)
     outcomes: list[Outcomes] = [[] for _ in parts]
@@ -77,12 +77,7 @@ def read_in_parts(
             [keys[m] for m in part], [slots[m] for m in part], [buffers[m] for m in part]
         )
 
-    calls = [functools.partial(read_part, number) for number in range(len(parts))]
-    if threads is None:
-        for call in calls:
-            call()
-    else:
-        threads.fan_out(calls)
+    run_parts(threads, [functools.partial(read_part, number) for number in range(len(parts))])
     results: Outcomes = [None] * len(keys)
     for part, outcome in zip(parts, outcomes, strict=True):
         for member, result in zip(part, outcome, strict=True):
