@@ -4,13 +4,18 @@
 
 The algorithm is lct.py's (its docstrings say why each step is so): `_observe` per access,
 `on_store_miss`, `touch`, `insert`, `remove`, `admit`, `evict`, the ghosts forgotten after
-`memory` accesses, the requeue when the horizon moves. Each key remembered is a node (one
-dict of the resident keys and one of the others map a key to its node), each node holds its
-state and last three access times in arrays, and the four class queues and the ghosts are
-intrusive doubly linked lists over those arrays (oldest at the head). The reuse histogram and
-the arrivals are double arrays, updated by the same floating-point operations in the same
-order whether compiled or not. The solver, run every `period` accesses, is lct.py's (the
-policy reads and writes these arrays through `get_reuse`, `set_vector` and the like).
+`memory` accesses, the requeue when the horizon moves. Each key remembered is a node, each
+node holds its state and last three access times in arrays, and the four class queues and
+the ghosts are intrusive doubly linked lists over those arrays (oldest at the head). One
+dict maps every remembered key, resident or not, to its node (the list it is on says
+which): a key that becomes resident or is evicted keeps its node and its entry, so a
+stored key costs its look-ups, the resident dict's write and, at its eviction, its delete
+(with a dict of the resident keys' nodes and one of the others', before issue 34, it moved
+between the two: about twice the dict operations, which on large dicts are lct's cost).
+The reuse histogram and the arrivals are double arrays, updated by the same floating-point
+operations in the same order whether compiled or not. The solver, run every `period`
+accesses, is lct.py's (the policy reads and writes these arrays through `get_reuse`,
+`set_vector` and the like).
 
 Written in Cython's pure Python mode, as `_arc_core` is (its docstring says how): compiled by
 `scripts/build-core` with its annotations as C types, and without a build the Python it is.
@@ -97,8 +102,10 @@ class LCTState:
     """lct's per-access state: the nodes, the queues, the statistics, the limits."""
 
     _resident: dict[OffloadKey, BlockStatus]  # `LCTCachePolicy.get` is its `get`
-    _rnode: dict[OffloadKey, int]  # resident key -> its node
-    _gnode: dict[OffloadKey, int]  # remembered non-resident key -> its node
+    _nodes: dict[OffloadKey, int]  # remembered key -> its node (resident or a ghost)
+    # A ghost of a key that is resident (announced again while resident: `on_store_miss`
+    # of a resident key), apart from its resident node; rare, usually empty.
+    _dup: dict[OffloadKey, int]
     _solve: Callable[[], None]  # the policy's solver, run every `period` accesses
     # Per node: the neighbours (-1: none), the list, the state, the last three access times,
     # its key, its block, its number as a Python int (the dicts' values).
@@ -158,8 +165,8 @@ class LCTState:
 
     def __init__(self) -> None:
         self._resident = {}
-        self._rnode = {}
-        self._gnode = {}
+        self._nodes = {}
+        self._dup = {}
         self._solve = _nothing
         empty = _ints([])
         self._prev = self._next = self._where = self._state = self._plan = empty
@@ -404,19 +411,46 @@ class LCTState:
             return -1
         return found
 
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _resident_node(self, node: cython.int) -> cython.bint:
+        """Whether `node` (-1: none) is a resident key's, on a class queue."""
+        return node >= 0 and self._where[node] < GHOSTS
+
+    @cython.cfunc
+    def _forget_ghost(self, node: cython.int) -> cython.int:
+        """Take ghost `node`'s key out of the dicts (the node is the caller's to free)."""
+        key = self._keys[node]
+        if self._dup and self._node_of(self._dup, key) == node:
+            del self._dup[key]
+        else:
+            del self._nodes[key]
+        return 0
+
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
         i: cython.Py_ssize_t
         node: cython.int
-        ghosts = self._gnode
+        resident: cython.bint
+        nodes = self._nodes
         for i in range(len(items) - 1, -1, -1):  # a request's deepest block first
             key = items[i]
-            node = self._node_of(ghosts, key)
-            if self._observe(node) and node >= 0:
-                node = self._node_of(ghosts, key)  # the solver may have forgotten it
+            node = self._node_of(nodes, key)
+            resident = self._resident_node(node)
+            if resident:  # announced again while resident: its ghost apart, if any
+                node = self._node_of(self._dup, key) if self._dup else -1
+            if self._observe(node) and node >= 0:  # the solver may have forgotten it
+                if resident:
+                    node = self._node_of(self._dup, key) if self._dup else -1
+                else:
+                    node = self._node_of(nodes, key)
             if node < 0:
                 node = self._new_node(key)
-                ghosts[key] = self._ids[node]
+                if resident:
+                    self._dup[key] = self._ids[node]
+                else:
+                    nodes[key] = self._ids[node]
             else:
                 self._unlink(node)
             self._store(node)
@@ -428,12 +462,12 @@ class LCTState:
         node: cython.int
         for i in range(len(items) - 1, -1, -1):
             key = items[i]
-            if key in self._resident:
+            node = self._node_of(self._nodes, key)
+            if self._resident_node(node):
                 continue
-            node = self._node_of(self._gnode, key)
             if node < 0:
                 node = self._new_node(key)
-                self._gnode[key] = self._ids[node]
+                self._nodes[key] = self._ids[node]
             else:
                 self._unlink(node)
             self._link(node, GHOSTS)
@@ -442,10 +476,10 @@ class LCTState:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
         i: cython.Py_ssize_t
         node: cython.int
-        nodes = self._rnode
+        nodes = self._nodes
         for i in range(len(items) - 1, -1, -1):  # tail first: the request's head is newest
             node = self._node_of(nodes, items[i])
-            if node < 0:
+            if not self._resident_node(node):
                 continue
             self._observe(node)  # may move the horizon (the queues then follow it)
             self._store(node)
@@ -453,39 +487,45 @@ class LCTState:
             self._link(node, self._class_of(self._o_state))
 
     @cython.cfunc
-    def _insert(self, key: OffloadKey, block: BlockStatus) -> cython.int:
-        found = self._gnode.pop(key, None)
-        node: cython.int
-        if found is None:
+    def _insert(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """Make `key` (not resident; `node`: its ghost, -1: none) resident with `block`."""
+        if node < 0:
             node = self._new_node(key)
+            self._nodes[key] = self._ids[node]
         else:
-            node = found
             self._unlink(node)
         self._blocks[node] = block
         self._resident[key] = block
-        self._rnode[key] = self._ids[node]
         self._link(node, self._class_of(self._state[node]))
         return 0
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        if key in self._resident:
+        node: cython.int = self._node_of(self._nodes, key)
+        if self._resident_node(node):
             raise BlockStateError(f"lct: key {key!r} is already resident")
-        self._insert(key, block)
+        self._insert(key, node, block)
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         """`insert` of each pair, in order (checked by the caller: none resident, no key
         twice, as many blocks as keys)."""
         i: cython.Py_ssize_t
         for i in range(len(keys)):
-            self._insert(keys[i], blocks[i])
+            key = keys[i]
+            self._insert(key, self._node_of(self._nodes, key), blocks[i])
 
     @cython.cfunc
     def _remember(self, node: cython.int) -> cython.int:
-        """Remember the key of resident `node` (unlinked, no longer in `_rnode`) as a ghost,
-        the newest."""
-        # the key's entry among the ghosts: this node's, unless it has one already
-        ghost: cython.int = self._gnode.setdefault(self._keys[node], self._ids[node])
-        if ghost == node:
+        """Remember the key of resident `node` (unlinked, out of `_resident`) as a ghost, the
+        newest."""
+        # the key's ghost: this node, unless it has one already (`_dup`)
+        ghost: cython.int = -1
+        if self._dup:
+            key = self._keys[node]
+            ghost = self._node_of(self._dup, key)
+            if ghost >= 0:
+                del self._dup[key]
+                self._nodes[key] = self._ids[ghost]
+        if ghost < 0:
             self._blocks[node] = _NO_BLOCK
             self._link(node, GHOSTS)
         else:  # announced again while resident: one entry, the resident one's history
@@ -502,7 +542,7 @@ class LCTState:
         """lct.py's `remove` but for the hints (the caller's)."""
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"lct: key {key!r} is not resident")
-        node: cython.int = self._rnode.pop(key)
+        node: cython.int = self._nodes[key]
         self._unlink(node)
         self._remember(node)
 
@@ -512,7 +552,7 @@ class LCTState:
         oldest: cython.longlong = self.clock - self._memory
         node: cython.int = self._head[GHOSTS]
         while node >= 0 and self._last[node] < oldest:
-            del self._gnode[self._keys[node]]
+            self._forget_ghost(node)
             self._unlink(node)
             self._drop(node)
             node = self._head[GHOSTS]
@@ -525,9 +565,7 @@ class LCTState:
         for cls in range(4):
             self._decided[cls] = -1
         for key in keys:
-            node = self._node_of(self._rnode, key)
-            if node < 0:
-                node = self._node_of(self._gnode, key)
+            node = self._node_of(self._nodes, key)  # the resident node, else the ghost
             cls = self._class_of(self._first if node < 0 else self._state[node])
             if self._limits[cls] <= 0:
                 answers.append(False)
@@ -642,6 +680,7 @@ class LCTState:
         """lct.py's `evict` for n >= 1 without hints (the caller's)."""
         i: cython.Py_ssize_t
         node: cython.int
+        ghost: cython.int
         out: list[tuple[OffloadKey, BlockStatus]] = []
         if n > len(self._resident):  # fewer blocks than asked for, evictable or not
             return None
@@ -651,12 +690,17 @@ class LCTState:
             node = self._plan[i]
             key = self._keys[node]
             out.append((key, self._blocks[node]))
-            del self._rnode[key]
             self._unlink(node)
             del self._resident[key]
             if self.clock - self._last[node] <= self._memory:
                 self._remember(node)
-            else:
+            else:  # forgotten; its ghost apart, if any, becomes its entry
+                ghost = self._node_of(self._dup, key) if self._dup else -1
+                if ghost >= 0:
+                    del self._dup[key]
+                    self._nodes[key] = self._ids[ghost]
+                else:
+                    del self._nodes[key]
                 self._drop(node)
         return out
 
@@ -665,7 +709,7 @@ class LCTState:
     def requeue(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the resident dict's order)."""
-        nodes: list[int] = [self._rnode[key] for key in self._resident]
+        nodes: list[int] = [self._nodes[key] for key in self._resident]
         times: list[int] = [self._last[node] for node in nodes]
         cls: cython.int
         node: cython.int
@@ -683,11 +727,9 @@ class LCTState:
 
     def seen(self, key: OffloadKey) -> tuple[int, int, int, int] | None:
         """What is remembered of `key` (lct.py's History), resident or not; None: nothing."""
-        node: cython.int = self._node_of(self._rnode, key)
+        node: cython.int = self._node_of(self._nodes, key)  # the resident node, else the ghost
         if node < 0:
-            node = self._node_of(self._gnode, key)
-            if node < 0:
-                return None
+            return None
         return (self._state[node], self._last[node], self._second[node], self._third[node])
 
     def get_reuse(self) -> list[list[float]]:
@@ -761,8 +803,8 @@ class LCTState:
         """Forget every key (the learned state is the policy's `_learn_afresh`)."""
         i: cython.int
         self._resident.clear()
-        self._rnode.clear()
-        self._gnode.clear()
+        self._nodes.clear()
+        self._dup.clear()
         for i in range(self._allocated):
             self._keys[i] = _NO_KEY
             self._blocks[i] = _NO_BLOCK
