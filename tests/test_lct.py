@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import InvalidValueError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import SlotPoolBackend
 from kvtier.manager.tier import TierManager
@@ -142,6 +142,28 @@ def test_a_block_moved_down_is_not_another_access() -> None:
     never_heard = key_from_int(2)
     moved.on_store_move([never_heard])  # it stands for the one access this tier missed
     assert moved.count(never_heard) == 1
+
+
+def test_inserts_find_the_announced_keys_in_any_order() -> None:
+    """`insert` finds an announced key's node without a look-up when the keys come in the
+    announced order; out of order, or announced again while resident, it must still find
+    the key's own history and refuse a resident key."""
+    keys = [key_from_int(i) for i in range(6)]
+    in_order, shuffled = LCTCachePolicy(16), LCTCachePolicy(16)
+    for policy, order in ((in_order, [0, 1, 2, 3, 4, 5]), (shuffled, [5, 0, 3, 1, 4, 2])):
+        policy.on_store_miss(keys)
+        policy.on_store_miss(keys)  # a second access: each key's history has two
+        for i in order:
+            policy.insert(keys[i], BlockStatus(i))
+        with pytest.raises(BlockStateError):
+            policy.insert(keys[order[0]], BlockStatus(9))
+        policy.on_store_miss(keys[:2])  # announced again while resident
+        with pytest.raises(BlockStateError):
+            policy.insert(keys[0], BlockStatus(9))
+    assert [in_order._seen(k) for k in keys] == [shuffled._seen(k) for k in keys]
+    assert all(in_order.count(k) == 2 for k in keys)
+    assert sorted(map(len, in_order.queues())) == sorted(map(len, shuffled.queues()))
+    assert {k for k, _ in shuffled.items()} == set(keys)
 
 
 def _zipf_keys(count: int, universe: int, skew: float, seed: int) -> list[int]:

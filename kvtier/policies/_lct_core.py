@@ -126,6 +126,13 @@ class LCTState:
     _tail = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
     _size = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
     _plan = cython.declare(cython.int[::1])  # type: ignore[misc]  # an eviction's victims
+    # The last `on_store_miss`'s nodes, one per key in the call's order (-1: a resident key's),
+    # `_nann` of them: `admit` and `insert` find a key's node there, with no dict look-up, when
+    # the tier gives them the keys it announced, in order (`_announced`); `_ann_pos`: where
+    # `insert` looks next.
+    _ann = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _nann: cython.Py_ssize_t
+    _ann_pos: cython.Py_ssize_t
     # Per class, while evicting: the next node to look at, the queue's evictable head, how
     # far past its limit that head is; and `admit`'s decision for the class (-1: none yet).
     _cursor = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
@@ -200,6 +207,8 @@ class LCTState:
         self._credit = [0.0, 0.0, 0.0, 0.0]
         self._o_state = 0
         self._o_last = self._o_second = self._o_third = 0
+        self._ann = _ints([])
+        self._nann = self._ann_pos = 0
 
     def configure(
         self,
@@ -419,6 +428,31 @@ class LCTState:
         return node >= 0 and self._where[node] < GHOSTS
 
     @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _is_ghost_of(self, node: cython.int, key: OffloadKey) -> cython.bint:
+        """Whether `node` (-1: none), found in `_ann`, is still the ghost node of `key`: a
+        node announced for a key that was not resident is its entry in `_nodes` for as long
+        as it holds that key and is a ghost (freed, it holds none; reused, another)."""
+        return node >= 0 and self._keys[node] is key and self._where[node] == GHOSTS
+
+    @cython.cfunc
+    def _announced(self, key: OffloadKey) -> cython.int:
+        """`_nodes`' node of `key` (-1: none): found in `_ann` when `key` is announced after
+        the last key found there (as a tier inserts the admitted keys it announced, in
+        order), else looked up (and `_ann` is no longer read until the next announcement)."""
+        node: cython.int
+        pos: cython.Py_ssize_t = self._ann_pos
+        while pos < self._nann:
+            node = self._ann[pos]
+            pos += 1
+            if self._is_ghost_of(node, key):
+                self._ann_pos = pos
+                return node
+        self._nann = 0
+        return self._node_of(self._nodes, key)
+
+    @cython.cfunc
     def _forget_ghost(self, node: cython.int) -> cython.int:
         """Take ghost `node`'s key out of the dicts (the node is the caller's to free)."""
         key = self._keys[node]
@@ -434,6 +468,10 @@ class LCTState:
         node: cython.int
         resident: cython.bint
         nodes = self._nodes
+        if len(items) > len(self._ann):
+            self._ann = _ints([0] * len(items))
+        self._nann = len(items)
+        self._ann_pos = 0
         for i in range(len(items) - 1, -1, -1):  # a request's deepest block first
             key = items[i]
             node = self._node_of(nodes, key)
@@ -455,6 +493,7 @@ class LCTState:
                 self._unlink(node)
             self._store(node)
             self._link(node, GHOSTS)
+            self._ann[i] = -1 if resident else node
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
@@ -500,7 +539,7 @@ class LCTState:
         return 0
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        node: cython.int = self._node_of(self._nodes, key)
+        node: cython.int = self._announced(key)
         if self._resident_node(node):
             raise BlockStateError(f"lct: key {key!r} is already resident")
         self._insert(key, node, block)
@@ -511,7 +550,7 @@ class LCTState:
         i: cython.Py_ssize_t
         for i in range(len(keys)):
             key = keys[i]
-            self._insert(key, self._node_of(self._nodes, key), blocks[i])
+            self._insert(key, self._announced(key), blocks[i])
 
     @cython.cfunc
     def _remember(self, node: cython.int) -> cython.int:
@@ -559,13 +598,20 @@ class LCTState:
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """lct.py's `admit`: per key, whether its class's limit and share take it."""
+        items: list[OffloadKey] = keys if type(keys) is list else list(keys)
         answers: list[bool] = []
+        i: cython.Py_ssize_t
         node: cython.int
         cls: cython.int
         for cls in range(4):
             self._decided[cls] = -1
-        for key in keys:
-            node = self._node_of(self._nodes, key)  # the resident node, else the ghost
+        for i in range(len(items)):
+            key = items[i]
+            # the key announced at this place (the tier's call), else the resident node or
+            # the ghost
+            node = self._ann[i] if i < self._nann else -1
+            if not self._is_ghost_of(node, key):
+                node = self._node_of(self._nodes, key)
             cls = self._class_of(self._first if node < 0 else self._state[node])
             if self._limits[cls] <= 0:
                 answers.append(False)
@@ -805,6 +851,7 @@ class LCTState:
         self._resident.clear()
         self._nodes.clear()
         self._dup.clear()
+        self._nann = self._ann_pos = 0
         for i in range(self._allocated):
             self._keys[i] = _NO_KEY
             self._blocks[i] = _NO_BLOCK
