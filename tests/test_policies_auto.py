@@ -61,6 +61,7 @@ def test_registered_with_the_other_policies() -> None:
         {"switch_cost": -1.0},
         {"min_gap": -1},
         {"probation": -1},
+        {"trial": -1},
     ],
 )
 def test_rejects_bad_options(options: dict[str, object]) -> None:

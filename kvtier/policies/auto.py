@@ -473,11 +473,11 @@ class AutoCachePolicy(CachePolicy):
         if index == self.serving_index:
             return
         self._on_probation = None
-        self._trial = None
         self._switch(index)
 
     def _switch(self, index: int) -> None:
-        """Candidate `index` takes over (see `serve_with`)."""
+        """Candidate `index` takes over (see `serve_with`); a trial under way ends."""
+        self._trial = None
         name = self.candidates[index]
         live = take_over(self._policies[index], list(self._resident.items()))
         self._policies[index] = live
