@@ -23,14 +23,32 @@ switch (at most one switch per `MIN_GAP` accesses, whatever the noise):
     faded spread);
 or when its lead is *steady*: its hits since the later of the warm-up's end and the last
 switch (not faded) exceed the serving one's by `MARGIN` over those accesses plus the cost of
-a switch, and its faded lead is positive and above `Z` standard deviations as above. A
-small lead held for long pays for the switch though no window of one capacity shows it:
-on the Zipf mix at 25 %, S3-FIFO led lct by ~1 % of the accesses for 300,000 accesses, a
-faded lead of 300-400 hits against the 448 a switch needed, and auto stayed on lct (0.6080
-against S3-FIFO's 0.6193; with the steady lead, 0.6175).
+a switch, its faded lead is positive, and either the faded lead is above `Z` standard
+deviations as above or the steady lead is above `Z` standard deviations of its own noise
+(the same batch means over the epochs since, not faded). A small lead held for long pays
+for the switch though no window of one capacity shows it: on the Zipf mix at 25 %, S3-FIFO
+led lct by ~1 % of the accesses for 300,000 accesses, a faded lead of 300-400 hits against
+the 448 a switch needed, and auto stayed on lct (0.6080 against S3-FIFO's 0.6193; with the
+steady lead, 0.6175). A lead that comes in bursts never clears the faded test (one burst
+in its window is all its noise) but clears its own over enough epochs: lct's hits in a
+loop longer than the cache (`regimes` at 1 %: auto stayed on ARC through the loop, 0.2441,
+lct 0.2687, with trials below; 0.2652 with this test).
 On a stationary workload the lead of a winner grows as the epochs do and noise as their
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
+
+A switch to a candidate whose takeover leaves its shadow as it was (S3-FIFO, ARC, LRU) is
+*tried* first, for up to `TRIAL` decisions: a copy of its shadow made from the tier's own
+blocks (`take_over` with the shared block) runs as one more shadow; the switch is made once
+the copy leads the serving policy by `MARGIN` over the accesses since, or at the trial's
+end trails it by less than a switch's cost; else the trial is dropped (at once if the copy
+trails by `REVERT_COST` x capacity hits) and none starts for `DWELL` decisions. The copy
+is what the switch would serve with, the blocks the tier lacks included, so its lead is
+the switch's real gain. Issue 34's cloudPhysics trace at 10 %: S3-FIFO's shadow led lct's
+by ~1,000 hits in a burst at 93,024 accesses; auto switched and undid it, the two
+takeovers costing 0.0098 against staying on lct (0.2429, lct 0.2527); the trial is
+dropped, 0.2527. lct cannot be copied (its takeover is its shadow): a switch to it is
+made at once.
 
 A decided switch is on probation for `PROBATION` decisions: the shadows price the
 candidates, not a takeover (the new policy starts from the blocks the old one kept, and the
@@ -44,21 +62,9 @@ the hits fell to LRU's (0.2125, lct alone 0.2467); undone 3,700 accesses later, 
 first candidate, lct, is kept: S3-FIFO first meets cloudPhysics at 10 and 25 % but loses
 cells lct first meets (docs/BENCHMARKS.md, "auto's decision rule, third round").
 
-A switch takes over warm: the winner's shadow becomes the live policy, its state (its
-order, its lists, its counters, its ghosts where the policy allows) for every block the
-tier holds, with the tier's blocks in it; a block the tier holds that the shadow had let go
-comes first in line for eviction (it was already gone, for the winner). The policy that
-stops serving goes on as a shadow with what it held (block references, no bytes; a block
-the tier pins meanwhile is skipped by its evictions, as the live policy's would be).
-  - LRU: the shadow's recency order;
-  - ARC: T1 then T2 in the shadow's order (the T2 blocks touched again), ghosts and target
-    start afresh (`ARCLists` keeps them private);
-  - S3-FIFO: its queues, counters and ghosts (`S3FIFOCachePolicy.adopted`), and the keys
-    the shadow held that the tier lacks as its newest ghosts, so that they come back to M
-    where the shadow kept them (a switch on cloudPhysics at 10 % lost 0.005 more without);
-  - lct: the shadow itself, each block removed (remembered as a ghost with its history)
-    and inserted again with the tier's block, oldest access first: its statistics, limits,
-    horizon and every key's class carry over.
+A switch takes over warm (`kvtier.policies.takeover`, whose doc says what each candidate
+keeps): the winner's shadow becomes the live policy with the tier's blocks; the policy
+that stops serving goes on as a shadow with what it held.
 
 `auto` keeps its own index of the resident blocks in recency order (for `get`, `len` and
 `items`, so a getter stays valid across switches, and for the blocks a shadow let go);
@@ -93,6 +99,7 @@ from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.s3fifo import S3FIFOCachePolicy
+from kvtier.policies.takeover import copyable, store_in_shadow, take_over
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
     LCTCachePolicy.name: LCTCachePolicy,
@@ -133,81 +140,16 @@ on as a shadow, gets more hits than the new one (`AutoCachePolicy._probation_fai
 REVERT_COST = 0.05
 """How far behind the candidate it replaced a new one must fall during its probation to be
 undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
+TRIAL = 8
+"""Decisions a trial may run (two capacities of accesses; `AutoCachePolicy._score_trial`):
+before a switch to S3-FIFO, ARC or LRU, a copy of its shadow made from the tier's own
+blocks runs as one more shadow, and the switch is made only if that copy keeps up with the
+serving policy (0: switch at once, as before trials)."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
 many accesses, whatever the noise (issue 34's bound on flapping). A candidate that learns
 (lct) trails the others for its first capacities and then leads; without it, a stationary
 Zipf mix had auto switch to S3-FIFO and back to lct within 55,000 accesses."""
-
-
-def _store(policy: CachePolicy, key: OffloadKey, block: BlockStatus) -> None:
-    """Store `key` in a shadow if admitted, evicting one block if it is full (skipped when
-    every block is pinned: a former live policy may hold the tier's pinned blocks)."""
-    if not policy.admits_all and not policy.admit((key,))[0]:
-        return
-    if len(policy) >= policy.cache_capacity and not policy.evict(1):
-        return
-    policy.insert(key, block)
-
-
-def _lct_order(policy: LCTCachePolicy) -> list[OffloadKey]:
-    """lct's resident keys, oldest last access first."""
-    last: dict[OffloadKey, int] = {}
-    for key, _ in policy.items():
-        seen = policy._seen(key)
-        last[key] = seen[1] if seen is not None else 0
-    return sorted(last, key=last.__getitem__)
-
-
-def _lct_takes_over(
-    shadow: LCTCachePolicy,
-    entries: Sequence[tuple[OffloadKey, BlockStatus]],
-    blocks: dict[OffloadKey, BlockStatus],
-) -> LCTCachePolicy:
-    """`take_over` of an lct shadow: the shadow itself, with the tier's blocks."""
-    order = _lct_order(shadow)
-    for key in order:
-        shadow.remove(key)  # remembered as a ghost, its history kept
-    held = set(order)
-    for key, block in entries:
-        if key not in held:
-            shadow.insert(key, block)
-    for key in order:
-        if key in blocks:
-            shadow.insert(key, blocks[key])
-    return shadow
-
-
-def take_over(
-    shadow: CachePolicy, entries: Sequence[tuple[OffloadKey, BlockStatus]]
-) -> CachePolicy:
-    """The live policy made of `shadow`: exactly the blocks of `entries` ((key, block),
-    least recently used first, what the tier holds), in the shadow's state; the keys the
-    shadow does not hold first in line for eviction (see the module doc)."""
-    if isinstance(shadow, S3FIFOCachePolicy):
-        return shadow.adopted(entries)
-    blocks = dict(entries)
-    if isinstance(shadow, LCTCachePolicy):
-        return _lct_takes_over(shadow, entries, blocks)
-    live = type(shadow)(shadow.cache_capacity)
-    if isinstance(shadow, ARCCachePolicy):
-        lists = shadow.lists()
-        order, frequent = lists["t1"] + lists["t2"], lists["t2"]
-    elif isinstance(shadow, LRUCachePolicy):
-        order, frequent = shadow.lru_order(), []
-    else:
-        order, frequent = [key for key, _ in shadow.items()], []
-    held = set(order)
-    for key, block in entries:
-        if key not in held:
-            live.insert(key, block)
-    for key in order:
-        if key in blocks:
-            live.insert(key, blocks[key])
-    for key in frequent:
-        if key in blocks:
-            live.touch((key,))
-    return live
 
 
 class AutoCachePolicy(CachePolicy):
@@ -232,6 +174,7 @@ class AutoCachePolicy(CachePolicy):
         min_gap: int = MIN_GAP,
         probation: int = PROBATION,
         revert_cost: float = REVERT_COST,
+        trial: int = TRIAL,
     ) -> None:
         """Every parameter defaults to the module's constant of that name (the one set chosen
         for every capacity); they are parameters for tuning and tests."""
@@ -255,12 +198,13 @@ class AutoCachePolicy(CachePolicy):
             and min_gap >= 0
             and probation >= 0
             and revert_cost >= 0.0
+            and trial >= 0
         ):
             raise InvalidValueError(
                 f"auto: needs epoch > 0, 0 < decay < 1, margin, switch_cost, z, warmup, dwell, "
-                f"min_gap, probation and revert_cost >= 0; got {epoch!r}, {decay!r}, "
+                f"min_gap, probation, revert_cost and trial >= 0; got {epoch!r}, {decay!r}, "
                 f"{margin!r}, {switch_cost!r}, {z!r}, {warmup!r}, {dwell!r}, {min_gap!r}, "
-                f"{probation!r}, {revert_cost!r}"
+                f"{probation!r}, {revert_cost!r}, {trial!r}"
             )
         self.candidates = candidates
         self.epoch = max(int(min_epoch), round(epoch * cache_capacity), 1)
@@ -276,6 +220,7 @@ class AutoCachePolicy(CachePolicy):
         self.probation = probation
         self.revert_cost = revert_cost * cache_capacity
         """How far behind, in hits, the new candidate must fall to be undone."""
+        self.trial = trial
         self._block = BlockStatus(0)
         """The one ready block every shadow's key shares: a shadow stores no data."""
         self._block.ref_cnt = 0
@@ -325,12 +270,29 @@ class AutoCachePolicy(CachePolicy):
         self._steady_from: tuple[int, list[int]] | None = None
         """Where a steady lead is counted from (the end of the warm-up, then each switch):
         (accesses, `total_hits` then); None during the warm-up."""
+        self._steady_squares = [0] * len(self.candidates)
+        """Per candidate, the sum of (its hits - the serving one's)**2 per epoch since
+        `_steady_from` (not faded: the steady lead's own noise)."""
+        self._steady_epochs = 0
+        """Decisions since `_steady_from`."""
         self._on_probation: tuple[int, int] | None = None
         """After a decided switch, until `probation` decisions have passed: (the candidate
         that stopped serving, the decision of the switch)."""
         self._behind = 0
         """During a probation: the old candidate's hits since the switch minus the new
         one's."""
+        self._trial: tuple[int, CachePolicy, int] | None = None
+        """While a trial runs: (the candidate tried, its copy made from the tier's blocks,
+        the decision the trial began at)."""
+        self._trial_hits = 0
+        """During a trial: the copy's hits since the last decision."""
+        self._trial_lead = 0
+        """During a trial: the copy's hits since it began minus the serving policy's."""
+        self._last_trial = -self.dwell - 1
+        """The decision the last trial ended at without a switch."""
+        self.trials: list[tuple[int, str, bool]] = []
+        """Each trial that ended: (accesses so far, the candidate tried, whether it took
+        over)."""
         self.accesses = 0
         self._until_decision = self.epoch
 
@@ -373,6 +335,8 @@ class AutoCachePolicy(CachePolicy):
         block, accessors = self._block, self._accessors
         for index in self._others:
             hits[index] += accessors[index](keys, block)
+        if self._trial is not None:
+            self._trial_hits += self._trial[1].access(keys, block)
         self.accesses += len(keys)
         self._until_decision -= len(keys)
         if self._until_decision <= 0:
@@ -388,27 +352,64 @@ class AutoCachePolicy(CachePolicy):
             self.scores[index] = self.scores[index] * decay + count
             difference = count - hits[serving]
             self._squares[index] = self._squares[index] * decay + difference * difference
+            self._steady_squares[index] += difference * difference
+        self._steady_epochs += 1
         self._hits = [0] * len(hits)
         self.weight = self.weight * decay + self.epoch
         self._epochs = self._epochs * decay + 1.0
         self._weights2 = self._weights2 * decay * decay + 1.0
         self.decisions += 1
         if self.decisions == self.warmup:
-            self._steady_from = (self.accesses, list(self.total_hits))
+            self._start_steady()
         if self._on_probation is not None and self._probation_failed(hits, *self._on_probation):
+            return
+        if self._trial is not None:
+            self._score_trial(self._trial[0], self._trial[2], hits[serving])
             return
         if (
             self.decisions <= self.warmup
+            or self.decisions - self._last_trial <= self.dwell
             or (self.switches and self.decisions - self._last_switch <= self.dwell)
             or (self.switches and self.accesses - self.switches[-1][0] < self.min_gap)
         ):
             return
         best = max(range(len(self.scores)), key=lambda i: (self.scores[i], i == serving, -i))
         if best != serving and self._leads(best):
-            self._switch(best)
-            if self.probation:
-                self._on_probation = (serving, self.decisions)
-                self._behind = 0
+            if self.trial and copyable(self._policies[best]):
+                entries = [(key, self._block) for key in self._resident]
+                self._trial = (best, take_over(self._policies[best], entries), self.decisions)
+                self._trial_hits = self._trial_lead = 0
+                return
+            self._decided_switch(best)
+
+    def _decided_switch(self, index: int) -> None:
+        """Switch to candidate `index` as a decision does: on probation (see `_decide`)."""
+        serving = self.serving_index
+        self._switch(index)
+        if self.probation:
+            self._on_probation = (serving, self.decisions)
+            self._behind = 0
+
+    def _score_trial(self, index: int, began: int, serving_hits: int) -> None:
+        """Score the running trial's epoch (its copy's hits against the serving policy's,
+        `serving_hits`) and end it if it is decided: the copy takes over once it leads by
+        the margin over the accesses since, or when its `trial` decisions are up if it
+        trails by less than a switch's cost; it is dropped once it trails by
+        `revert_cost`, or at the end otherwise (the module doc)."""
+        self._trial_lead += self._trial_hits - serving_hits
+        self._trial_hits = 0
+        epochs = self.decisions - began
+        ended = epochs >= self.trial
+        if self._trial_lead > self.margin * epochs * self.epoch or (
+            ended and self._trial_lead > -self.switch_cost
+        ):
+            self._trial = None
+            self.trials.append((self.accesses, self.candidates[index], True))
+            self._decided_switch(index)
+        elif self._trial_lead < -self.revert_cost or ended:
+            self._trial = None
+            self.trials.append((self.accesses, self.candidates[index], False))
+            self._last_trial = self.decisions
 
     def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
         """Whether the switch on probation (made at decision `decided`) was undone, given
@@ -436,19 +437,29 @@ class AutoCachePolicy(CachePolicy):
             return False
         mean = lead / self._epochs
         variance = max(0.0, self._squares[best] / self._epochs - mean * mean)
-        if lead * lead <= self.z * self.z * variance * self._weights2:
-            return False
-        return lead > self.margin * self.weight + self.switch_cost or self._steady_lead(best)
+        clear = lead * lead > self.z * self.z * variance * self._weights2
+        if clear and lead > self.margin * self.weight + self.switch_cost:
+            return True
+        return self._steady_lead(best, clear)
 
-    def _steady_lead(self, best: int) -> bool:
+    def _steady_lead(self, best: int, faded_clear: bool) -> bool:
         """Whether `best`'s hits since `_steady_from` exceed the serving candidate's by the
-        margin over those accesses plus the switch's cost (the module doc)."""
+        margin over those accesses plus the switch's cost, and either its faded lead is
+        clear of its noise (`faded_clear`) or this lead is clear of its own: more than `z`
+        standard deviations of a sum of that many epochs' differences (the module doc)."""
         if self._steady_from is None:
             return False
         accesses, hits = self._steady_from
         serving = self.serving_index
         lead = (self.total_hits[best] - hits[best]) - (self.total_hits[serving] - hits[serving])
-        return lead > self.margin * (self.accesses - accesses) + self.switch_cost
+        if lead <= self.margin * (self.accesses - accesses) + self.switch_cost:
+            return False
+        if faded_clear:
+            return True
+        epochs = max(1, self._steady_epochs)
+        mean = lead / epochs
+        variance = max(0.0, self._steady_squares[best] / epochs - mean * mean)
+        return lead * lead > self.z * self.z * variance * epochs
 
     def serve_with(self, name: str) -> None:
         """Serve with candidate `name` from now on (what a decision does; public for tests
@@ -465,7 +476,8 @@ class AutoCachePolicy(CachePolicy):
         self._switch(index)
 
     def _switch(self, index: int) -> None:
-        """Candidate `index` takes over (see `serve_with`)."""
+        """Candidate `index` takes over (see `serve_with`); a trial under way ends."""
+        self._trial = None
         name = self.candidates[index]
         live = take_over(self._policies[index], list(self._resident.items()))
         self._policies[index] = live
@@ -478,7 +490,13 @@ class AutoCachePolicy(CachePolicy):
         self._squares = [0.0] * len(self.candidates)
         self._last_switch = self.decisions
         self.switches.append((self.accesses, name))
+        self._start_steady()
+
+    def _start_steady(self) -> None:
+        """Count a steady lead from now on (the end of the warm-up, each switch)."""
         self._steady_from = (self.accesses, list(self.total_hits))
+        self._steady_squares = [0] * len(self.candidates)
+        self._steady_epochs = 0
 
     # -- CachePolicy ------------------------------------------------------------------------
 
@@ -507,7 +525,13 @@ class AutoCachePolicy(CachePolicy):
             for key in reversed(keys):
                 if get(key) is None:
                     policy.on_store_move((key,))
-                    _store(policy, key, block)
+                    store_in_shadow(policy, key, block)
+        if self._trial is not None:
+            copy = self._trial[1]
+            for key in reversed(keys):
+                if copy.get(key) is None:
+                    copy.on_store_move((key,))
+                    store_in_shadow(copy, key, block)
         self._serving.on_store_move(keys)
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
