@@ -413,13 +413,17 @@ class LogIndex:
         self._hashes = arrays["hashes"]
         self._hashed_slots = arrays["hashed_slots"]
 
-    def settle(self, epochs: np.ndarray[Any, Any], sizes_ok: np.ndarray[Any, Any]) -> int:
+    def settle(self, epochs: np.ndarray[Any, Any], present: np.ndarray[Any, Any]) -> int:
         """After loading a checkpoint: drop the records in regions whose epoch on disk is not
-        the checkpoint's (reused since) or that the file no longer holds (`sizes_ok` False),
-        keeping their sequence numbers as floors; the records dropped."""
-        stale = (self.epoch != epochs) | ~sizes_ok
+        the checkpoint's (reused since), and those whose bytes end past what the regions file
+        still holds of their region (`present`: bytes of each region in the file, fewer when
+        it was cut short), keeping their sequence numbers as floors; the blocks dropped. A
+        region reused since is scanned again from its start (its fill reset)."""
+        stale = self.epoch != epochs
         held = self.region != NO_REGION
-        gone = held & stale[np.where(held, self.region, 0)]
+        at = np.where(held, self.region, 0)
+        end = self.offset.astype(np.int64) + self.length.astype(np.int64)
+        gone = held & (stale[at] | (end > present[at]))
         self.region[gone] = NO_REGION
         self.epoch[:] = epochs
         self.fill[stale] = 0

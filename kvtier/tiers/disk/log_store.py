@@ -147,7 +147,9 @@ class LogStore(StoreFacade):
             raise DiskTierError(f"cannot create {self.path}: {error.strerror}") from None
         record_max = record_bytes(MAX_KEY_BYTES, block_size)  # a zstd frame is shorter
         geo = geometry(num_blocks, record_max, region_bytes, float(spare))
-        self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
+        self._files = LogFiles(
+            self.path, geo, io if io is not None else FileIO(), direct_io, readonly=inspect
+        )
         try:
             written = self._written(record_max, region_bytes, float(spare))
             self._store_id = written.store_id or ("" if inspect else new_store_id())
