@@ -115,11 +115,14 @@ def recover(
         index.epoch[:] = epochs
     found: list[tuple[int, Record]] = []
     torn = 0
+    # One buffer for every region scanned: a group is parsed only when it ends inside what
+    # was read into it this time (`parse_group`), so nothing left from another region is
+    # read, and the open's memory stays one region's (freed ones would stay resident).
+    full = np.empty(geo.region_bytes, dtype=np.uint8)
     for region in np.flatnonzero(epochs).tolist():
         start = max(int(index.fill[region]), REGION_HEADER_BYTES)
         if start >= geo.region_bytes:
             continue
-        full = np.zeros(geo.region_bytes, dtype=np.uint8)
         try:
             got = files.read_into(region, start, full[start:])
         except OSError as error:
