@@ -13,7 +13,11 @@ child process and measures:
   process's own objects and arrays) once fully loaded less the same before the open (torch
   and kvtier imported), over the blocks stored; and apart, the growth of its file-backed
   resident memory (RssFile: pages of the memory-mapped LMDB index read meanwhile, page cache
-  the kernel can reclaim).
+  the kernel can reclaim);
+- lookup (us a key): `Hierarchy.lookup` of one restored key at a time, `LOOKUPS` keys spread
+  over the store, on the caller's event loop as an engine's prefix look-up is, once fully
+  loaded; and the read system calls the process made meanwhile (`syscr` of /proc/self/io,
+  every thread): 0 when no look-up reads the disk.
 
 Two cases: the store closed cleanly (its index trusted through its stamp, or the log
 store's last checkpoint), and the store's last process killed with SIGKILL (a child opens it,
@@ -54,6 +58,9 @@ FILL_BATCH = 1024
 
 CPU_BLOCKS = 64
 """Slots of the cpu tier above the disk tier."""
+
+LOOKUPS = 20_000
+"""Restored keys looked up one at a time after the restart."""
 
 
 def config_of(root: Path, blocks: int, block_bytes: int, layout: str) -> dict[str, Any]:
@@ -169,6 +176,14 @@ async def measure(root: Path, blocks: int, block_bytes: int, layout: str) -> dic
     loaded = time.perf_counter()
     restored = len(cast(Sized, hierarchy._open().manager.tiers[-1]))  # a benchmark's look inside
     after = rss_bytes()
+    keys = [key_from_int(i) for i in range(0, blocks, max(1, blocks // LOOKUPS))][:LOOKUPS]
+    reads = read_syscalls()
+    looked = time.perf_counter()
+    held = sum(hierarchy.lookup([key]) for key in keys)
+    lookup_s = time.perf_counter() - looked
+    reads = read_syscalls() - reads
+    if held != len(keys):
+        raise RuntimeError(f"{len(keys) - held} of {len(keys)} restored keys were not found")
     await hierarchy.close()
     return {
         "open_s": opened - started,
@@ -177,7 +192,19 @@ async def measure(root: Path, blocks: int, block_bytes: int, layout: str) -> dic
         "rss_per_block": (after[0] - before[0]) / max(1, blocks),
         "file_per_block": (after[1] - before[1]) / max(1, blocks),
         "restored": float(restored),
+        "lookup_us": lookup_s / max(1, len(keys)) * 1e6,
+        "lookup_reads": float(reads),
     }
+
+
+def read_syscalls() -> int:
+    """Read system calls this process has made (every thread), from /proc/self/io."""
+    with open("/proc/self/io") as counters:
+        for line in counters:
+            name, _, value = line.partition(":")
+            if name == "syscr":
+                return int(value)
+    return 0
 
 
 async def wait_loaded(hierarchy: Any) -> None:
@@ -230,7 +257,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"layout {args.layout}, {args.after:,} blocks written before each SIGKILL"
         )
         header = f"{'case':<16} {'open s':>8} {'first hit s':>12} {'loaded s':>9}"
-        print(header + f" {'anon B/block':>13} {'file B/block':>13} {'restored':>9}")
+        print(
+            header + f" {'anon B/block':>13} {'file B/block':>13} {'restored':>9}"
+            f" {'lookup us':>10} {'reads':>6}"
+        )
         for case in ("clean close", "after SIGKILL"):
             rows = []
             for _ in range(args.repeats):
@@ -242,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{case:<16} {med['open_s']:>8.3f} {med['first_hit_s']:>12.3f} "
                 f"{med['loaded_s']:>9.3f} {med['rss_per_block']:>13.0f} "
                 f"{med['file_per_block']:>13.0f} {med['restored']:>9,.0f}"
+                f" {med['lookup_us']:>10.1f} {med['lookup_reads']:>6.0f}"
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
