@@ -413,21 +413,29 @@ class LogIndex:
         self._hashes = arrays["hashes"]
         self._hashed_slots = arrays["hashed_slots"]
 
-    def settle(self, epochs: np.ndarray[Any, Any], present: np.ndarray[Any, Any]) -> int:
+    def settle(
+        self, epochs: np.ndarray[Any, Any], present: np.ndarray[Any, Any], region_bytes: int
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """After loading a checkpoint: drop the records in regions whose epoch on disk is not
         the checkpoint's (reused since), and those whose bytes end past what the regions file
-        still holds of their region (`present`: bytes of each region in the file, fewer when
-        it was cut short), keeping their sequence numbers as floors; the blocks dropped. A
-        region reused since is scanned again from its start (its fill reset)."""
+        still holds of their region (`present`: bytes of each region in the file, fewer than
+        `region_bytes` where it was cut short), keeping their sequence numbers as floors; the
+        slots of the blocks dropped (a scan may find them again: moved by a reclaim, or
+        written over). A region reused since is scanned again from its start."""
         stale = self.epoch != epochs
         held = self.region != NO_REGION
         at = np.where(held, self.region, 0)
-        end = self.offset.astype(np.int64) + self.length.astype(np.int64)
-        gone = held & (stale[at] | (end > present[at]))
+        gone = held & stale[at]
+        cut = np.flatnonzero(held & (present < region_bytes)[at])  # rare: a file cut short
+        end = self.offset[cut].astype(np.int64) + self.length[cut].astype(np.int64)
+        gone[cut[end > present[at[cut]]]] = True
         self.region[gone] = NO_REGION
         self.epoch[:] = epochs
         self.fill[stale] = 0
-        return int(np.count_nonzero(gone & (self.codec != TOMBSTONE)))
+        dropped: np.ndarray[Any, np.dtype[np.int64]] = np.flatnonzero(
+            gone & (self.codec != TOMBSTONE)
+        )
+        return dropped
 
     def replay(self, records: list[tuple[int, Record]]) -> None:
         """Apply records found by scanning regions (region, record): the newest per slot wins

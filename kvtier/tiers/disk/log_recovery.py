@@ -38,7 +38,7 @@ from kvtier.tiers.disk.log_format import (
     parse_region_header,
     scan_groups,
 )
-from kvtier.tiers.disk.log_index import LogIndex, sorted_hashes
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, sorted_hashes
 
 _LOG = logging.getLogger(__name__)
 
@@ -102,16 +102,12 @@ def recover(
     if arrays is not None:
         meta_values = arrays.pop("meta")
         index.load(arrays)
-        dropped = index.settle(epochs, present)
-        if dropped:
-            opened.problems.append(
-                f"{dropped} checkpointed blocks in regions reused or cut off since were dropped"
-            )
-        opened.dropped += dropped
+        settled = index.settle(epochs, present, geo.region_bytes)
         opened.from_checkpoint = True
         opened.next_seq = int(meta_values[0])
         opened.next_epoch = int(meta_values[1])
     else:
+        settled = np.zeros(0, dtype=np.int64)
         index.epoch[:] = epochs
     found: list[tuple[int, Record]] = []
     torn = 0
@@ -119,6 +115,7 @@ def recover(
     # was read into it this time (`parse_group`), so nothing left from another region is
     # read, and the open's memory stays one region's (freed ones would stay resident).
     full = np.empty(geo.region_bytes, dtype=np.uint8)
+    view = full.data
     for region in np.flatnonzero(epochs).tolist():
         start = max(int(index.fill[region]), REGION_HEADER_BYTES)
         if start >= geo.region_bytes:
@@ -128,7 +125,6 @@ def recover(
         except OSError as error:
             opened.problems.append(f"region {region}: unreadable past the checkpoint ({error})")
             continue
-        view = full.data
         records, end = scan_groups(view, namespace, int(epochs[region]), start, start + got)
         opened.scanned_regions += 1
         for record in records:
@@ -140,10 +136,19 @@ def recover(
                 continue
             found.append((region, record))
         index.fill[region] = end
+    del view, full  # before the replay's arrays are made
     if torn:
         opened.problems.append(f"{torn} records of an interrupted write were not indexed")
     opened.scanned_records = len(found)
     index.replay(found)
+    # Dropped from the checkpoint and found by no scan (a block moved by a reclaim, written
+    # over or forgotten since is found again): lost.
+    lost = int(np.count_nonzero(index.region[settled] == NO_REGION))
+    if lost:
+        opened.problems.append(
+            f"{lost} checkpointed blocks in regions reused or cut off since were lost"
+        )
+    opened.dropped += lost
     duplicates = index.rebuild(hashed=arrays is not None)
     opened.dropped += duplicates
     top_seq = max(
