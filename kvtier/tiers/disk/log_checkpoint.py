@@ -139,10 +139,13 @@ def _in_range(
     region = arrays["region"]
     if region.size and (int(region.min()) < -1 or int(region.max()) >= regions):
         return False
-    held = region >= 0
-    end = arrays["offset"][held].astype(np.int64) + arrays["length"][held].astype(np.int64)
-    if region_bytes and end.size and int(end.max()) > region_bytes:
-        return False
+    offset, length = arrays["offset"], arrays["length"]
+    if region_bytes and offset.size:
+        # uint32 arrays: each at most region_bytes (< 2**31) first, so their sum cannot wrap
+        if max(int(offset.max()), int(length.max())) > min(region_bytes, (1 << 31) - 1):
+            return False
+        if int(np.where(region >= 0, offset + length, 0).max()) > region_bytes:
+            return False
     if arrays["key_len"].size and int(arrays["key_len"].max()) > width:
         return False
     fill = arrays["fill"]
