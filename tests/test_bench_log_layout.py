@@ -48,3 +48,28 @@ def test_log_reads_prints_both_layouts_and_undoes_its_timing(
         assert "mismatches 0" in line, line
         calls = int(line.split("; ")[1].split(" read calls")[0])
         assert calls > 0, line
+
+
+def test_log_index_bench_prints_its_cost_per_record(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtier_tools.bench import log_index
+
+    log_index.main(["--blocks", "4000", "--batch", "64", "--batches", "20", "--repeats", "2"])
+    out = capsys.readouterr().out
+    assert out.startswith("LogIndex.apply: 4,000 slots, 20 groups of 64: ") and "us a record" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["log", "slots"])
+def test_disk_restart_reopens_a_hierarchy_on_either_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str
+) -> None:
+    """Its children open a cpu -> disk hierarchy of `layout` on the store it filled (they
+    were refused once the default layout changed) and find every restored key."""
+    from kvtier_tools.bench import disk_restart
+
+    small = ["--blocks", "2000", "--repeats", "1", "--after", "300"]
+    disk_restart.main([*small, "--layout", layout, "--dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"layout {layout}" in out
+    assert "clean close" in out and "after SIGKILL" in out and "2,000" in out
+    assert not list(tmp_path.iterdir())  # its store removed

@@ -150,14 +150,45 @@ async def test_an_lru_workload_moves_little(tmp_path: Path) -> None:
 
 
 async def test_a_log_store_of_the_old_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    from kvtier.tiers.disk.log_format import log_fingerprint
+    """A format-3 store (named by its fingerprint, no layout.json) is refused by the disk
+    tier's opener, the one place that looks, in one line: what it is, its bytes, that it
+    cannot be migrated, and what starting empty loses. Nothing is created beside it."""
+    from hierarchy_helpers import chain_config
 
-    (tmp_path / f"kvtier-log-{log_fingerprint(BLOCK, '', 3)}").mkdir()
+    from kvtier import Hierarchy
+    from kvtier.config_fields import readable_size
+    from kvtier.tiers.disk.log_format import log_fingerprint
+    from kvtier.tiers.disk.neighbours import bytes_on_disk
+
+    older = tmp_path / "disk" / f"kvtier-log-{log_fingerprint(BLOCK, '', 3)}"
+    older.mkdir(parents=True)
+    (older / "regions.bin").write_bytes(b"\1" * 8192)
+    config = chain_config(tmp_path, gpu=None, cpu=4, disk=32, layout="log")
     with pytest.raises(DiskLayoutError) as caught:
-        open_log(tmp_path)
+        await Hierarchy.from_config(config).open()
     message = str(caught.value)
-    assert "\n" not in message and "format 3" in message
-    assert "remove" in message and "lost" in message
+    assert "\n" not in message and str(older) in message and "format 3" in message
+    assert "neither read nor migrate" in message and "remove that directory" in message
+    assert (
+        "blocks are lost" in message
+        and f"holding {readable_size(bytes_on_disk(older))} " in message
+    )
+    assert [p.name for p in (tmp_path / "disk").iterdir()] == [older.name]
+    # `kvtier check` of that tier says the same instead of "nothing stored yet".
+    from click.testing import CliRunner
+
+    from kvtier.cli import main
+
+    config_path = tmp_path / "chain.toml"
+    config_path.write_text(
+        f'block_size = {BLOCK}\n[[tiers]]\nname = "disk"\nmedium = "disk"\ncapacity = 32\n'
+        f'path = "{tmp_path / "disk"}"\n'
+    )
+    checked = CliRunner().invoke(main, ["check", "--config", str(config_path)])
+    assert checked.exit_code == 4, checked.output
+    assert "cannot check" in checked.output and "format 3" in checked.output
+    # The store itself does not look (tools and tests open it directly beside anything).
+    open_log(tmp_path / "disk").close()
 
 
 @pytest.mark.parametrize("torn", ["header", "payload"])

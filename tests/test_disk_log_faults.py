@@ -38,9 +38,22 @@ def open_log(directory: Path, **kwargs: Any) -> LogStore:
 
 def crash_image(store: LogStore, to: Path) -> Path:
     """A copy of the open store's directory as a kill -9 would leave it (every write it
-    reported stored was fsynced; no last checkpoint): what a restart opens."""
+    reported stored was fsynced; no last checkpoint): what a restart opens. The copy's
+    `layout.json` names the copied regions file, whose identity (its inode) is new, so its
+    checkpoint is believed as the original's would be."""
+    import json
+
+    from kvtier.tiers.disk.log_files import file_identity
+
     target = to / store.path.name
     shutil.copytree(store.path, target)
+    layout = json.loads((target / "layout.json").read_text())
+    fd = os.open(target / "regions.bin", os.O_RDONLY)
+    try:
+        layout["regions_file"] = file_identity(fd)
+    finally:
+        os.close(fd)
+    (target / "layout.json").write_text(json.dumps(layout))
     return target
 
 
@@ -84,6 +97,7 @@ async def test_a_checkpoint_older_than_the_regions_loses_no_stored_block(tmp_pat
         image.parent, block_size=BLOCK, num_blocks=SLOTS, direct_io=False, create_parents=False
     )
     try:
+        assert again.opened.from_checkpoint and again.opened.scanned_records > 0
         restored = {block.slot: block.key for block in again.restore()}
         assert restored == {slot: k(i) for slot, i in model.items()}
         served, missed = await assert_each_is_itself_or_a_miss(again, model)

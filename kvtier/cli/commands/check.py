@@ -355,6 +355,11 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
                 f"`kvtier migrate {other}` to convert it",
             )
             return result
+        older = _older_log_store(tier, config)
+        if older is not None:  # the tier's open refuses it; this kvtier cannot read it
+            result = TierCheck(tier.name, store_dir, EXIT_UNCHECKED)
+            result.lines.append(f"cannot check: {older}")
+            return result
         result = TierCheck(tier.name, store_dir)
         result.lines.append(f"nothing stored yet: {store_dir} does not exist")
         return result
@@ -364,6 +369,15 @@ def check_disk_tier(tier: DiskTierConfig, config: HierarchyConfig, repair: bool)
         return result
     expected = StoreShape(config.block_size, config.model_id, tier.num_blocks)
     return check_store(tier.name, store_dir, repair, expected)
+
+
+def _older_log_store(tier: DiskTierConfig, config: HierarchyConfig) -> str | None:
+    """The line refusing a log tier over a log store of another format, when there is one."""
+    from kvtier.tiers.disk.open_checks import older_log_store_line
+
+    if tier.layout != "log" or not tier.path.is_dir():
+        return None
+    return older_log_store_line(tier.path, config.block_size, config.model_id)
 
 
 def _other_layout_store(tier: DiskTierConfig, config: HierarchyConfig) -> Path | None:

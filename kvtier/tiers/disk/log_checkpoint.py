@@ -4,7 +4,9 @@ A checkpoint is written in the background (never on the write path) from a consi
 snapshot of the index (`LogIndex.snapshot`), and read at open so that a restart scans only
 the regions written since. LMDB makes a checkpoint all-or-nothing; a digest over its values
 (LMDB checks none) makes a damaged one read as absent, and then the open scans every region;
-so does one written for another store or geometry (its meta against the open's).
+so does one written for another store or geometry (its meta against the open's), and one
+whose arrays name a region, bytes or a key length the store does not have (only a faulty
+writer could: the open would index out of range on it).
 """
 
 from __future__ import annotations
@@ -120,8 +122,36 @@ def load(path: Path, meta: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]] | 
         return None
     if arrays["epoch"].size != regions or arrays["fill"].size != regions:
         return None
+    if not _in_range(arrays, regions, int(meta.get("region_bytes", 0)), width):
+        _LOG.warning("log store checkpoint %s names places outside the store: ignored", path)
+        return None
     arrays["meta"] = np.array([int(saved.get("next_seq", 0)), int(saved.get("next_epoch", 0))])
     return arrays
+
+
+def _in_range(
+    arrays: dict[str, np.ndarray[Any, Any]], regions: int, region_bytes: int, width: int
+) -> bool:
+    """Whether every record the arrays hold lies inside the store (a region it has, its
+    bytes inside the region, a key no longer than the rows) and every region's fill inside
+    its region: what a checkpoint written by a faulty kvtier could break, and the open would
+    index out of range on."""
+    region = arrays["region"]
+    if region.size and (int(region.min()) < -1 or int(region.max()) >= regions):
+        return False
+    offset, length = arrays["offset"], arrays["length"]
+    if region_bytes and offset.size:
+        # uint32 arrays: each at most region_bytes (< 2**31) first, so their sum cannot wrap
+        if max(int(offset.max()), int(length.max())) > min(region_bytes, (1 << 31) - 1):
+            return False
+        if int(np.where(region >= 0, offset + length, 0).max()) > region_bytes:
+            return False
+    if arrays["key_len"].size and int(arrays["key_len"].max()) > width:
+        return False
+    fill = arrays["fill"]
+    return not fill.size or (
+        int(fill.min()) >= 0 and (not region_bytes or int(fill.max()) <= region_bytes)
+    )
 
 
 def _read(

@@ -92,11 +92,27 @@ def _footprint(record_max: int) -> int:
     return -(-record_max // PAGE) * PAGE
 
 
+def _open(path: Path, readonly: bool, opener: Any) -> int:
+    """`path` opened read-write, created if missing; only to read when `readonly` (created
+    read-write if missing)."""
+    if readonly:
+        try:
+            return int(opener(str(path), os.O_RDONLY | os.O_CLOEXEC, 0o600))
+        except FileNotFoundError:
+            pass
+    return int(opener(str(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+
 class LogFiles:
     """The open files of one log store (the caller holds nothing else)."""
 
-    def __init__(self, root: Path, geo: Geometry, io: FileIO, direct_io: bool | str) -> None:
+    def __init__(
+        self, root: Path, geo: Geometry, io: FileIO, direct_io: bool | str, readonly: bool = False
+    ) -> None:
         self.root = root
+        self.readonly = readonly
+        """Opened only to read (a store opened to inspect: a read-only filesystem can be
+        checked); a file that is missing is still created, as before."""
         self.geo = geo
         self.io = io
         self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
@@ -105,7 +121,7 @@ class LogFiles:
         """Uses of the descriptors in flight (under `_uses_lock`)."""
         self._lost: str | None = None
         try:
-            self._lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = _open(root / LOCK_FILE, readonly, os.open)
         except OSError as error:
             raise DiskTierError(f"cannot open {root / LOCK_FILE}: {error.strerror}") from None
         try:
@@ -115,7 +131,7 @@ class LogFiles:
             raise DiskLockedError(f"the log store at {root} is open in another process") from None
         path = str(root / REGIONS_FILE)
         try:
-            self.fd = io.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.fd = _open(Path(path), readonly, io.open)
         except OSError as error:
             os.close(self._lock_fd)
             raise DiskTierError(f"cannot open {path}: {error.strerror}") from None
@@ -124,7 +140,7 @@ class LogFiles:
         self.identity = file_identity(self.fd)
         """The regions file's identity on its filesystem (what a store's id is made for)."""
         self.direct_fd: int | None = None
-        if direct_io is not False:
+        if direct_io is not False and not readonly:
             try:
                 self.direct_fd = io.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT, 0o600)
             except (OSError, AttributeError) as error:

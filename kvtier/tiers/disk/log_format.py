@@ -27,8 +27,8 @@ serves another key's, slot's, store's or older write's bytes, and a payload torn
 header was written reads as a miss. A forget is a record with codec TOMBSTONE and no bytes,
 so a restart does not bring a forgotten block back.
 
-Format 3 (records and their blocks interleaved) is not read: a store in it is refused at
-open (`OLD_FORMAT_VERSIONS`).
+Format 3 (records and their blocks interleaved) is not read: a store in it is refused by the
+disk tier's opener (open_checks.py, `OLD_FORMAT_VERSIONS`) in one line saying what to do.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from kvtier.keys import OffloadKey
 LOG_FORMAT_VERSION = 4
 """Version of the log layout (groups, regions, checkpoint). The per-block layout is 2."""
 OLD_FORMAT_VERSIONS = (3,)
-"""Earlier log formats: a store in one of them is refused at open with what to do."""
+"""Earlier log formats, whose stores recorded no `layout.json` (their directory's name, an
+earlier fingerprint, says what they are): the disk tier's opener refuses them (open_checks.py)."""
 
 REGIONS_FILE = "regions.bin"
 CHECKPOINT_DIR = "checkpoint"

@@ -16,12 +16,14 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
+from kvtier.tiers.disk.log_keys import key_hash, key_rows, pick, row_hashes, written_again
 
 NO_REGION = -1
 
@@ -152,8 +154,9 @@ class LogIndex:
     def apply(self, placed: Placed) -> None:
         """Put durable records in the index, in the order written: each replaces its slot's
         record (a moved one only while the slot still holds it where it was), and a block's
-        key leaves any other slot that held it. With array operations over the batch: the
-        Python per record is its key's dict look-up and entry."""
+        key leaves any other slot that held it (one written earlier in the batch too). With
+        array operations over the batch: the Python per record is C-level iteration (its
+        key's length, its dict look-up and entry), no Python code of its own."""
         with self.lock:
             moved = placed.moved_from != NO_REGION
             if moved.any():
@@ -177,41 +180,43 @@ class LogIndex:
         np.add.at(self.live, placed.region[which], sizes)
 
     def _apply_new(self, placed: Placed, which: np.ndarray[Any, Any]) -> None:
-        keys = placed.keys
-        codecs = placed.codec[which]
-        blocks = which[codecs != TOMBSTONE]
+        """`apply` of records that were not moved (`which`: their positions), in the order
+        written: the batch's key rows built once, the slots that held its keys found with
+        array operations (`_find_rows`), the newest record per slot written in one go."""
+        keys = placed.keys if which.size == len(placed.keys) else pick(placed.keys, which)
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        self._widen(int(lengths.max()))
+        rows = key_rows(keys, lengths, self.keys.shape[1])
+        is_block = placed.codec[which] != TOMBSTONE
         # a key lives in one slot, its newest: the slots holding these keys now lose them
-        block_keys = [keys[i] for i in blocks.tolist()]
-        others = self._find_batch(block_keys)
-        clear = {other for other in others if other is not None}
+        blocks = np.flatnonzero(is_block)
+        block_keys = pick(keys, blocks)
+        others = self._find_rows(rows[blocks], lengths[blocks], block_keys)
         # a slot written twice in the batch: its last record wins
         slots = placed.slot[which]
         _, last_rev = np.unique(slots[::-1], return_index=True)
-        last = which[np.sort(which.size - 1 - last_rev)]
-        target = placed.slot[last]
-        clear.update(target.tolist())
-        self._clear_many(np.fromiter(clear, dtype=np.int64, count=len(clear)))
-        last_keys = [keys[i] for i in last.tolist()]
-        width = max(map(len, last_keys))
-        self._widen(width)
-        width = self.keys.shape[1]
-        rows = b"".join(key.ljust(width, b"\0") for key in last_keys)
-        self.keys[target] = np.frombuffer(rows, dtype=np.uint8).reshape(target.size, width)
-        self.key_len[target] = [len(key) for key in last_keys]
-        self.region[target] = placed.region[last]
-        self.offset[target] = placed.offset[last]
-        self.length[target] = placed.length[last]
-        self.codec[target] = placed.codec[last]
-        self.seq[target] = placed.seq[last]
-        self.checksum[target] = placed.checksum[last]
-        np.add.at(self.live, placed.region[last], self._sizes(target))
-        held = placed.codec[last] != TOMBSTONE
+        last = np.sort(which.size - 1 - last_rev)  # positions in `which`
+        target = slots[last]
+        self._clear_many(np.unique(np.concatenate([others[others >= 0], target])))
+        # a key written again later in the batch (into another slot) leaves this one
+        if len(set(block_keys)) < len(block_keys):  # rare: a key twice in the batch
+            keep = ~written_again(rows, lengths, blocks, last)
+            last, target = last[keep], target[keep]
+        chosen = which[last]
+        self.keys[target] = rows[last]
+        self.key_len[target] = lengths[last]
+        self.region[target] = placed.region[chosen]
+        self.offset[target] = placed.offset[chosen]
+        self.length[target] = placed.length[chosen]
+        self.codec[target] = placed.codec[chosen]
+        self.seq[target] = placed.seq[chosen]
+        self.checksum[target] = placed.checksum[chosen]
+        sizes = RECORD_HEADER_BYTES + ((lengths[last] + 7) & ~7)  # `_sizes`, from the batch
+        sizes += (placed.length[chosen].astype(np.int64) + 7) & ~7
+        np.add.at(self.live, placed.region[chosen], sizes)
+        held = is_block[last]
         self.blocks += int(np.count_nonzero(held))
-        self.written.update(
-            (key, slot)
-            for key, slot, ok in zip(last_keys, target.tolist(), held.tolist(), strict=True)
-            if ok
-        )
+        self.written.update(zip(pick(keys, last[held]), target[held].tolist(), strict=True))
 
     def _sizes(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
         """`record_bytes` of the records in `slots`, as an array."""
@@ -223,26 +228,49 @@ class LogIndex:
 
     def _clear_many(self, slots: np.ndarray[Any, Any]) -> None:
         """`_clear` of each of `slots` (distinct), with array operations."""
-        slots = slots[self.region[slots] != NO_REGION]
+        regions = self.region[slots]
+        held = regions != NO_REGION
+        slots = slots[held]
         if not slots.size:
             return
-        np.subtract.at(self.live, self.region[slots], self._sizes(slots))
+        np.subtract.at(self.live, regions[held], self._sizes(slots))
         self.blocks -= int(np.count_nonzero(self.codec[slots] != TOMBSTONE))
         self.region[slots] = NO_REGION
 
-    def _find_batch(self, keys: list[OffloadKey]) -> list[int | None]:
-        """`_find` of each of `keys`: the dict of keys written since the open first, then
-        the hashes of the others in one batch (`_find_many`)."""
-        written = self.written
-        found: list[int | None] = []
-        for key in keys:
-            slot = written.get(key)
-            found.append(slot if slot is not None and self._holds_key(slot, key) else None)
-        missing = [i for i, slot in enumerate(found) if slot is None]
-        if missing and self._hashes.size:
-            for i, slot in zip(missing, self._find_many([keys[i] for i in missing]), strict=True):
-                found[i] = slot
+    def _find_rows(
+        self,
+        rows: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any],
+        keys: list[OffloadKey],
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """`_find` of each of `keys` (their rows at the index's width and lengths given), as
+        an array (-1: not held): the dict of keys written since the open first, each slot
+        it names confirmed against its row, then the hashes for the others (`_hashed`)."""
+        found = np.fromiter(map(self.written.get, keys, repeat(-1)), np.int64, len(keys))
+        named = np.flatnonzero(found >= 0)
+        if named.size:
+            slots = found[named]
+            found[named] = np.where(self._rows_held(slots, rows[named], lengths[named]), slots, -1)
+        missing = np.flatnonzero(found < 0)
+        if missing.size and self._hashes.size:
+            found[missing] = self._hashed(rows[missing], lengths[missing], pick(keys, missing))
         return found
+
+    def _rows_held(
+        self,
+        slots: np.ndarray[Any, Any],
+        rows: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any],
+    ) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Whether each of `slots` holds a block whose key is the row and length given
+        (`_holds_key` with array operations; rows at the index's width)."""
+        held: np.ndarray[Any, np.dtype[np.bool_]] = (
+            (self.region[slots] != NO_REGION)
+            & (self.codec[slots] != TOMBSTONE)
+            & (self.key_len[slots] == lengths)
+            & (self.keys[slots] == rows).all(axis=1)
+        )
+        return held
 
     def _widen(self, key_len: int) -> None:
         """Make the key rows at least `key_len` bytes wide (rare: a longer key than ever)."""
@@ -266,7 +294,7 @@ class LogIndex:
             return slot
         if len(key) > self.keys.shape[1] or not self._hashes.size:
             return None
-        wanted = np.uint64(_key_hash(key, self.keys.shape[1]))
+        wanted = np.uint64(key_hash(key, self.keys.shape[1]))
         first = int(np.searchsorted(self._hashes, wanted, side="left"))
         while first < self._hashes.size and self._hashes[first] == wanted:
             slot = int(self._hashed_slots[first])
@@ -277,36 +305,37 @@ class LogIndex:
 
     def _find_many(self, keys: list[OffloadKey]) -> list[int | None]:
         """`_find` of many keys at once over the hashes alone (an open's replay: nothing is
-        written since the open yet), with array operations; a hash met twice (a collision)
-        takes the one-key path."""
+        written since the open yet), with array operations (`_hashed`)."""
         if not keys or not self._hashes.size:
             return [None] * len(keys)
         width = self.keys.shape[1]
-        if max(len(key) for key in keys) > width:
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        if int(lengths.max()) > width:
             return [self._find(key) for key in keys]
-        rows = np.frombuffer(b"".join(key.ljust(width, b"\0") for key in keys), dtype=np.uint8)
-        rows = rows.reshape(len(keys), width)
-        lengths = np.array([len(key) for key in keys], dtype=np.uint8)
-        wanted = _row_hashes(rows, lengths)
+        found = self._hashed(key_rows(keys, lengths, width), lengths, keys)
+        return [None if slot < 0 else slot for slot in found.tolist()]
+
+    def _hashed(
+        self,
+        rows: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any],
+        keys: list[OffloadKey],
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The slot of each key (-1: none) found through the sorted hashes of the keys held
+        at the last checkpoint or open (not empty), each confirmed against its slot's row;
+        a hash met twice (a collision) takes the one-key path (`_find`)."""
+        wanted = row_hashes(rows, lengths)
         at = np.minimum(np.searchsorted(self._hashes, wanted), self._hashes.size - 1)
         hit = self._hashes[at] == wanted
         slots = self._hashed_slots[at].astype(np.int64)
-        same = (
-            hit
-            & (self.region[slots] != NO_REGION)
-            & (self.codec[slots] != TOMBSTONE)
-            & (self.key_len[slots] == lengths)
-            & (self.keys[slots] == rows).all(axis=1)
-        )
+        same = hit & self._rows_held(slots, rows, lengths)
         twice = hit & ~same & (at + 1 < self._hashes.size)
         twice &= self._hashes[np.minimum(at + 1, self._hashes.size - 1)] == wanted
-        result: list[int | None] = [
-            int(slot) if ok else None
-            for slot, ok in zip(slots.tolist(), same.tolist(), strict=True)
-        ]
+        found = np.where(same, slots, -1)
         for i in np.flatnonzero(twice).tolist():
-            result[i] = self._find(keys[i])
-        return result
+            slot = self._find(keys[i])
+            found[i] = -1 if slot is None else slot
+        return found
 
     def _holds_key(self, slot: int, key: bytes) -> bool:
         return (
@@ -384,17 +413,29 @@ class LogIndex:
         self._hashes = arrays["hashes"]
         self._hashed_slots = arrays["hashed_slots"]
 
-    def settle(self, epochs: np.ndarray[Any, Any], sizes_ok: np.ndarray[Any, Any]) -> int:
+    def settle(
+        self, epochs: np.ndarray[Any, Any], present: np.ndarray[Any, Any], region_bytes: int
+    ) -> np.ndarray[Any, np.dtype[np.int64]]:
         """After loading a checkpoint: drop the records in regions whose epoch on disk is not
-        the checkpoint's (reused since) or that the file no longer holds (`sizes_ok` False),
-        keeping their sequence numbers as floors; the records dropped."""
-        stale = (self.epoch != epochs) | ~sizes_ok
+        the checkpoint's (reused since), and those whose bytes end past what the regions file
+        still holds of their region (`present`: bytes of each region in the file, fewer than
+        `region_bytes` where it was cut short), keeping their sequence numbers as floors; the
+        slots of the blocks dropped (a scan may find them again: moved by a reclaim, or
+        written over). A region reused since is scanned again from its start."""
+        stale = self.epoch != epochs
         held = self.region != NO_REGION
-        gone = held & stale[np.where(held, self.region, 0)]
+        at = np.where(held, self.region, 0)
+        gone = held & stale[at]
+        cut = np.flatnonzero(held & (present < region_bytes)[at])  # rare: a file cut short
+        end = self.offset[cut].astype(np.int64) + self.length[cut].astype(np.int64)
+        gone[cut[end > present[at[cut]]]] = True
         self.region[gone] = NO_REGION
         self.epoch[:] = epochs
         self.fill[stale] = 0
-        return int(np.count_nonzero(gone & (self.codec != TOMBSTONE)))
+        dropped: np.ndarray[Any, np.dtype[np.int64]] = np.flatnonzero(
+            gone & (self.codec != TOMBSTONE)
+        )
+        return dropped
 
     def replay(self, records: list[tuple[int, Record]]) -> None:
         """Apply records found by scanning regions (region, record): the newest per slot wins
@@ -496,37 +537,9 @@ def sorted_hashes(
     """(the hashes of the keys of the slots holding a block, sorted; those slots in the same
     order): what a look-up searches, and what a checkpoint stores so an open need not."""
     held = np.flatnonzero((region != NO_REGION) & (codec != TOMBSTONE))
-    hashes = _row_hashes(keys[held], key_len[held])
+    hashes = row_hashes(keys[held], key_len[held])
     order = np.argsort(hashes)  # any order among equal hashes: each is confirmed
     return hashes[order], held[order].astype(np.int32)
-
-
-_MASK = (1 << 64) - 1
-_LENGTH_MIX = 0x9E3779B97F4A7C15
-_WORD_MIX = 0xFF51AFD7ED558CCD
-
-
-def _key_hash(key: bytes, width: int) -> int:
-    """`_row_hashes` of one key, in Python integers (no array built for one key)."""
-    padded = key.ljust(width, b"\0")
-    value = (len(key) * _LENGTH_MIX) & _MASK
-    for at in range(0, width, 8):
-        value ^= int.from_bytes(padded[at : at + 8], "little")
-        value = (value * _WORD_MIX) & _MASK
-        value ^= value >> 33
-    return value
-
-
-def _row_hashes(rows: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """A 64-bit hash of each zero-padded key row (its length mixed in), with array operations."""
-    words = np.ascontiguousarray(rows).view(np.uint64)
-    with np.errstate(over="ignore"):
-        hashes = lengths.astype(np.uint64) * np.uint64(_LENGTH_MIX)
-        for column in range(words.shape[1]):
-            hashes ^= words[:, column]
-            hashes *= np.uint64(_WORD_MIX)
-            hashes ^= hashes >> np.uint64(33)
-    return hashes
 
 
 class LogRestored:

@@ -5,11 +5,16 @@ In order: the checkpoint (log_checkpoint.py; absent, damaged, of another geometr
 store's, one copied from another store or written for an earlier regions file: none);
 every region's first page (its epoch: a region reused since the checkpoint, or one whose page
 is damaged or cut off, loses the checkpoint's records in it); the regions scanned from where
-the checkpoint left them (from their start when reused), group by group up to the first header
+the checkpoint left them (from their start when reused, or when the regions file ends inside
+them: what it still holds is scanned), group by group up to the first header
 page that is not sound (a torn one ends the region there), each record's bytes verified
 against the checksum its group's header holds (a torn payload is not indexed); the
 newest record per slot kept (never one older than what the checkpoint held there), a key kept
 only in its newest slot. What was dropped is counted and said (`problems`).
+
+An open that may write (not a store opened to inspect) also clears a damaged first page, so
+that the region reads as unused (it held nothing the index keeps) and the next open, or
+`kvtier check` after `--repair`, finds nothing to say about it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from kvtier.tiers.disk.log_format import (
     parse_region_header,
     scan_groups,
 )
-from kvtier.tiers.disk.log_index import LogIndex, sorted_hashes
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, sorted_hashes
 
 _LOG = logging.getLogger(__name__)
 
@@ -75,12 +80,14 @@ def recover(
     meta = checkpoint_meta(fingerprint, store_id, index, geo.region_bytes)
     arrays = log_checkpoint.load(files.root / CHECKPOINT_DIR, meta)
     epochs = np.zeros(geo.num_regions, dtype=np.uint64)
-    whole = np.zeros(geo.num_regions, dtype=bool)
+    bases = np.arange(geo.num_regions, dtype=np.int64) * geo.region_bytes
+    present = np.clip(files.found_bytes - bases, 0, geo.region_bytes)
+    """Bytes of each region the regions file holds (fewer where it was cut short)."""
     page = np.empty(REGION_HEADER_BYTES, dtype=np.uint8)
+    damaged: list[int] = []
     for region in range(geo.num_regions):
-        if files.base(region) + geo.region_bytes > files.found_bytes:
-            continue
-        whole[region] = True
+        if files.base(region) + REGION_HEADER_BYTES > files.found_bytes:
+            continue  # cut off with its first page: lost
         try:
             got = files.read_into(region, 0, page)
         except OSError as error:
@@ -90,34 +97,34 @@ def recover(
             page[:got].tobytes(), namespace, region, geo.region_bytes
         )
         if epochs[region] == 0 and page[:got].any():
-            opened.problems.append(f"region {region}: its first page is damaged (not read)")
+            damaged.append(region)
+    _clear_damaged(files, damaged, opened)
     if arrays is not None:
         meta_values = arrays.pop("meta")
         index.load(arrays)
-        dropped = index.settle(epochs, whole)
-        if dropped:
-            opened.problems.append(
-                f"{dropped} checkpointed blocks in regions reused or lost since were dropped"
-            )
-        opened.dropped += dropped
+        settled = index.settle(epochs, present, geo.region_bytes)
         opened.from_checkpoint = True
         opened.next_seq = int(meta_values[0])
         opened.next_epoch = int(meta_values[1])
     else:
+        settled = np.zeros(0, dtype=np.int64)
         index.epoch[:] = epochs
     found: list[tuple[int, Record]] = []
     torn = 0
+    # One buffer for every region scanned: a group is parsed only when it ends inside what
+    # was read into it this time (`parse_group`), so nothing left from another region is
+    # read, and the open's memory stays one region's (freed ones would stay resident).
+    full = np.empty(geo.region_bytes, dtype=np.uint8)
+    view = full.data
     for region in np.flatnonzero(epochs).tolist():
         start = max(int(index.fill[region]), REGION_HEADER_BYTES)
         if start >= geo.region_bytes:
             continue
-        full = np.zeros(geo.region_bytes, dtype=np.uint8)
         try:
             got = files.read_into(region, start, full[start:])
         except OSError as error:
             opened.problems.append(f"region {region}: unreadable past the checkpoint ({error})")
             continue
-        view = full.data
         records, end = scan_groups(view, namespace, int(epochs[region]), start, start + got)
         opened.scanned_regions += 1
         for record in records:
@@ -129,10 +136,19 @@ def recover(
                 continue
             found.append((region, record))
         index.fill[region] = end
+    del view, full  # before the replay's arrays are made
     if torn:
         opened.problems.append(f"{torn} records of an interrupted write were not indexed")
     opened.scanned_records = len(found)
     index.replay(found)
+    # Dropped from the checkpoint and found by no scan (a block moved by a reclaim, written
+    # over or forgotten since is found again): lost.
+    lost = int(np.count_nonzero(index.region[settled] == NO_REGION))
+    if lost:
+        opened.problems.append(
+            f"{lost} checkpointed blocks in regions reused or cut off since were lost"
+        )
+    opened.dropped += lost
     duplicates = index.rebuild(hashed=arrays is not None)
     opened.dropped += duplicates
     top_seq = max(
@@ -144,6 +160,26 @@ def recover(
     for problem in opened.problems:
         _LOG.warning("log store %s: %s", files.root, problem)
     return opened
+
+
+def _clear_damaged(files: LogFiles, regions: list[int], opened: Opened) -> None:
+    """Say which regions' first pages are damaged, and unless the files are open only to
+    read, zero those pages (synced) so that the regions read as unused from now on."""
+    if not regions:
+        return
+    cleared = False
+    if not files.readonly:
+        zeros = np.zeros(REGION_HEADER_BYTES, dtype=np.uint8)
+        try:
+            for region in regions:
+                files.io.pwritev(files.fd, [zeros.data], files.base(region))
+            files.io.fsync(files.fd)
+            cleared = True
+        except OSError as error:
+            opened.problems.append(f"damaged first pages not cleared ({error})")
+    what = "cleared" if cleared else "not read"
+    for region in regions:
+        opened.problems.append(f"region {region}: its first page is damaged ({what})")
 
 
 def save_checkpoint(

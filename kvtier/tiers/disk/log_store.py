@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.errors import DiskLayoutError, DiskTierError, InvalidValueError
+from kvtier.errors import DiskTierError, InvalidValueError
 from kvtier.keys import MAX_KEY_BYTES, OffloadKey
 from kvtier.tiers.codec import BlockCodec, Compression
 from kvtier.tiers.disk.batch import check_batch, check_keys
@@ -44,8 +44,6 @@ from kvtier.tiers.disk.layout import StoreLayout
 from kvtier.tiers.disk.log_files import LogFiles, geometry
 from kvtier.tiers.disk.log_format import (
     DEFAULT_REGION_BYTES,
-    LOG_FORMAT_VERSION,
-    OLD_FORMAT_VERSIONS,
     PAGE,
     TOMBSTONE,
     log_fingerprint,
@@ -89,8 +87,9 @@ class LogStore(StoreFacade):
     (nothing created, grown or written; writes raise DiskTierError). Blocking constructor:
     use `open_async` from a coroutine. A new store records its geometry in `layout.json`
     (what `kvtier check` opens it by).
-    A directory holding a per-block store of the same block size and model is refused with a
-    DiskLayoutError saying what to do.
+    It opens its own store directory only: a tier directory holding a per-block store or a
+    log store of another format (same block size and model) is refused by the disk tier's
+    opener (open_checks.py), one DiskLayoutError line saying what to do.
     """
 
     def __init__(
@@ -135,14 +134,6 @@ class LogStore(StoreFacade):
         self.directory = Path(directory)
         self.fingerprint = log_fingerprint(block_size, model_id)
         self.path = self.directory / f"kvtier-log-{self.fingerprint}"
-        for version in OLD_FORMAT_VERSIONS:
-            older = self.directory / f"kvtier-log-{log_fingerprint(block_size, model_id, version)}"
-            if older.exists():
-                raise DiskLayoutError(
-                    f"{older} is a log store in format {version}, which this kvtier (format "
-                    f"{LOG_FORMAT_VERSION}) does not read: remove that directory to start empty "
-                    f"(it is a cache: its blocks are lost, nothing else)"
-                )
         self._namespace = self.fingerprint.encode("ascii")
         self._codec = BlockCodec(compression, zstd_level)
         self._counters = StoreCounters()
@@ -156,7 +147,9 @@ class LogStore(StoreFacade):
             raise DiskTierError(f"cannot create {self.path}: {error.strerror}") from None
         record_max = record_bytes(MAX_KEY_BYTES, block_size)  # a zstd frame is shorter
         geo = geometry(num_blocks, record_max, region_bytes, float(spare))
-        self._files = LogFiles(self.path, geo, io if io is not None else FileIO(), direct_io)
+        self._files = LogFiles(
+            self.path, geo, io if io is not None else FileIO(), direct_io, readonly=inspect
+        )
         try:
             written = self._written(record_max, region_bytes, float(spare))
             self._store_id = written.store_id or ("" if inspect else new_store_id())

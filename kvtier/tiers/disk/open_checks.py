@@ -22,9 +22,14 @@ store that cannot be read so (in use, damaged) is described by its bytes on disk
 
 **An older log format.** A log store's directory is named by its format too
 (`log_fingerprint`), so a kvtier whose log format changed would open an empty store beside
-the old one; a log store of this model and block size whose `layout.json` records another
-format is refused the same way (it cannot be read by this kvtier, so neither migrated: it is
-counted by its bytes on disk, and the ways on are removing it or the kvtier that wrote it).
+the old one. This opener is the one place that refuses it (`older_log_store_line`): a log
+store of this model and block size in another format, found by its directory's name (an
+earlier format's fingerprint, `OLD_FORMAT_VERSIONS`: format 3 recorded no `layout.json`) or by
+the format its `layout.json` records (any later change of format). This kvtier cannot read
+it, so neither count nor migrate its blocks: the line says so, its bytes on disk, and the
+ways on: remove it to start empty (a cache: its blocks are lost, so recomputed when next
+needed, nothing else), or keep running the kvtier that wrote it. `LogStore` itself opens its
+own directory only and never looks for other formats (tools and tests open it directly).
 
 **Trusted directories.** As for the per-block store (safety.py): the tier's directory is
 created 0700 only where it is the default one (a configured path's parent must exist), must
@@ -159,41 +164,55 @@ def refuse_other_layout(directory: Path, wanted: Layout, block_size: int, model_
         raise DiskLayoutError(other_layout_line(store, found, wanted))
 
 
-def older_log_store_line(directory: Path, block_size: int, model_id: str) -> str | None:
-    """The one line that refuses a log tier over a log store of this block size and model in
-    an older (or newer) format than this kvtier's, or None when there is none. Its format is
-    read from its `layout.json` (every log format records one); such a store cannot be
-    opened, so it is counted by its bytes on disk."""
+def _other_log_format(store: Path, block_size: int, model_id: str) -> object | None:
+    """The log format of `store` (a `kvtier-log-*` directory) when it is a store of this
+    block size and model in a format other than this kvtier's, else None: by the format its
+    `layout.json` records, else by its name (an earlier format's fingerprint)."""
     import json
 
-    from kvtier.tiers.disk.log_format import LOG_FORMAT_VERSION
+    from kvtier.tiers.disk.log_format import OLD_FORMAT_VERSIONS, log_fingerprint
     from kvtier.tiers.disk.log_store import LAYOUT_FILE
 
+    try:
+        recorded = json.loads((store / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict):
+        if recorded.get("block_size") != block_size or recorded.get("model_id") != model_id:
+            return None  # another model's or block size's: said by nobody, read by nobody
+        found = recorded.get("format")
+        return None if found == LOG_FORMAT_VERSION else found
+    for version in OLD_FORMAT_VERSIONS:
+        if store.name == f"kvtier-log-{log_fingerprint(block_size, model_id, version)}":
+            return version
+    return None
+
+
+def older_log_store_line(directory: Path, block_size: int, model_id: str) -> str | None:
+    """The one line that refuses a log tier over a log store of this block size and model in
+    an older (or newer) format than this kvtier's, or None when there is none (module
+    docstring: how it is found). Such a store cannot be opened, so it is described by its
+    bytes on disk."""
     own = store_dir_of(directory, "log", block_size, model_id).name
     try:
         children = sorted(directory.glob("kvtier-log-*"))
     except OSError:
         return None
     for store in children:
-        if store.name == own or store.is_symlink() or not store.is_dir():
-            continue
         try:
-            recorded = json.loads((store / LAYOUT_FILE).read_text())
-        except (OSError, ValueError):
+            if store.name == own or store.is_symlink() or not store.is_dir():
+                continue
+        except OSError:
             continue
-        if not isinstance(recorded, dict):
-            continue
-        if recorded.get("block_size") != block_size or recorded.get("model_id") != model_id:
-            continue  # another model's or block size's: said by nobody, read by nobody
-        found = recorded.get("format")
-        if found == LOG_FORMAT_VERSION:
+        found = _other_log_format(store, block_size, model_id)
+        if found is None:
             continue
         size = readable_size(bytes_on_disk(store))
         return (
-            f"{store} is a log disk store of format {found} (this kvtier reads format "
-            f"{LOG_FORMAT_VERSION}) holding {size} on disk, which it does not read: remove that "
-            f"directory to start empty (a cache: its blocks are lost, nothing else), or keep "
-            f"running the kvtier that wrote it"
+            f"{store} is a log disk store of format {found} holding {size} on disk, which this "
+            f"kvtier (format {LOG_FORMAT_VERSION}) can neither read nor migrate: remove that "
+            f"directory to start empty (it is a cache: its blocks are lost and recomputed when "
+            f"next needed, nothing else), or keep running the kvtier that wrote it"
         )
     return None
 
