@@ -172,6 +172,16 @@ class LogFiles:
             futures.append(self._writers.submit(self._write, fd, part, at, part_bytes))
         return futures
 
+    def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> None:
+        """Write `buffers` back to back at `start` of `region` on the calling thread (as
+        `write_parts` would, part by part): for a part's header pages, written by the head
+        thread that packed them, so that they never wait in the write threads' queue
+        behind the payloads (a 3.7 MB group's header write went last, 2 ms after them)."""
+        fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
+        at = self.base(region) + start
+        for view in _cut(buffers):
+            at += self._write(fd, [view], at, view.nbytes)
+
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
         self._enter()
         try:
