@@ -301,8 +301,7 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
     front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
     front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
     start = 0 if part.opens else part.start
-    for write in files.write_parts(part.region, start, [front.data], True):
-        write.result()
+    files.write_here(part.region, start, [front.data], True)
 
 
 def placed(parts: list[Part]) -> Placed:

@@ -523,15 +523,18 @@ class LogLane:
         if not rows:  # every live record of it is written over by this group
             pending.victims.append(victim)
             return
-        first = min(row[2] for row in rows) // PAGE * PAGE  # only the span holding them
+        rows.sort(key=lambda row: row[2])
+        first = rows[0][2] // PAGE * PAGE  # only the span holding them
         last = round_page(max(row[2] + row[3] for row in rows))
         data = self._buffer(pending, last - first)
         self._reclaiming = True
         try:
-            got = first + self.files.read_run(victim, first, [data.data], True)
             view = data.data
-            for slot, key, offset, length, codec, seq, checksum in rows:
-                if offset + length > got:
+            reached = self.files.read_records(victim, first, view, [row[2:4] for row in rows])
+            for (slot, key, offset, length, codec, seq, checksum), end in zip(
+                rows, reached, strict=True
+            ):
+                if offset + length > end:
                     continue  # cut off: not moved (its reads would fail anyway)
                 payload = view[offset - first : offset - first + length]
                 if codec != TOMBSTONE and checksum != bound_checksum(
