@@ -8,8 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
+
+# The events extra (msgspec, pyzmq) and vLLM's reader of them: without either, the module
+# skips (kvtier.fleet.events imports msgspec itself).
+pytest.importorskip("msgspec")
+import msgspec
 from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
 
 from kvtier import Hierarchy
