@@ -13,8 +13,9 @@ import pytest
 
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk import log_group
+from kvtier.tiers.disk.jobs import WriteJob
 from kvtier.tiers.disk.log_format import PAGE, REGION_HEADER_BYTES, record_bytes
-from kvtier.tiers.disk.log_group import Part, add, add_run, fit_run, run_bytes
+from kvtier.tiers.disk.log_group import Flight, Part, Pending, add, add_run, fit_run, run_bytes
 from kvtier.tiers.disk.log_index import NO_REGION
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,6 +93,46 @@ def test_a_run_is_placed_as_records_one_by_one(kind: str) -> None:
             )
 
 
+def test_a_long_run_placed_in_turns_lands_as_one_by_one() -> None:
+    """`fit_run` looks at a bounded number of records (a large first record, then small
+    ones: fewer than fit); called again while a whole turn fits, it places them exactly as
+    `Part.fits` and `add` would, up to the same record."""
+    region = PAGE * 40
+    run = [(OffloadKey(bytes(12)), 9000)] + [(OffloadKey(bytes(12)), 1)] * 3000
+    expected = Part(0, REGION_HEADER_BYTES, 1, opens=False)
+    fitted = _one_by_one(expected, run, region)
+    key_lens = np.array([len(key) for key, _ in run], np.int64)
+    lengths = np.array([length for _, length in run], np.int64)
+    part = Part(0, REGION_HEADER_BYTES, 1, opens=False)
+    done, turns = 0, 0
+    while done < len(run):
+        fit = fit_run(part, key_lens[done:], lengths[done:], region)
+        assert fit is not None
+        taken, at = fit
+        if not taken:
+            break
+        keys = [key for key, _ in run[done : done + taken]]
+        add_run(
+            part,
+            keys,
+            list(range(taken)),
+            7,
+            at,
+            lengths[done : done + taken],
+            [0] * taken,
+            [b""] * taken,
+            True,
+        )
+        done, turns = done + taken, turns + 1
+    assert turns > 1  # (the bound was reached: the run went in turns)
+    assert done == fitted < len(run)
+    assert (part.end, part.key_bytes, part.offset) == (
+        expected.end,
+        expected.key_bytes,
+        expected.offset,
+    )
+
+
 def _buffers() -> list[Any]:
     pool = np.frombuffer(mmap.mmap(-1, 8 * PAGE), dtype=np.uint8)
     return [
@@ -123,3 +164,23 @@ def test_the_compiled_page_check_agrees_with_the_python_one(
     got = compiled(buffers, PAGE)
     monkeypatch.setattr(log_group, "_compiled_page_aligned", None)
     assert got == log_group.page_aligned(buffers)
+
+
+def test_a_failed_group_fails_exactly_the_blocks_not_yet_durable() -> None:
+    """`Flight.fail` after a mid-group flush: the records placed first (`flushed` of them,
+    in the order `where` spans them, a forget's record counted) stay stored; every other
+    block of every call fails, and a block that already failed keeps its error."""
+    keys = [OffloadKey(bytes([n])) for n in range(6)]
+    first = WriteJob(keys[:3], [0, 1, 2], [], None)
+    second = WriteJob(keys[3:], [3, 4, 5], [], None)
+    earlier = OSError(5, "earlier")
+    results: list[list[OSError | None]] = [[None, None, None], [None, earlier, None]]
+    flight = Flight([first, second], results, Pending())
+    flight.where = [(0, 3), (-1, 1), (1, 3)]
+    flight.pending.flushed = 5  # the first call, the forget and the second call's first block
+    error = OSError(28, "full")
+    flight.fail(error)
+    assert results == [[None, None, None], [None, earlier, error]]
+    flight.pending.flushed = 0
+    flight.fail(error)
+    assert results == [[error, error, error], [error, earlier, error]]

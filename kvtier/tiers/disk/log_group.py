@@ -14,6 +14,7 @@ import mmap
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -178,9 +179,12 @@ def fit_run(
     region_bytes: int,
 ) -> tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None:
     """How many of a run of records (in order; their keys' and payloads' lengths) fit in
-    `part` and their payload offsets, as `Part.fits` would place them one by one; None when
-    the run mixes payloads of whole pages with others (placed one by one instead)."""
-    count = min(lengths.size, region_bytes // RECORD_HEADER_BYTES + 1)  # (at most that fit)
+    `part` and their payload offsets, as `Part.fits` would place them one by one, looking
+    at no more than `_run_cap` of them (the caller calls again while all it took fit); None
+    when they mix payloads of whole pages with others (placed one by one instead)."""
+    count = min(
+        lengths.size, region_bytes // RECORD_HEADER_BYTES + 1, _run_cap(part, lengths, region_bytes)
+    )
     lengths, key_lens = lengths[:count], key_lens[:count]
     whole = (lengths % PAGE == 0) & (lengths > 0)
     if whole.all():  # each on a page boundary, back to back
@@ -198,6 +202,17 @@ def fit_run(
     fits: np.ndarray[Any, np.dtype[np.bool_]] = np.asarray(used <= region_bytes)
     taken = count if fits.all() else int(np.argmin(fits))
     return taken, at[:taken]
+
+
+def _run_cap(part: Part, lengths: np.ndarray[Any, np.dtype[np.int64]], region_bytes: int) -> int:
+    """How many records of a run `fit_run` looks at: twice as many as the part's free bytes
+    would take of the run's first record's size (at least 64). A run of more is placed in
+    turns (the lane calls `fit_run` again while a whole run fits), so each record is looked
+    at about twice, not once per region the rest of its call goes to (a 64 MiB call of
+    16 KiB blocks went over its whole remainder once per region)."""
+    free = max(0, region_bytes - part.start - round_page(part.end))
+    first = int(lengths[0]) + RECORD_HEADER_BYTES if lengths.size else RECORD_HEADER_BYTES
+    return max(64, 2 * (free // first) + 1)
 
 
 def add_run(
@@ -308,9 +323,11 @@ def placed(parts: list[Part]) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
     start), in the order placed."""
     keys = [key for part in parts for key in part.keys]
+    count = len(keys)
 
     def column(name: str, dtype: Any) -> np.ndarray[Any, Any]:
-        return np.array([value for part in parts for value in getattr(part, name)], dtype)
+        values = chain.from_iterable(getattr(part, name) for part in parts)
+        return np.fromiter(values, dtype, count)
 
     base = np.repeat(
         np.array([part.start + part.head_pages * PAGE for part in parts], np.int64),
@@ -336,8 +353,9 @@ def placed(parts: list[Part]) -> Placed:
 class Flight:
     """One group between the lane thread (placed, its writes started) and the sync thread
     (written, synced, indexed, its calls settled): its calls, their results (a write's: one
-    OSError or None per block), which record is which call's block (`where`: (call, block),
-    or (-1, 0) for a forget's record, in the order placed) and its counters."""
+    OSError or None per block), which records are which call's blocks (`where`: (call,
+    blocks) per call in the order placed, a call's blocks placed in order; (-1, 1) for a
+    forget's record: spans, not a tuple per block) and its counters."""
 
     jobs: list[Job]
     results: list[list[OSError | None]]
@@ -354,10 +372,16 @@ class Flight:
         after the last mid-group flush and those never placed (a disabled store's group, the
         calls after the one whose placing failed), so no block is reported stored that is
         not durable."""
-        durable = set(self.where[: self.pending.flushed])
+        durable: dict[int, int] = {}  # per call: how many of its first blocks are durable
+        left = self.pending.flushed
+        for number, blocks in self.where:
+            if left <= 0:
+                break
+            durable[number] = durable.get(number, 0) + min(blocks, left)
+            left -= blocks
         for number, result in enumerate(self.results):
-            for i, held in enumerate(result):
-                if held is None and (number, i) not in durable:
+            for i in range(durable.get(number, 0), len(result)):
+                if result[i] is None:
                     result[i] = error
 
     def outputs(self) -> list[Any]:

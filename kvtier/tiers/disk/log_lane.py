@@ -261,15 +261,14 @@ class LogLane:
         try:
             for number, job in enumerate(jobs):
                 if isinstance(job, WriteJob):
-                    flight.where.extend((number, i) for i in range(len(job.keys)))
-                    self._append_write(pending, job)
+                    flight.where.append((number, len(job.keys)))
+                    flight.raw_bytes += self._append_write(pending, job)
                     written.update(job.slots)
-                    flight.raw_bytes += sum(buffer.nbytes for buffer in job.buffers)
                 else:
                     for key in job.keys:
                         held = self.index.find(key)
                         if held is not None and held not in written:  # else written over
-                            flight.where.append((-1, 0))
+                            flight.where.append((-1, 1))
                             self._append(pending, key, held, TOMBSTONE, ZEROS[:0], True)
             self._close(pending)
         except OSError as error:
@@ -341,14 +340,17 @@ class LogLane:
             stored_bytes=flight.appended,
         )
 
-    def _append_write(self, pending: Pending, job: WriteJob) -> None:
+    def _append_write(self, pending: Pending, job: WriteJob) -> int:
         """Place the blocks of one write call (encoded; raw blocks are not touched), as runs:
-        as many as fit the open region's part at once (`fit_run`), then the next region."""
+        as many as fit the open region's part at once (`fit_run`), then the next region; the
+        call's raw bytes."""
         keys, slots = job.keys, job.slots
+        raw = None
         if self.codec.compression == "none":
             stored: list[Any] = job.buffers
             codecs = [0] * len(keys)
         else:
+            raw = sum(buffer.nbytes for buffer in job.buffers)
             encoded = [self.codec.encode(buffer) for buffer in job.buffers]
             codecs = [int(codec) for codec, _ in encoded]
             stored = [memoryview(data).cast("B") for _, data in encoded]
@@ -378,6 +380,7 @@ class LogLane:
             self.next_seq += taken
             self.appended_bytes += run_bytes(key_lens[run], lengths[run])
             done += taken
+        return int(lengths.sum()) if raw is None else raw
 
     def _append(
         self, pending: Pending, key: OffloadKey, slot: int, codec: int, stored: Any, direct: bool
