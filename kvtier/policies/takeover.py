@@ -59,14 +59,25 @@ def _lct_takes_over(
     order = _lct_order(shadow)
     for key in order:
         shadow.remove(key)  # remembered as a ghost, its history kept
+    _fill(shadow, order, entries, blocks)
+    return shadow
+
+
+def _fill(
+    policy: CachePolicy,
+    order: Sequence[OffloadKey],
+    entries: Sequence[tuple[OffloadKey, BlockStatus]],
+    blocks: dict[OffloadKey, BlockStatus],
+) -> None:
+    """Insert the tier's blocks into `policy`: those the shadow does not hold (`order`)
+    first, so they go first, then the shadow's held ones in its order."""
     held = set(order)
     for key, block in entries:
         if key not in held:
-            shadow.insert(key, block)
+            policy.insert(key, block)
     for key in order:
         if key in blocks:
-            shadow.insert(key, blocks[key])
-    return shadow
+            policy.insert(key, blocks[key])
 
 
 def copyable(shadow: CachePolicy) -> bool:
@@ -94,13 +105,7 @@ def take_over(
         order, frequent = shadow.lru_order(), []
     else:
         order, frequent = [key for key, _ in shadow.items()], []
-    held = set(order)
-    for key, block in entries:
-        if key not in held:
-            live.insert(key, block)
-    for key in order:
-        if key in blocks:
-            live.insert(key, blocks[key])
+    _fill(live, order, entries, blocks)
     for key in frequent:
         if key in blocks:
             live.touch((key,))
