@@ -416,6 +416,13 @@ class ARCLists:
             return 0
         if where in (T1, T2):
             raise BlockStateError(f"arc: key {key!r} is already resident")
+        self._new_resident(key, node, block)
+        return 0
+
+    @cython.cfunc
+    def _new_resident(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """`key` (`node`, on no list) joins T1 with `block`; the ghost bound is applied once
+        the joins `_make_insert_room` counted are used up."""
         self._join_t1(node, block)
         self._resident[key] = block
         if self._insert_room:
@@ -599,13 +606,7 @@ class ARCLists:
             self._insert_room = 0
             self._bound_ghosts()
             return 0
-        node = self._new_node(key)
-        self._join_t1(node, block)
-        self._resident[key] = block
-        if self._insert_room:
-            self._insert_room -= 1
-        else:
-            self._make_insert_room()
+        self._new_resident(key, self._new_node(key), block)
         return 0
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
