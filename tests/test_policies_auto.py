@@ -349,6 +349,50 @@ def test_a_switch_is_tried_from_the_tiers_blocks_first() -> None:
     assert at_once.trials == []
 
 
+def test_a_takeover_is_measured_against_the_shadow_it_came_from() -> None:
+    """After a switch to S3-FIFO its shadow goes on, as if the switch were free, for
+    `probation` decisions: what the takeover lost is that shadow's hits minus the live
+    policy's over them, here the hot set the tier (LRU's, lost to the scans) lacked, far
+    more than `switch_cost`; an S3-FIFO that never stopped serving gets exactly those."""
+    keys = _scans_then_a_loop()[:7_000]
+    rng = random.Random(9)
+    later = [rng.randrange(500) if rng.random() < 0.7 else 2_000_000 + i for i in range(4_000)]
+    policy = AutoCachePolicy(
+        1_000, candidates=("lru", "s3fifo"), min_epoch=250, warmup=10**6, trial=0
+    )
+    alone = S3FIFOCachePolicy(1_000)
+    block = ready_block()
+    block.ref_cnt = 0
+    for raw in keys:
+        _access(policy, k(raw))
+        alone.access([k(raw)], block)
+    policy.serve_with("s3fifo")
+    assert policy.takeover_cost == 0.0
+    live = shadow = 0
+    for raw in later:  # 16 decisions of 250 accesses: the measure ends with the last one
+        live += _access(policy, k(raw))
+        shadow += alone.access([k(raw)], block)
+    assert policy.decisions * policy.epoch == len(keys) + len(later)
+    assert policy.takeover_cost == shadow - live
+    assert policy.takeover_cost > 5 * policy.switch_cost
+
+
+def test_a_lead_must_clear_the_measured_takeover_cost() -> None:
+    """A steady lead of 10 hits an epoch clears the margin plus `switch_cost` after ~10
+    epochs; once a takeover was measured to cost 1,000 hits, the same lead does not switch
+    within 60 epochs (it would have to pay for a takeover as costly as the last)."""
+    switched = []
+    for cost in (0.0, 1_000.0):
+        policy = AutoCachePolicy(
+            4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000, trial=0
+        )
+        policy.takeover_cost = cost
+        _decide_with_leads(policy, [10 + (3 if i % 2 else -3) for i in range(60)])
+        switched.append(policy.switches)
+    assert switched[0] and switched[0][0][1] == "s3fifo"
+    assert switched[1] == []
+
+
 def test_serve_with_an_unknown_candidate_raises() -> None:
     policy = AutoCachePolicy(8, candidates=("lct", "arc"))
     with pytest.raises(InvalidValueError):

@@ -25,14 +25,10 @@ or when its lead is *steady*: its hits since the later of the warm-up's end and 
 switch (not faded) exceed the serving one's by `MARGIN` over those accesses plus the cost of
 a switch, its faded lead is positive, and either the faded lead is above `Z` standard
 deviations as above or the steady lead is above `Z` standard deviations of its own noise
-(the same batch means over the epochs since, not faded). A small lead held for long pays
-for the switch though no window of one capacity shows it: on the Zipf mix at 25 %, S3-FIFO
-led lct by ~1 % of the accesses for 300,000 accesses, a faded lead of 300-400 hits against
-the 448 a switch needed, and auto stayed on lct (0.6080 against S3-FIFO's 0.6193; with the
-steady lead, 0.6175). A lead that comes in bursts never clears the faded test (one burst
-in its window is all its noise) but clears its own over enough epochs: lct's hits in a
-loop longer than the cache (`regimes` at 1 %: auto stayed on ARC through the loop, 0.2441,
-lct 0.2687, with trials below; 0.2652 with this test).
+(the same batch means over the epochs since, not faded): a small lead held for long pays
+for the switch though no window of one capacity shows it (the Zipf mix at 25 %), and a lead
+in bursts clears its own noise over enough epochs, never the faded one (lct in a loop
+longer than the cache, `regimes` at 1 %; docs/BENCHMARKS.md has both).
 On a stationary workload the lead of a winner grows as the epochs do and noise as their
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
@@ -44,11 +40,8 @@ the copy leads the serving policy by `MARGIN` over the accesses since, or at the
 end trails it by less than a switch's cost; else the trial is dropped (at once if the copy
 trails by `REVERT_COST` x capacity hits) and none starts for `DWELL` decisions. The copy
 is what the switch would serve with, the blocks the tier lacks included, so its lead is
-the switch's real gain. Issue 34's cloudPhysics trace at 10 %: S3-FIFO's shadow led lct's
-by ~1,000 hits in a burst at 93,024 accesses; auto switched and undid it, the two
-takeovers costing 0.0098 against staying on lct (0.2429, lct 0.2527); the trial is
-dropped, 0.2527. lct cannot be copied (its takeover is its shadow): a switch to it is
-made at once.
+the switch's real gain (cloudPhysics at 10 %: a burst's switch that was undone cost 0.0098;
+its trial is dropped). lct, whose takeover is its shadow, is not tried: it takes over at once.
 
 A decided switch is on probation for `PROBATION` decisions: the shadows price the
 candidates, not a takeover (the new policy starts from the blocks the old one kept, and the
@@ -56,11 +49,13 @@ blocks its shadow held that the tier lacks are misses), so the switch's real cos
 measured: the candidate that stopped serving goes on as a shadow from those same blocks, the
 exact run without the switch, and if the new one falls behind it by `REVERT_COST` x capacity
 hits (plus `MARGIN` over the accesses since), the switch is undone (`reverts`), and counts
-as a switch for `DWELL` and `MIN_GAP`. Issue 34's cloudPhysics trace at 10 %: S3-FIFO's
-shadow leads lct's late, the switch at 74,664 accesses left the tier with neither set and
-the hits fell to LRU's (0.2125, lct alone 0.2467); undone 3,700 accesses later, 0.2334. The
-first candidate, lct, is kept: S3-FIFO first meets cloudPhysics at 10 and 25 % but loses
-cells lct first meets (docs/BENCHMARKS.md, "auto's decision rule, third round").
+as a switch for `DWELL` and `MIN_GAP`. lct stays first: S3-FIFO first meets cloudPhysics at
+10 and 25 % but loses cells lct first meets (docs/BENCHMARKS.md, "... third round").
+
+A takeover's loss is measured: after a switch to S3-FIFO, ARC or LRU its shadow (left as it
+was) goes on for `probation` decisions, and its hits minus the live one's are
+`takeover_cost`, which a lead must then clear instead of `switch_cost` if larger (P3 at 5 %:
+S3-FIFO's lost 7,050 hits, 9 x `switch_cost`; auto no longer switches back for less).
 
 A switch takes over warm (`kvtier.policies.takeover`, whose doc says what each candidate
 keeps): the winner's shadow becomes the live policy with the tier's blocks; the policy
@@ -111,12 +106,8 @@ CANDIDATES: tuple[str, ...] = ("lct", "arc", "s3fifo", "lru")
 """The candidates, in order of preference on a tie; the first serves until another leads."""
 EPOCH = 0.25
 """Accesses between decisions, as a multiple of the capacity. A quarter, with `DECAY` 0.8
-(scores faded over about one capacity of accesses): with epochs of a whole capacity faded
-over ten, the lead of a regime's winner came too late or drowned in the noise of the
-previous regime (issue 34: `regimes` at 10 %, LRU leading its second Zipf phase and its loop,
-auto stayed on lct, 0.016 below LRU; `zipf` at 25 %, the switch to S3-FIFO 10,000 accesses
-later, -0.0055). Every bound counted in decisions (`WARMUP`, `DWELL`) is four times as many
-decisions, the same accesses."""
+(scores faded over about one capacity): with whole capacities faded over ten, a regime's
+winner came too late (issue 34: `regimes` at 10 %, 0.016 below LRU)."""
 MIN_EPOCH = 1_000
 """The shortest epoch, in accesses: a small cache's epochs would be all noise."""
 DECAY = 0.8
@@ -125,7 +116,8 @@ MARGIN = 0.002
 """The lead, in hit ratio over the faded accesses, a candidate needs to take over (over a
 faded window of about one capacity; `MIN_GAP` bounds the switches, not this)."""
 SWITCH_COST = 0.02
-"""What a switch costs, in hits, as a multiple of the capacity: added to the lead needed."""
+"""What a switch costs, in hits, as a multiple of the capacity: added to the lead needed
+(or the last takeover's measured loss, if more)."""
 Z = 3.0
 """The lead must also exceed this many standard deviations of its noise."""
 WARMUP = 16
@@ -140,15 +132,12 @@ REVERT_COST = 0.05
 """How far behind the candidate it replaced a new one must fall during its probation to be
 undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
 TRIAL = 8
-"""Decisions a trial may run (two capacities of accesses; `AutoCachePolicy._score_trial`):
-before a switch to S3-FIFO, ARC or LRU, a copy of its shadow made from the tier's own
-blocks runs as one more shadow, and the switch is made only if that copy keeps up with the
-serving policy (0: switch at once, as before trials)."""
+"""Decisions a trial may run (two capacities; `AutoCachePolicy._score_trial`; the module
+doc): 0 switches at once, as before trials."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
-many accesses, whatever the noise (issue 34's bound on flapping). A candidate that learns
-(lct) trails the others for its first capacities and then leads; without it, a stationary
-Zipf mix had auto switch to S3-FIFO and back to lct within 55,000 accesses."""
+many accesses, whatever the noise (issue 34's bound on flapping): a learner (lct) trails
+for its first capacities, then leads."""
 
 
 class AutoCachePolicy(CachePolicy):
@@ -277,23 +266,25 @@ class AutoCachePolicy(CachePolicy):
         self._steady_epochs = 0
         """Decisions since `_steady_from`."""
         self._on_probation: tuple[int, int] | None = None
-        """After a decided switch, until `probation` decisions have passed: (the candidate
-        that stopped serving, the decision of the switch)."""
+        """After a decided switch, for `probation` decisions: (the old candidate, the decision)."""
         self._behind = 0
-        """During a probation: the old candidate's hits since the switch minus the new
-        one's."""
+        """During a probation: the old candidate's hits since the switch minus the new one's."""
         self._trial: tuple[int, CachePolicy, int] | None = None
-        """While a trial runs: (the candidate tried, its copy made from the tier's blocks,
-        the decision the trial began at)."""
+        """While a trial runs: (the candidate tried, its copy from the tier's blocks, its start)."""
         self._trial_hits = 0
         """During a trial: the copy's hits since the last decision."""
         self._trial_lead = 0
         """During a trial: the copy's hits since it began minus the serving policy's."""
         self._last_trial = -self.dwell - 1
         """The decision the last trial ended at without a switch."""
+        self._ideal: tuple[int, CachePolicy] | None = None
+        """After a takeover that left its shadow as it was: (the decision, that shadow)."""
+        self._takeover_loss = 0
+        """Meanwhile: that shadow's hits since the switch minus the live policy's."""
+        self.takeover_cost = 0.0
+        """What the last measured takeover lost, in hits (the module doc)."""
         self.trials: list[tuple[int, str, bool]] = []
-        """Each trial that ended: (accesses so far, the candidate tried, whether it took
-        over)."""
+        """Each trial that ended: (accesses so far, the candidate tried, whether it took over)."""
         self.accesses = 0
         self._until_decision = self.epoch
 
@@ -338,6 +329,8 @@ class AutoCachePolicy(CachePolicy):
             hits[index] += accessors[index](keys, block)
         if self._trial is not None:
             self._trial_hits += self._trial[1].access(keys, block)
+        if self._ideal is not None:
+            self._takeover_loss += self._ideal[1].access(keys, block) - live_hits
         self.accesses += len(keys)
         self._until_decision -= len(keys)
         if self._until_decision <= 0:
@@ -362,6 +355,9 @@ class AutoCachePolicy(CachePolicy):
         self.decisions += 1
         if self.decisions == self.warmup:
             self._start_steady()
+        if self._ideal is not None and self.decisions - self._ideal[0] >= self.probation:
+            self._ideal = None
+            self.takeover_cost = max(0.0, float(self._takeover_loss))
         if self._on_probation is not None and self._probation_failed(hits, *self._on_probation):
             return
         if self._trial is not None:
@@ -430,6 +426,10 @@ class AutoCachePolicy(CachePolicy):
             self._on_probation = None
         return False
 
+    def _cost(self) -> float:
+        """What a lead must clear: `switch_cost`, or the last takeover's loss if more."""
+        return max(self.switch_cost, self.takeover_cost)
+
     def _leads(self, best: int) -> bool:
         """Whether candidate `best` leads the serving one by more than the margin plus the
         switch's cost, and by more than `z` standard deviations of the lead's noise."""
@@ -439,7 +439,7 @@ class AutoCachePolicy(CachePolicy):
         mean = lead / self._epochs
         variance = max(0.0, self._squares[best] / self._epochs - mean * mean)
         clear = lead * lead > self.z * self.z * variance * self._weights2
-        if clear and lead > self.margin * self.weight + self.switch_cost:
+        if clear and lead > self.margin * self.weight + self._cost():
             return True
         return self._steady_lead(best, clear)
 
@@ -453,7 +453,7 @@ class AutoCachePolicy(CachePolicy):
         accesses, hits = self._steady_from
         serving = self.serving_index
         lead = (self.total_hits[best] - hits[best]) - (self.total_hits[serving] - hits[serving])
-        if lead <= self.margin * (self.accesses - accesses) + self.switch_cost:
+        if lead <= self.margin * (self.accesses - accesses) + self._cost():
             return False
         if faded_clear:
             return True
@@ -480,7 +480,10 @@ class AutoCachePolicy(CachePolicy):
         """Candidate `index` takes over (see `serve_with`); a trial under way ends."""
         self._trial = None
         name = self.candidates[index]
-        live = take_over(self._policies[index], list(self._resident.items()))
+        shadow = self._policies[index]
+        live = take_over(shadow, list(self._resident.items()))
+        self._ideal = (self.decisions, shadow) if live is not shadow else None
+        self._takeover_loss = 0
         self._policies[index] = live
         self._getters[index] = live.getter()
         self._accessors[index] = live.access
@@ -527,8 +530,7 @@ class AutoCachePolicy(CachePolicy):
                 if get(key) is None:
                     policy.on_store_move((key,))
                     store_in_shadow(policy, key, block)
-        if self._trial is not None:
-            copy = self._trial[1]
+        for copy in [held[1] for held in (self._trial, self._ideal) if held is not None]:
             for key in reversed(keys):
                 if copy.get(key) is None:
                     copy.on_store_move((key,))
