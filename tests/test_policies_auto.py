@@ -377,6 +377,22 @@ def test_a_takeover_is_measured_against_the_shadow_it_came_from() -> None:
     assert policy.takeover_cost > 5 * policy.switch_cost
 
 
+def test_the_measure_hears_moves_and_a_switch_to_lct_measures_nothing() -> None:
+    """While a takeover is measured, a block moved into the tier (not an access) is stored
+    in the shadow that goes on too, as in every shadow; lct's takeover is its shadow itself,
+    so nothing goes on to measure it against and `takeover_cost` stays as it was."""
+    policy = _warmed(("lct", "s3fifo"))
+    policy.serve_with("s3fifo")
+    assert policy._ideal is not None
+    ideal = policy._ideal[1]
+    assert ideal.get(k(900)) is None
+    policy.on_store_move([k(900)])
+    assert ideal.get(k(900)) is not None
+    policy.takeover_cost = 123.0
+    policy.serve_with("lct")
+    assert policy._ideal is None and policy.takeover_cost == 123.0
+
+
 def test_a_lead_must_clear_the_measured_takeover_cost() -> None:
     """A steady lead of 10 hits an epoch clears the margin plus `switch_cost` after ~10
     epochs; once a takeover was measured to cost 1,000 hits, the same lead does not switch
