@@ -57,12 +57,16 @@ def test_compiled_checksums_equal_pythons(namespace: bytes) -> None:
         expected = python_bound_checksums(namespace, *cols)
         assert checksums(namespace, *(list(c) for c in cols)) == expected
         assert expected == [bound_checksum(namespace, *row) for row in zip(*cols, strict=True)]
+        other_keys = [bytearray(key) if i % 2 else memoryview(key) for i, key in enumerate(cols[0])]
+        assert checksums(namespace, other_keys, *(list(c) for c in cols[1:])) == expected
 
 
 def test_bad_input_raises_the_same_errors_in_both() -> None:
     checksums = compiled()
     good = [b"key"], [1], [4], [0], [9], [b"abcd"]
     for column, bad, error in (
+        (0, [5], TypeError),
+        (0, ["key"], TypeError),
         (5, ["not a buffer"], TypeError),
         (5, [None], TypeError),
         (1, [-1], struct.error),

@@ -297,7 +297,7 @@ def bound_checksums(
             if not (0 <= slot < 2**64 and 0 <= length < 2**32 and 0 <= codec < 256
                     and 0 <= seq < 2**64):
                 raise struct.error("argument out of range")
-            key_bytes = bytes(keys[i])
+            key_bytes = keys[i] if type(keys[i]) is bytes else bytes(memoryview(keys[i]))
             at = bindings + bound_at
             at[0] = 75  # "K"
             at[1] = 76  # "L"
