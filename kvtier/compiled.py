@@ -19,7 +19,8 @@ Two modules are written in Cython instead: `kvtier/_blocks_core.pyx`,
 is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
 write group's batches of system calls made without the GIL, which
 `kvtier.tiers.disk.ops` runs when it is selected (the same outcomes as its Python loop;
-`tests/test_disk_io_batch.py`).
+`tests/test_disk_io_batch.py`), and a log part's bound checksums without the GIL, which
+`kvtier.tiers.disk.log_format` calls when it is selected (`tests/test_disk_log_checksums.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 

@@ -73,3 +73,39 @@ def test_disk_restart_reopens_a_hierarchy_on_either_layout(
     assert f"layout {layout}" in out
     assert "clean close" in out and "after SIGKILL" in out and "2,000" in out
     assert not list(tmp_path.iterdir())  # its store removed
+
+
+def test_log_idle_merges_the_store_threads_calls_and_splits_each_calls_idle_time() -> None:
+    """`idle_of_calls` on a made-up trace: two threads' writes overlapping, a sync, another
+    thread's and another descriptor's calls ignored, a call in flight across a marker."""
+    from kvtier_tools.bench.log_idle import idle_of_calls
+
+    def line(tid: int, at: float, text: str) -> str:
+        return f"          python-{tid}   [001] ..... {at:.6f}: {text}"
+
+    lines = [
+        "# tracer: nop",
+        line(1, 10.000, "tracing_mark_write: call-start 0"),
+        line(2, 10.002, "sys_pwritev2(fd: 0xb, vec: 0x7f, vlen: 0x10, pos_l: 0, pos_h: 0)"),
+        line(3, 10.003, "sys_pwritev(fd: 11, vec: 0x7f, vlen: 0x10, pos_l: 0, pos_h: 0)"),
+        line(2, 10.004, "sys_pwritev2 -> 0x100000"),
+        line(9, 10.0045, "sys_pwritev2(fd: 0xb, vec: 0x7f, vlen: 0x1, pos_l: 0, pos_h: 0)"),
+        line(3, 10.005, "sys_pwritev -> 0x100000"),
+        line(2, 10.0055, "sys_fdatasync(fd: 0x5)"),
+        line(2, 10.0057, "sys_fdatasync -> 0x0"),
+        line(9, 10.006, "sys_pwritev2 -> 0x1000"),
+        line(2, 10.007, "sys_fdatasync(fd: 0xb)"),
+        line(2, 10.008, "sys_fdatasync -> 0x0"),
+        line(1, 10.010, "tracing_mark_write: call-end 0"),
+        line(1, 10.020, "tracing_mark_write: call-start 1"),
+        line(3, 10.025, "sys_fdatasync(fd: 11)"),
+        line(1, 10.030, "tracing_mark_write: call-end 1"),
+        line(3, 10.031, "sys_fdatasync -> 0x0"),
+    ]
+    first, second = idle_of_calls(lines, {1, 2, 3}, {11}, [(0.010, 0.004), (0.010, 0.003)])
+    assert (first.wall, first.cpu) == (0.010, 0.004)
+    assert first.before == pytest.approx(0.002) and first.after == pytest.approx(0.002)
+    assert first.longest_gap == pytest.approx(0.002)  # 10.005 -> 10.007 (fd 5: not the store's)
+    assert first.idle == pytest.approx(0.006)
+    assert second.before == pytest.approx(0.005) and second.after == 0.0
+    assert second.idle == pytest.approx(0.005)

@@ -1,10 +1,13 @@
 """A log store's files (kvtier/tiers/disk/log_files.py): a reclaim reads only the spans
 holding a region's live records (`record_spans`, `read_records`), each record's bytes as the
 file holds them, and says which records a truncated file cuts off; a head thread's header
-write (`write_here`) lands where `write_parts` would put it."""
+write (`write_here`) lands where `write_parts` would put it; `write_parts` cuts a write in
+parts and the parts in one batch per write thread (`spread`), and a part that fails fails
+its batch's future while every other part still lands."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import random
@@ -13,16 +16,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.tiers.disk.io import FileIO
+from kvtier.tiers.disk.io import FaultyIO, FileIO
 from kvtier.tiers.disk.log_files import (
     SPAN_BYTES,
     SPAN_GAP,
+    WRITE_PART_BYTES,
+    WRITE_THREADS,
     Geometry,
     LogFiles,
     record_spans,
+    spread,
 )
 from kvtier.tiers.disk.log_format import PAGE, REGIONS_FILE
 from kvtier.tiers.disk.log_group import aligned_buffer
+from kvtier.tiers.disk.ops import WriteOp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,8 +70,8 @@ def test_record_spans_hold_every_record_once_and_skip_wide_gaps(whole_pages: boo
             assert start - stop >= SPAN_GAP or start - begun >= SPAN_BYTES
 
 
-def _files(root: Path, regions: int) -> LogFiles:
-    files = LogFiles(root, Geometry(REGION, regions), FileIO(), "auto")
+def _files(root: Path, regions: int, io: FileIO | None = None) -> LogFiles:
+    files = LogFiles(root, Geometry(REGION, regions), io or FileIO(), "auto")
     files.allocate()
     return files
 
@@ -124,5 +131,57 @@ def test_write_here_lands_where_write_parts_puts_the_same_bytes(tmp_path: Path) 
         for region, out in zip((1, 2), back, strict=True):
             assert files.read_run(region, 2 * PAGE, [out.data], True) == data.nbytes
         assert np.array_equal(back[0], data) and np.array_equal(back[1], data)
+    finally:
+        files.close()
+
+
+def test_spread_keeps_every_part_once_in_order_in_even_batches() -> None:
+    for count in range(0, 23):
+        parts = [WriteOp(3, [b"x"], at, 1) for at in range(count)]
+        for threads in (1, 2, WRITE_THREADS):
+            batches = spread(parts, threads)
+            assert [op for batch in batches for op in batch] == parts
+            assert len(batches) == min(threads, count)
+            sizes = [len(batch) for batch in batches]
+            assert all(sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
+
+
+@pytest.mark.parametrize("faulty", [False, True], ids=["plain", "faulty-io"])
+def test_write_parts_lands_every_part_and_a_failed_part_fails_its_batch(
+    tmp_path: Path, faulty: bool
+) -> None:
+    """With the real system calls (the compiled batch, where built) and through a `FileIO`
+    that sees every call (Python): every byte lands; with one part's write failing, one
+    future raises that OSError and the other parts still land."""
+    io = FaultyIO() if faulty else FileIO()
+    files = _files(tmp_path, 3, io)
+    rng = random.Random(13)
+    try:
+        data = aligned_buffer(3 * WRITE_PART_BYTES + 5 * PAGE)
+        data[:] = np.frombuffer(rng.randbytes(data.nbytes), dtype=np.uint8)
+        rows = [data[at : at + 16 * PAGE].data for at in range(0, data.nbytes, 16 * PAGE)]
+        writes = files.write_parts(1, PAGE, rows, True)
+        assert len(writes) == min(WRITE_THREADS, 4)
+        assert sum(write.result() for write in writes) == data.nbytes
+        back = aligned_buffer(data.nbytes)
+        assert files.read_run(1, PAGE, [back.data], True) == data.nbytes
+        assert np.array_equal(back, data)
+        if not isinstance(io, FaultyIO):
+            return
+        bad = 2 * REGION + PAGE + WRITE_PART_BYTES + 1  # inside the second part
+        io.inject("pwritev", errno.EIO, path_suffix=REGIONS_FILE, offset=bad, times=1)
+        data[:] = np.frombuffer(rng.randbytes(data.nbytes), dtype=np.uint8)
+        errors = []
+        for write in files.write_parts(2, PAGE, rows, True):
+            try:
+                write.result()
+            except OSError as error:
+                errors.append(error.errno)
+        assert errors == [errno.EIO]
+        assert files.read_run(2, PAGE, [back.data], True) == data.nbytes
+        second = slice(WRITE_PART_BYTES, 2 * WRITE_PART_BYTES)
+        keep = np.ones(data.nbytes, bool)
+        keep[second] = False
+        assert np.array_equal(back[keep], data[keep])
     finally:
         files.close()

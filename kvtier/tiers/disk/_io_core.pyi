@@ -4,3 +4,13 @@ from kvtier.tiers.disk.ops import Op
 
 def run_batch(ops: list[Op], iov_max: int) -> None: ...
 def page_aligned(buffers: list[object], page: int) -> list[bool]: ...
+def has_checksums() -> bool: ...
+def bound_checksums(
+    namespace: bytes,
+    keys: list[bytes],
+    slots: list[int],
+    lengths: list[int],
+    codecs: list[int],
+    seqs: list[int],
+    stored: list[object],
+) -> list[int]: ...

@@ -24,13 +24,28 @@ built or not selected, io.py runs the same ops one Python call at a time.
 `page_aligned` is the log lane's per-block check whether O_DIRECT can write a block
 straight from its memory (log_group.py's `page_aligned` in Python: ~2-4 us a numpy row,
 against ~0.1 us here).
+
+`bound_checksums` is log_format.py's `bound_checksums` (a log part's records' bound
+checksums, on a head thread) with every hash of the part computed in one stretch without the
+GIL: python-xxhash holds the GIL over a hash of 64 KiB or less, so at 64 KiB blocks a head
+thread held it for all of a 64 MiB call's hashing (docs/BENCHMARKS.md, "Write threads and
+the GIL"). It calls the very xxh3 the `xxhash` module runs (`XXH3_64bits_withSeed`, found
+in its extension with dlsym; a stable function of xxHash's API), checked against
+`xxhash.xxh3_64_intdigest` once at import: `has_checksums()` is False when it could not be
+found or disagreed, and then log_format.py hashes in Python.
 """
 
 import os
+import struct
+
+import xxhash
+import xxhash._xxhash as _xxhash_ext
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.errno cimport EINTR, EIO, errno
 from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
+from posix.dlfcn cimport RTLD_NOW, dlopen, dlsym
 from posix.stat cimport fstat, lstat, struct_stat
 from posix.types cimport off_t
 from posix.uio cimport iovec, pwritev
@@ -201,3 +216,114 @@ def page_aligned(list buffers, Py_ssize_t page):
         )
         PyBuffer_Release(&view)
     return out
+
+
+ctypedef unsigned long long (*_xxh3_fn)(const void *, size_t, unsigned long long) noexcept nogil
+
+cdef _xxh3_fn _xxh3 = NULL
+
+cdef enum:
+    _BINDING_BYTES = 43  # log_format.py's _BINDING: "<2s20sQIBQ"
+    _NAMESPACE_BYTES = 20
+
+
+cdef void _put(unsigned char *at, unsigned long long value, int size) noexcept nogil:
+    """`value` little-endian in `size` bytes at `at`."""
+    cdef int i
+    for i in range(size):
+        at[i] = <unsigned char> ((value >> (8 * i)) & 0xFF)
+
+
+def _bind_xxh3():
+    """The xxhash module's XXH3_64bits_withSeed, if found and agreeing with the module."""
+    global _xxh3
+    cdef bytes path = os.fsencode(_xxhash_ext.__file__)
+    cdef void *handle = dlopen(path, RTLD_NOW)
+    if handle == NULL:
+        return
+    found = <_xxh3_fn> dlsym(handle, b"XXH3_64bits_withSeed")
+    if found == NULL:
+        return
+    cdef bytes probe = bytes(range(256)) * 300  # short and long inputs, several seeds
+    cdef const unsigned char *data = probe
+    for size, seed in ((0, 0), (5, 7), (200, 0), (4096, 2**63 + 5), (65536, 3), (76800, 1)):
+        if found(data, size, seed) != xxhash.xxh3_64_intdigest(probe[:size], seed=seed):
+            return
+    _xxh3 = found
+
+
+_bind_xxh3()
+
+
+def has_checksums():
+    """Whether `bound_checksums` can run (the xxhash module's xxh3 was found and agrees)."""
+    return _xxh3 != NULL
+
+
+def bound_checksums(
+    bytes namespace, list keys, list slots, list lengths, list codecs, list seqs, list stored
+):
+    """log_format.py's `bound_checksums`: per record, xxh3-64 of its stored bytes seeded
+    with xxh3-64 of its binding (magic, namespace, slot, length, codec, sequence) and key;
+    every hash without the GIL. The same outcomes: a value out of its field's range raises
+    struct.error, stored bytes that are not a buffer TypeError."""
+    cdef Py_ssize_t count = len(keys)
+    cdef Py_ssize_t i, held = 0, bound_at = 0, bound_total = 0
+    cdef Py_buffer *views = NULL
+    cdef unsigned long long *seeds = NULL
+    cdef Py_ssize_t *bound_len = NULL
+    cdef unsigned char *bindings = NULL
+    cdef const unsigned char *key
+    cdef unsigned char *at
+    cdef bytes key_bytes
+    cdef Py_ssize_t name_len = min(len(namespace), _NAMESPACE_BYTES)
+    if _xxh3 == NULL:
+        raise RuntimeError("the compiled checksums are not available (has_checksums())")
+    if not (len(slots) == len(lengths) == len(codecs) == len(seqs) == len(stored) == count):
+        raise ValueError("bound_checksums: the columns differ in length")
+    if count == 0:
+        return []
+    for i in range(count):
+        bound_total += _BINDING_BYTES + len(keys[i])
+    views = <Py_buffer *> calloc(count, sizeof(Py_buffer))
+    seeds = <unsigned long long *> calloc(count, sizeof(unsigned long long))
+    bound_len = <Py_ssize_t *> calloc(count, sizeof(Py_ssize_t))
+    bindings = <unsigned char *> calloc(bound_total + 1, 1)
+    try:
+        if views == NULL or seeds == NULL or bound_len == NULL or bindings == NULL:
+            raise MemoryError()
+        for i in range(count):
+            slot, length, codec, seq = slots[i], lengths[i], codecs[i], seqs[i]
+            if not (0 <= slot < 2**64 and 0 <= length < 2**32 and 0 <= codec < 256
+                    and 0 <= seq < 2**64):
+                raise struct.error("argument out of range")
+            key_bytes = keys[i] if type(keys[i]) is bytes else bytes(memoryview(keys[i]))
+            at = bindings + bound_at
+            at[0] = 75  # "K"
+            at[1] = 76  # "L"
+            memset(at + 2, 0, _NAMESPACE_BYTES)
+            memcpy(at + 2, <const unsigned char *> namespace, name_len)
+            _put(at + 22, slot, 8)
+            _put(at + 30, length, 4)
+            _put(at + 34, codec, 1)
+            _put(at + 35, seq, 8)
+            key = key_bytes
+            memcpy(at + _BINDING_BYTES, key, len(key_bytes))
+            bound_len[i] = _BINDING_BYTES + len(key_bytes)
+            bound_at += bound_len[i]
+            PyObject_GetBuffer(stored[i], &views[i], PyBUF_SIMPLE)
+            held += 1
+        with nogil:
+            bound_at = 0
+            for i in range(count):
+                seeds[i] = _xxh3(bindings + bound_at, <size_t> bound_len[i], 0)
+                bound_at += bound_len[i]
+                seeds[i] = _xxh3(views[i].buf, <size_t> views[i].len, seeds[i])
+        return [seeds[i] for i in range(count)]
+    finally:
+        for i in range(held):
+            PyBuffer_Release(&views[i])
+        free(views)
+        free(seeds)
+        free(bound_len)
+        free(bindings)

@@ -34,11 +34,22 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
-from kvtier.tiers.disk.io import IOV_MAX, FileIO, preadv_fill, pwritev_all, staging_buffer
+from kvtier.tiers.disk.io import (
+    IOV_MAX,
+    FileIO,
+    IOBuffer,
+    preadv_fill,
+    pwritev_all,
+    staging_buffer,
+)
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
+from kvtier.tiers.disk.ops import WriteOp, run_batch
 
 WRITE_PART_BYTES = 1 << 20
 """The largest part of a region's write one thread writes (whole pages)."""
+
+WRITE_THREADS = 4
+"""Threads writing a group's payloads (`write_parts`): the writes a device has in flight."""
 
 SPAN_GAP = 128 << 10
 """Records less than this apart are read as one span by `read_records` (reading the gap
@@ -122,7 +133,7 @@ class LogFiles:
         checked); a file that is missing is still created, as before."""
         self.geo = geo
         self.io = io
-        self._writers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-write-io")
+        self._writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="kvtier-log-write-io")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="kvtier-log-reclaim-io")
         """Threads of `read_records` (reclaiming), apart from the write threads: a reclaim
         read never waits behind the payloads the group has in flight."""
@@ -176,27 +187,31 @@ class LogFiles:
         self, region: int, start: int, buffers: list[memoryview], direct: bool
     ) -> list[Future[int]]:
         """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
-        the writes run on the write threads, in parts of at most WRITE_PART_BYTES (and
-        IOV_MAX buffers), so a device keeps several in flight and the caller goes on (the
-        next group is encoded meanwhile). With O_DIRECT when the caller says every buffer is
-        page-aligned memory of whole pages (`direct`, see `whole_pages`), else buffered (the
-        kernel's one copy). The caller waits on every future returned (each raises its
-        part's OSError) before it syncs."""
+        the writes run on the WRITE_THREADS write threads, so a device keeps several in
+        flight and the caller goes on (the next group is encoded meanwhile). They are cut in
+        parts of at most WRITE_PART_BYTES (and IOV_MAX buffers), and the parts in one batch
+        of consecutive parts per thread, which writes them one after another in one call
+        (`ops.run_batch`: with the compiled core, without taking the GIL between them; see
+        "Write threads and the GIL" in docs/BENCHMARKS.md). With O_DIRECT when the caller
+        says every buffer is page-aligned memory of whole pages (`direct`, see
+        `whole_pages`), else buffered (the kernel's one copy). The caller waits on every
+        future returned (each raises its batch's first OSError, once all its parts were
+        tried) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
-        futures: list[Future[int]] = []
-        part: list[memoryview] = []
+        parts: list[WriteOp] = []
+        part: list[IOBuffer] = []
         part_bytes = 0
         for view in _cut(buffers):
             if part and (part_bytes + view.nbytes > WRITE_PART_BYTES or len(part) >= IOV_MAX):
-                futures.append(self._writers.submit(self._write, fd, part, at, part_bytes))
+                parts.append(WriteOp(fd, part, at, part_bytes))
                 at += part_bytes
                 part, part_bytes = [], 0
             part.append(view)
             part_bytes += view.nbytes
         if part:
-            futures.append(self._writers.submit(self._write, fd, part, at, part_bytes))
-        return futures
+            parts.append(WriteOp(fd, part, at, part_bytes))
+        return [self._writers.submit(self._write_batch, batch) for batch in spread(parts)]
 
     def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> None:
         """Write `buffers` back to back at `start` of `region` on the calling thread (as
@@ -214,6 +229,19 @@ class LogFiles:
             return pwritev_all(fd, buffers, at, io=self.io, nbytes=nbytes)
         finally:
             self._leave()
+
+    def _write_batch(self, parts: list[WriteOp]) -> int:
+        """On a write thread: write `parts` in order, each to its end (`ops.run_batch`); the
+        bytes written, or the first part's OSError once every part was tried."""
+        self._enter()
+        try:
+            run_batch(self.io, parts)
+        finally:
+            self._leave()
+        for op in parts:
+            if op.error is not None:
+                raise op.error
+        return sum(op.nbytes for op in parts)
 
     def _enter(self) -> None:
         """Count a use of the descriptors as in flight; OSError(ESTALE) once lost."""
@@ -412,6 +440,20 @@ def _moved(path: Path, fd: int, name: str) -> str | None:
     if held.st_nlink == 0:
         return f"{name} {path} was removed"
     return None
+
+
+def spread(parts: list[WriteOp], threads: int = WRITE_THREADS) -> list[list[WriteOp]]:
+    """`parts` cut into at most `threads` batches of consecutive parts, their sizes differing
+    by at most one part (each batch one write thread's)."""
+    count = min(threads, len(parts))
+    base, extra = divmod(len(parts), count) if count else (0, 0)
+    batches: list[list[WriteOp]] = []
+    first = 0
+    for number in range(count):
+        size = base + (number < extra)
+        batches.append(parts[first : first + size])
+        first += size
+    return batches
 
 
 def _cut(buffers: list[memoryview]) -> list[memoryview]:

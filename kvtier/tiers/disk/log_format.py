@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -91,6 +91,15 @@ RECORD_HEADER_BYTES = ENTRY.itemsize
 """Bytes of a record's entry (its key and payload come on top): the live-bytes accounting."""
 
 _FIXED = _GROUP.size + _CHECK.size
+
+_compiled_checksums: Callable[..., list[int]] | None = None
+try:  # the compiled checksums, present only when kvtier.compiled selected the core
+    import kvtier.tiers.disk._io_core as _io_core
+
+    if _io_core.has_checksums():
+        _compiled_checksums = _io_core.bound_checksums
+except ImportError:
+    pass
 
 
 def log_fingerprint(block_size: int, model_id: str, version: int = LOG_FORMAT_VERSION) -> str:
@@ -147,8 +156,35 @@ def bound_checksums(
     seqs: Sequence[int],
     stored: Sequence[object],
 ) -> list[int]:
-    """`bound_checksum` of each record: a group's records (the binding is spelt once, there;
-    a call per record is nothing beside xxh3 over its payload)."""
+    """`bound_checksum` of each record: a log part's records, on a head thread. With the
+    compiled core, in one call that computes every hash without the GIL (`_io_core.pyx`:
+    python-xxhash holds the GIL over an input of 64 KiB or less, so at 64 KiB blocks the
+    head threads held it through all of a call's hashing, and the write threads waited for
+    it between writes: docs/BENCHMARKS.md, "Write threads and the GIL"); else
+    `bound_checksum` per record."""
+    if _compiled_checksums is not None:
+        return _compiled_checksums(
+            namespace,
+            list(keys),
+            list(slots),
+            list(lengths),
+            list(codecs),
+            list(seqs),
+            list(stored),
+        )
+    return python_bound_checksums(namespace, keys, slots, lengths, codecs, seqs, stored)
+
+
+def python_bound_checksums(
+    namespace: bytes,
+    keys: Sequence[bytes],
+    slots: Sequence[int],
+    lengths: Sequence[int],
+    codecs: Sequence[int],
+    seqs: Sequence[int],
+    stored: Sequence[object],
+) -> list[int]:
+    """`bound_checksums` in Python, one `bound_checksum` a record."""
     return [
         bound_checksum(namespace, key, slot, length, codec, seq, data)
         for key, slot, length, codec, seq, data in zip(
