@@ -39,7 +39,6 @@ import os
 import struct
 
 import xxhash
-import xxhash._xxhash as _xxhash_ext
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.errno cimport EINTR, EIO, errno
@@ -237,7 +236,13 @@ cdef void _put(unsigned char *at, unsigned long long value, int size) noexcept n
 def _bind_xxh3():
     """The xxhash module's XXH3_64bits_withSeed, if found and agreeing with the module."""
     global _xxh3
-    cdef bytes path = os.fsencode(_xxhash_ext.__file__)
+    cdef bytes path
+    try:  # a python-xxhash laid out otherwise: the Python path hashes instead
+        import xxhash._xxhash as _xxhash_ext
+
+        path = os.fsencode(_xxhash_ext.__file__)
+    except (ImportError, AttributeError, TypeError):
+        return
     cdef void *handle = dlopen(path, RTLD_NOW)
     if handle == NULL:
         return
