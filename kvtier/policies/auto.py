@@ -98,7 +98,8 @@ from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.s3fifo import S3FIFOCachePolicy
-from kvtier.policies.takeover import copyable, store_in_shadow, take_over
+from kvtier.policies.shadow_calls import ShadowCalls
+from kvtier.policies.takeover import copyable, shadow_on_keys, store_in_shadow, take_over
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
     LCTCachePolicy.name: LCTCachePolicy,
@@ -243,13 +244,13 @@ class AutoCachePolicy(CachePolicy):
             CANDIDATE_CLASSES[name](capacity) for name in self.candidates
         ]
         """Per candidate, its instance: the live policy for the serving one, else a shadow."""
-        self._getters = [policy.getter() for policy in self._policies]
-        self._accessors = [policy.access for policy in self._policies]
-        """Per candidate, its `access`: a request's accesses of a shadow in one call."""
         self.serving_index = 0
         """The index in `candidates` of the policy serving now."""
         self._serving = self._policies[0]
         self._others = [i for i in range(len(self.candidates)) if i != 0]
+        self._shadows = ShadowCalls()
+        """The calls to the shadows (LRU's, ARC's, S3-FIFO's on one table of key ids)."""
+        self._shadows.route(self._policies, self._others)
         self._hits = [0] * len(self.candidates)
         """Hits per candidate since the last decision."""
         self.total_hits = [0] * len(self.candidates)
@@ -333,9 +334,8 @@ class AutoCachePolicy(CachePolicy):
             return
         hits = self._hits
         hits[self.serving_index] += live_hits
-        block, accessors = self._block, self._accessors
-        for index in self._others:
-            hits[index] += accessors[index](keys, block)
+        block = self._block
+        self._shadows.access(keys, block, hits)
         if self._trial is not None:
             self._trial_hits += self._trial[1].access(keys, block)
         self.accesses += len(keys)
@@ -480,13 +480,15 @@ class AutoCachePolicy(CachePolicy):
         """Candidate `index` takes over (see `serve_with`); a trial under way ends."""
         self._trial = None
         name = self.candidates[index]
-        live = take_over(self._policies[index], list(self._resident.items()))
+        shadow = self._policies[index]
+        live = take_over(shadow, list(self._resident.items()))
+        if live is not shadow:
+            shadow_on_keys(shadow)  # dropped: its ids released
         self._policies[index] = live
-        self._getters[index] = live.getter()
-        self._accessors[index] = live.access
         self._serving = live
         self.serving_index = index
         self._others = [i for i in range(len(self.candidates)) if i != index]
+        self._shadows.route(self._policies, self._others)  # the old live one as a shadow
         # the lead was measured against the old serving candidate: start the noise afresh
         self._squares = [0.0] * len(self.candidates)
         self._last_switch = self.decisions
@@ -521,12 +523,7 @@ class AutoCachePolicy(CachePolicy):
         """Not an access: each shadow stores the keys (if absent and admitted) as the tier
         does, and nothing is scored."""
         block = self._block
-        for index in self._others:
-            policy, get = self._policies[index], self._getters[index]
-            for key in reversed(keys):
-                if get(key) is None:
-                    policy.on_store_move((key,))
-                    store_in_shadow(policy, key, block)
+        self._shadows.store(keys, block)
         if self._trial is not None:
             copy = self._trial[1]
             for key in reversed(keys):
