@@ -72,13 +72,14 @@ every other decision (admission, eviction order) is the serving policy's.
 
 Cost per access: every candidate's (the live one's and three shadows'), plus a dict
 pop and insert per hit. A shadow takes a request's accesses in one call
-(`CachePolicy.access`): LRU's is one loop over its ordered dict, ARC's and S3-FIFO's run in
-their compiled cores with no Python call per key; lct's is the calls one by one. Compiled,
-on the shipped trace, auto costs 2.9 / 3.6 x ARC at 1 / 10 % after lct's leaner dicts (3.3 /
-4.2 x before them; 4.3 / 5.4 x before S3-FIFO's int-array queues and ARC's leaner shadow
-miss; 8.3 / 5.5 x before the batch calls; issue 34's target is 2 x, out of reach while lct
-serves: lct alone costs 1.1 to 1.4 x ARC and each full-size shadow its own policy's work;
-docs/BENCHMARKS.md, "Policy cost, fourth round", has each part). Memory:
+(`kvtier.policies.shadow_calls`): LRU's, ARC's and S3-FIFO's take the request's ids, the
+keys interned once for all three (one dict look-up per key; each keeps its nodes in int
+arrays by id, no dict of its own), and run in their compiled cores with no Python call per
+key; lct's takes the keys, its calls one by one. Compiled, on the shipped trace, auto costs
+2.4 / 2.5 x ARC at 1 / 10 % with the shared look-up (3.5 / 3.5 x before it; 4.3 / 5.4 x
+before S3-FIFO's int-array queues and ARC's leaner shadow miss; 8.3 / 5.5 x before the batch
+calls; issue 34's target is 2 x, out of reach while lct serves: lct alone costs 1.1 to 1.5
+x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round", has each part). Memory:
 per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
 of keys), measured in docs/BENCHMARKS.md.
 """
