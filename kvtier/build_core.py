@@ -9,8 +9,9 @@ manifest (each source's SHA-256, this interpreter's extension suffix) into
 Cython and setuptools (kvtier's `test` and `core` extras) and a C compiler; when any is
 missing or the build fails it prints one line saying so and exits 1, and kvtier keeps
 running its pure-Python bookkeeping (the same `.py` files, ARC's `_arc_core.py`, lct's
-`_lct_core.py` and S3-FIFO's `_s3fifo_core.py` among them, `BlockStatus`'s Python
-constructor and the disk lane's system calls one Python call at a time).
+`_lct_core.py`, S3-FIFO's `_s3fifo_core.py`, `_key_ids.py` and `_lru_core.py` among them,
+`BlockStatus`'s Python constructor and the disk lane's system calls one Python call at a
+time).
 `--if-needed`: do nothing when a build of the current sources is already there.
 `scripts/setup.sh` runs it so; `scripts/build-core` runs it.
 """
@@ -65,7 +66,8 @@ def is_current() -> bool:
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
 """Cython's directives: annotations are not C types (the `.py` semantics, see
 `kvtier.compiled`), except in a file whose `# cython:` line says otherwise (ARC's
-`_arc_core.py`, lct's `_lct_core.py` and S3-FIFO's `_s3fifo_core.py`, written for it);
+`_arc_core.py`, lct's `_lct_core.py`, S3-FIFO's `_s3fifo_core.py`, `_key_ids.py` and
+`_lru_core.py`, written for it);
 `binding`: functions introspect as Python's do."""
 
 

@@ -13,7 +13,9 @@ since compiling the ordered-dict ARC left its cost in ordered-dict and tuple ope
 (issue 23); uncompiled it is plain Python, the same text (`tests/test_compiled_core.py`
 compares the two). lct's per-access state and steps, `kvtier/policies/_lct_core.py`, are
 written the same way (its solver stays lct.py's, compiled as it is), and so are S3-FIFO's
-queues and steps, `kvtier/policies/_s3fifo_core.py` (`tests/test_compiled_s3fifo.py`).
+queues and steps, `kvtier/policies/_s3fifo_core.py` (`tests/test_compiled_s3fifo.py`), and
+`auto`'s table of key ids and LRU's shadow order on ids, `kvtier/policies/_key_ids.py` and
+`_lru_core.py` (`tests/test_shadow_ids.py`).
 Two modules are written in Cython instead: `kvtier/_blocks_core.pyx`,
 `BlockStatus`'s constructor in C, which `kvtier.blocks` installs when it is selected (a block
 is made for every block stored; checked alike). And `kvtier/tiers/disk/_io_core.pyx`, a disk
@@ -46,6 +48,8 @@ from types import ModuleType
 CORE_MODULES: tuple[str, ...] = (
     "kvtier._blocks_core",
     "kvtier.policies.base",
+    "kvtier.policies._key_ids",
+    "kvtier.policies._lru_core",
     "kvtier.policies.lru",
     "kvtier.policies.arc",
     "kvtier.policies._arc_core",
@@ -58,7 +62,8 @@ CORE_MODULES: tuple[str, ...] = (
 )
 """The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
 Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise), S3-FIFO
-(`_s3fifo_core`: its queues, likewise) and
+(`_s3fifo_core`: its queues, likewise), `auto`'s shadows on ids (`_key_ids`, `_lru_core`,
+likewise) and
 `TierManager`, and their base class; and, with no `.py`, `BlockStatus`'s constructor in C
 (`_blocks_core.pyx`: when it is not selected, `kvtier.blocks` keeps the Python
 constructor); and a disk write group's system calls

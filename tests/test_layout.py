@@ -413,6 +413,7 @@ LONG_MODULES = {
     "kvtier/policies/lct.py": "the LCT policy, its solver and the core's properties",
     "kvtier/policies/_arc_core.py": "ARC's lists: one Cython class, which cannot span modules",
     "kvtier/policies/_lct_core.py": "lct's state: one Cython class, which cannot span modules",
+    "kvtier/policies/_s3fifo_core.py": "S3-FIFO's queues: one Cython class, on keys or ids",
     "tools/kvtier_tools/bench/datapath.py": "a benchmark (tooling): not split yet",
     "tools/kvtier_tools/bench/writepath.py": "a benchmark (tooling): not split yet",
     "tools/kvtier_tools/bench/bookkeeping.py": "a benchmark (tooling): not split yet",

@@ -14,6 +14,14 @@ without changing anything, and applies the plan only when all n victims were fou
 `access` (a shadow's request, what `auto` drives) takes a miss's steps with no more than a
 lone key needs: the node its look-up found, announced alone, and the plan applied without a
 list of victims (issue 34's third round; docs/BENCHMARKS.md, "Policy cost, third round").
+A shadow of `auto` runs on ids (`use_ids`: `kvtier.policies._key_ids`): a key is then its
+int id in the table `auto` shares among its shadows, each id's node is in an int array
+indexed by the id (no `_node` dict), the resident blocks are counted (no `_resident`
+dict), and a node made or freed counts its id up or down in the table; `access` and `store`
+take ids, the inspection (`keys_of`, `entries`, `get`) reads keys through the table, and
+`use_keys` goes back. The steps are the same text either way: only `_find`, `_node_of`,
+`_new_node`, `_free_node` and the resident count and writes look at the mode
+(docs/BENCHMARKS.md, "Policy cost, fifth round").
 
 Written in Cython's pure Python mode: `scripts/build-core` compiles this file with its
 annotations as C types (the `cython:` line above; the arrays typed memoryviews, the counts C
@@ -146,6 +154,16 @@ class ARCLists:
     _cursor = cython.declare(cython.int[4])  # type: ignore[misc,valid-type]
     _planned_p: cython.double
     _steady: cython.bint
+    # On ids (`use_ids`): a key is its id in `_table` (a `KeyIds`), `_keys` holds the id's
+    # int object, `_node_of_id` each id's node (-1: none) instead of the `_node` dict, and
+    # `_nres` counts the resident blocks instead of the `_resident` dict; `_refs` and
+    # `_released` are the table's counts and released ids.
+    _by_id: cython.bint
+    _table: object
+    _node_of_id = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _released: list[int]
+    _nres: cython.Py_ssize_t
 
     def __init__(self, capacity: cython.Py_ssize_t) -> None:
         self._capacity = capacity
@@ -173,6 +191,11 @@ class ARCLists:
         self._cursor = [-1, -1, -1, -1]
         self._planned_p = 0.0
         self._steady = False
+        self._by_id = False
+        self._table = None
+        self._node_of_id = self._refs = empty
+        self._released = []
+        self._nres = 0
         self._grow(max(INITIAL_NODES, min(2 * capacity + 8, MOST_NODES_AT_START)))
 
     # -- inspection ----------------------------------------------------------------------
@@ -201,13 +224,107 @@ class ARCLists:
         out: list[OffloadKey] = []
         node: cython.int = self._head[where]
         while node >= 0:
-            out.append(self._keys[node])
+            out.append(self._key_of(node))
             node = self._next[node]
         return out
 
+    def _key_of(self, node: cython.int) -> OffloadKey:
+        """The key of `node` (its id's key on ids)."""
+        if self._by_id:
+            key: OffloadKey = self._table.key_of(self._keys[node])  # type: ignore[attr-defined]
+            return key
+        return self._keys[node]
+
     def announced(self) -> list[OffloadKey]:
         """The announced keys not inserted yet, in order."""
-        return [self._keys[self._ann[i]] for i in range(self._nann) if self._incoming[self._ann[i]]]
+        return [
+            self._key_of(self._ann[i]) for i in range(self._nann) if self._incoming[self._ann[i]]
+        ]
+
+    def resident_count(self) -> int:
+        """The blocks resident (T1's and T2's)."""
+        return self._resident_count()
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        """The block of resident `key`, or None (on ids: through the table)."""
+        if not self._by_id:
+            return self._resident.get(key)
+        ident: cython.Py_ssize_t = self._table.id_of(key)  # type: ignore[attr-defined]
+        if ident < 0 or self._node_of_id[ident] < 0:
+            return None
+        node: cython.int = self._node_of_id[ident]
+        if self._where[node] != T1 and self._where[node] != T2:
+            return None
+        return self._blocks[node]
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether the lists run on ids (`use_ids`)."""
+        return self._by_id
+
+    def use_ids(self, table: object) -> None:
+        """Run on ids of `table` (a `KeyIds`) from now on, in the same state (the announced
+        keys released first, as the next miss would): every key listed is interned and
+        counted, the dicts emptied."""
+        if self._by_id:
+            return
+        self._release_announced()
+        self._table = table
+        self._node_of_id = _filled(0, 0)
+        table.register(self)  # type: ignore[attr-defined]
+        where: cython.int
+        node: cython.int
+        ident: cython.Py_ssize_t
+        for where in range(T1, B2 + 1):
+            node = self._head[where]
+            while node >= 0:
+                found = table.intern_one(self._keys[node])  # type: ignore[attr-defined]
+                ident = found
+                self._keys[node] = found
+                self._node_of_id[ident] = node
+                self._refs[ident] += 1
+                node = self._next[node]
+        self._nres = len(self._resident)
+        self._node.clear()
+        self._resident.clear()
+        self._by_id = True
+
+    def use_keys(self) -> None:
+        """Run on keys again, in the same state (the announced keys released first): every
+        id's key back in the dicts, each id released, the table left."""
+        if not self._by_id:
+            return
+        self._release_announced()
+        table = self._table
+        where: cython.int
+        node: cython.int
+        ident: cython.Py_ssize_t
+        for where in range(T1, B2 + 1):
+            node = self._head[where]
+            while node >= 0:
+                found = self._keys[node]
+                ident = found  # type: ignore[assignment]
+                key = table.key_of(ident)  # type: ignore[attr-defined]
+                self._keys[node] = key
+                self._node[key] = self._ids[node]
+                if where in (T1, T2):
+                    self._resident[key] = self._blocks[node]
+                self._node_of_id[ident] = -1
+                self._refs[ident] -= 1
+                if self._refs[ident] == 0:
+                    self._released.append(found)  # type: ignore[arg-type]
+                node = self._next[node]
+        self._nres = 0
+        self._by_id = False
+        table.unregister(self)  # type: ignore[attr-defined]
+        self._table = None
+
+    def resize_ids(self, refs: array[int], capacity: int, released: list[int]) -> None:
+        """The table grew (`KeyIds.register`): its new counts, room for `capacity` ids."""
+        self._refs = refs
+        self._released = released
+        if len(self._node_of_id) < capacity:
+            self._node_of_id = _extended(self._node_of_id, capacity, -1)
 
     def entries(self) -> list[tuple[OffloadKey, BlockStatus]]:
         """T1's and then T2's (key, block), each least recently used first."""
@@ -217,7 +334,7 @@ class ARCLists:
         for where in range(T1, T2 + 1):
             node = self._head[where]
             while node >= 0:
-                out.append((self._keys[node], self._blocks[node]))
+                out.append((self._key_of(node), self._blocks[node]))
                 node = self._next[node]
         return out
 
@@ -228,6 +345,7 @@ class ARCLists:
                 self._drop(self._head[where])
         self._release_announced()
         self._resident.clear()
+        self._nres = 0
         self._incoming_adapted = False
         self._insert_room = 0
         self._p = 0.0
@@ -306,9 +424,15 @@ class ARCLists:
         if self._free < 0:
             self._grow(self._allocated)
         node: cython.int = self._free
+        ident: cython.Py_ssize_t
         self._free = self._next[node]
         self._keys[node] = key
-        self._node[key] = self._ids[node]
+        if self._by_id:
+            ident = key  # type: ignore[assignment]
+            self._node_of_id[ident] = node
+            self._refs[ident] += 1
+        else:
+            self._node[key] = self._ids[node]
         return node
 
     @cython.cfunc
@@ -318,6 +442,12 @@ class ARCLists:
         if self._free < 0:
             self._grow(self._allocated)
         node: cython.int = self._free
+        if self._by_id:
+            node = self._find(key)
+            self._created = node < 0
+            if self._created:
+                node = self._new_node(key)
+            return node
         ident = self._ids[node]
         found = self._node.setdefault(key, ident)
         self._created = found is ident
@@ -331,10 +461,32 @@ class ARCLists:
     @cython.inline
     def _find(self, key: OffloadKey) -> cython.int:
         """The node of `key` (on any list, or PENDING), or -1."""
+        ident: cython.Py_ssize_t
+        if self._by_id:
+            ident = key  # type: ignore[assignment]
+            return self._node_of_id[ident]  # type: ignore[no-any-return]
         node = self._node.get(key)
         if node is None:
             return -1
         return node
+
+    @cython.cfunc
+    @cython.inline
+    def _resident_count(self) -> cython.Py_ssize_t:
+        """The blocks resident (T1's and T2's)."""
+        if self._by_id:
+            return self._nres
+        return len(self._resident)
+
+    @cython.cfunc
+    @cython.inline
+    def _add_resident(self, key: OffloadKey, block: BlockStatus) -> cython.int:
+        """`key` became resident with `block` (the dict's entry, or the count on ids)."""
+        if self._by_id:
+            self._nres += 1
+        else:
+            self._resident[key] = block
+        return 0
 
     @cython.cfunc
     @cython.inline
@@ -354,7 +506,15 @@ class ARCLists:
     @cython.cfunc
     def _free_node(self, node: cython.int) -> cython.int:
         """Forget `node`'s key (off every list already) and put it on the free list."""
-        del self._node[self._keys[node]]
+        ident: cython.Py_ssize_t
+        if self._by_id:
+            ident = self._keys[node]  # type: ignore[assignment]
+            self._node_of_id[ident] = -1
+            self._refs[ident] -= 1
+            if self._refs[ident] == 0:
+                self._released.append(self._keys[node])  # type: ignore[arg-type]
+        else:
+            del self._node[self._keys[node]]
         self._keys[node] = _NO_KEY
         self._blocks[node] = _NO_BLOCK
         self._where[node] = NOWHERE
@@ -424,7 +584,7 @@ class ARCLists:
         """`key` (`node`, on no list) joins T1 with `block`; the ghost bound is applied once
         the joins `_make_insert_room` counted are used up."""
         self._join_t1(node, block)
-        self._resident[key] = block
+        self._add_resident(key, block)
         if self._insert_room:
             self._insert_room -= 1
         else:
@@ -451,7 +611,7 @@ class ARCLists:
         c: cython.Py_ssize_t = self._capacity
         b1n: cython.Py_ssize_t = self._size[B1]
         b2n: cython.Py_ssize_t = self._size[B2]
-        rn: cython.Py_ssize_t = len(self._resident)
+        rn: cython.Py_ssize_t = self._resident_count()
         if (b1n and self._size[T1] + b1n > c) or (rn + b1n + b2n > 2 * c and (b1n or b2n)):
             self._bound_ghosts()
             b1n, b2n = self._size[B1], self._size[B2]
@@ -467,7 +627,7 @@ class ARCLists:
         if self._no_ghost_and_no_bound(keys):
             for key, block in zip(keys, blocks, strict=True):
                 self._join_t1(self._node_of(key), block)
-                self._resident[key] = block
+                self._add_resident(key, block)
             return
         for key, block in zip(keys, blocks, strict=True):
             self._insert_one(key, block)
@@ -511,7 +671,7 @@ class ARCLists:
             self._incoming[node] = 0
             self._move(node, T2)
             self._blocks[node] = block
-        self._resident[key] = block
+        self._add_resident(key, block)
         self._bound_ghosts()
         return 0
 
@@ -568,24 +728,44 @@ class ARCLists:
             if node >= 0 and self._touch_node(node):
                 hits += 1
                 continue
-            if self._nann:
-                self._release_announced()
-                if node >= 0 and self._where[node] == NOWHERE:
-                    node = -1  # an announced key's node, freed with the announcement
-            self._incoming_adapted = False
-            if len(self._resident) < self._capacity:
-                self._join_free(key, node, block)
-                continue
-            if node < 0:
-                node = self._new_node(key)
-                self._where[node] = PENDING
-            self._incoming[node] = 1
-            self._ann[0] = node
-            self._nann = 1
-            if not self._evict(1, (), None):
-                continue
-            self._insert(key, block)
+            self._miss(key, node, block)
         return hits
+
+    def store(self, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
+        """Each of `keys` not resident, last first, stored with `block` as a miss of
+        `access` stores it (what `auto`'s `on_store_move` does to a shadow: announced, one
+        eviction when full, inserted): no hit, nothing touched."""
+        i: cython.Py_ssize_t
+        node: cython.int
+        if len(self._ann) < 1:
+            self._ann = _filled(1, 0)
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
+            node = self._find(key)
+            if node < 0 or (self._where[node] != T1 and self._where[node] != T2):
+                self._miss(key, node, block)
+
+    @cython.cfunc
+    def _miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """A miss of `access` on `key` (`node`: its node, or -1; `_ann` has room): see
+        `access`."""
+        if self._nann:
+            self._release_announced()
+            if node >= 0 and self._where[node] == NOWHERE:
+                node = -1  # an announced key's node, freed with the announcement
+        self._incoming_adapted = False
+        if self._resident_count() < self._capacity:
+            self._join_free(key, node, block)
+            return 0
+        if node < 0:
+            node = self._new_node(key)
+            self._where[node] = PENDING
+        self._incoming[node] = 1
+        self._ann[0] = node
+        self._nann = 1
+        if self._evict(1, (), None):
+            self._insert(key, block)
+        return 0
 
     @cython.cfunc
     def _join_free(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
@@ -602,7 +782,7 @@ class ARCLists:
                 self._p = max(self._p - (1.0 if b2n >= b1n else b1n / b2n), 0.0)
             self._move(node, T2)
             self._blocks[node] = block
-            self._resident[key] = block
+            self._add_resident(key, block)
             self._insert_room = 0
             self._bound_ghosts()
             return 0
@@ -954,7 +1134,10 @@ class ARCLists:
             key = self._keys[node]
             if out is not None:
                 out.append((key, self._blocks[node]))
-            del self._resident[key]
+            if self._by_id:
+                self._nres -= 1
+            else:
+                del self._resident[key]
             if op == DROP_T1:
                 self._drop(node)
             else:

@@ -19,6 +19,14 @@ whole request's accesses of a shadow at once (`auto` drives its shadows so): per
 dict: a miss cost about a dozen dict operations; docs/BENCHMARKS.md, "Policy cost, third
 round", has the figures.)
 
+A shadow of `auto` runs on ids (`use_ids`: `kvtier.policies._key_ids`): a key is then its
+int id in the table `auto` shares among its shadows, each id's node is in an int array
+indexed by the id (no `_node` dict), the resident blocks are counted (no `_blocks` dict),
+and a node made or freed counts its id up or down in the table; `access` and `store` take
+ids, the inspection (`keys_of`, `frequency`, `get`, `entries`) reads keys through the
+table, and `use_keys` goes back. The steps are the same text either way: only `_find`,
+`_new_node`, `_free_node` and the resident count look at the mode.
+
 Written in Cython's pure Python mode, as `_arc_core.py` is: `scripts/build-core` compiles
 this file with its annotations as C types (the class an extension type, its counts C
 integers, its arrays typed memoryviews, its `@cython.cfunc` methods C functions); without a
@@ -102,6 +110,16 @@ class S3FIFOQueues:
     _head = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
     _tail = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
     _size = cython.declare(cython.int[3])  # type: ignore[misc,valid-type]
+    # On ids (`use_ids`): a key is its id in `_table` (a `KeyIds`), `_keys` holds the id's
+    # int object, `_node_of_id` each id's node (-1: none) instead of the `_node` dict, and
+    # `_nres` counts the resident blocks instead of the `_blocks` dict; `_refs` and
+    # `_released` are the table's counts and released ids.
+    _by_id: cython.bint
+    _table: object
+    _node_of_id = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _released: list[int]
+    _nres: cython.Py_ssize_t
 
     def __init__(
         self,
@@ -126,6 +144,11 @@ class S3FIFOQueues:
         self._size = [0, 0, 0]
         empty = _filled(0, 0)
         self._prev = self._next = self._where = self._freq = empty
+        self._by_id = False
+        self._table = None
+        self._node_of_id = self._refs = empty
+        self._released = []
+        self._nres = 0
         most = capacity + max(ghost_capacity, 0) + 1
         self._grow(max(INITIAL_NODES, min(most, MOST_NODES_AT_START)))
 
@@ -169,16 +192,132 @@ class S3FIFOQueues:
         out: list[OffloadKey] = []
         node: cython.int = self._head[where]
         while node >= 0:
-            out.append(self._keys[node])
+            out.append(self._key_of(node))
             node = self._next[node]
         return out
 
+    def _key_of(self, node: cython.int) -> OffloadKey:
+        """The key of `node` (its id's key on ids)."""
+        if self._by_id:
+            key: OffloadKey = self._table.key_of(self._keys[node])  # type: ignore[attr-defined]
+            return key
+        return self._keys[node]
+
+    def resident_count(self) -> int:
+        """The blocks resident (in S and M)."""
+        return self._resident_count()
+
+    @cython.cfunc
+    @cython.inline
+    def _resident_count(self) -> cython.Py_ssize_t:
+        if self._by_id:
+            return self._nres
+        return len(self._blocks)
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        """The block of resident `key`, or None (on ids: through the table)."""
+        if not self._by_id:
+            return self._blocks.get(key)
+        ident: cython.Py_ssize_t = self._table.id_of(key)  # type: ignore[attr-defined]
+        if ident < 0 or self._node_of_id[ident] < 0:
+            return None
+        node: cython.int = self._node_of_id[ident]
+        if self._where[node] == GHOST:
+            return None
+        return self._block_of[node]
+
+    def entries(self) -> list[tuple[OffloadKey, BlockStatus]]:
+        """The resident (key, block), S's then M's, oldest first."""
+        out: list[tuple[OffloadKey, BlockStatus]] = []
+        where: cython.int
+        node: cython.int
+        for where in range(SMALL, MAIN + 1):
+            node = self._head[where]
+            while node >= 0:
+                out.append((self._key_of(node), self._block_of[node]))
+                node = self._next[node]
+        return out
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether the queues run on ids (`use_ids`)."""
+        return self._by_id
+
+    def use_ids(self, table: object) -> None:
+        """Run on ids of `table` (a `KeyIds`) from now on, in the same state: every key
+        held is interned and counted, the dicts emptied."""
+        if self._by_id:
+            return
+        self._table = table
+        self._node_of_id = _filled(0, 0)
+        table.register(self)  # type: ignore[attr-defined]
+        where: cython.int
+        node: cython.int
+        ident: cython.Py_ssize_t
+        for where in range(SMALL, GHOST + 1):
+            node = self._head[where]
+            while node >= 0:
+                found = table.intern_one(self._keys[node])  # type: ignore[attr-defined]
+                ident = found
+                self._keys[node] = found
+                self._node_of_id[ident] = node
+                self._refs[ident] += 1
+                node = self._next[node]
+        self._nres = len(self._blocks)
+        self._node.clear()
+        self._blocks.clear()
+        self._by_id = True
+
+    def resize_ids(self, refs: array[int], capacity: int, released: list[int]) -> None:
+        """The table grew (`KeyIds.register`): its new counts, room for `capacity` ids."""
+        self._refs = refs
+        self._released = released
+        if len(self._node_of_id) < capacity:
+            self._node_of_id = _extended(self._node_of_id, capacity, -1)
+
+    def use_keys(self) -> None:
+        """Run on keys again, in the same state: every id's key back in the dicts, each id
+        released, the table left."""
+        if not self._by_id:
+            return
+        table = self._table
+        where: cython.int
+        node: cython.int
+        ident: cython.Py_ssize_t
+        for where in range(SMALL, GHOST + 1):
+            node = self._head[where]
+            while node >= 0:
+                found = self._keys[node]
+                ident = found  # type: ignore[assignment]
+                key = table.key_of(ident)  # type: ignore[attr-defined]
+                self._keys[node] = key
+                self._node[key] = self._ids[node]
+                if where != GHOST:
+                    self._blocks[key] = self._block_of[node]
+                self._node_of_id[ident] = -1
+                self._refs[ident] -= 1
+                if self._refs[ident] == 0:
+                    self._released.append(found)  # type: ignore[arg-type]
+                node = self._next[node]
+        self._nres = 0
+        self._by_id = False
+        table.unregister(self)  # type: ignore[attr-defined]
+        self._table = None
+
     def frequency(self, key: OffloadKey) -> int:
         """The counter of resident `key` (0 if absent)."""
-        found = self._node.get(key)
-        if found is None:
-            return 0
-        node: cython.int = found
+        node: cython.int
+        ident: cython.Py_ssize_t
+        if self._by_id:
+            ident = self._table.id_of(key)  # type: ignore[attr-defined]
+            if ident < 0 or self._node_of_id[ident] < 0:
+                return 0
+            node = self._node_of_id[ident]
+        else:
+            found = self._node.get(key)
+            if found is None:
+                return 0
+            node = found
         if self._where[node] == GHOST:
             return 0
         count: cython.int = self._freq[node]
@@ -255,15 +394,29 @@ class S3FIFOQueues:
         if self._free < 0:
             self._grow(self._allocated)
         node: cython.int = self._free
+        ident: cython.Py_ssize_t
         self._free = self._next[node]
         self._keys[node] = key
-        self._node[key] = self._ids[node]
+        if self._by_id:
+            ident = key  # type: ignore[assignment]
+            self._node_of_id[ident] = node
+            self._refs[ident] += 1
+        else:
+            self._node[key] = self._ids[node]
         return node
 
     @cython.cfunc
     def _free_node(self, node: cython.int) -> cython.int:
         """Forget `node`'s key (off every queue already) and put it on the free list."""
-        del self._node[self._keys[node]]
+        ident: cython.Py_ssize_t
+        if self._by_id:
+            ident = self._keys[node]  # type: ignore[assignment]
+            self._node_of_id[ident] = -1
+            self._refs[ident] -= 1
+            if self._refs[ident] == 0:
+                self._released.append(self._keys[node])  # type: ignore[arg-type]
+        else:
+            del self._node[self._keys[node]]
         self._keys[node] = _NO_KEY
         self._block_of[node] = _NO_BLOCK
         self._where[node] = NOWHERE
@@ -275,6 +428,10 @@ class S3FIFOQueues:
     @cython.inline
     def _find(self, key: OffloadKey) -> cython.int:
         """The node of `key` (on S, M or G), or -1."""
+        ident: cython.Py_ssize_t
+        if self._by_id:
+            ident = key  # type: ignore[assignment]
+            return self._node_of_id[ident]  # type: ignore[no-any-return]
         node = self._node.get(key)
         if node is None:
             return -1
@@ -299,7 +456,10 @@ class S3FIFOQueues:
     def _insert(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
         """`key` (not resident; `node` its ghost's node, or -1) becomes resident with
         `block`: into M when it was a ghost (it comes back), else into S."""
-        self._blocks[key] = block
+        if self._by_id:
+            self._nres += 1
+        else:
+            self._blocks[key] = block
         if node >= 0:  # a ghost: its node leaves G for M
             self._requeue(node, MAIN)
         else:
@@ -367,21 +527,40 @@ class S3FIFOQueues:
             if self._touch(node):
                 hits += 1
                 continue
-            if len(self._blocks) >= self._capacity:
-                if not self._can_evict(1, ()):
-                    continue
-                self._evict_one((), None)
-                if node >= 0 and self._where[node] == NOWHERE:
-                    node = -1  # its ghost fell out of G during the eviction
-            self._insert(key, node, block)
+            self._miss(key, node, block)
         return hits
+
+    def store(self, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
+        """Each of `keys` not resident, last first, stored with `block` as a miss of
+        `access` stores it (what `auto`'s `on_store_move` does to a shadow; S3-FIFO ignores
+        the announcement): no hit, nothing touched."""
+        i: cython.Py_ssize_t
+        node: cython.int
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
+            node = self._find(key)
+            if node < 0 or self._where[node] == GHOST:
+                self._miss(key, node, block)
+
+    @cython.cfunc
+    def _miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
+        """A miss of `access` on `key` (`node`: its ghost's, or -1): stored with `block`
+        after one eviction when full (not stored when every block is pinned)."""
+        if self._resident_count() >= self._capacity:
+            if not self._can_evict(1, ()):
+                return 0
+            self._evict_one((), None)
+            if node >= 0 and self._where[node] == NOWHERE:
+                node = -1  # its ghost fell out of G during the eviction
+        self._insert(key, node, block)
+        return 0
 
     def evict(
         self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
         """n >= 1 victims (n at most the resident count), or None changing nothing when n
         blocks cannot be evicted."""
-        if n > len(self._blocks) or not self._can_evict(n, protected):
+        if n > self._resident_count() or not self._can_evict(n, protected):
             return None
         victims: list[tuple[OffloadKey, BlockStatus]] = []
         done: cython.Py_ssize_t = 0
@@ -478,7 +657,10 @@ class S3FIFOQueues:
     ) -> cython.int:
         """Resident `node` is evicted: out of the blocks (and into `victims` unless None)."""
         key = self._keys[node]
-        del self._blocks[key]
+        if self._by_id:
+            self._nres -= 1
+        else:
+            del self._blocks[key]
         if victims is not None:
             victims.append((key, self._block_of[node]))
         self._freq[node] = 0
@@ -503,3 +685,4 @@ class S3FIFOQueues:
                 self._unlink(node)
                 self._free_node(node)
         self._blocks.clear()
+        self._nres = 0

@@ -30,9 +30,11 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies._arc_core import ARCLists
+from kvtier.policies._key_ids import KeyIds
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 
@@ -81,6 +83,8 @@ class ARCCachePolicy(CachePolicy):
         return self._core.resident.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        if self._core.on_ids:
+            return self._core.get
         return self._core.resident.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -131,7 +135,48 @@ class ARCCachePolicy(CachePolicy):
         self._hints.clear()
 
     def __len__(self) -> int:
-        return len(self._core.resident)
+        return self._core.resident_count()
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
         return iter(self._core.entries())
+
+    # -- a shadow on ids (`auto`) ------------------------------------------------------------
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether this shadow runs on ids (`use_ids`)."""
+        return self._core.on_ids
+
+    def use_ids(self, table: KeyIds) -> None:
+        """Run as a shadow on the ids of `table` from now on (`kvtier.policies._key_ids`),
+        in the same state: `access_ids` and `store_ids` take a request's ids; `get`, `len`,
+        `items` and `lists` read through the table; nothing else is called."""
+        core = self._core
+        core.use_ids(table)
+        self.get = core.get  # type: ignore[method-assign]
+        self.access_ids = core.access  # type: ignore[method-assign,assignment]
+        self.store_ids = core.store  # type: ignore[method-assign,assignment]
+
+    def use_keys(self) -> None:
+        """Run on keys again, in the same state (its ids released): a shadow that took
+        over and is dropped by `auto` stays readable."""
+        core = self._core
+        if not core.on_ids:
+            return
+        core.use_keys()
+        del self.get, self.access_ids, self.store_ids
+        if type(self).get is ARCCachePolicy.get:
+            self.get = core.resident.get  # type: ignore[method-assign,assignment]
+
+    def access_ids(self, ids: Sequence[int], block: BlockStatus) -> int:
+        """`access` of a shadow on ids (`use_ids`): a request's ids, as `KeyIds.intern`
+        gives them; the hits. (Bound to the core's own by `use_ids`.)"""
+        if not self._core.on_ids:
+            raise BlockStateError("arc: access_ids needs a shadow on ids (use_ids)")
+        return self._core.access(ids, block)  # type: ignore[arg-type]
+
+    def store_ids(self, ids: Sequence[int], block: BlockStatus) -> None:
+        """Each id not held stored as a miss (`auto`'s `on_store_move` of a shadow on ids)."""
+        if not self._core.on_ids:
+            raise BlockStateError("arc: store_ids needs a shadow on ids (use_ids)")
+        self._core.store(ids, block)  # type: ignore[arg-type]

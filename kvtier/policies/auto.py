@@ -67,13 +67,14 @@ every other decision (admission, eviction order) is the serving policy's.
 
 Cost per access: every candidate's (the live one's and three shadows'), plus a dict
 pop and insert per hit. A shadow takes a request's accesses in one call
-(`CachePolicy.access`): LRU's is one loop over its ordered dict, ARC's and S3-FIFO's run in
-their compiled cores with no Python call per key; lct's is the calls one by one. Compiled,
-on the shipped trace, auto costs 2.9 / 3.6 x ARC at 1 / 10 % after lct's leaner dicts (3.3 /
-4.2 x before them; 4.3 / 5.4 x before S3-FIFO's int-array queues and ARC's leaner shadow
-miss; 8.3 / 5.5 x before the batch calls; issue 34's target is 2 x, out of reach while lct
-serves: lct alone costs 1.1 to 1.4 x ARC and each full-size shadow its own policy's work;
-docs/BENCHMARKS.md, "Policy cost, fourth round", has each part). Memory:
+(`kvtier.policies.shadow_calls`): LRU's, ARC's and S3-FIFO's take the request's ids, the
+keys interned once for all three (one dict look-up per key; each keeps its nodes in int
+arrays by id, no dict of its own), and run in their compiled cores with no Python call per
+key; lct's takes the keys, its calls one by one. Compiled, on the shipped trace, auto costs
+2.4 / 2.5 x ARC at 1 / 10 % with the shared look-up (3.5 / 3.5 x before it; 4.3 / 5.4 x
+before S3-FIFO's int-array queues and ARC's leaner shadow miss; 8.3 / 5.5 x before the batch
+calls; issue 34's target is 2 x, out of reach while lct serves: lct alone costs 1.1 to 1.5
+x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round", has each part). Memory:
 per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
 of keys), measured in docs/BENCHMARKS.md.
 """
@@ -93,7 +94,8 @@ from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.s3fifo import S3FIFOCachePolicy
-from kvtier.policies.takeover import copyable, store_in_shadow, take_over
+from kvtier.policies.shadow_calls import ShadowCalls
+from kvtier.policies.takeover import copyable, shadow_on_keys, store_in_shadow, take_over
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
     LCTCachePolicy.name: LCTCachePolicy,
@@ -232,13 +234,13 @@ class AutoCachePolicy(CachePolicy):
             CANDIDATE_CLASSES[name](capacity) for name in self.candidates
         ]
         """Per candidate, its instance: the live policy for the serving one, else a shadow."""
-        self._getters = [policy.getter() for policy in self._policies]
-        self._accessors = [policy.access for policy in self._policies]
-        """Per candidate, its `access`: a request's accesses of a shadow in one call."""
         self.serving_index = 0
         """The index in `candidates` of the policy serving now."""
         self._serving = self._policies[0]
         self._others = [i for i in range(len(self.candidates)) if i != 0]
+        self._shadows = ShadowCalls()
+        """The calls to the shadows (LRU's, ARC's, S3-FIFO's on one table of key ids)."""
+        self._shadows.route(self._policies, self._others)
         self._hits = [0] * len(self.candidates)
         """Hits per candidate since the last decision."""
         self.total_hits = [0] * len(self.candidates)
@@ -324,9 +326,8 @@ class AutoCachePolicy(CachePolicy):
             return
         hits = self._hits
         hits[self.serving_index] += live_hits
-        block, accessors = self._block, self._accessors
-        for index in self._others:
-            hits[index] += accessors[index](keys, block)
+        block = self._block
+        self._shadows.access(keys, block, hits)
         if self._trial is not None:
             self._trial_hits += self._trial[1].access(keys, block)
         if self._ideal is not None:
@@ -482,14 +483,16 @@ class AutoCachePolicy(CachePolicy):
         name = self.candidates[index]
         shadow = self._policies[index]
         live = take_over(shadow, list(self._resident.items()))
-        self._ideal = (self.decisions, shadow) if live is not shadow else None
+        self._ideal = None
+        if live is not shadow:  # the shadow goes on, on keys, to measure the takeover
+            shadow_on_keys(shadow)
+            self._ideal = (self.decisions, shadow)
         self._takeover_loss = 0
         self._policies[index] = live
-        self._getters[index] = live.getter()
-        self._accessors[index] = live.access
         self._serving = live
         self.serving_index = index
         self._others = [i for i in range(len(self.candidates)) if i != index]
+        self._shadows.route(self._policies, self._others)  # the old live one as a shadow
         # the lead was measured against the old serving candidate: start the noise afresh
         self._squares = [0.0] * len(self.candidates)
         self._last_switch = self.decisions
@@ -524,12 +527,7 @@ class AutoCachePolicy(CachePolicy):
         """Not an access: each shadow stores the keys (if absent and admitted) as the tier
         does, and nothing is scored."""
         block = self._block
-        for index in self._others:
-            policy, get = self._policies[index], self._getters[index]
-            for key in reversed(keys):
-                if get(key) is None:
-                    policy.on_store_move((key,))
-                    store_in_shadow(policy, key, block)
+        self._shadows.store(keys, block)
         for copy in [held[1] for held in (self._trial, self._ideal) if held is not None]:
             for key in reversed(keys):
                 if copy.get(key) is None:

@@ -12,6 +12,8 @@ from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import KeyIds
+from kvtier.policies._lru_core import LRUIds
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 
@@ -34,6 +36,8 @@ class LRUCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self._hints = HintBook()
+        self._ids: LRUIds | None = None
+        """On ids (`use_ids`, an `auto` shadow): the order, instead of `_blocks`."""
         # `get` is that dict's own bound method (shadowing the method below, which documents
         # it): every caller, not only `getter()`'s, looks up with no Python frame. The dict
         # is never replaced (`clear` empties it), so the binding stays valid. A subclass
@@ -45,6 +49,8 @@ class LRUCachePolicy(CachePolicy):
         return self._blocks.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        if self._ids is not None:
+            return self._ids.get
         return self._blocks.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -141,13 +147,68 @@ class LRUCachePolicy(CachePolicy):
     def clear(self) -> None:
         self._blocks.clear()
         self._hints.clear()
+        if self._ids is not None:
+            self._ids.clear()
 
     def __len__(self) -> int:
+        if self._ids is not None:
+            return len(self._ids)
         return len(self._blocks)
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
+        if self._ids is not None:
+            return iter(self._ids.entries())
         return iter(list(self._blocks.items()))
 
     def lru_order(self) -> list[OffloadKey]:
         """Resident keys, least recently used first (for tests and inspection)."""
+        if self._ids is not None:
+            return self._ids.order()
         return list(self._blocks)
+
+    # -- a shadow on ids (`auto`) ------------------------------------------------------------
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether this shadow runs on ids (`use_ids`)."""
+        return self._ids is not None
+
+    def use_ids(self, table: KeyIds) -> None:
+        """Run as a shadow on the ids of `table` from now on (`kvtier.policies._key_ids`),
+        in the same order: `access_ids` and `store_ids` take a request's ids; `get`,
+        `len`, `items` and `lru_order` read through the table; nothing else is called."""
+        if self._ids is not None:
+            return
+        core = LRUIds(self.cache_capacity, table)
+        core.load(list(self._blocks), list(self._blocks.values()))
+        self._blocks.clear()
+        self._ids = core
+        self.get = core.get  # type: ignore[method-assign]
+        self.access_ids = core.access  # type: ignore[method-assign]
+        self.store_ids = core.store  # type: ignore[method-assign]
+
+    def access_ids(self, ids: Sequence[int], block: BlockStatus) -> int:
+        """`access` of a shadow on ids (`use_ids`): a request's ids, as `KeyIds.intern`
+        gives them; the hits. (Bound to the core's own by `use_ids`.)"""
+        if self._ids is None:
+            raise BlockStateError("lru: access_ids needs a shadow on ids (use_ids)")
+        return self._ids.access(ids, block)
+
+    def store_ids(self, ids: Sequence[int], block: BlockStatus) -> None:
+        """Each id not held stored as a miss (`auto`'s `on_store_move` of a shadow on ids)."""
+        if self._ids is None:
+            raise BlockStateError("lru: store_ids needs a shadow on ids (use_ids)")
+        self._ids.store(ids, block)
+
+    def use_keys(self) -> None:
+        """Run on keys again, in the same order (its ids released): a shadow that took
+        over and is dropped by `auto` stays readable."""
+        core = self._ids
+        if core is None:
+            return
+        self._blocks.update(core.entries())
+        core.drop_ids()
+        self._ids = None
+        del self.get, self.access_ids, self.store_ids
+        if type(self).get is LRUCachePolicy.get:
+            self.get = self._blocks.get  # type: ignore[method-assign,assignment]

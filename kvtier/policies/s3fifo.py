@@ -36,9 +36,10 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import InvalidValueError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import KeyIds
 from kvtier.policies._s3fifo_core import S3FIFOQueues
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
@@ -151,7 +152,7 @@ class S3FIFOCachePolicy(CachePolicy):
         )
         new._bind(core)
         blocks = dict(entries)
-        held = old.blocks
+        held = old.blocks if not old.on_ids else dict(old.entries())
         core.blocks.update(entries)  # the resident dict in `entries`' order, as before
         for key, block in entries:
             if key not in held:
@@ -175,6 +176,8 @@ class S3FIFOCachePolicy(CachePolicy):
         return self._core.blocks.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        if self._core.on_ids:
+            return self._core.get
         return self._core.blocks.get
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -204,7 +207,7 @@ class S3FIFOCachePolicy(CachePolicy):
         check_evict_count(n)
         if n == 0:
             return []
-        if n > len(self._core.blocks):
+        if n > self._core.resident_count():
             return None
         if self._hints.active:
             return self._hints.evict_hinted(
@@ -217,7 +220,48 @@ class S3FIFOCachePolicy(CachePolicy):
         self._hints.clear()
 
     def __len__(self) -> int:
-        return len(self._core.blocks)
+        return self._core.resident_count()
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
+        if self._core.on_ids:
+            return iter(self._core.entries())
         return iter(list(self._core.blocks.items()))
+
+    # -- a shadow on ids (`auto`) ------------------------------------------------------------
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether this shadow runs on ids (`use_ids`)."""
+        return self._core.on_ids
+
+    def use_ids(self, table: KeyIds) -> None:
+        """Run as a shadow on the ids of `table` from now on (`kvtier.policies._key_ids`),
+        in the same state: `access_ids` and `store_ids` take a request's ids; `get`, `len`,
+        `items`, `queues`, `frequency` and `adopted` read through the table; nothing else
+        is called."""
+        core = self._core
+        core.use_ids(table)
+        self.get = core.get  # type: ignore[method-assign]
+        self.access_ids = core.access  # type: ignore[method-assign,assignment]
+        self.store_ids = core.store  # type: ignore[method-assign,assignment]
+
+    def access_ids(self, ids: Sequence[int], block: BlockStatus) -> int:
+        """`access` of a shadow on ids (`use_ids`): a request's ids, as `KeyIds.intern`
+        gives them; the hits. (Bound to the core's own by `use_ids`.)"""
+        if not self._core.on_ids:
+            raise BlockStateError("s3fifo: access_ids needs a shadow on ids (use_ids)")
+        return self._core.access(ids, block)  # type: ignore[arg-type]
+
+    def store_ids(self, ids: Sequence[int], block: BlockStatus) -> None:
+        """Each id not held stored as a miss (`auto`'s `on_store_move` of a shadow on ids)."""
+        if not self._core.on_ids:
+            raise BlockStateError("s3fifo: store_ids needs a shadow on ids (use_ids)")
+        self._core.store(ids, block)  # type: ignore[arg-type]
+
+    def use_keys(self) -> None:
+        """Run on keys again, in the same state (its ids released): a shadow that took
+        over and is dropped by `auto` stays readable."""
+        if self._core.on_ids:
+            self._core.use_keys()
+            self._bind(self._core)
+            del self.access_ids, self.store_ids

@@ -16,6 +16,13 @@ the tier pins meanwhile is skipped by its evictions, as the live policy's would 
   - lct: the shadow itself, each block removed (remembered as a ghost with its history)
     and inserted again with the tier's block, oldest access first: its statistics, limits,
     horizon and every key's class carry over.
+
+A shadow of LRU, ARC or S3-FIFO runs on the ids of `auto`'s `KeyIds` table
+(`kvtier.policies._key_ids`; `shadow_on_ids`), so that every shadow shares one dict look-up
+per access; its inspection (`lru_order`, `lists`, `queues`, `frequency`, `items`) reads through the
+table, so `take_over` reads it as it reads a shadow on keys and builds the live policy on
+keys. A live policy that stops serving is put on ids in its state; a shadow that took over
+goes back on keys, its ids released (`shadow_on_keys`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Sequence
 
 from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import KeyIds
 from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy
 from kvtier.policies.lct import LCTCachePolicy
@@ -78,6 +86,22 @@ def _fill(
     for key in order:
         if key in blocks:
             policy.insert(key, blocks[key])
+
+
+def shadow_on_ids(policy: CachePolicy, table: KeyIds) -> bool:
+    """Put `policy`, a shadow from now on, on the ids of `table` if its policy can run so
+    (LRU, ARC, S3-FIFO; in its state, a no-op if it does already): whether it does."""
+    if isinstance(policy, (S3FIFOCachePolicy, ARCCachePolicy, LRUCachePolicy)):
+        policy.use_ids(table)
+        return True
+    return False
+
+
+def shadow_on_keys(policy: CachePolicy) -> None:
+    """Put a shadow on ids back on keys, in its state, its ids released: `auto` drops it
+    (it took over: `take_over` built the live policy anew)."""
+    if isinstance(policy, (S3FIFOCachePolicy, ARCCachePolicy, LRUCachePolicy)):
+        policy.use_keys()
 
 
 def copyable(shadow: CachePolicy) -> bool:

@@ -1,0 +1,177 @@
+# cython: annotation_typing=True, boundscheck=False, wraparound=False, initializedcheck=False
+"""`KeyIds`: the keys `auto`'s shadows remember, each interned once into a small int id,
+so that the shadows share one dict look-up per access (issue 34's cost target; docs/
+BENCHMARKS.md, "Policy cost, fifth round").
+
+Every full-size shadow used to keep its own dict of the same keys (LRU's ordered dict, ARC's
+and S3-FIFO's node and resident dicts): an access cost each of them a probe of a large dict,
+mostly cache misses. Here one dict maps each key to its id; a shadow on ids (LRU's, ARC's
+and S3-FIFO's cores, `use_ids`) keeps each id's node in an int array indexed by the id and
+no dict at all. An id lives while some shadow remembers its key (resident or ghost): every
+shadow adds one to the id's count in `refs` when it makes a node for it and takes one away
+when it forgets it, appending the id to `released` when the count falls to 0; `intern`
+recycles those ids (deletes their keys) before it interns the next request, so the table
+holds no more keys than the shadows remember (plus one request's). An id says nothing about
+a key but which it is: no decision depends on its value.
+
+A shadow reads the count array through its own typed view of it; when the table grows it
+makes a new array and hands it to every shadow registered (`register`) with the new size
+and the released list (`resize_ids(refs, capacity, released)`), before any id beyond the
+old size is given out.
+
+Written in Cython's pure Python mode, as `_arc_core.py` is (compiled by `scripts/
+build-core`; plain Python without a build).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvtier.keys import OffloadKey
+
+if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
+    from kvtier.policies import _cython_shim as cython
+else:
+    try:
+        import cython
+    except ImportError:  # no Cython: the module runs as the plain Python it is
+        from kvtier.policies import _cython_shim as cython
+
+INITIAL_IDS = 64
+
+_NO_KEY = OffloadKey(b"")  # the key of a free id: never looked up, never returned
+
+
+@cython.final
+@cython.cclass
+class KeyIds:
+    """Keys interned into ids, each id counted by the shadows that remember its key."""
+
+    _ids: dict[Any, int]  # key -> its id (the int object of `_objs`)
+    _keys: list[Any]  # id -> its key (`_NO_KEY` while free)
+    _objs: list[int]  # id -> the one int object of that id (shadows keep it as their key)
+    _free: list[int]  # free ids (int objects), the next one last
+    _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
+    # Per id, how many shadows remember its key (the array behind every shadow's view).
+    _refs_array: Any
+    # Ids whose count fell to 0 (appended by the shadows), and the ids `intern` gave out
+    # since the last `intern` (a key no shadow stored is released so too).
+    _released: list[int]
+    _capacity: cython.Py_ssize_t
+    _users: list[Any]
+
+    def __init__(self) -> None:
+        self._ids = {}
+        self._keys = []
+        self._objs = []
+        self._free = []
+        self._refs_array = array("i")
+        self._refs = self._refs_array
+        self._released = []
+        self._capacity = 0
+        self._users = []
+        self._grow()
+
+    @property
+    def capacity(self) -> int:
+        """How many ids the arrays have room for."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        """The keys interned now."""
+        return len(self._ids)
+
+    def count(self, ident: cython.Py_ssize_t) -> int:
+        """How many shadows remember the key of id `ident`."""
+        count: cython.int = self._refs[ident]
+        return count
+
+    def register(self, user: Any) -> None:
+        """Call `user.resize_ids(refs, capacity, released)` now and whenever the table
+        grows."""
+        self._users.append(user)
+        user.resize_ids(self._refs_array, self._capacity, self._released)
+
+    def unregister(self, user: Any) -> None:
+        """Stop resizing `user` (a shadow dropped, its ids released)."""
+        self._users = [u for u in self._users if u is not user]
+
+    def key_of(self, ident: cython.Py_ssize_t) -> Any:
+        """The key of id `ident`."""
+        return self._keys[ident]
+
+    def id_of(self, key: Any) -> int:
+        """The id of `key`, or -1 when it has none."""
+        found = self._ids.get(key)
+        if found is None:
+            return -1
+        return found
+
+    def intern(self, keys: Sequence[Any]) -> list[int]:
+        """The ids of `keys`, in order (a new key gets a free id), after recycling the ids
+        released since the last call."""
+        if self._released:
+            self._collect()
+        out: list[int] = []
+        ids = self._ids
+        for key in keys:
+            found = ids.get(key)
+            if found is None:
+                found = self._new_id(key)
+            out.append(found)
+        return out
+
+    def intern_one(self, key: Any) -> int:
+        """The id of `key` (a new one if it has none); nothing recycled."""
+        found = self._ids.get(key)
+        if found is None:
+            found = self._new_id(key)
+        return found
+
+    @cython.cfunc
+    def _new_id(self, key: Any) -> int:
+        """A free id for `key` (released until some shadow counts it)."""
+        if not self._free:
+            self._grow()
+        found = self._free.pop()
+        ident: cython.Py_ssize_t = found
+        self._ids[key] = found
+        self._keys[ident] = key
+        self._released.append(found)
+        return found
+
+    @cython.cfunc
+    def _collect(self) -> cython.int:
+        """Recycle every released id no shadow counts: its key forgotten, the id free."""
+        released = self._released
+        i: cython.Py_ssize_t
+        ident: cython.Py_ssize_t
+        for i in range(len(released)):
+            found = released[i]
+            ident = found
+            if self._refs[ident] == 0 and self._keys[ident] is not _NO_KEY:
+                del self._ids[self._keys[ident]]
+                self._keys[ident] = _NO_KEY
+                self._free.append(found)
+        del released[:]
+        return 0
+
+    @cython.cfunc
+    def _grow(self) -> cython.int:
+        """Double the room (a new count array, handed to every user)."""
+        old: cython.Py_ssize_t = self._capacity
+        new: cython.Py_ssize_t = max(INITIAL_IDS, 2 * old)
+        i: cython.Py_ssize_t
+        self._refs_array = array("i", self._refs_array) + array("i", [0]) * (new - old)
+        self._refs = self._refs_array
+        for i in range(old, new):
+            self._keys.append(_NO_KEY)
+            self._objs.append(i)
+        for i in range(new - 1, old - 1, -1):  # the lowest id given out first
+            self._free.append(self._objs[i])
+        self._capacity = new
+        for user in self._users:
+            user.resize_ids(self._refs_array, new, self._released)
+        return 0

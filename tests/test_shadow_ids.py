@@ -1,0 +1,212 @@
+"""Shadows on ids (`kvtier.policies._key_ids`, `use_ids`): LRU's, ARC's and S3-FIFO's
+shadow on the ids of one `KeyIds` table takes the same decisions as the same policy on keys
+(hits, lists, queues, order), through a conversion from keys (pinned and pending blocks
+included, what a former live policy holds) and back; and the table holds exactly the keys
+some shadow remembers, each counted once per shadow. Runs on whichever core is selected
+(`tests/test_compiled_core.py` and `tests/test_compiled_s3fifo.py` compare the compiled
+cores with their Python text on keys)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError
+from kvtier.keys import OffloadKey, key_from_int
+from kvtier.policies import (
+    ARCCachePolicy,
+    AutoCachePolicy,
+    CachePolicy,
+    LRUCachePolicy,
+    S3FIFOCachePolicy,
+)
+from kvtier.policies._key_ids import KeyIds
+from kvtier.policies.takeover import store_in_shadow
+
+ON_IDS: dict[str, type[ARCCachePolicy] | type[LRUCachePolicy] | type[S3FIFOCachePolicy]] = {
+    "lru": LRUCachePolicy,
+    "arc": ARCCachePolicy,
+    "s3fifo": S3FIFOCachePolicy,
+}
+
+
+def shared_block() -> BlockStatus:
+    block = BlockStatus(0)
+    block.ref_cnt = 0
+    return block
+
+
+def state(policy: CachePolicy) -> tuple[object, ...]:
+    """What a policy shows: its blocks, its order (lists, queues, counters), its length."""
+    blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
+    shown: list[object] = []
+    if isinstance(policy, ARCCachePolicy):
+        shown = [policy.lists(), policy.target_t1_size]
+    elif isinstance(policy, S3FIFOCachePolicy):
+        queues = policy.queues()
+        shown = [queues, [policy.frequency(key) for key in queues["small"] + queues["main"]]]
+    elif isinstance(policy, LRUCachePolicy):
+        shown = [policy.lru_order()]
+    gets = [policy.get(key) is block for key, block in policy.items()]
+    return (blocks, shown, len(policy), all(gets))
+
+
+def remembered(policy: CachePolicy) -> set[OffloadKey]:
+    """Every key a policy remembers: resident or ghost."""
+    if isinstance(policy, ARCCachePolicy):
+        return {key for keys in policy.lists().values() for key in keys}
+    if isinstance(policy, S3FIFOCachePolicy):
+        return {key for keys in policy.queues().values() for key in keys}
+    assert isinstance(policy, LRUCachePolicy)
+    return set(policy.lru_order())
+
+
+def store_one_by_one(policy: CachePolicy, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
+    """What `auto`'s `on_store_move` does to a shadow on keys."""
+    for key in reversed(keys):
+        if policy.get(key) is None:
+            policy.on_store_move((key,))
+            store_in_shadow(policy, key, block)
+
+
+def check_counts(table: KeyIds, shadows: Sequence[CachePolicy]) -> None:
+    """The table holds exactly the keys the shadows remember, each id counted once per
+    shadow that remembers it (after recycling what was released)."""
+    table.intern([])
+    every: dict[OffloadKey, int] = {}
+    for shadow in shadows:
+        for key in remembered(shadow):
+            every[key] = every.get(key, 0) + 1
+    assert len(table) == len(every)
+    for key, count in every.items():
+        assert table.count(table.id_of(key)) == count, key
+
+
+def pin_some(policy: CachePolicy, rng: random.Random, number: int) -> None:
+    """Swap a resident key's block for a pinned or pending one (on keys)."""
+    if not len(policy):
+        return
+    key = rng.choice(sorted(key for key, _ in policy.items()))
+    pinned = BlockStatus(number)
+    pinned.ref_cnt = rng.choice([0, 1, -1])
+    policy.remove(key)
+    policy.insert(key, pinned)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(3))
+def test_shadows_on_ids_decide_as_on_keys(seed: int) -> None:
+    """Requests of 1 to 8 keys over a universe 4 x the capacity, now and then stored as a
+    tier's move (`store_ids`); each shadow is driven on keys with pinned and pending blocks
+    for a while, then put on ids (its state carried over) beside a twin that stays on keys,
+    and later back on keys: every answer and state is the twin's, and the table counts
+    every remembered key once per shadow."""
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 16, 64])
+    block = shared_block()
+    table = KeyIds()
+    on_ids = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    on_keys = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    for number in range(1_200):
+        keys = list(
+            dict.fromkeys(
+                key_from_int(rng.randrange(4 * capacity)) for _ in range(rng.randint(1, 8))
+            )
+        )
+        moving = number % 7 == 3
+        ids = table.intern(keys) if 300 <= number < 1_000 else []
+        for name, policy in on_ids.items():
+            twin = on_keys[name]
+            if 300 <= number < 1_000:
+                if moving:
+                    policy.store_ids(ids, block)  # type: ignore[union-attr]
+                    store_one_by_one(twin, keys, block)
+                else:
+                    assert policy.access_ids(ids, block) == twin.access(keys, block), number
+            elif moving:
+                store_one_by_one(policy, keys, block)
+                store_one_by_one(twin, keys, block)
+            else:
+                assert policy.access(keys, block) == twin.access(keys, block), number
+            if number < 300 and number % 11 == 0:
+                seeded = random.Random(number)
+                pin_some(policy, seeded, number)
+                pin_some(twin, random.Random(number), number)
+        if number == 299:
+            for policy in on_ids.values():
+                policy.use_ids(table)
+        if number == 999:
+            for policy in on_ids.values():
+                policy.use_keys()
+            check_counts(table, [])
+        if number % 50 == 0 or number in (299, 999):
+            for name, policy in on_ids.items():
+                assert state(policy) == state(on_keys[name]), (name, number)
+            if 300 <= number < 999:
+                check_counts(table, list(on_ids.values()))
+    for name, policy in on_ids.items():
+        assert state(policy) == state(on_keys[name]), name
+
+
+def test_the_table_recycles_ids_and_grows() -> None:
+    """Keys no shadow remembers lose their ids (reused), and the table grows past its
+    first room with every shadow resized: an LRU of 200 over 2,000 keys holds 200 ids."""
+    table = KeyIds()
+    shadow = LRUCachePolicy(200)
+    shadow.use_ids(table)
+    block = shared_block()
+    for i in range(2_000):
+        shadow.access_ids(table.intern([key_from_int(i)]), block)
+    check_counts(table, [shadow])
+    assert len(table) == 200 and 200 <= table.capacity < 2_000
+    assert shadow.lru_order() == [key_from_int(i) for i in range(1_800, 2_000)]
+
+
+def test_a_shadow_on_keys_refuses_ids() -> None:
+    for cls in ON_IDS.values():
+        with pytest.raises(BlockStateError, match="use_ids"):
+            cls(4).access_ids([0], shared_block())
+
+
+def test_auto_keeps_its_shadows_on_ids_across_switches() -> None:
+    """auto's LRU, ARC and S3-FIFO shadows run on its table; a switch puts the one that
+    takes over back on keys (readable, its ids released) and the policy that stops serving
+    on ids; the table then counts exactly what the shadows remember."""
+    policy = AutoCachePolicy(20)
+    rng = random.Random(2)
+    table = policy._shadows.table
+
+    def drive(count: int) -> None:
+        for _ in range(count):
+            key = key_from_int(rng.randrange(12) if rng.random() < 0.6 else rng.randrange(500))
+            if policy.get(key) is not None:
+                policy.touch([key])
+                continue
+            policy.on_store_miss([key])
+            if not policy.admit([key])[0]:
+                continue
+            if len(policy) >= 20 and policy.evict(1) is None:
+                continue
+            block = BlockStatus(rng.randrange(10**6))
+            block.ref_cnt = 0
+            policy.insert(key, block)
+
+    drive(400)
+    shadows = [policy.shadow(name) for name in ("arc", "s3fifo", "lru")]
+    assert all(shadow.on_ids for shadow in shadows)  # type: ignore[attr-defined]
+    check_counts(table, shadows)
+    arc = policy.shadow("arc")
+    policy.serve_with("arc")
+    assert isinstance(arc, ARCCachePolicy) and not arc.on_ids  # dropped, back on keys
+    assert len(arc) == 20 and arc.get(arc.lists()["t1"][0]) is not None
+    lct = policy.shadow("lct")
+    drive(200)
+    shadows = [policy.shadow(name) for name in ("s3fifo", "lru")]
+    check_counts(table, shadows)
+    policy.serve_with("s3fifo")
+    drive(200)
+    check_counts(table, [policy.shadow("arc"), policy.shadow("lru")])
+    assert policy.shadow("lct") is lct and isinstance(policy.shadow("arc"), ARCCachePolicy)
