@@ -306,6 +306,33 @@ async def test_write_failures_fail_their_blocks_and_nothing_else(tmp_path: Path)
         await store.aclose()
 
 
+async def test_a_failed_fdatasync_leaves_the_index_as_before_the_group(tmp_path: Path) -> None:
+    """The lane plans a group's index changes while its writes and fdatasync run: when the
+    sync fails, none of them is made. A key the group moved to another slot is still found
+    in its old one, a slot it wrote over still holds its old block, and its new slots are
+    misses; the next group is indexed as usual."""
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    store = open_log(tmp_path, io=io)
+    try:
+        await write_ok(store, [1, 2], [0, 1])
+        io.inject("fsync", errno.EIO, times=1)
+        results = await store.write(
+            [k(1), k(7)], [3, 1], [deterministic_block(i, BLOCK) for i in (1, 7)]
+        )
+        assert all(isinstance(result, OSError) for result in results)
+        assert store._index.find(k(1)) == 0 and len(store) == 2
+        await assert_intact(store, [1, 2], [0, 1])
+        misses, _ = await read(store, [1, 7], [3, 1])
+        assert misses == [ReadFailure.NOT_INDEXED] * 2
+        await write_ok(store, [1, 7], [3, 1])
+        assert store._index.find(k(1)) == 3 and len(store) == 2
+        await assert_intact(store, [1, 7], [3, 1])
+    finally:
+        await store.aclose()
+
+
 # --------------------------------------------------------------------------------------------
 # kill -9 in a loop while regions are reclaimed
 # --------------------------------------------------------------------------------------------
