@@ -288,10 +288,7 @@ class LogLane:
         after a part a restart's scan stops at) and the lane is told (`_poisoned`)."""
         error: OSError | None = None
         good: list[Flight] = []
-        # the first group's index look-ups (every group before it is indexed) made while its
-        # writes and sync run; committed once they succeeded, dropped if they failed
-        parts = [part for part in flights[0].pending.parts if part.keys or part.opens]
-        plan = self.index.plan(placed(parts, checksums=False))
+        plan = self._plan(flights[0].pending)  # (every group before it is indexed)
         for flight in flights:
             try:
                 flight.pending.wait()
@@ -552,13 +549,20 @@ class LogLane:
         if self._drain() and pending.parts:  # an earlier group's write failed: these follow it
             raise OSError(errno.EIO, "an earlier group's write failed")
         self._close(pending)
+        plan = self._plan(pending)
         pending.wait()
         if self.fsync and pending.parts:
             self.files.sync()
             self.syncs += 1
         self._hold_ground()
-        self._apply(pending)
+        self._apply(pending, plan)
         self.on_flush(self.opened)
+
+    def _plan(self, pending: Pending) -> Plan:
+        """The index's look-ups for a group's records, made while its writes and sync run:
+        `_apply` commits them once those succeeded; a failed group drops them."""
+        parts = [part for part in pending.parts if part.keys or part.opens]
+        return self.index.plan(placed(parts, checksums=False))
 
     def _apply(self, pending: Pending, plan: Plan | None = None) -> None:
         """Index the durable records of `pending` (with its `plan`, when made), release its
