@@ -130,7 +130,8 @@ class LogIndex:
 
     def plan(self, placed: Placed) -> Plan:
         """`apply`'s look-ups for `placed` (its checksums may still be unset), made now and
-        changing nothing: the lane plans a group while its writes and fdatasync run, and
+        changing no record (a key longer than any before widens the key rows, which no
+        reader sees): the lane plans a group while its writes and fdatasync run, and
         `commit`s the plan only once they succeeded (a failed group's plan is dropped, so
         no reader ever finds a record that is not durable)."""
         with self.lock:
