@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from disk_helpers import BLOCK, assert_intact, k, open_or_skip, open_small, read, write_ok
+from disk_helpers import BLOCK, assert_intact, k, open_or_skip, open_small, read, write, write_ok
 
 from kvtier.errors import DiskLayoutError, DiskTierError
 from kvtier.keys import OffloadKey
@@ -302,6 +302,33 @@ async def test_write_failures_fail_their_blocks_and_nothing_else(tmp_path: Path)
         await assert_intact(store, [1, 4], [0, 3])
         misses, _ = await read(store, [2, 3], [1, 2])
         assert misses == [ReadFailure.NOT_INDEXED] * 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_failed_fdatasync_leaves_the_index_as_before_the_group(tmp_path: Path) -> None:
+    """The lane plans a group's index changes while its writes and fdatasync run: when the
+    sync fails, none of them is made. A key the group moved to another slot is still found
+    in its old one, a slot it wrote over still holds its old block, and its new slots are
+    misses; the next group is indexed as usual."""
+    from kvtier.tiers.disk import FaultyIO
+
+    io = FaultyIO()
+    store = open_log(tmp_path, io=io)
+    try:
+        await write_ok(store, [1, 2], [0, 1])
+        io.inject("fsync", errno.EIO, times=1)
+        results = await store.write(
+            [k(1), k(7)], [3, 1], [deterministic_block(i, BLOCK) for i in (1, 7)]
+        )
+        assert all(isinstance(result, OSError) for result in results)
+        assert store._index.find(k(1)) == 0 and len(store) == 2
+        await assert_intact(store, [1, 2], [0, 1])
+        misses, _ = await read(store, [1, 7], [3, 1])
+        assert misses == [ReadFailure.NOT_INDEXED] * 2
+        await write_ok(store, [1, 7], [3, 1])
+        assert store._index.find(k(1)) == 3 and len(store) == 2
+        await assert_intact(store, [1, 7], [3, 1])
     finally:
         await store.aclose()
 
@@ -984,5 +1011,40 @@ async def test_a_mid_group_flush_never_makes_the_group_its_own_victim(
             await write_ok(store, ids, slots)
             held.update(zip(slots, ids, strict=True))
             await assert_intact(store, list(held.values()), list(held))
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_failed_syncs_mid_group_and_at_its_end_keep_the_index_true(
+    tmp_path: Path, seed: int
+) -> None:
+    """Groups that flush mid-group (little spare space) with an `fdatasync` failing now and
+    then, at the flush or at the group's end: the blocks reported stored read back, and a
+    slot whose new block failed still holds its old one (the failed part's planned index
+    changes were dropped, none made)."""
+    from kvtier.tiers.disk import FaultyIO
+
+    rng = random.Random(seed)
+    io = FaultyIO()
+    store = open_log(tmp_path, io=io, num_blocks=64, block_size=16 << 10, spare=0.05)
+    held: dict[int, int] = {}  # slot -> block
+    failed = 0
+    try:
+        for call in range(30):
+            slots = rng.sample(range(64), rng.choice([8, 16, 30, 48, 64]))
+            ids = list(range(call * 64, call * 64 + len(slots)))
+            if call % 3 == 2:
+                io.inject("fsync", errno.EIO, times=1)
+            results = await write(store, ids, slots)
+            io.clear()
+            for slot, block, result in zip(slots, ids, results, strict=True):
+                if result is None:
+                    held[slot] = block
+                else:
+                    failed += 1
+            await assert_intact(store, list(held.values()), list(held))
+            assert len(store) == len(held)
+        assert failed > 0
     finally:
         await store.aclose()

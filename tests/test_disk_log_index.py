@@ -156,3 +156,60 @@ def test_a_key_written_twice_in_one_batch_lives_only_in_its_newest_slot() -> Non
     assert int(index.region[3]) == NO_REGION and int(index.region[5]) == 1
     assert index.find(OffloadKey(b"k" * 8)) == 5 and index.blocks == 1
     assert index.live.tolist() == [0, record_bytes(8, 10)]
+
+
+def index_state(index: LogIndex) -> tuple[object, ...]:
+    """Everything a reader or a later batch sees of `index`."""
+    arrays = tuple(getattr(index, name).tobytes() for name in (*LogIndex.ARRAYS, "keys", "live"))
+    return (*arrays, index.blocks, dict(index.written))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_plan_changes_nothing_and_its_commit_applies_the_batch(seed: int) -> None:
+    """`plan` (the lane's look-ups made while a group's writes and sync run) leaves the index
+    as it was, so a group whose sync fails (its plan dropped) was never visible; `commit`
+    then applies the batch exactly as `apply` would, also when another batch was applied
+    or a slot dropped between the plan and its commit (the plan is stale: planned again)."""
+    rng = random.Random(seed)
+    pool = [bytes([i]) * (8 if i % 5 else 16) for i in range(1, 30)]
+    model: dict[int, Rec] = {}
+    index = restarted(model, pool)
+    seq = 1000
+
+    def batch_of(size: int) -> list[tuple[int, Rec]]:
+        nonlocal seq
+        batch = []
+        for _ in range(size):
+            key = rng.choice(pool)
+            codec = TOMBSTONE if rng.random() < 0.15 else 0
+            length = 0 if codec == TOMBSTONE else rng.randint(1, 300)
+            rec = Rec(key, rng.randrange(REGIONS), rng.randrange(1 << 20), length, codec, seq, seq)
+            batch.append((rng.randrange(SLOTS), rec))
+            seq += 1
+        return batch
+
+    for step in range(30):
+        batch = batch_of(rng.randint(1, 16))
+        placed = placed_of(batch)
+        checksums = placed.checksum.copy()
+        placed.checksum[:] = 0  # as the lane plans: the checksums come once written
+        before = index_state(index)
+        plan = index.plan(placed)
+        assert index_state(index) == before
+        if step % 3 == 1:  # dropped, as after a failed sync: the index is as it was
+            continue
+        if step % 3 == 2:  # another change first: the plan is stale
+            if rng.random() < 0.5:
+                between = batch_of(rng.randint(1, 8))
+                index.apply(placed_of(between))
+                for slot, rec in between:
+                    apply_one_by_one(model, slot, rec)
+            else:
+                slot = rng.choice(sorted(model))
+                index.drop([slot])
+                del model[slot]
+        placed.checksum[:] = checksums
+        index.commit(plan)
+        for slot, rec in batch:
+            apply_one_by_one(model, slot, rec)
+        assert_same(index, model, pool)

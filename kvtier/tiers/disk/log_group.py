@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.jobs import Job, WriteJob
+from kvtier.tiers.disk.jobs import ForgetJob, Job, WriteJob
 from kvtier.tiers.disk.log_files import LogFiles, whole_pages
 from kvtier.tiers.disk.log_format import (
     PAGE,
@@ -34,6 +34,7 @@ from kvtier.tiers.disk.log_format import (
     round_page,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, Placed
+from kvtier.tiers.disk.stats import StoreCounters
 
 _compiled_page_aligned: Callable[[list[Any], int], list[bool]] | None
 try:  # the compiled check, present only when kvtier.compiled selected it
@@ -319,9 +320,11 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
     files.write_here(part.region, start, [front.data], True)
 
 
-def placed(parts: list[Part]) -> Placed:
+def placed(parts: list[Part], *, checksums: bool = True) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
-    start), in the order placed."""
+    start), in the order placed; without `checksums` (parts still being written: their new
+    records' checksums are not computed yet) zeros in their place, set by `with_checksums`
+    once the parts are written."""
     keys = [key for part in parts for key in part.keys]
     count = len(keys)
 
@@ -344,9 +347,17 @@ def placed(parts: list[Part]) -> Placed:
         column("length", np.int64),
         column("codec", np.int64),
         column("seq", np.uint64),
-        column("checksum", np.uint64),
+        column("checksum", np.uint64) if checksums else np.zeros(count, np.uint64),
         column("moved_from", np.int64),
     )
+
+
+def with_checksums(records: Placed, parts: list[Part]) -> Placed:
+    """`records` (`placed(parts, checksums=False)`) with the checksums of `parts`, which are
+    written now."""
+    values = chain.from_iterable(part.checksum for part in parts)
+    records.checksum[:] = np.fromiter(values, np.uint64, len(records.keys))
+    return records
 
 
 @dataclass(eq=False, slots=True)
@@ -383,6 +394,21 @@ class Flight:
             for i in range(durable.get(number, 0), len(result)):
                 if result[i] is None:
                     result[i] = error
+
+    def count(self, counters: StoreCounters) -> None:
+        """Count the group, once its results are final, in the store's `counters`."""
+        jobs, results = self.jobs, self.results
+        failed = sum(1 for r in results for e in r if e is not None)
+        counters.count_group(
+            writes=sum(isinstance(job, WriteJob) for job in jobs),
+            forgets=sum(isinstance(job, ForgetJob) for job in jobs),
+            fsyncs=self.syncs,
+            commits=0,
+            stored=sum(len(r) for r in results) - failed,
+            failed=failed,
+            raw_bytes=self.raw_bytes if not failed else 0,
+            stored_bytes=self.appended,
+        )
 
     def outputs(self) -> list[Any]:
         """Per call its result: a write's list, None for a forget."""

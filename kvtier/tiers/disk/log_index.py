@@ -7,7 +7,8 @@ object per key: the 64-bit hashes of the keys held at open, sorted (12 bytes a s
 with array operations), and a dict of the keys written since; every candidate is confirmed
 against the slot's own key, so a stale entry finds nothing. Regions have their epoch, their
 durable fill (where the next scan after a restart starts) and their live bytes. Only the
-write lane changes the index, and only with records already durable; readers take a row
+write lane changes the index, and only with records already durable (it may `plan` a
+group's look-ups while the group is written, which changes nothing); readers take a row
 under the lock.
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -24,46 +24,11 @@ import numpy as np
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
 from kvtier.tiers.disk.log_keys import key_hash, key_rows, pick, row_hashes, written_again
+from kvtier.tiers.disk.log_rows import NO_REGION, NewRecords, Placed, Plan, Row
 
-NO_REGION = -1
+__all__ = ["NO_REGION", "LogIndex", "LogRestored", "Placed", "Plan", "Row", "sorted_hashes"]
 
 _KEY_WIDTH_STEP = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One slot's newest record, copied out of the index (`region` is never NO_REGION)."""
-
-    key: OffloadKey
-    region: int
-    offset: int
-    length: int
-    codec: int
-    seq: int
-    checksum: int
-
-    @property
-    def payload_offset(self) -> int:
-        """Offset of the stored bytes from the region's start (`offset`)."""
-        return self.offset
-
-
-@dataclass(slots=True)
-class Placed:
-    """Records written and synced, in the order written: what `LogIndex.apply` puts in the
-    index, as arrays (one element per record) and the records' keys. A moved record
-    (`moved_from` not NO_REGION: its region before a reclaim) applies only while its slot
-    still holds it there."""
-
-    keys: list[OffloadKey]
-    slot: np.ndarray[Any, np.dtype[np.int64]]
-    region: np.ndarray[Any, np.dtype[np.int64]]
-    offset: np.ndarray[Any, np.dtype[np.int64]]
-    length: np.ndarray[Any, np.dtype[np.int64]]
-    codec: np.ndarray[Any, np.dtype[np.int64]]
-    seq: np.ndarray[Any, np.dtype[np.uint64]]
-    checksum: np.ndarray[Any, np.dtype[np.uint64]]
-    moved_from: np.ndarray[Any, np.dtype[np.int64]]
 
 
 class LogIndex:
@@ -92,6 +57,9 @@ class LogIndex:
         self._hashes = np.zeros(0, dtype=np.uint64)
         self._hashed_slots = np.zeros(0, dtype=np.int32)
         self.blocks = 0
+        self.version = 0
+        """Counts the changes to the slots' records and key look-ups (a `Plan` made before
+        the last one is planned again)."""
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -158,12 +126,38 @@ class LogIndex:
         array operations over the batch: the Python per record is C-level iteration (its
         key's length, its dict look-up and entry), no Python code of its own."""
         with self.lock:
-            moved = placed.moved_from != NO_REGION
-            if moved.any():
-                self._apply_moved(placed, np.flatnonzero(moved))
-            new = np.flatnonzero(~moved)
-            if new.size:
-                self._apply_new(placed, new)
+            self._commit(self._plan(placed))
+
+    def plan(self, placed: Placed) -> Plan:
+        """`apply`'s look-ups for `placed` (its checksums may still be unset), made now and
+        changing no record (a key longer than any before widens the key rows, which no
+        reader sees): the lane plans a group while its writes and fdatasync run, and
+        `commit`s the plan only once they succeeded (a failed group's plan is dropped, so
+        no reader ever finds a record that is not durable)."""
+        with self.lock:
+            return self._plan(placed)
+
+    def commit(self, plan: Plan) -> None:
+        """`apply` of the records `plan` was made for (their checksums set since): only the
+        stores, unless the index changed since the plan (then planned again first)."""
+        with self.lock:
+            self._commit(plan)
+
+    def _plan(self, placed: Placed) -> Plan:
+        moved = placed.moved_from != NO_REGION
+        new = np.flatnonzero(~moved)
+        records = self._plan_new(placed, new) if new.size else None
+        return Plan(placed, self.version, np.flatnonzero(moved), new, records)
+
+    def _commit(self, plan: Plan) -> None:
+        new = plan.new_records
+        if plan.version != self.version or (new is not None and new.width != self.keys.shape[1]):
+            plan = self._plan(plan.placed)  # the index changed since (rare): planned again
+        if plan.moved.size:
+            self._apply_moved(plan.placed, plan.moved)
+        if plan.new_records is not None:
+            self._apply_new(plan.placed, plan.new_records)
+        self.version += 1
 
     def _apply_moved(self, placed: Placed, which: np.ndarray[Any, Any]) -> None:
         slots = placed.slot[which]
@@ -179,10 +173,11 @@ class LogIndex:
         self.offset[slots] = placed.offset[which]
         np.add.at(self.live, placed.region[which], sizes)
 
-    def _apply_new(self, placed: Placed, which: np.ndarray[Any, Any]) -> None:
-        """`apply` of records that were not moved (`which`: their positions), in the order
-        written: the batch's key rows built once, the slots that held its keys found with
-        array operations (`_find_rows`), the newest record per slot written in one go."""
+    def _plan_new(self, placed: Placed, which: np.ndarray[Any, Any]) -> NewRecords:
+        """The look-ups of `apply` for records that were not moved (`which`: their
+        positions), in the order written: the batch's key rows built once, the slots that
+        held its keys found with array operations (`_find_rows`), the newest record per
+        slot chosen. Rows wider than the index's are widened first (rare)."""
         keys = placed.keys if which.size == len(placed.keys) else pick(placed.keys, which)
         lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
         self._widen(int(lengths.max()))
@@ -197,26 +192,36 @@ class LogIndex:
         _, last_rev = np.unique(slots[::-1], return_index=True)
         last = np.sort(which.size - 1 - last_rev)  # positions in `which`
         target = slots[last]
-        self._clear_many(np.unique(np.concatenate([others[others >= 0], target])))
+        clear = np.unique(np.concatenate([others[others >= 0], target]))
         # a key written again later in the batch (into another slot) leaves this one
         if len(set(block_keys)) < len(block_keys):  # rare: a key twice in the batch
             keep = ~written_again(rows, lengths, blocks, last)
             last, target = last[keep], target[keep]
-        chosen = which[last]
-        self.keys[target] = rows[last]
-        self.key_len[target] = lengths[last]
+        held = is_block[last]
+        key_sizes = RECORD_HEADER_BYTES + ((lengths[last] + 7) & ~7)
+        written = dict(zip(pick(keys, last[held]), target[held].tolist(), strict=True))
+        return NewRecords(
+            self.keys.shape[1], which[last], target, clear, rows[last], lengths[last],
+            key_sizes, int(np.count_nonzero(held)), written,
+        )  # fmt: skip
+
+    def _apply_new(self, placed: Placed, new: NewRecords) -> None:
+        """The stores of `apply` for records that were not moved, as `_plan_new` chose them:
+        the slots that held their keys cleared, the newest record per slot written."""
+        self._clear_many(new.clear)
+        chosen, target = new.chosen, new.target
+        self.keys[target] = new.rows
+        self.key_len[target] = new.lengths
         self.region[target] = placed.region[chosen]
         self.offset[target] = placed.offset[chosen]
         self.length[target] = placed.length[chosen]
         self.codec[target] = placed.codec[chosen]
         self.seq[target] = placed.seq[chosen]
         self.checksum[target] = placed.checksum[chosen]
-        sizes = RECORD_HEADER_BYTES + ((lengths[last] + 7) & ~7)  # `_sizes`, from the batch
-        sizes += (placed.length[chosen].astype(np.int64) + 7) & ~7
-        np.add.at(self.live, placed.region[chosen], sizes)
-        held = is_block[last]
-        self.blocks += int(np.count_nonzero(held))
-        self.written.update(zip(pick(keys, last[held]), target[held].tolist(), strict=True))
+        sizes = new.key_sizes + ((placed.length[chosen].astype(np.int64) + 7) & ~7)
+        np.add.at(self.live, placed.region[chosen], sizes)  # `_sizes`, from the batch
+        self.blocks += new.held
+        self.written.update(new.written)
 
     def _sizes(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
         """`record_bytes` of the records in `slots`, as an array."""
@@ -279,6 +284,7 @@ class LogIndex:
             wider = np.zeros((self.num_blocks, width), dtype=np.uint8)
             wider[:, : self.keys.shape[1]] = self.keys
             self.keys = wider
+            self.version += 1
             self._hash_held()  # the hashes depend on the width
 
     # -- finding a key -----------------------------------------------------------------
@@ -352,6 +358,7 @@ class LogIndex:
         )
 
     def _clear(self, slot: int) -> None:
+        self.version += 1
         region = int(self.region[slot])
         if region == NO_REGION:
             return
@@ -394,6 +401,7 @@ class LogIndex:
             if self.keys.shape[1] != width:
                 return  # the rows were widened since: those hashes are of another width
             self._hashes, self._hashed_slots = hashes, slots
+            self.version += 1
         items = list(written.items())
         for first in range(0, len(items), 4096):
             with self.lock:

@@ -70,9 +70,10 @@ from kvtier.tiers.disk.log_group import (
     payload_views,
     placed,
     run_bytes,
+    with_checksums,
     write_front,
 )
-from kvtier.tiers.disk.log_index import NO_REGION, LogIndex
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Plan
 from kvtier.tiers.disk.stats import StoreCounters
 
 GROUP_BYTES = 32 << 20
@@ -249,7 +250,7 @@ class LogLane:
         if self.files.lost is not None:
             flight.fail(self._disabled(self.files.lost))
             flight.taken = True
-            self._count(flight)  # (its blocks count as failed writes)
+            flight.count(self.counters)  # (its blocks count as failed writes)
             return flight
         pending = flight.pending
         self._overwritten = {
@@ -278,7 +279,7 @@ class LogLane:
         flight.appended = self.appended_bytes - before
         flight.syncs = self.syncs - syncs  # (mid-group flushes)
         if flight.taken:
-            self._count(flight)
+            flight.count(self.counters)
         return flight
 
     def _finish(self, flights: list[Flight]) -> None:
@@ -287,6 +288,7 @@ class LogLane:
         after a part a restart's scan stops at) and the lane is told (`_poisoned`)."""
         error: OSError | None = None
         good: list[Flight] = []
+        plan = self._plan(flights[0].pending)  # (every group before it is indexed)
         for flight in flights:
             try:
                 flight.pending.wait()
@@ -303,13 +305,13 @@ class LogLane:
         except OSError as failed:
             error, good = error or failed, []
         for flight in good:
-            self._apply(flight.pending)
+            self._apply(flight.pending, plan if flight is flights[0] else None)
         for flight in flights:
             if flight not in good:
                 flight.fail(error or OSError(errno.EIO, "an earlier group's write failed"))
                 self._release(flight.pending)
                 flight.pending.clear()
-            self._count(flight)
+            flight.count(self.counters)
         if error is not None:
             with self._cond:
                 self._poisoned = error
@@ -325,20 +327,6 @@ class LogLane:
         lost = self.files.check_ground()
         if lost is not None:
             raise self._disabled(lost)
-
-    def _count(self, flight: Flight) -> None:
-        jobs, results = flight.jobs, flight.results
-        failed = sum(1 for r in results for e in r if e is not None)
-        self.counters.count_group(
-            writes=sum(isinstance(job, WriteJob) for job in jobs),
-            forgets=sum(isinstance(job, ForgetJob) for job in jobs),
-            fsyncs=flight.syncs,
-            commits=0,
-            stored=sum(len(r) for r in results) - failed,
-            failed=failed,
-            raw_bytes=flight.raw_bytes if not failed else 0,
-            stored_bytes=flight.appended,
-        )
 
     def _append_write(self, pending: Pending, job: WriteJob) -> int:
         """Place the blocks of one write call (encoded; raw blocks are not touched), as runs:
@@ -561,22 +549,29 @@ class LogLane:
         if self._drain() and pending.parts:  # an earlier group's write failed: these follow it
             raise OSError(errno.EIO, "an earlier group's write failed")
         self._close(pending)
+        plan = self._plan(pending)
         pending.wait()
         if self.fsync and pending.parts:
             self.files.sync()
             self.syncs += 1
         self._hold_ground()
-        self._apply(pending)
+        self._apply(pending, plan)
         self.on_flush(self.opened)
 
-    def _apply(self, pending: Pending) -> None:
-        """Index the durable records of `pending`, release its reclaimed regions and its
-        buffers, and forget it."""
+    def _plan(self, pending: Pending) -> Plan:
+        """The index's look-ups for a group's records, made while its writes and sync run:
+        `_apply` commits them once those succeeded; a failed group drops them."""
+        parts = [part for part in pending.parts if part.keys or part.opens]
+        return self.index.plan(placed(parts, checksums=False))
+
+    def _apply(self, pending: Pending, plan: Plan | None = None) -> None:
+        """Index the durable records of `pending` (with its `plan`, when made), release its
+        reclaimed regions and its buffers, and forget it."""
         written = [part for part in pending.parts if part.keys or part.opens]
-        records = placed(written)
+        records = placed(written) if plan is None else with_checksums(plan.placed, written)
         pending.flushed += int(np.count_nonzero(records.moved_from == NO_REGION))
         if records.keys:
-            self.index.apply(records)
+            self.index.commit(plan) if plan is not None else self.index.apply(records)
         with self.index.lock:
             for part in written:
                 self.index.fill[part.region] = max(int(self.index.fill[part.region]), part.stop)

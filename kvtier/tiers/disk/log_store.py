@@ -7,6 +7,7 @@ A facade over its parts, each a module with one job:
     log_format.py      records, region headers, the bound checksum, the scan of a region
     log_files.py       the lock, the regions file (O_DIRECT where it can), the geometry
     log_index.py       slot -> newest record, as packed arrays; regions' epochs and live bytes
+    log_rows.py        the index's values: a row, a batch of durable records, a plan of one
     log_lane.py        the write lane: groups appended and synced once, regions reclaimed
     log_reader.py      reads, each block verified (and read again if its record moved)
     log_recovery.py    the open: checkpoint, region headers, the regions written since
