@@ -15,7 +15,11 @@ between the two: about twice the dict operations, which on large dicts are lct's
 The reuse histogram and the arrivals are double arrays, updated by the same floating-point
 operations in the same order whether compiled or not. The solver, run every `period`
 accesses, is lct.py's (the policy reads and writes these arrays through `get_reuse`,
-`set_vector` and the like).
+`set_vector` and the like), but for its inner loop: each class's curve (`class_curve`, the
+sum of its states' reuse per bin and `_curve`'s loop in C doubles, the same floating-point
+operations in the same order as lct.py's Python floats did) and the histogram's fading
+(`decay_reuse`) run here (issue 34 item 3: the solver's boxed floats were a third of lct's
+cost at 1 %).
 
 Written in Cython's pure Python mode, as `_arc_core` is (its docstring says how): compiled by
 `scripts/build-core` with its annotations as C types, and without a build the Python it is.

@@ -92,7 +92,8 @@ source): each key's state and last three access times, the class queues and the 
 keys as linked lists over arrays, the reuse histogram and the arrivals. That module is written
 in Cython's pure Python mode: `scripts/build-core` compiles it (see `kvtier.compiled`), and
 without a build it runs as plain Python, the same text. This class keeps the solver (reading
-and writing the core's arrays through the properties below), the checks of its arguments and
+and writing the core's arrays through the properties below; the curves' loop runs in the core,
+`LCTState.class_curve`, see `_curve`), the checks of its arguments and
 the reuse hints.
 """
 
