@@ -12,8 +12,9 @@ file alone: its annotations are C types, its lists int arrays, its class an exte
 since compiling the ordered-dict ARC left its cost in ordered-dict and tuple operations
 (issue 23); uncompiled it is plain Python, the same text (`tests/test_compiled_core.py`
 compares the two). lct's per-access state and steps, `kvtier/policies/_lct_core.py`, are
-written the same way (its solver stays lct.py's, compiled as it is), and so are S3-FIFO's
-queues and steps, `kvtier/policies/_s3fifo_core.py` (`tests/test_compiled_s3fifo.py`), and
+written the same way (its solver stays lct.py's, compiled as it is, but for the curves'
+loop), and so are S3-FIFO's queues and steps, `kvtier/policies/_s3fifo_core.py`
+(`tests/test_compiled_s3fifo.py`), and
 `auto`'s table of key ids and LRU's shadow order on ids, `kvtier/policies/_key_ids.py` and
 `_lru_core.py` (`tests/test_shadow_ids.py`).
 Two modules are written in Cython instead: `kvtier/_blocks_core.pyx`,

@@ -15,7 +15,11 @@ between the two: about twice the dict operations, which on large dicts are lct's
 The reuse histogram and the arrivals are double arrays, updated by the same floating-point
 operations in the same order whether compiled or not. The solver, run every `period`
 accesses, is lct.py's (the policy reads and writes these arrays through `get_reuse`,
-`set_vector` and the like).
+`set_vector` and the like), but for its inner loop: each class's curve (`class_curve`, the
+sum of its states' reuse per bin and `_curve`'s loop in C doubles, the same floating-point
+operations in the same order as lct.py's Python floats did) and the histogram's fading
+(`decay_reuse`) run here (issue 34 item 3: the solver's boxed floats were a third of lct's
+cost at 1 %).
 
 Written in Cython's pure Python mode, as `_arc_core` is (its docstring says how): compiled by
 `scripts/build-core` with its annotations as C types, and without a build the Python it is.
@@ -164,6 +168,17 @@ class LCTState:
     _limits = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
     _shares = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
     _credit = cython.declare(cython.double[4])  # type: ignore[misc,valid-type]
+    # The solver's tables (lct.py's, per bin: the lower edge, the middle, the upper edge), the
+    # least reuse a curve needs (lct.py's `MIN_REUSE`), a class's reuse per bin (a curve's
+    # input), and per bin the solve period its lower edge falls in, for period `_jperiod`.
+    _lows = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _mids = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _edges = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _low_values: list[float]
+    _min_reuse: cython.double
+    _column = cython.declare(cython.double[::1])  # type: ignore[misc]
+    _jtab = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _jperiod: cython.longlong
     # What `_observe` found: the key's new state and last three access times.
     _o_state: cython.int
     _o_last: cython.longlong
@@ -209,6 +224,11 @@ class LCTState:
         self._o_last = self._o_second = self._o_third = 0
         self._ann = _ints([])
         self._nann = self._ann_pos = 0
+        self._lows = self._mids = self._edges = self._column = _doubles([])
+        self._low_values = []
+        self._min_reuse = 0.0
+        self._jtab = _longs([])
+        self._jperiod = 0
 
     def configure(
         self,
@@ -240,6 +260,24 @@ class LCTState:
         self._weights = _doubles(weights)
         self._reuse = _doubles([0.0] * (count * bins))
         self._arrivals = _doubles([0.0] * count)
+
+    def configure_solver(
+        self,
+        lows: Sequence[float],
+        mids: Sequence[float],
+        edges: Sequence[float],
+        min_reuse: float,
+    ) -> None:
+        """Take lct.py's per-bin tables (`_LOWS`, `_MIDS`, `_EDGES`, at least `bins` of each)
+        and `MIN_REUSE`, for `curve` and `class_curve`."""
+        self._low_values = [float(x) for x in lows]
+        self._lows = _doubles(lows)
+        self._mids = _doubles(mids)
+        self._edges = _doubles(edges)
+        self._min_reuse = min_reuse
+        self._column = _doubles([0.0] * len(lows))
+        self._jtab = _longs([0] * len(lows))
+        self._jperiod = 0
 
     @property
     def resident(self) -> dict[OffloadKey, BlockStatus]:
@@ -777,6 +815,107 @@ class LCTState:
         if node < 0:
             return None
         return (self._state[node], self._last[node], self._second[node], self._third[node])
+
+    def decay_reuse(self, decay: cython.double) -> None:
+        """Every reuse weighted by `decay` (the solve's fading; as lct.py's `x * decay`)."""
+        i: cython.Py_ssize_t
+        for i in range(len(self._reuse)):
+            self._reuse[i] = self._reuse[i] * decay
+
+    def class_curve(
+        self,
+        states: Sequence[int],
+        per_epoch: Sequence[float],
+        exposed: Sequence[float],
+        top: cython.int,
+        rate: cython.double,
+    ) -> list[tuple[float, float, float]]:
+        """lct.py's `_curve` of the class made of `states`, its reuse per bin the sum of
+        theirs (in their order, as `sum` adds), each option's slots and hits times `rate`."""
+        b: cython.int
+        s: cython.int
+        n: cython.Py_ssize_t = len(states)
+        i: cython.Py_ssize_t
+        total: cython.double
+        for b in range(top + 1):
+            total = 0.0
+            for i in range(n):
+                s = states[i]
+                total += self._reuse[s * self._bins + b]
+            self._column[b] = total
+        return self._curve_of(per_epoch, exposed, top, rate)
+
+    def curve(
+        self, reuse: Sequence[float], per_epoch: Sequence[float], exposed: Sequence[float], top: int
+    ) -> list[tuple[float, float, float]]:
+        """lct.py's `_curve` of a class whose reuse per bin is `reuse` (tests)."""
+        b: cython.int
+        for b in range(top + 1):
+            self._column[b] = reuse[b]
+        return self._curve_of(per_epoch, exposed, top, 1.0)
+
+    @cython.cfunc
+    def _exposure_periods(self) -> cython.int:
+        """Per bin, the solve period its lower edge falls in (`int(low // period)`, Python's
+        float floor division), for the current period."""
+        b: cython.Py_ssize_t
+        period: int = self.period  # a Python int: the floor division is Python's
+        for b in range(len(self._low_values)):
+            self._jtab[b] = int(self._low_values[b] // period)
+        self._jperiod = self.period
+        return 0
+
+    @cython.cfunc
+    def _curve_of(
+        self,
+        per_epoch: Sequence[float],
+        exposed: Sequence[float],
+        top: cython.int,
+        rate: cython.double,
+    ) -> list[tuple[float, float, float]]:
+        """lct.py's `_curve` of `_column` (the one loop, in C doubles: the same operations in
+        the same order as its Python floats), slots and hits times `rate`."""
+        curve: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
+        if exposed[0] <= 0.0:
+            return curve
+        if self._jperiod != self.period:
+            self._exposure_periods()
+        period: cython.longlong = self.period
+        epochs: cython.longlong = len(per_epoch)
+        found: cython.double = 0.0
+        time_reused: cython.double = 0.0
+        reused: cython.double
+        distance: cython.double
+        fraction: cython.double
+        at_risk: cython.double
+        share: cython.double
+        left: cython.double
+        limit: cython.double
+        j: cython.longlong
+        b: cython.int
+        for b in range(top + 1):
+            reused = self._column[b]
+            if reused > 0.0:
+                distance = self._lows[b]  # the arrivals at least this old
+                j = self._jtab[b]
+                if j < epochs:
+                    fraction = ((j + 1) * period - distance) / period
+                    at_risk = exposed[j + 1] + fraction * per_epoch[j]
+                else:
+                    at_risk = exposed[epochs]
+                if at_risk > 0.0:
+                    share = reused / at_risk
+                    left = 1.0 - found
+                    if left < share:  # `min(share, left)`
+                        share = left
+                    found += share
+                    time_reused += share * self._mids[b]
+            if reused > 0.0 or b == top:
+                limit = self._edges[b]
+                curve.append(((time_reused + (1.0 - found) * limit) * rate, found * rate, limit))
+        if found >= self._min_reuse:
+            return curve
+        return curve[:1]
 
     def get_reuse(self) -> list[list[float]]:
         """The reuse histogram, a row of bins per state."""

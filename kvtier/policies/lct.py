@@ -92,7 +92,8 @@ source): each key's state and last three access times, the class queues and the 
 keys as linked lists over arrays, the reuse histogram and the arrivals. That module is written
 in Cython's pure Python mode: `scripts/build-core` compiles it (see `kvtier.compiled`), and
 without a build it runs as plain Python, the same text. This class keeps the solver (reading
-and writing the core's arrays through the properties below), the checks of its arguments and
+and writing the core's arrays through the properties below; the curves' loop runs in the core,
+`LCTState.class_curve`, see `_curve`), the checks of its arguments and
 the reuse hints.
 """
 
@@ -356,6 +357,7 @@ class LCTCachePolicy(CachePolicy):
             self._bins,
             self._weights,
         )
+        core.configure_solver(_LOWS, _MIDS, _EDGES, MIN_REUSE)
         cls = type(self)
         if cls.get is LCTCachePolicy.get:
             self.get = core.resident.get  # type: ignore[method-assign,assignment]
@@ -441,16 +443,15 @@ class LCTCachePolicy(CachePolicy):
             self._older = [a + b for a, b in zip(self._older, oldest, strict=True)]
         self._forget_old()
         top = self._longest_limit()
-        reuse = self._reuse
         if top >= 0:
-            results = [self._solve_horizon(i, top, reuse) for i in range(len(self._horizons))]
+            results = [self._solve_horizon(i, top) for i in range(len(self._horizons))]
             self.expected = [hits for _, _, hits in results]
             best = max(range(len(results)), key=lambda i: (self.expected[i], -i))
             if self.expected[best] > self.expected[self.horizon]:
                 self._move_horizon(self.horizon + (1 if best > self.horizon else -1))
             self.limits, self.shares, _ = results[self.horizon]
         decay = self.decay
-        self._reuse = [[x * decay for x in row] for row in reuse]
+        self._core.decay_reuse(decay)  # each reuse times `decay`, in place
         self._epochs = deque([x * decay for x in epoch] for epoch in self._epochs)
         self._older = [x * decay for x in self._older]
 
@@ -463,14 +464,12 @@ class LCTCachePolicy(CachePolicy):
             top += 1
         return top
 
-    def _solve_horizon(
-        self, horizon: int, top: int, reuse_rows: list[list[float]]
-    ) -> tuple[list[float], list[float], float]:
+    def _solve_horizon(self, horizon: int, top: int) -> tuple[list[float], list[float], float]:
         """The limits and shares of the classes counted over candidate `horizon`, and the
-        hits per access they are expected to give; limits end in bins up to `top`
-        (`reuse_rows`: the reuse histogram of each state)."""
+        hits per access they are expected to give; limits end in bins up to `top`."""
         epochs = self._epochs
-        curves: list[_Curve] = []
+        per_epochs: list[list[float]] = []
+        exposures: list[list[float]] = []
         arrivals: list[float] = []
         for cls in range(CLASSES):
             index = horizon * CLASSES + cls
@@ -479,15 +478,22 @@ class LCTCachePolicy(CachePolicy):
             exposed = list(itertools.accumulate(reversed(per_epoch), initial=self._older[index]))
             exposed.reverse()
             arrivals.append(exposed[0])
-            rows = [reuse_rows[s] for s in self._members[index]]
-            reuse = [sum(column) for column in zip(*rows, strict=True)]
-            curves.append(self._curve(reuse, per_epoch, exposed, top))
+            per_epochs.append(per_epoch)
+            exposures.append(exposed)
         total = sum(arrivals)
         if total <= 0.0:
             return [UNLIMITED] * CLASSES, [1.0] * CLASSES, 0.0
-        curves = [
-            [(slots * rate, hits * rate, limit) for slots, hits, limit in curve]
-            for curve, rate in zip(curves, (a / total for a in arrivals), strict=True)
+        # each class's curve (see `_curve`; the core's loop), per access: times its rate
+        core, members = self._core, self._members
+        curves: list[_Curve] = [
+            core.class_curve(
+                members[horizon * CLASSES + cls],
+                per_epochs[cls],
+                exposures[cls],
+                top,
+                arrivals[cls] / total,
+            )
+            for cls in range(CLASSES)
         ]
         # Whether every option fit is not read: the limits stand even with room to spare
         # (eviction runs only when the cache is full; see the module doc, "The optimum").
@@ -507,31 +513,26 @@ class LCTCachePolicy(CachePolicy):
         self, reuse: list[float], per_epoch: list[float], exposed: list[float], top: int
     ) -> _Curve:
         """A class's options, per arrival: (slots, hits, limit) for limit 0 and each bin up to
-        `top`, the reuse in each bin taken over the arrivals that could have shown it."""
-        curve: _Curve = [(0.0, 0.0, 0.0)]
-        if exposed[0] <= 0.0:
-            return curve
-        period = self.period
-        found = 0.0
-        time_reused = 0.0
-        for b in range(top + 1):
-            reused = reuse[b]
-            if reused > 0.0:
-                distance = _LOWS[b]  # the arrivals at least this old: exposed to this reuse
-                j = int(distance // period)
-                if j < len(per_epoch):
-                    fraction = ((j + 1) * period - distance) / period
-                    at_risk = exposed[j + 1] + fraction * per_epoch[j]
-                else:
-                    at_risk = exposed[-1]
-                if at_risk > 0.0:
-                    share = min(reused / at_risk, 1.0 - found)
-                    found += share
-                    time_reused += share * _MIDS[b]
-            if reused > 0.0 or b == top:
-                limit = _EDGES[b]
-                curve.append((time_reused + (1.0 - found) * limit, found, limit))
-        return curve if found >= MIN_REUSE else curve[:1]
+        `top`, the reuse in each bin taken over the arrivals that could have shown it.
+
+        The core's loop (`LCTState.curve`; the solver runs `class_curve`, the same loop over
+        the sum of a class's states' reuse), in C doubles when compiled, the same operations
+        in the same order as this, in Python floats:
+
+            found = time_reused = 0.0
+            for each bin b up to top:
+                if reuse[b] > 0:  # the arrivals at least _LOWS[b] old could show it
+                    j = int(_LOWS[b] // period)
+                    at_risk = (exposed[j + 1] + ((j + 1) * period - _LOWS[b]) / period
+                               * per_epoch[j]) if j < len(per_epoch) else exposed[-1]
+                    if at_risk > 0:
+                        share = min(reuse[b] / at_risk, 1.0 - found)
+                        found += share; time_reused += share * _MIDS[b]
+                if reuse[b] > 0 or b == top:  # an option: limit _EDGES[b]
+                    append (time_reused + (1.0 - found) * _EDGES[b], found, _EDGES[b])
+            no option but (0, 0, 0) when found < MIN_REUSE (or no arrivals: exposed[0] <= 0)
+        """
+        return self._core.curve(reuse, per_epoch, exposed, top)
 
     # -- the state the solver reads and writes, kept by the core ------------------------------
 
