@@ -32,9 +32,12 @@ else:
 _NO_BLOCK = BlockStatus(-1)  # the block of an id not held: never returned
 
 
-def _extended(old: Sequence[int], count: int, value: int) -> array[int]:
-    """A new int array of `count` items: `old`'s, then copies of `value`."""
-    return array("i", old) + array("i", [value]) * (count - len(old))
+def _extended(old: Any, count: int, value: int) -> array[int]:
+    """A new int array of `count` items: `old`'s (an int array, or a typed view of one),
+    then copies of `value`. `old`'s bytes are copied at once: `array("i", old)` of a typed
+    view read it item by item, most of the cost of `auto`'s id table growing
+    (docs/BENCHMARKS.md, "Policy cost, sixth round")."""
+    return array("i", bytes(old)) + array("i", [value]) * (count - len(old))
 
 
 @cython.final

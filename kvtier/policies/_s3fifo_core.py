@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
@@ -78,9 +78,12 @@ def _filled(count: int, value: int) -> array[int]:
     return array("i", [value]) * count
 
 
-def _extended(old: Sequence[int], count: int, value: int) -> array[int]:
-    """A new int array of `count` items: `old`'s, then copies of `value`."""
-    return array("i", old) + _filled(count - len(old), value)
+def _extended(old: Any, count: int, value: int) -> array[int]:
+    """A new int array of `count` items: `old`'s (an int array, or a typed view of one),
+    then copies of `value`. `old`'s bytes are copied at once: `array("i", old)` of a typed
+    view read it item by item, most of the cost of `auto`'s id table growing
+    (docs/BENCHMARKS.md, "Policy cost, sixth round")."""
+    return array("i", bytes(old)) + _filled(count - len(old), value)
 
 
 @cython.final
