@@ -95,7 +95,7 @@ from kvtier.policies.lct import LCTCachePolicy
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.s3fifo import S3FIFOCachePolicy
 from kvtier.policies.shadow_calls import ShadowCalls
-from kvtier.policies.takeover import copyable, shadow_on_keys, store_in_shadow, take_over
+from kvtier.policies.takeover import copyable, shadow_on_keys, store_moved, take_over
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
     LCTCachePolicy.name: LCTCachePolicy,
@@ -528,11 +528,9 @@ class AutoCachePolicy(CachePolicy):
         does, and nothing is scored."""
         block = self._block
         self._shadows.store(keys, block)
-        for copy in [held[1] for held in (self._trial, self._ideal) if held is not None]:
-            for key in reversed(keys):
-                if copy.get(key) is None:
-                    copy.on_store_move((key,))
-                    store_in_shadow(copy, key, block)
+        for held in (self._trial, self._ideal):
+            if held is not None:
+                store_moved(held[1], keys, block)
         self._serving.on_store_move(keys)
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:

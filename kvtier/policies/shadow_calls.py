@@ -16,7 +16,7 @@ from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey
 from kvtier.policies._key_ids import KeyIds
 from kvtier.policies.base import CachePolicy
-from kvtier.policies.takeover import shadow_on_ids, store_in_shadow
+from kvtier.policies.takeover import shadow_on_ids, store_moved
 
 
 class ShadowCalls:
@@ -59,8 +59,4 @@ class ShadowCalls:
             for policy, _, _ in self.on_ids:
                 policy.store_ids(ids, block)  # type: ignore[attr-defined]
         for policy, _, _ in self.keyed:
-            get = policy.getter()
-            for key in reversed(keys):
-                if get(key) is None:
-                    policy.on_store_move((key,))
-                    store_in_shadow(policy, key, block)
+            store_moved(policy, keys, block)

@@ -49,6 +49,16 @@ def store_in_shadow(policy: CachePolicy, key: OffloadKey, block: BlockStatus) ->
     policy.insert(key, block)
 
 
+def store_moved(policy: CachePolicy, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
+    """A tier's move (`on_store_move`) in a shadow on keys: each of `keys` it lacks, tail
+    first, announced and stored as the tier stores it (`store_in_shadow`); nothing touched."""
+    get = policy.getter()
+    for key in reversed(keys):
+        if get(key) is None:
+            policy.on_store_move((key,))
+            store_in_shadow(policy, key, block)
+
+
 def _lct_order(policy: LCTCachePolicy) -> list[OffloadKey]:
     """lct's resident keys, oldest last access first."""
     last: dict[OffloadKey, int] = {}
