@@ -2,8 +2,10 @@
 holding a region's live records (`record_spans`, `read_records`), each record's bytes as the
 file holds them, and says which records a truncated file cuts off; a head thread's header
 write (`write_here`) lands where `write_parts` would put it; `write_parts` cuts a write in
-parts and the parts in one batch per write thread (`spread`), and a part that fails fails
-its batch's future while every other part still lands."""
+pieces of about equal bytes (`pieces`: whole pages, at least WRITE_PIECE_BYTES each when
+there is that much, one `pwritev` each) and the pieces in one batch per write thread
+(`spread`), and a piece that fails fails its batch's future while every other piece still
+lands."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.tiers.disk.io import FaultyIO, FileIO
+from kvtier.tiers.disk.io import IOV_MAX, FaultyIO, FileIO
 from kvtier.tiers.disk.log_files import (
     SPAN_BYTES,
     SPAN_GAP,
-    WRITE_PART_BYTES,
+    WRITE_PIECE_BYTES,
     WRITE_THREADS,
     Geometry,
     LogFiles,
+    pieces,
     record_spans,
     spread,
 )
@@ -146,29 +149,68 @@ def test_spread_keeps_every_part_once_in_order_in_even_batches() -> None:
             assert all(sizes) and (not sizes or max(sizes) - min(sizes) <= 1)
 
 
+def test_pieces_hold_every_byte_once_in_order_in_whole_pages() -> None:
+    rng = random.Random(21)
+    for _ in range(60):
+        sizes = [PAGE * rng.choice([1, 4, 16, 64, 300, 2048]) for _ in range(rng.randint(0, 40))]
+        if rng.random() < 0.2:
+            sizes = [PAGE] * rng.randint(IOV_MAX, IOV_MAX + 600)  # many small buffers
+        data = np.frombuffer(rng.randbytes(sum(sizes)), dtype=np.uint8)
+        offsets = np.cumsum([0, *sizes])
+        views = [data[a:b].data for a, b in itertools.pairwise(offsets)]
+        for threads in (1, 2, WRITE_THREADS):
+            cut = pieces(views, threads)
+            joined = b"".join(bytes(view) for piece in cut for view in piece)
+            assert joined == data.tobytes()
+            got = [sum(view.nbytes for view in piece) for piece in cut]
+            assert all(nbytes % PAGE == 0 and nbytes > 0 for nbytes in got)
+            assert all(0 < len(piece) <= IOV_MAX for piece in cut)
+            if data.nbytes and all(len(piece) < IOV_MAX for piece in cut):
+                assert len(cut) == max(1, min(threads, data.nbytes // WRITE_PIECE_BYTES))
+                assert max(got) - min(got) <= len(cut) * PAGE
+
+
+def test_write_parts_makes_one_pwritev_a_piece(tmp_path: Path) -> None:
+    """A part of two pieces' bytes in rows of 16 pages is two system calls, whatever its
+    rows (1 MiB writes made one a MiB: 9 here, each a GIL hand-off and more CPU)."""
+    io = FaultyIO()
+    files = _files(tmp_path, 8, io)
+    try:
+        data = aligned_buffer(2 * WRITE_PIECE_BYTES + 5 * PAGE)
+        rows = [data[at : at + 16 * PAGE].data for at in range(0, data.nbytes, 16 * PAGE)]
+        before = io.calls["pwritev"]
+        writes = files.write_parts(1, PAGE, rows, True)
+        assert sum(write.result() for write in writes) == data.nbytes
+        assert len(writes) == 2
+        assert io.calls["pwritev"] - before == 2
+    finally:
+        files.close()
+
+
 @pytest.mark.parametrize("faulty", [False, True], ids=["plain", "faulty-io"])
 def test_write_parts_lands_every_part_and_a_failed_part_fails_its_batch(
     tmp_path: Path, faulty: bool
 ) -> None:
     """With the real system calls (the compiled batch, where built) and through a `FileIO`
-    that sees every call (Python): every byte lands; with one part's write failing, one
-    future raises that OSError and the other parts still land."""
+    that sees every call (Python): every byte lands; with one piece's write failing, one
+    future raises that OSError and the other pieces still land."""
     io = FaultyIO() if faulty else FileIO()
-    files = _files(tmp_path, 3, io)
+    files = _files(tmp_path, 12, io)
     rng = random.Random(13)
     try:
-        data = aligned_buffer(3 * WRITE_PART_BYTES + 5 * PAGE)
+        data = aligned_buffer(3 * WRITE_PIECE_BYTES + 5 * PAGE)
         data[:] = np.frombuffer(rng.randbytes(data.nbytes), dtype=np.uint8)
         rows = [data[at : at + 16 * PAGE].data for at in range(0, data.nbytes, 16 * PAGE)]
         writes = files.write_parts(1, PAGE, rows, True)
-        assert len(writes) == min(WRITE_THREADS, 4)
+        assert len(writes) == min(WRITE_THREADS, 3)
         assert sum(write.result() for write in writes) == data.nbytes
         back = aligned_buffer(data.nbytes)
         assert files.read_run(1, PAGE, [back.data], True) == data.nbytes
         assert np.array_equal(back, data)
         if not isinstance(io, FaultyIO):
             return
-        bad = 2 * REGION + PAGE + WRITE_PART_BYTES + 1  # inside the second part
+        first = sum(view.nbytes for view in pieces(rows)[0])
+        bad = 2 * REGION + PAGE + first + 1  # inside the second piece
         io.inject("pwritev", errno.EIO, path_suffix=REGIONS_FILE, offset=bad, times=1)
         data[:] = np.frombuffer(rng.randbytes(data.nbytes), dtype=np.uint8)
         errors = []
@@ -179,7 +221,7 @@ def test_write_parts_lands_every_part_and_a_failed_part_fails_its_batch(
                 errors.append(error.errno)
         assert errors == [errno.EIO]
         assert files.read_run(2, PAGE, [back.data], True) == data.nbytes
-        second = slice(WRITE_PART_BYTES, 2 * WRITE_PART_BYTES)
+        second = slice(first, first + sum(view.nbytes for view in pieces(rows)[1]))
         keep = np.ones(data.nbytes, bool)
         keep[second] = False
         assert np.array_equal(back[keep], data[keep])

@@ -37,7 +37,6 @@ from kvtier.errors import DirectIOError, DiskLockedError, DiskTierError
 from kvtier.tiers.disk.io import (
     IOV_MAX,
     FileIO,
-    IOBuffer,
     preadv_fill,
     pwritev_all,
     staging_buffer,
@@ -45,8 +44,13 @@ from kvtier.tiers.disk.io import (
 from kvtier.tiers.disk.log_format import LOCK_FILE, PAGE, REGIONS_FILE
 from kvtier.tiers.disk.ops import WriteOp, run_batch
 
-WRITE_PART_BYTES = 1 << 20
-"""The largest part of a region's write one thread writes (whole pages)."""
+WRITE_PIECE_BYTES = 4 << 20
+"""The least a write thread's piece of a part's payloads holds when the part has that much:
+a part is cut in `min(WRITE_THREADS, bytes // WRITE_PIECE_BYTES)` pieces (at least one), each
+written with one `pwritev` (several only past IOV_MAX buffers). One large O_DIRECT write keeps
+many requests in flight by itself (the kernel submits all of its bios, then waits), so the
+pieces need not be small: 1 MiB pieces cost 3-4 ms of write-thread CPU a 64 MiB call at
+64 KiB blocks against ~2 for 4 MiB ones (docs/BENCHMARKS.md, "Log writes on a fast device")."""
 
 WRITE_THREADS = 4
 """Threads writing a group's payloads (`write_parts`): the writes a device has in flight."""
@@ -188,30 +192,22 @@ class LogFiles:
     ) -> list[Future[int]]:
         """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
         the writes run on the WRITE_THREADS write threads, so a device keeps several in
-        flight and the caller goes on (the next group is encoded meanwhile). They are cut in
-        parts of at most WRITE_PART_BYTES (and IOV_MAX buffers), and the parts in one batch
-        of consecutive parts per thread, which writes them one after another in one call
-        (`ops.run_batch`: with the compiled core, without taking the GIL between them; see
-        "Write threads and the GIL" in docs/BENCHMARKS.md). With O_DIRECT when the caller
-        says every buffer is page-aligned memory of whole pages (`direct`, see
+        flight and the caller goes on (the next part is placed meanwhile). They are cut in
+        `pieces` of about equal bytes (whole pages; at least WRITE_PIECE_BYTES each when
+        there is that much), one per thread, each written with one `pwritev` in one call
+        without the GIL with the compiled core (`ops.run_batch`; see "Write threads and the
+        GIL" and "Log writes on a fast device" in docs/BENCHMARKS.md). With O_DIRECT when
+        the caller says every buffer is page-aligned memory of whole pages (`direct`, see
         `whole_pages`), else buffered (the kernel's one copy). The caller waits on every
-        future returned (each raises its batch's first OSError, once all its parts were
-        tried) before it syncs."""
+        future returned (each raises its piece's OSError) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
-        parts: list[WriteOp] = []
-        part: list[IOBuffer] = []
-        part_bytes = 0
-        for view in _cut(buffers):
-            if part and (part_bytes + view.nbytes > WRITE_PART_BYTES or len(part) >= IOV_MAX):
-                parts.append(WriteOp(fd, part, at, part_bytes))
-                at += part_bytes
-                part, part_bytes = [], 0
-            part.append(view)
-            part_bytes += view.nbytes
-        if part:
-            parts.append(WriteOp(fd, part, at, part_bytes))
-        return [self._writers.submit(self._write_batch, batch) for batch in spread(parts)]
+        ops: list[WriteOp] = []
+        for piece in pieces(buffers):
+            nbytes = sum(view.nbytes for view in piece)
+            ops.append(WriteOp(fd, list(piece), at, nbytes))
+            at += nbytes
+        return [self._writers.submit(self._write_batch, batch) for batch in spread(ops)]
 
     def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> None:
         """Write `buffers` back to back at `start` of `region` on the calling thread (as
@@ -220,8 +216,9 @@ class LogFiles:
         behind the payloads (a 3.7 MB group's header write went last, 2 ms after them)."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
-        for view in _cut(buffers):
-            at += self._write(fd, [view], at, view.nbytes)
+        for piece in pieces(buffers, 1):
+            nbytes = sum(view.nbytes for view in piece)
+            at += self._write(fd, piece, at, nbytes)
 
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
         self._enter()
@@ -456,15 +453,31 @@ def spread(parts: list[WriteOp], threads: int = WRITE_THREADS) -> list[list[Writ
     return batches
 
 
-def _cut(buffers: list[memoryview]) -> list[memoryview]:
-    """`buffers` with each one larger than WRITE_PART_BYTES cut into parts of that size."""
-    if all(view.nbytes <= WRITE_PART_BYTES for view in buffers):
-        return buffers
-    return [
-        view[at : at + WRITE_PART_BYTES]
-        for view in buffers
-        for at in range(0, max(view.nbytes, 1), WRITE_PART_BYTES)
-    ]
+def pieces(buffers: list[memoryview], threads: int = WRITE_THREADS) -> list[list[memoryview]]:
+    """`buffers` (back to back, whole pages in all) cut in at most `threads` pieces of about
+    equal bytes, each a multiple of PAGE but the last and at least WRITE_PIECE_BYTES when
+    the buffers hold that much (a buffer is cut where a piece ends), and at most IOV_MAX
+    buffers each (more pieces then); every byte once, in order."""
+    total = sum(view.nbytes for view in buffers)
+    count = max(1, min(threads, total // WRITE_PIECE_BYTES))
+    each = -(-total // count)
+    share = -(-each // PAGE) * PAGE
+    out: list[list[memoryview]] = []
+    piece: list[memoryview] = []
+    held = 0
+    for view in buffers:
+        at = 0
+        while at < view.nbytes:
+            take = min(view.nbytes - at, share - held)
+            piece.append(view[at : at + take] if take < view.nbytes else view)
+            held += take
+            at += take
+            if held == share or len(piece) >= IOV_MAX:
+                out.append(piece)
+                piece, held = [], 0
+    if piece:
+        out.append(piece)
+    return out
 
 
 def record_spans(records: list[tuple[int, int]]) -> list[tuple[int, int]]:
