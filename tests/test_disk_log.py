@@ -362,6 +362,7 @@ async def main():
     store = LogStore(sys.argv[1], block_size={BLOCK}, num_blocks={_SLOTS}, direct_io=False,
                      compression=sys.argv[2], io=TornIO(), fsync=sys.argv[5] == "1")
     store.checkpoint_every = 3
+    store.checkpoint_min_bytes = 0
     first = int(sys.argv[4])
     while True:
         groups = [list(range(first + g * 4, first + (g + 1) * 4)) for g in range(3)]

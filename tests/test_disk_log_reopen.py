@@ -2,7 +2,8 @@
 opened with another `region_bytes` than it was written with keeps the regions it has (and
 says so in one line), and a checkpoint that is not the store's own (copied from another
 store, or left from an earlier regions file) is ignored: the regions are scanned, so the
-store's own blocks are found and nothing is claimed that is not there."""
+store's own blocks are found and nothing is claimed that is not there. A background checkpoint
+is due once enough regions were opened and enough bytes appended (`checkpoint_min_bytes`)."""
 
 from __future__ import annotations
 
@@ -207,3 +208,40 @@ async def test_a_store_written_before_its_identity_was_recorded_opens_by_a_scan_
             await assert_intact(again, list(range(8)), list(range(8)))
         finally:
             again.close()
+
+
+# -- how often a checkpoint is written ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("min_bytes", [None, 0])
+async def test_a_background_checkpoint_waits_for_its_bytes_as_well_as_its_regions(
+    tmp_path: Path, min_bytes: int | None
+) -> None:
+    """A small store opens `checkpoint_every` regions within one call's bytes; a background
+    checkpoint waits until `checkpoint_min_bytes` were appended too (measured before: one
+    every two regions here, on every large call of a store one call large). The close
+    writes one either way; a restart then finds every block."""
+    store = open_log(tmp_path)
+    if min_bytes is not None:
+        store.checkpoint_min_bytes = min_bytes
+    assert store.checkpoint_every < 8
+    written = [0]
+    checkpoint = store.checkpoint
+
+    def counting() -> None:
+        written[0] += 1
+        checkpoint()
+
+    store.checkpoint = counting  # type: ignore[method-assign]
+    for first in range(0, 2 * BLOCKS, 64):
+        ids = list(range(first, first + 64))
+        await write_ok(store, ids, [i % BLOCKS for i in ids])
+    assert store._lane.opened >= 3 * store.checkpoint_every
+    await store.aclose()  # (runs the background checkpoints submitted, then its own)
+    assert (written[0] == 1) == (min_bytes is None), written[0]
+    again = open_log(tmp_path)
+    try:
+        assert again.opened.from_checkpoint
+        assert len(again) == BLOCKS
+    finally:
+        again.close()

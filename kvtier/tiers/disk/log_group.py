@@ -288,8 +288,15 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
     header pages (after the region's first page when it opens the region) written; raises
     the write's OSError."""
     checksums = part.checksum
-    new = [i for i, check in enumerate(checksums) if check is None]
-    if new:
+    fresh = checksums.count(None)
+    if fresh == len(checksums):  # every record new (no move): the part's columns as they are
+        checksums = part.checksum = list(
+            bound_checksums(
+                namespace, part.keys, part.slot, part.length, part.codec, part.seq, part.payloads
+            )
+        )
+    elif fresh:
+        new = [i for i, check in enumerate(checksums) if check is None]
         computed = bound_checksums(
             namespace,
             [part.keys[i] for i in new],
