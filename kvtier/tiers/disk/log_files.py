@@ -26,8 +26,10 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_left
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -457,26 +459,33 @@ def pieces(buffers: list[memoryview], threads: int = WRITE_THREADS) -> list[list
     """`buffers` (back to back, whole pages in all) cut in at most `threads` pieces of about
     equal bytes, each a multiple of PAGE but the last and at least WRITE_PIECE_BYTES when
     the buffers hold that much (a buffer is cut where a piece ends), and at most IOV_MAX
-    buffers each (more pieces then); every byte once, in order."""
-    total = sum(view.nbytes for view in buffers)
+    buffers each (more pieces then); every byte once, in order. The cuts are found by
+    bisection over the buffers' running ends: no Python per buffer but its size."""
+    ends = list(accumulate(view.nbytes for view in buffers))
+    total = ends[-1] if ends else 0
     count = max(1, min(threads, total // WRITE_PIECE_BYTES))
     each = -(-total // count)
     share = -(-each // PAGE) * PAGE
     out: list[list[memoryview]] = []
-    piece: list[memoryview] = []
-    held = 0
-    for view in buffers:
-        at = 0
-        while at < view.nbytes:
-            take = min(view.nbytes - at, share - held)
-            piece.append(view[at : at + take] if take < view.nbytes else view)
-            held += take
-            at += take
-            if held == share or len(piece) >= IOV_MAX:
-                out.append(piece)
-                piece, held = [], 0
-    if piece:
+    first = skip = start = 0  # a piece starts `skip` bytes into buffers[first], `start` in all
+    while start < total:
+        stop = min(start + share, total)
+        last = bisect_left(ends, stop, first)
+        if last - first >= IOV_MAX:
+            last = first + IOV_MAX - 1
+            stop = ends[last]
+        piece = buffers[first : last + 1]
+        over = ends[last] - stop  # bytes of buffers[last] past the piece
+        if over:
+            piece[-1] = piece[-1][: piece[-1].nbytes - over]
+        if skip:
+            piece[0] = piece[0][skip:]
         out.append(piece)
+        if over:
+            first, skip = last, buffers[last].nbytes - over
+        else:
+            first, skip = last + 1, 0
+        start = stop
     return out
 
 
