@@ -75,8 +75,8 @@ DEFAULT_SPARE = 0.25
 """Space beyond the blocks' own for reclaiming (a quarter: write amplification stays low)."""
 
 CHECKPOINT_MIN_BYTES = 256 << 20
-"""Bytes appended before a background checkpoint is due by regions opened (`LogStore.
-checkpoint_min_bytes`): a restart after a crash scans at most this much more than
+"""Bytes appended before a background checkpoint is due by regions opened (a store's
+`checkpoint_min_bytes`): a restart after a crash scans at most this much more than
 `checkpoint_every` regions (~0.1-0.3 s at a device's speed)."""
 
 _LOG = logging.getLogger(__name__)
