@@ -409,7 +409,7 @@ class AutoCachePolicy(CachePolicy):
             self._decided_switch(trial.index)
         else:
             self._last_trial = self.decisions
-            self.alarms.reset()  # its evidence is spent
+            self.alarms.spend()
 
     def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
         """Whether the switch on probation (made at decision `decided`) was undone, given

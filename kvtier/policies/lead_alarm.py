@@ -37,12 +37,17 @@ class LeadAlarm:
 
     def reset(self) -> None:
         """Start afresh (the warm-up's end, each switch: the leads are over a new serving
-        candidate; a dropped trial: its evidence is spent)."""
+        candidate)."""
         self.sums = [0.0] * self._count
         """Per candidate, its CUSUM."""
         self._leads = [0] * self._count
         self._squares = [0] * self._count
         self._epochs = 0
+
+    def spend(self) -> None:
+        """Zero the CUSUMs, keeping the spread (a dropped trial: the alarm's evidence is
+        spent, the noise it was measured against is not)."""
+        self.sums = [0.0] * self._count
 
     def deviation(self, index: int) -> float:
         """The standard deviation of candidate `index`'s per-epoch lead since `reset`."""
