@@ -33,16 +33,14 @@ On a stationary workload the lead of a winner grows as the epochs do and noise a
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
 
-A switch to a candidate whose takeover leaves its shadow as it was (S3-FIFO, ARC, LRU) is
-*tried* first, for up to `TRIAL` decisions: a copy of its shadow made from the tier's own
-blocks (`take_over` with the shared block) runs as one more shadow; the switch is made once
-the copy leads the serving policy by `MARGIN` over the accesses since, or at the end trails
-by less than a switch's cost; else none starts for `DWELL` decisions (`SwitchTrial`): its
-lead is the switch's real gain, the blocks the tier lacks included (cloudPhysics at 10 %).
-lct, whose takeover is its shadow, is not tried: it takes over at once. A lead that starts
-late and in bursts (passing neither rule above for capacities: P3 at 5 %) raises an
-*alarm* (`kvtier.policies.lead_alarm`), which only starts a trial, stricter: taken early
-only past the alarm's bar, at the end only with a gain (`SwitchTrial.score`).
+A switch to S3-FIFO, ARC or LRU (whose takeover leaves the shadow as it was) is *tried*
+first, for up to `TRIAL` decisions: a copy of the shadow made from the tier's own blocks
+runs as one more shadow, and the switch is made only if it does well against the serving
+policy (`SwitchTrial`: its lead is the switch's real gain, the blocks the tier lacks
+included; cloudPhysics at 10 %); else none starts for `DWELL` decisions. lct takes over at
+once (its takeover is its shadow). A late lead in bursts (P3 at 5 %) raises an *alarm*
+(`kvtier.policies.lead_alarm`), which only starts a trial, stricter until the rules above
+back it: taken early only past the alarm's bar, at the end with a gain.
 
 A decided switch is on probation for `PROBATION` decisions: the shadows price the
 candidates, not a takeover (the new policy starts from the blocks the old one kept, and the
@@ -137,8 +135,7 @@ REVERT_COST = 0.05
 """How far behind the candidate it replaced a new one must fall during its probation to be
 undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
 TRIAL = 8
-"""Decisions a trial may run (two capacities; `SwitchTrial.score`; the module
-doc): 0 switches at once, as before trials."""
+"""Decisions a trial may run (two capacities; `SwitchTrial`): 0 switches at once."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
 many accesses, whatever the noise (issue 34's bound on flapping): a learner (lct) trails
@@ -270,14 +267,12 @@ class AutoCachePolicy(CachePolicy):
         `_steady_from` (not faded: the steady lead's own noise)."""
         self._steady_epochs = 0
         """Decisions since `_steady_from`."""
-        self.alarms = LeadAlarm(len(self.candidates))
-        """Per candidate, Page's CUSUM of its lead since `_steady_from` (the module doc)."""
+        self.alarms = LeadAlarm(len(self.candidates))  # Page's CUSUMs, since `_steady_from`
         self._on_probation: tuple[int, int] | None = None
         """After a decided switch, for `probation` decisions: (the old candidate, the decision)."""
         self._behind = 0
         """During a probation: the old candidate's hits since the switch minus the new one's."""
-        self._trial: SwitchTrial | None = None
-        """The trial running, if one is."""
+        self._trial: SwitchTrial | None = None  # the trial running, if one is
         self._last_trial = -self.dwell - 1
         """The decision the last trial ended at without a switch."""
         self._ideal: tuple[int, CachePolicy] | None = None
@@ -379,12 +374,15 @@ class AutoCachePolicy(CachePolicy):
         if best == serving or not self._leads(best):  # an alarm only starts a trial
             best = self.alarms.alarm(serving, floor)
             bar = self.alarms.bar_of(best, floor)
-        tried = self.trial and copyable(self._policies[best])
-        if best != serving and tried:
-            copy = take_over(self._policies[best], [(key, self._block) for key in self._resident])
-            self._trial = SwitchTrial(best, copy, self.decisions, bar)
+        if best != serving and self.trial and copyable(self._policies[best]):
+            self._start_trial(best, bar)
         elif best != serving and bar is None:
             self._decided_switch(best)
+
+    def _start_trial(self, index: int, bar: float | None) -> None:
+        """Try candidate `index` (`SwitchTrial`; `bar`: the alarm's, if one started it)."""
+        copy = take_over(self._policies[index], [(key, self._block) for key in self._resident])
+        self._trial = SwitchTrial(index, copy, self.decisions, bar)
 
     def _decided_switch(self, index: int) -> None:
         """Switch to candidate `index` as a decision does: on probation (see `_decide`)."""
@@ -397,10 +395,12 @@ class AutoCachePolicy(CachePolicy):
     def _score_trial(self, trial: SwitchTrial, serving_hits: int) -> None:
         """Score the running trial's epoch (`SwitchTrial.score`, the serving policy's hits
         `serving_hits`) and end it if it is decided: a switch, or none for `dwell`."""
+        if trial.bar is not None and self._leads(trial.index):
+            self._start_trial(trial.index, None)  # afresh, as the rules would start it
+            return
         epochs = self.decisions - trial.began
-        gain = self.margin * epochs * self.epoch
-        costs = (self.switch_cost, self.revert_cost)
-        decided = trial.score(serving_hits, epochs, self.trial, gain, *costs)
+        costs = (self.margin * epochs * self.epoch, self.switch_cost, self.revert_cost)
+        decided = trial.score(serving_hits, epochs, self.trial, *costs)
         if decided is None:
             return
         self._trial = None
