@@ -29,6 +29,7 @@ from kvtier.policies import (
 )
 from kvtier.policies.auto import CANDIDATES
 from kvtier.policies.lct import LCTCachePolicy
+from kvtier.policies.lead_alarm import LeadAlarm
 from kvtier.policies.sampling import sample_point
 from kvtier.testing import PolicyTests
 from kvtier.testing.policy import k, ready_block
@@ -304,7 +305,7 @@ def _decide_with_trial(policy: AutoCachePolicy, leads: list[int], trial_leads: l
     pending = iter(trial_leads)
     for lead in leads:
         if policy._trial is not None:
-            policy._trial_hits = 100 + next(pending)
+            policy._trial.hits = 100 + next(pending)
         _decide_with_leads(policy, [lead])
 
 
@@ -407,6 +408,95 @@ def test_a_lead_must_clear_the_measured_takeover_cost() -> None:
         switched.append(policy.switches)
     assert switched[0] and switched[0][0][1] == "s3fifo"
     assert switched[1] == []
+
+
+def _late_bursty_lead() -> list[int]:
+    """S3-FIFO's per-epoch lead: none in the warm-up, then 40 epochs of +-100 (no lead),
+    then a lead that comes in bursts, +600 / -200 / +500 / -100 (200 an epoch on average)."""
+    return [0] * 16 + [100 if i % 2 else -100 for i in range(40)] + [600, -200, 500, -100] * 10
+
+
+def test_a_late_lead_beyond_the_old_noise_raises_an_alarm_and_a_trial() -> None:
+    """A lead that starts late and in bursts: its faded lead is not clear of the bursts'
+    noise and its steady lead counts the 40 level epochs, so the faded and steady rules
+    try S3-FIFO late; Page's CUSUM (slack half a deviation of the per-epoch lead since the
+    warm-up, bar five) sees it rise past the level epochs' noise within a few epochs, and
+    starts a trial there (P3 at 5 %: tried at 333,620 accesses, not 505,196)."""
+
+    def first_trial(cusum_bar: float) -> int:
+        policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+        policy.alarms.bar = cusum_bar
+        started = None
+        for index, lead in enumerate(_late_bursty_lead()):
+            _decide_with_leads(policy, [lead])
+            if policy._trial is not None and started is None:
+                started = index
+        assert started is not None
+        return started
+
+    with_alarm, without = first_trial(5.0), first_trial(0.0)
+    assert 56 <= with_alarm < 56 + 8 < without
+
+
+def test_a_level_noise_raises_no_alarm() -> None:
+    """Noise of +-150 hits an epoch around no lead, for 300 epochs: the CUSUM's slack (half
+    a deviation) absorbs it; no trial, no switch."""
+    policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    _decide_with_leads(policy, [0] * 16 + [150 if i % 3 else -300 for i in range(300)])
+    assert policy.trials == [] and policy.switches == []
+    assert policy.alarms.alarm(policy.serving_index, 0.0) == policy.serving_index
+
+
+def test_an_alarms_trial_starts_afresh_as_the_rules_trial_once_they_back_it() -> None:
+    """A lead of 300 an epoch after 40 level epochs: the alarm starts a trial first, the
+    faded rule backs it an epoch later, and the trial starts afresh as that rule's, whose
+    copy trailing by 5 an epoch (within a switch's cost at its end) takes over; the alarm's
+    own trial would have dropped it (P3 at 10 %: the alarm's stricter trial of ARC at
+    2,268,616 switched late and was undone, 0.3055; afresh, 0.3183 as before)."""
+    policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    started: list[tuple[int, bool]] = []
+    for lead in [0] * 16 + [100 if i % 2 else -100 for i in range(40)] + [300] * 20:
+        if policy._trial is not None:
+            policy._trial.hits = 100 - 5
+        _decide_with_leads(policy, [lead])
+        trial = policy._trial
+        if trial is not None and (not started or started[-1][0] != trial.began):
+            started.append((trial.began, trial.bar is not None))
+    assert len(started) == 2 and started[0][1] and not started[1][1]
+    assert started[1][0] == started[0][0] + 1
+    assert policy.trials == [((started[1][0] + policy.trial) * 1_000, "s3fifo", True)]
+
+
+def test_a_dropped_trial_spends_the_alarm_not_the_noise_it_is_measured_against() -> None:
+    """`spend` (a dropped trial) zeroes the CUSUMs and keeps the per-epoch lead's spread;
+    `reset` (a switch) starts both afresh. A level lead of +-100 adds nothing past the slack."""
+    alarm = LeadAlarm(2)
+    for lead in [100, -100] * 10:
+        alarm.add([0, lead], 0, 1.0)
+    assert alarm.deviation(1) == pytest.approx(100.0)
+    assert alarm.sums[1] < alarm.bar_of(1, 0.0) and alarm.alarm(0, 0.0) == 0
+    alarm.sums[1] = 600.0
+    assert alarm.alarm(0, 0.0) == 1
+    alarm.spend()
+    assert alarm.sums == [0.0, 0.0] and alarm.deviation(1) == pytest.approx(100.0)
+    alarm.reset()
+    assert alarm.deviation(1) == 0.0
+
+
+def test_an_alarms_trial_takes_over_only_with_a_gain() -> None:
+    """A trial the CUSUM started needs its copy to gain: a copy trailing by less than a
+    switch's cost at the end, taken by a trial of the faded rule, is dropped; one leading
+    by the margin at the end is taken; none before its alarm's bar is passed."""
+
+    def tried(trial_lead: int) -> AutoCachePolicy:
+        policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+        _decide_with_trial(policy, _late_bursty_lead(), [trial_lead] * 40)
+        return policy
+
+    assert tried(-5).trials[0][1:] == ("s3fifo", False)  # -40: within the cost (80)
+    gained = tried(10)  # +80 at the end, below the alarm's bar: taken at the end only
+    assert gained.trials[0][1:] == ("s3fifo", True)
+    assert gained.trials[0][0] == tried(-5).trials[0][0]
 
 
 def test_serve_with_an_unknown_candidate_raises() -> None:

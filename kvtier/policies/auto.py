@@ -33,15 +33,14 @@ On a stationary workload the lead of a winner grows as the epochs do and noise a
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
 
-A switch to a candidate whose takeover leaves its shadow as it was (S3-FIFO, ARC, LRU) is
-*tried* first, for up to `TRIAL` decisions: a copy of its shadow made from the tier's own
-blocks (`take_over` with the shared block) runs as one more shadow; the switch is made once
-the copy leads the serving policy by `MARGIN` over the accesses since, or at the trial's
-end trails it by less than a switch's cost; else the trial is dropped (at once if the copy
-trails by `REVERT_COST` x capacity hits) and none starts for `DWELL` decisions. The copy
-is what the switch would serve with, the blocks the tier lacks included, so its lead is
-the switch's real gain (cloudPhysics at 10 %: a burst's switch that was undone cost 0.0098;
-its trial is dropped). lct, whose takeover is its shadow, is not tried: it takes over at once.
+A switch to S3-FIFO, ARC or LRU (whose takeover leaves the shadow as it was) is *tried*
+first, for up to `TRIAL` decisions: a copy of the shadow made from the tier's own blocks
+runs as one more shadow, and the switch is made only if it does well against the serving
+policy (`SwitchTrial`: its lead is the switch's real gain, the blocks the tier lacks
+included; cloudPhysics at 10 %); else none starts for `DWELL` decisions. lct takes over at
+once (its takeover is its shadow). A late lead in bursts (P3 at 5 %) raises an *alarm*
+(`kvtier.policies.lead_alarm`), which only starts a trial, stricter until the rules above
+back it: taken early only past the alarm's bar, at the end with a gain.
 
 A decided switch is on probation for `PROBATION` decisions: the shadows price the
 candidates, not a takeover (the new policy starts from the blocks the old one kept, and the
@@ -92,9 +91,11 @@ from kvtier.policies.arc import ARCCachePolicy
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
+from kvtier.policies.lead_alarm import LeadAlarm
 from kvtier.policies.lru import LRUCachePolicy
 from kvtier.policies.s3fifo import S3FIFOCachePolicy
 from kvtier.policies.shadow_calls import ShadowCalls
+from kvtier.policies.switch_trial import SwitchTrial
 from kvtier.policies.takeover import copyable, shadow_on_keys, store_moved, take_over
 
 CANDIDATE_CLASSES: dict[str, type[CachePolicy]] = {
@@ -134,8 +135,7 @@ REVERT_COST = 0.05
 """How far behind the candidate it replaced a new one must fall during its probation to be
 undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
 TRIAL = 8
-"""Decisions a trial may run (two capacities; `AutoCachePolicy._score_trial`; the module
-doc): 0 switches at once, as before trials."""
+"""Decisions a trial may run (two capacities; `SwitchTrial`): 0 switches at once."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
 many accesses, whatever the noise (issue 34's bound on flapping): a learner (lct) trails
@@ -167,7 +167,7 @@ class AutoCachePolicy(CachePolicy):
         trial: int = TRIAL,
     ) -> None:
         """Every parameter defaults to the module's constant of that name (the one set chosen
-        for every capacity); they are parameters for tuning and tests."""
+        for every capacity); they are parameters for tuning and tests (the alarm's: `alarms`)."""
         super().__init__(cache_capacity)
         candidates = tuple(candidates)
         if not candidates or len(set(candidates)) != len(candidates):
@@ -267,16 +267,12 @@ class AutoCachePolicy(CachePolicy):
         `_steady_from` (not faded: the steady lead's own noise)."""
         self._steady_epochs = 0
         """Decisions since `_steady_from`."""
+        self.alarms = LeadAlarm(len(self.candidates))  # Page's CUSUMs, since `_steady_from`
         self._on_probation: tuple[int, int] | None = None
         """After a decided switch, for `probation` decisions: (the old candidate, the decision)."""
         self._behind = 0
         """During a probation: the old candidate's hits since the switch minus the new one's."""
-        self._trial: tuple[int, CachePolicy, int] | None = None
-        """While a trial runs: (the candidate tried, its copy from the tier's blocks, its start)."""
-        self._trial_hits = 0
-        """During a trial: the copy's hits since the last decision."""
-        self._trial_lead = 0
-        """During a trial: the copy's hits since it began minus the serving policy's."""
+        self._trial: SwitchTrial | None = None  # the trial running, if one is
         self._last_trial = -self.dwell - 1
         """The decision the last trial ended at without a switch."""
         self._ideal: tuple[int, CachePolicy] | None = None
@@ -329,7 +325,7 @@ class AutoCachePolicy(CachePolicy):
         block = self._block
         self._shadows.access(keys, block, hits)
         if self._trial is not None:
-            self._trial_hits += self._trial[1].access(keys, block)
+            self._trial.hits += self._trial.copy.access(keys, block)
         if self._ideal is not None:
             self._takeover_loss += self._ideal[1].access(keys, block) - live_hits
         self.accesses += len(keys)
@@ -349,6 +345,8 @@ class AutoCachePolicy(CachePolicy):
             self._squares[index] = self._squares[index] * decay + difference * difference
             self._steady_squares[index] += difference * difference
         self._steady_epochs += 1
+        if self._steady_from is not None:  # not the warm-up's last epoch
+            self.alarms.add(hits, serving, self.margin * self.epoch)
         self._hits = [0] * len(hits)
         self.weight = self.weight * decay + self.epoch
         self._epochs = self._epochs * decay + 1.0
@@ -362,7 +360,7 @@ class AutoCachePolicy(CachePolicy):
         if self._on_probation is not None and self._probation_failed(hits, *self._on_probation):
             return
         if self._trial is not None:
-            self._score_trial(self._trial[0], self._trial[2], hits[serving])
+            self._score_trial(self._trial, hits[serving])
             return
         if (
             self.decisions <= self.warmup
@@ -372,13 +370,19 @@ class AutoCachePolicy(CachePolicy):
         ):
             return
         best = max(range(len(self.scores)), key=lambda i: (self.scores[i], i == serving, -i))
-        if best != serving and self._leads(best):
-            if self.trial and copyable(self._policies[best]):
-                entries = [(key, self._block) for key in self._resident]
-                self._trial = (best, take_over(self._policies[best], entries), self.decisions)
-                self._trial_hits = self._trial_lead = 0
-                return
+        floor, bar = self._cost() + self.margin * self.epoch, None
+        if best == serving or not self._leads(best):  # an alarm only starts a trial
+            best = self.alarms.alarm(serving, floor)
+            bar = self.alarms.bar_of(best, floor)
+        if best != serving and self.trial and copyable(self._policies[best]):
+            self._start_trial(best, bar)
+        elif best != serving and bar is None:
             self._decided_switch(best)
+
+    def _start_trial(self, index: int, bar: float | None) -> None:
+        """Try candidate `index` (`SwitchTrial`; `bar`: the alarm's, if one started it)."""
+        copy = take_over(self._policies[index], [(key, self._block) for key in self._resident])
+        self._trial = SwitchTrial(index, copy, self.decisions, bar)
 
     def _decided_switch(self, index: int) -> None:
         """Switch to candidate `index` as a decision does: on probation (see `_decide`)."""
@@ -388,26 +392,24 @@ class AutoCachePolicy(CachePolicy):
             self._on_probation = (serving, self.decisions)
             self._behind = 0
 
-    def _score_trial(self, index: int, began: int, serving_hits: int) -> None:
-        """Score the running trial's epoch (its copy's hits against the serving policy's,
-        `serving_hits`) and end it if it is decided: the copy takes over once it leads by
-        the margin over the accesses since, or when its `trial` decisions are up if it
-        trails by less than a switch's cost; it is dropped once it trails by
-        `revert_cost`, or at the end otherwise (the module doc)."""
-        self._trial_lead += self._trial_hits - serving_hits
-        self._trial_hits = 0
-        epochs = self.decisions - began
-        ended = epochs >= self.trial
-        if self._trial_lead > self.margin * epochs * self.epoch or (
-            ended and self._trial_lead > -self.switch_cost
-        ):
-            self._trial = None
-            self.trials.append((self.accesses, self.candidates[index], True))
-            self._decided_switch(index)
-        elif self._trial_lead < -self.revert_cost or ended:
-            self._trial = None
-            self.trials.append((self.accesses, self.candidates[index], False))
+    def _score_trial(self, trial: SwitchTrial, serving_hits: int) -> None:
+        """Score the running trial's epoch (`SwitchTrial.score`, the serving policy's hits
+        `serving_hits`) and end it if it is decided: a switch, or none for `dwell`."""
+        if trial.bar is not None and self._leads(trial.index):
+            self._start_trial(trial.index, None)  # afresh, as the rules would start it
+            return
+        epochs = self.decisions - trial.began
+        costs = (self.margin * epochs * self.epoch, self.switch_cost, self.revert_cost)
+        decided = trial.score(serving_hits, epochs, self.trial, *costs)
+        if decided is None:
+            return
+        self._trial = None
+        self.trials.append((self.accesses, self.candidates[trial.index], decided))
+        if decided:
+            self._decided_switch(trial.index)
+        else:
             self._last_trial = self.decisions
+            self.alarms.spend()
 
     def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
         """Whether the switch on probation (made at decision `decided`) was undone, given
@@ -504,6 +506,7 @@ class AutoCachePolicy(CachePolicy):
         self._steady_from = (self.accesses, list(self.total_hits))
         self._steady_squares = [0] * len(self.candidates)
         self._steady_epochs = 0
+        self.alarms.reset()
 
     # -- CachePolicy ------------------------------------------------------------------------
 
@@ -528,9 +531,10 @@ class AutoCachePolicy(CachePolicy):
         does, and nothing is scored."""
         block = self._block
         self._shadows.store(keys, block)
-        for held in (self._trial, self._ideal):
-            if held is not None:
-                store_moved(held[1], keys, block)
+        if self._trial is not None:
+            store_moved(self._trial.copy, keys, block)
+        if self._ideal is not None:
+            store_moved(self._ideal[1], keys, block)
         self._serving.on_store_move(keys)
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
