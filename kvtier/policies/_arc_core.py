@@ -368,10 +368,11 @@ class ARCLists:
         self._gone = _extended(self._gone, new, 0)
         self._marked = _extended(self._marked, new, 0)
         self._popped = _extended(self._popped, new, 0)
-        for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._blocks.append(_NO_BLOCK)
-            self._ids.append(i)
+        # each list extended once: appends one by one reallocated (copied) them every
+        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
+        self._keys.extend([_NO_KEY] * count)
+        self._blocks.extend([_NO_BLOCK] * count)
+        self._ids.extend(range(old, new))
         for i in range(old, new):  # chained onto the free list, lowest first
             self._next[i] = i + 1 if i + 1 < new else self._free
         self._free = old

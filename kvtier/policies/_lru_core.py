@@ -75,14 +75,13 @@ class LRUIds:
         self._refs = refs
         self._released = released
         old: cython.Py_ssize_t = len(self._held)
-        i: cython.Py_ssize_t
         if old < capacity:
             self._prev = _extended(self._prev, capacity, -1)
             self._next = _extended(self._next, capacity, -1)
             self._held = _extended(self._held, capacity, 0)
-            for i in range(old, capacity):
-                self._blocks.append(_NO_BLOCK)
-                self._objs.append(i)
+            # each list extended once (as `_arc_core.ARCLists._grow`)
+            self._blocks.extend([_NO_BLOCK] * (capacity - old))
+            self._objs.extend(range(old, capacity))
 
     def __len__(self) -> int:
         return self._count

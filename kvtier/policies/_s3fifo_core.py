@@ -338,10 +338,10 @@ class S3FIFOQueues:
         self._next = _extended(self._next, new, -1)
         self._where = _extended(self._where, new, NOWHERE)
         self._freq = _extended(self._freq, new, 0)
-        for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._block_of.append(_NO_BLOCK)
-            self._ids.append(i)
+        # each list extended once (as `_arc_core.ARCLists._grow`)
+        self._keys.extend([_NO_KEY] * count)
+        self._block_of.extend([_NO_BLOCK] * count)
+        self._ids.extend(range(old, new))
         for i in range(old, new):  # chained onto the free list, lowest first
             self._next[i] = i + 1 if i + 1 < new else self._free
         self._free = old
