@@ -151,6 +151,53 @@ def test_shadows_on_ids_decide_as_on_keys(seed: int) -> None:
         assert state(policy) == state(on_keys[name]), name
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_reads_its_blocks_counts_as_the_calls_one_by_one_do(seed: int) -> None:
+    """`access` and `store` read the count of the call's block once (a shadow's blocks are
+    all that block): with that block ready, pinned or pending from call to call, and other
+    resident blocks pinned or pending, every shadow, on keys and on ids, decides as the
+    policy's calls one by one (`CachePolicy.access`, `store_one_by_one`), which read every
+    count when they evict."""
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 16])
+    block = shared_block()
+    table = KeyIds()
+    batched = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    pinned_twin = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    on_ids = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    on_ids_twin = {name: cls(capacity) for name, cls in ON_IDS.items()}
+    for policy in on_ids.values():
+        policy.use_ids(table)
+    for number in range(800):
+        keys = list(
+            dict.fromkeys(
+                key_from_int(rng.randrange(4 * capacity)) for _ in range(rng.randint(1, 6))
+            )
+        )
+        block.ref_cnt = rng.choice([0, 0, 0, 1, -1])
+        ids = table.intern(keys)
+        for name in ON_IDS:
+            if number % 7 == 3:  # a tier's move: the batch is the shadow's `store`
+                on_ids[name].store_ids(ids, block)
+                store_one_by_one(on_ids_twin[name], keys, block)
+                continue
+            hits = CachePolicy.access(pinned_twin[name], keys, block)
+            assert batched[name].access(keys, block) == hits, (name, number)
+            hits = CachePolicy.access(on_ids_twin[name], keys, block)
+            assert on_ids[name].access_ids(ids, block) == hits, (name, number)
+            if number % 5 == 0:
+                pin_some(batched[name], random.Random(number), 10_000 + number)
+                pin_some(pinned_twin[name], random.Random(number), 10_000 + number)
+        if number % 50 == 0:
+            for name in ON_IDS:
+                assert state(batched[name]) == state(pinned_twin[name]), (name, number)
+                assert state(on_ids[name]) == state(on_ids_twin[name]), (name, number)
+    for name in ON_IDS:
+        assert state(batched[name]) == state(pinned_twin[name]), name
+        assert state(on_ids[name]) == state(on_ids_twin[name]), name
+
+
 def test_the_table_recycles_ids_and_grows() -> None:
     """Keys no shadow remembers lose their ids (reused), and the table grows past its
     first room with every shadow resized: an LRU of 200 over 2,000 keys holds 200 ids."""

@@ -167,6 +167,9 @@ class ARCLists:
     _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
     _released: list[int]
     _nres: cython.Py_ssize_t
+    # During `access` and `store`: the call's block and its count, read once (`_ref_cnt`).
+    _known: object
+    _known_ref: cython.int
 
     def __init__(self, capacity: cython.Py_ssize_t) -> None:
         self._capacity = capacity
@@ -199,6 +202,8 @@ class ARCLists:
         self._node_of_id = self._refs = empty
         self._released = []
         self._nres = 0
+        self._known = None
+        self._known_ref = 0
         self._grow(max(INITIAL_NODES, min(2 * capacity + 8, MOST_NODES_AT_START)))
 
     # -- inspection ----------------------------------------------------------------------
@@ -368,10 +373,11 @@ class ARCLists:
         self._gone = _extended(self._gone, new, 0)
         self._marked = _extended(self._marked, new, 0)
         self._popped = _extended(self._popped, new, 0)
-        for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._blocks.append(_NO_BLOCK)
-            self._ids.append(i)
+        # each list extended once: appends one by one reallocated (copied) them every
+        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
+        self._keys.extend([_NO_KEY] * count)
+        self._blocks.extend([_NO_BLOCK] * count)
+        self._ids.extend(range(old, new))
         for i in range(old, new):  # chained onto the free list, lowest first
             self._next[i] = i + 1 if i + 1 < new else self._free
         self._free = old
@@ -494,8 +500,15 @@ class ARCLists:
     @cython.cfunc
     @cython.inline
     def _ref_cnt(self, node: cython.int) -> cython.int:
-        """The reference count of a resident node's block."""
-        return self._blocks[node].ref_cnt
+        """The reference count of a resident node's block: the one `access` or `store` read
+        once if it is that call's block (a shadow's blocks all are; nothing a call runs
+        writes a count), else read from the block (a ctypes field: about 200 instructions,
+        5 % of `auto`'s, docs/BENCHMARKS.md, "Policy cost, seventh round")."""
+        block = self._blocks[node]
+        if block is self._known:
+            return self._known_ref
+        count: cython.int = block.ref_cnt
+        return count
 
     @cython.cfunc
     def _join_t1(self, node: cython.int, block: BlockStatus) -> cython.int:
@@ -725,13 +738,18 @@ class ARCLists:
         node: cython.int
         if len(self._ann) < 1:
             self._ann = _filled(1, 0)
-        for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            node = self._find(key)
-            if node >= 0 and self._touch_node(node):
-                hits += 1
-                continue
-            self._miss(key, node, block)
+        self._known_ref = block.ref_cnt
+        self._known = block
+        try:
+            for i in range(len(keys) - 1, -1, -1):
+                key = keys[i]
+                node = self._find(key)
+                if node >= 0 and self._touch_node(node):
+                    hits += 1
+                    continue
+                self._miss(key, node, block)
+        finally:
+            self._known = None
         return hits
 
     def store(self, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
@@ -742,11 +760,16 @@ class ARCLists:
         node: cython.int
         if len(self._ann) < 1:
             self._ann = _filled(1, 0)
-        for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            node = self._find(key)
-            if node < 0 or (self._where[node] != T1 and self._where[node] != T2):
-                self._miss(key, node, block)
+        self._known_ref = block.ref_cnt
+        self._known = block
+        try:
+            for i in range(len(keys) - 1, -1, -1):
+                key = keys[i]
+                node = self._find(key)
+                if node < 0 or (self._where[node] != T1 and self._where[node] != T2):
+                    self._miss(key, node, block)
+        finally:
+            self._known = None
 
     @cython.cfunc
     def _miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:

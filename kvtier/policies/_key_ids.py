@@ -163,14 +163,13 @@ class KeyIds:
         """Double the room (a new count array, handed to every user)."""
         old: cython.Py_ssize_t = self._capacity
         new: cython.Py_ssize_t = max(INITIAL_IDS, 2 * old)
-        i: cython.Py_ssize_t
         self._refs_array = array("i", self._refs_array) + array("i", [0]) * (new - old)
         self._refs = self._refs_array
-        for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._objs.append(i)
-        for i in range(new - 1, old - 1, -1):  # the lowest id given out first
-            self._free.append(self._objs[i])
+        # each list extended once: appends one by one reallocated (copied) them every
+        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
+        self._keys.extend([_NO_KEY] * (new - old))
+        self._objs.extend(range(old, new))
+        self._free.extend(reversed(self._objs[old:new]))  # the lowest id given out first
         self._capacity = new
         for user in self._users:
             user.resize_ids(self._refs_array, new, self._released)

@@ -304,10 +304,12 @@ class LCTState:
         self._last = _grown(self._last, new, "q")
         self._second = _grown(self._second, new, "q")
         self._third = _grown(self._third, new, "q")
+        # each list extended once: appends one by one reallocated (copied) them every
+        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
+        self._keys.extend([_NO_KEY] * (new - old))
+        self._blocks.extend([_NO_BLOCK] * (new - old))
+        self._ids.extend(range(old, new))
         for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._blocks.append(_NO_BLOCK)
-            self._ids.append(i)
             self._prev[i] = -1
             self._where[i] = NOWHERE
             self._next[i] = i + 1 if i + 1 < new else self._free

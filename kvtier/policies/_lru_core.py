@@ -75,14 +75,13 @@ class LRUIds:
         self._refs = refs
         self._released = released
         old: cython.Py_ssize_t = len(self._held)
-        i: cython.Py_ssize_t
         if old < capacity:
             self._prev = _extended(self._prev, capacity, -1)
             self._next = _extended(self._next, capacity, -1)
             self._held = _extended(self._held, capacity, 0)
-            for i in range(old, capacity):
-                self._blocks.append(_NO_BLOCK)
-                self._objs.append(i)
+            # each list extended once (as `_arc_core.ARCLists._grow`)
+            self._blocks.extend([_NO_BLOCK] * (capacity - old))
+            self._objs.extend(range(old, capacity))
 
     def __len__(self) -> int:
         return self._count
@@ -177,6 +176,7 @@ class LRUIds:
         hits: cython.Py_ssize_t = 0
         i: cython.Py_ssize_t
         ident: cython.int
+        ref: cython.int = block.ref_cnt  # read once (see `_miss`)
         for i in range(len(ids) - 1, -1, -1):
             found = ids[i]
             ident = found
@@ -186,7 +186,7 @@ class LRUIds:
                     self._link(ident)
                 hits += 1
                 continue
-            self._miss(found, block)
+            self._miss(found, block, ref)
         return hits
 
     def store(self, ids: Sequence[int], block: BlockStatus) -> None:
@@ -194,20 +194,26 @@ class LRUIds:
         (`auto`'s `on_store_move`): nothing touched."""
         i: cython.Py_ssize_t
         ident: cython.int
+        ref: cython.int = block.ref_cnt  # read once (see `_miss`)
         for i in range(len(ids) - 1, -1, -1):
             found = ids[i]
             ident = found
             if not self._held[ident]:
-                self._miss(found, block)
+                self._miss(found, block, ref)
 
     @cython.cfunc
-    def _miss(self, found: object, block: BlockStatus) -> cython.int:
+    def _miss(self, found: object, block: BlockStatus, ref: cython.int) -> cython.int:
         """Id `found` (not held) stored, after the oldest ready block's eviction when
-        full (not stored when no block is ready)."""
+        full (not stored when no block is ready). `ref` is `block`'s count, read once per
+        call: a held id's block that is `block` (a shadow's all are; nothing here writes a
+        count) is not read again (a ctypes field: about 200 instructions; docs/
+        BENCHMARKS.md, "Policy cost, seventh round")."""
         victim: cython.int
         if self._count >= self._capacity:
             victim = self._head
-            while victim >= 0 and self._blocks[victim].ref_cnt != 0:
+            while victim >= 0 and (
+                ref != 0 if self._blocks[victim] is block else self._blocks[victim].ref_cnt != 0
+            ):
                 victim = self._next[victim]
             if victim < 0:
                 return 0

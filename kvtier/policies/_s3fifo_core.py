@@ -123,6 +123,9 @@ class S3FIFOQueues:
     _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
     _released: list[int]
     _nres: cython.Py_ssize_t
+    # During `access` and `store`: the call's block and its count, read once (`_evictable`).
+    _known: object
+    _known_ref: cython.int
 
     def __init__(
         self,
@@ -152,6 +155,8 @@ class S3FIFOQueues:
         self._node_of_id = self._refs = empty
         self._released = []
         self._nres = 0
+        self._known = None
+        self._known_ref = 0
         most = capacity + max(ghost_capacity, 0) + 1
         self._grow(max(INITIAL_NODES, min(most, MOST_NODES_AT_START)))
 
@@ -338,10 +343,10 @@ class S3FIFOQueues:
         self._next = _extended(self._next, new, -1)
         self._where = _extended(self._where, new, NOWHERE)
         self._freq = _extended(self._freq, new, 0)
-        for i in range(old, new):
-            self._keys.append(_NO_KEY)
-            self._block_of.append(_NO_BLOCK)
-            self._ids.append(i)
+        # each list extended once (as `_arc_core.ARCLists._grow`)
+        self._keys.extend([_NO_KEY] * count)
+        self._block_of.extend([_NO_BLOCK] * count)
+        self._ids.extend(range(old, new))
         for i in range(old, new):  # chained onto the free list, lowest first
             self._next[i] = i + 1 if i + 1 < new else self._free
         self._free = old
@@ -524,13 +529,18 @@ class S3FIFOQueues:
         hits: cython.Py_ssize_t = 0
         i: cython.Py_ssize_t
         node: cython.int
-        for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            node = self._find(key)
-            if self._touch(node):
-                hits += 1
-                continue
-            self._miss(key, node, block)
+        self._known_ref = block.ref_cnt
+        self._known = block
+        try:
+            for i in range(len(keys) - 1, -1, -1):
+                key = keys[i]
+                node = self._find(key)
+                if self._touch(node):
+                    hits += 1
+                    continue
+                self._miss(key, node, block)
+        finally:
+            self._known = None
         return hits
 
     def store(self, keys: Sequence[OffloadKey], block: BlockStatus) -> None:
@@ -539,11 +549,16 @@ class S3FIFOQueues:
         the announcement): no hit, nothing touched."""
         i: cython.Py_ssize_t
         node: cython.int
-        for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            node = self._find(key)
-            if node < 0 or self._where[node] == GHOST:
-                self._miss(key, node, block)
+        self._known_ref = block.ref_cnt
+        self._known = block
+        try:
+            for i in range(len(keys) - 1, -1, -1):
+                key = keys[i]
+                node = self._find(key)
+                if node < 0 or self._where[node] == GHOST:
+                    self._miss(key, node, block)
+        finally:
+            self._known = None
 
     @cython.cfunc
     def _miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
@@ -574,8 +589,14 @@ class S3FIFOQueues:
 
     @cython.cfunc
     def _evictable(self, node: cython.int, protected: Collection[OffloadKey]) -> cython.bint:
-        """Whether resident `node`'s block is ready, unpinned and unprotected."""
-        if self._block_of[node].ref_cnt != 0:
+        """Whether resident `node`'s block is ready, unpinned and unprotected. Its count is
+        the one `access` or `store` read once if it is that call's block (as
+        `_arc_core.ARCLists._ref_cnt`)."""
+        block = self._block_of[node]
+        if block is self._known:
+            if self._known_ref != 0:
+                return False
+        elif block.ref_cnt != 0:
             return False
         return len(protected) == 0 or self._keys[node] not in protected
 

@@ -564,10 +564,14 @@ class AutoCachePolicy(CachePolicy):
         if self._hints.reuse:
             self._hints.touched(keys)
         resident = self._resident
-        hits = [key for key in keys if key in resident]
         pop = resident.pop
-        for key in reversed(hits):  # tail first: the request's head is the most recent
-            resident[key] = pop(key)
+        hits: list[OffloadKey] = []
+        for key in reversed(keys):  # tail first: the request's head is the most recent
+            block = pop(key, None)  # one look-up: a resident key's block, moved to the end
+            if block is not None:
+                resident[key] = block
+                hits.append(key)
+        hits.reverse()
         self._serving.touch(hits)
         self._observe(hits, len(hits))
 
