@@ -1,9 +1,10 @@
-"""The log index's compiled look-ups for a batch (`_plan_core.pyx`) against its numpy path
-(`LogIndex._plan_new_arrays`): two indexes fed the same random batches (new records over a
-small pool of keys, so keys move between slots, are written twice in one batch and written
-over in their own slot; forgets; moved records; keys longer than any before; keys held at
-the open found through sorted hashes with colliding entries; plans gone stale before their
-commit) plan the same, field by field, and end in the same state after every step."""
+"""The log's compiled bookkeeping (`_plan_core.pyx`) against its numpy paths. The index's
+look-ups for a batch (`LogIndex._plan_new_arrays`): two indexes fed the same random
+batches (new records over a small pool of keys, so keys move between slots, are written
+twice in one batch and written over in their own slot; forgets; moved records; keys longer
+than any before; keys held at the open found through sorted hashes with colliding entries;
+plans gone stale before their commit) plan the same, field by field, and end in the same
+state after every step. And the lane's `fit_run` (`_fit_run_arrays`) places the same runs."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import numpy as np
 import pytest
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk import log_index
-from kvtier.tiers.disk.log_format import TOMBSTONE
+from kvtier.tiers.disk import log_group, log_index
+from kvtier.tiers.disk.log_format import PAGE, TOMBSTONE
+from kvtier.tiers.disk.log_group import Part
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hashes
 
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(
-        log_index._compiled_plan is None, reason="the compiled core is not built or selected"
+        log_index._compiled_plan is None or log_group._compiled_fit_run is None,
+        reason="the compiled core is not built or selected",
     ),
 ]
 
@@ -136,3 +139,41 @@ def test_the_compiled_plan_is_the_numpy_plan(seed: int) -> None:
         assert state(fast) == state(pure), step
         for key in pool:
             assert fast.find(OffloadKey(key)) == pure.find(OffloadKey(key))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_fit_run_is_the_numpy_one(seed: int) -> None:
+    """`fit_run`'s compiled loop against its numpy path: runs of whole pages, of other
+    lengths (empty ones too) and mixed, into parts at any fill of regions of any size."""
+    rng = random.Random(seed)
+    for _ in range(400):
+        part = Part(0, PAGE * rng.randrange(64), 1, False)
+        for _ in range(rng.randrange(4)):
+            part.keys.append(OffloadKey(b"k" * rng.randint(1, 40)))
+        part.key_bytes = sum(map(len, part.keys))
+        part.end = rng.randrange(1 << 20)
+        count = rng.randint(1, 300)
+        kind = rng.random()
+        if kind < 0.4:
+            lengths = [PAGE * rng.randint(1, 64) for _ in range(count)]
+        elif kind < 0.8:
+            lengths = [rng.choice((0, rng.randrange(1, 1 << 18))) for _ in range(count)]
+        else:
+            lengths = [rng.choice((PAGE, 100, 0)) for _ in range(count)]
+        key_lens = np.array([rng.randint(1, 40) for _ in range(count)], np.int64)
+        region = rng.choice((1 << 20, 4 << 20, 16 << 20, 64 << 20))
+        array = np.array(lengths, np.int64)
+        with_c = log_group.fit_run(part, key_lens, array, region)
+        log_group_fit = log_group._compiled_fit_run
+        try:
+            log_group._compiled_fit_run = None
+            numpy_path = log_group.fit_run(part, key_lens, array, region)
+        finally:
+            log_group._compiled_fit_run = log_group_fit
+        if numpy_path is None:
+            assert with_c is None
+            continue
+        assert with_c is not None
+        assert with_c[0] == numpy_path[0]
+        assert with_c[1].dtype == numpy_path[1].dtype
+        assert with_c[1].tolist() == numpy_path[1].tolist()

@@ -1,4 +1,4 @@
-"""Types of the compiled look-ups of a log index's batch (`_plan_core.pyx`) for mypy."""
+"""Types of the log's compiled bookkeeping (`_plan_core.pyx`) for mypy."""
 
 from typing import Any
 
@@ -30,3 +30,16 @@ def plan_new(
     int,
     dict[OffloadKey, int],
 ]: ...
+def fit_run(
+    start: int,
+    end: int,
+    records: int,
+    key_bytes: int,
+    key_lens_np: np.ndarray[Any, np.dtype[np.int64]],
+    lengths_np: np.ndarray[Any, np.dtype[np.int64]],
+    count: int,
+    region_bytes: int,
+    page: int,
+    entry_bytes: int,
+    fixed: int,
+) -> tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None: ...

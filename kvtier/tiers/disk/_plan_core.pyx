@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A log store's index look-ups for a batch of new records, in one compiled pass.
+"""A log store's per-record bookkeeping in compiled loops: the index's look-ups for a batch of
+new records (`plan_new`) and the lane's placing of a run of records (`fit_run`).
 
 `plan_new` is log_index.py's `LogIndex._plan_new` after its key rows are wide enough (the
 numpy path there, `_plan_new_arrays`, is the fallback and the reference): per record its key
@@ -7,13 +8,17 @@ row, the slot that holds its key now (the dict of keys written since the open, e
 names confirmed against the slot's row; then the sorted key hashes, every candidate of an
 equal hash confirmed in order), the last record per slot, the slots that lose a key, and a
 block whose key a later block of the batch writes again dropped. The numpy path makes some
-forty array calls a batch and a few C-level passes over the keys (~0.6-1 us a record at
-256-1024 records); this one pass costs ~0.1-0.2 us a record.
+forty array calls a batch and a few C-level passes over the keys (a plan of 512 records:
+~290 us); this pass ~160 us (the key rows, dicts and result arrays it still makes).
+
+`fit_run` is log_group.py's `fit_run` once it has chosen how many records to look at (its
+numpy path, `_fit_run_arrays`, the fallback and the reference): ~50 us of array calls a
+run, some sixteen runs a 64 MiB call, against ~2 us here.
 
 Built by `scripts/build-core` with the other core modules (`kvtier.compiled`); when it is
-not built or not selected, log_index.py runs the numpy path. `tests/test_disk_log_plan.py`
-checks that both plan the same on random batches (moves, overwrites, keys written twice,
-hash collisions, stale plans).
+not built or not selected, log_index.py and log_group.py run the numpy paths.
+`tests/test_disk_log_plan.py` checks that both plan the same on random batches (moves,
+overwrites, keys written twice, hash collisions, stale plans) and place the same runs.
 """
 
 import numpy as np
@@ -179,3 +184,47 @@ def plan_new(
         held,
         new_written,
     )
+
+
+def fit_run(
+    Py_ssize_t start,
+    Py_ssize_t end,
+    Py_ssize_t records,
+    Py_ssize_t key_bytes,
+    key_lens_np,
+    lengths_np,
+    Py_ssize_t count,
+    Py_ssize_t region_bytes,
+    Py_ssize_t page,
+    Py_ssize_t entry_bytes,
+    Py_ssize_t fixed,
+):
+    """log_group.py's `fit_run` once it has chosen `count`, the records it looks at (a
+    part starting at `start` of its region, its payloads ending at `end`, `records` records
+    and `key_bytes` of keys so far): (how many fit, their payload offsets), or None when
+    they mix payloads of whole pages with others. One loop, stopping at the first record
+    that does not fit, where the numpy path makes some fifteen array calls."""
+    cdef const int64_t[::1] key_lens = key_lens_np
+    cdef const int64_t[::1] lengths = lengths_np
+    cdef Py_ssize_t i, whole = 0, taken = count
+    cdef int64_t pos, stop, heads, used, length
+    for i in range(count):
+        if lengths[i] > 0 and lengths[i] % page == 0:
+            whole += 1
+    if 0 < whole < count:
+        return None
+    at_np = np.empty(count, dtype=np.int64)
+    cdef int64_t[::1] at = at_np
+    pos = -(-end // page) * page if whole else (end + 7) & ~7
+    heads = fixed + key_bytes + records * entry_bytes
+    for i in range(count):
+        length = lengths[i]
+        at[i] = pos
+        stop = pos + length
+        pos = stop if whole else pos + ((length + 7) & ~7)
+        heads += entry_bytes + key_lens[i]
+        used = start + (-(-heads // page) + -(-stop // page)) * page
+        if used > region_bytes:
+            taken = i
+            break
+    return taken, at_np[:taken]
