@@ -25,8 +25,9 @@ write group's batches of system calls made without the GIL, which
 `tests/test_disk_io_batch.py`), and a log part's bound checksums without the GIL, which
 `kvtier.tiers.disk.log_format` calls when it is selected (`tests/test_disk_log_checksums.py`).
 And `kvtier/tiers/disk/_plan_core.pyx`, the log index's look-ups for a batch of new records
-in one compiled pass, which `kvtier.tiers.disk.log_index` runs when it is selected (the same
-plan as its numpy path; `tests/test_disk_log_plan.py`).
+in one compiled pass and the log lane's placing of a run of records in one loop, which
+`kvtier.tiers.disk.log_index` and `log_group` run when it is selected (the same results as
+their numpy paths; `tests/test_disk_log_plan.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -74,8 +75,8 @@ likewise) and
 constructor); and a disk write group's system calls
 without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
 them one Python call at a time); and a log store's index look-ups for a batch of new records
-in one pass (`_plan_core.pyx`; when it is not selected, `kvtier.tiers.disk.log_index` makes
-them with numpy)."""
+and its lane's placing of a run in compiled loops (`_plan_core.pyx`; when it is not
+selected, `kvtier.tiers.disk.log_index` and `log_group` use numpy)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"
