@@ -24,6 +24,10 @@ write group's batches of system calls made without the GIL, which
 `kvtier.tiers.disk.ops` runs when it is selected (the same outcomes as its Python loop;
 `tests/test_disk_io_batch.py`), and a log part's bound checksums without the GIL, which
 `kvtier.tiers.disk.log_format` calls when it is selected (`tests/test_disk_log_checksums.py`).
+And `kvtier/tiers/disk/_plan_core.pyx`, the log index's look-ups for a batch of new records
+in one compiled pass and the log lane's placing of a run of records in one loop, which
+`kvtier.tiers.disk.log_index` and `log_group` run when it is selected (the same results as
+their numpy paths; `tests/test_disk_log_plan.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -60,6 +64,7 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.policies._s3fifo_core",
     "kvtier.manager.tier",
     "kvtier.tiers.disk._io_core",
+    "kvtier.tiers.disk._plan_core",
 )
 """The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
 Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise), S3-FIFO
@@ -69,7 +74,9 @@ likewise) and
 (`_blocks_core.pyx`: when it is not selected, `kvtier.blocks` keeps the Python
 constructor); and a disk write group's system calls
 without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
-them one Python call at a time)."""
+them one Python call at a time); and a log store's index look-ups for a batch of new records
+and its lane's placing of a run in compiled loops (`_plan_core.pyx`; when it is not
+selected, `kvtier.tiers.disk.log_index` and `log_group` use numpy)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

@@ -42,6 +42,12 @@ try:  # the compiled check, present only when kvtier.compiled selected it
 except ImportError:
     _compiled_page_aligned = None
 
+_compiled_fit_run: Callable[..., tuple[int, np.ndarray[Any, Any]] | None] | None
+try:  # the compiled placing, present only when kvtier.compiled selected it
+    from kvtier.tiers.disk._plan_core import fit_run as _compiled_fit_run
+except ImportError:
+    _compiled_fit_run = None
+
 ZEROS = memoryview(bytes(PAGE))
 
 
@@ -187,6 +193,28 @@ def fit_run(
         lengths.size, region_bytes // RECORD_HEADER_BYTES + 1, _run_cap(part, lengths, region_bytes)
     )
     lengths, key_lens = lengths[:count], key_lens[:count]
+    if _compiled_fit_run is not None and _fits_compiled(key_lens, lengths):
+        return _compiled_fit_run(
+            part.start, part.end, len(part.keys), part.key_bytes, key_lens, lengths, count,
+            region_bytes, PAGE, RECORD_HEADER_BYTES, head_bytes(0, 0),
+        )  # fmt: skip
+    return _fit_run_arrays(part, key_lens, lengths, count, region_bytes)
+
+
+def _fits_compiled(*arrays: np.ndarray[Any, Any]) -> bool:
+    """Whether the compiled `fit_run` takes these arrays (int64, contiguous)."""
+    return all(array.dtype == np.int64 and array.flags.c_contiguous for array in arrays)
+
+
+def _fit_run_arrays(
+    part: Part,
+    key_lens: np.ndarray[Any, np.dtype[np.int64]],
+    lengths: np.ndarray[Any, np.dtype[np.int64]],
+    count: int,
+    region_bytes: int,
+) -> tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None:
+    """`fit_run` of the `count` records it looks at, with array operations (the fallback
+    of the compiled loop, `_plan_core.fit_run`, and its reference)."""
     whole = (lengths % PAGE == 0) & (lengths > 0)
     if whole.all():  # each on a page boundary, back to back
         ends = round_page(part.end) + np.cumsum(lengths)

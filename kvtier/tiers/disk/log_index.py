@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
@@ -26,7 +27,13 @@ from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record,
 from kvtier.tiers.disk.log_keys import key_hash, key_rows, pick, row_hashes, written_again
 from kvtier.tiers.disk.log_rows import NO_REGION, NewRecords, Placed, Plan, Row
 
-__all__ = ["NO_REGION", "LogIndex", "LogRestored", "Placed", "Plan", "Row", "sorted_hashes"]
+_compiled_plan: Callable[..., tuple[Any, ...]] | None
+try:  # the compiled look-ups, present only when kvtier.compiled selected them
+    from kvtier.tiers.disk._plan_core import plan_new as _compiled_plan
+except ImportError:
+    _compiled_plan = None
+
+__all__ = ["NO_REGION", "LogIndex", "Placed", "Plan", "Row", "sorted_hashes"]
 
 _KEY_WIDTH_STEP = 8
 
@@ -60,6 +67,8 @@ class LogIndex:
         self.version = 0
         """Counts the changes to the slots' records and key look-ups (a `Plan` made before
         the last one is planned again)."""
+        self.compiled_plan = _compiled_plan
+        """`_plan_new`'s compiled pass (`_plan_core.pyx`), None: its numpy path."""
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -175,12 +184,48 @@ class LogIndex:
 
     def _plan_new(self, placed: Placed, which: np.ndarray[Any, Any]) -> NewRecords:
         """The look-ups of `apply` for records that were not moved (`which`: their
-        positions), in the order written: the batch's key rows built once, the slots that
-        held its keys found with array operations (`_find_rows`), the newest record per
-        slot chosen. Rows wider than the index's are widened first (rare)."""
+        positions), in the order written: each key's row and the slot holding it now, the
+        newest record per slot chosen. Rows wider than the index's are widened first (rare).
+        In one compiled pass when the core is built (`_plan_core.pyx`), else with array
+        operations (`_plan_new_arrays`): the same plan."""
         keys = placed.keys if which.size == len(placed.keys) else pick(placed.keys, which)
+        self._widen(max(map(len, keys)))
+        compiled = self.compiled_plan
+        if compiled is not None and self._plannable(placed, which):
+            return NewRecords(
+                self.keys.shape[1],
+                *compiled(
+                    placed.keys, which, placed.slot, placed.codec, self.keys, self.key_len,
+                    self.region, self.codec, self.written, self._hashes, self._hashed_slots,
+                    TOMBSTONE, RECORD_HEADER_BYTES,
+                ),
+            )  # fmt: skip
+        return self._plan_new_arrays(placed, which, keys)
+
+    def _plannable(self, placed: Placed, which: np.ndarray[Any, Any]) -> bool:
+        """Whether the compiled pass takes these arrays (their types as built here; a
+        checkpoint's, loaded, are checked for them too)."""
+        arrays: tuple[np.ndarray[Any, Any], ...] = (which, placed.slot, placed.codec, self.keys)
+        arrays += (self.key_len, self.region, self.codec, self._hashes, self._hashed_slots)
+        return (
+            which.dtype == np.int64
+            and placed.slot.dtype == np.int64
+            and placed.codec.dtype == np.int64
+            and self.region.dtype == np.int32
+            and self.key_len.dtype == np.uint8
+            and self.codec.dtype == np.uint8
+            and self._hashes.dtype == np.uint64
+            and self._hashed_slots.dtype == np.int32
+            and all(array.flags.c_contiguous for array in arrays)
+        )
+
+    def _plan_new_arrays(
+        self, placed: Placed, which: np.ndarray[Any, Any], keys: list[OffloadKey]
+    ) -> NewRecords:
+        """`_plan_new` with array operations (rows already wide enough; `keys`: those of
+        `which`): the batch's key rows built once, the slots that held its keys found with
+        array operations (`_find_rows`), the newest record per slot chosen."""
         lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-        self._widen(int(lengths.max()))
         rows = key_rows(keys, lengths, self.keys.shape[1])
         is_block = placed.codec[which] != TOMBSTONE
         # a key lives in one slot, its newest: the slots holding these keys now lose them
@@ -548,51 +593,3 @@ def sorted_hashes(
     hashes = row_hashes(keys[held], key_len[held])
     order = np.argsort(hashes)  # any order among equal hashes: each is confirmed
     return hashes[order], held[order].astype(np.int32)
-
-
-class LogRestored:
-    """The blocks a log store held when it opened (`LogStore.restore_cold`), as a view over
-    its index: a slot counts while it holds the record it held then (same sequence number:
-    a record moved by reclaiming is the same record). Its look-ups take no disk access."""
-
-    __slots__ = ("_index", "_seq")
-
-    def __init__(self, index: LogIndex) -> None:
-        self._index = index
-        with index.lock:
-            held = (index.region != NO_REGION) & (index.codec != TOMBSTONE)
-            self._seq = np.where(held, index.seq, np.uint64(0))
-
-    def _still(self, slot: int) -> bool:
-        index = self._index
-        return bool(
-            self._seq[slot] != 0
-            and index.seq[slot] == self._seq[slot]
-            and index.region[slot] != NO_REGION
-            and index.codec[slot] != TOMBSTONE
-        )
-
-    def slots(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The slots of the restored blocks still held, oldest first."""
-        index = self._index
-        with index.lock:
-            slots = np.flatnonzero(self._seq != 0)
-            still = (index.seq[slots] == self._seq[slots]) & (index.region[slots] != NO_REGION)
-            slots = slots[still & (index.codec[slots] != TOMBSTONE)]
-            ordered: np.ndarray[Any, np.dtype[np.int64]] = slots[
-                np.argsort(self._seq[slots], kind="stable")
-            ].astype(np.int64)
-            return ordered
-
-    def slot_of(self, key: OffloadKey) -> int | None:
-        """The slot of restored block `key` while the store holds it there, or None."""
-        index = self._index
-        with index.lock:
-            slot = index._find(key)
-            return slot if slot is not None and self._still(slot) else None
-
-    def key_of(self, slot: int) -> OffloadKey | None:
-        """The key of the restored block in `slot` while it holds it, or None."""
-        index = self._index
-        with index.lock:
-            return index._key(slot) if self._still(slot) else None

@@ -50,7 +50,7 @@ from kvtier.tiers.disk.log_format import (
     log_fingerprint,
     record_bytes,
 )
-from kvtier.tiers.disk.log_index import LogIndex, LogRestored
+from kvtier.tiers.disk.log_index import LogIndex
 from kvtier.tiers.disk.log_lane import LogLane
 from kvtier.tiers.disk.log_layout import (
     LAYOUT_FILE,
@@ -62,6 +62,7 @@ from kvtier.tiers.disk.log_layout import (
 )
 from kvtier.tiers.disk.log_reader import LogReader
 from kvtier.tiers.disk.log_recovery import recover, save_checkpoint
+from kvtier.tiers.disk.log_restored import LogRestored
 from kvtier.tiers.disk.read_threads import ReadThreads
 from kvtier.tiers.disk.stats import StoreCounters
 from kvtier.tiers.storage import HostBuffer, ReadFailure, RestoredBlock

@@ -1,0 +1,230 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A log store's per-record bookkeeping in compiled loops: the index's look-ups for a batch of
+new records (`plan_new`) and the lane's placing of a run of records (`fit_run`).
+
+`plan_new` is log_index.py's `LogIndex._plan_new` after its key rows are wide enough (the
+numpy path there, `_plan_new_arrays`, is the fallback and the reference): per record its key
+row, the slot that holds its key now (the dict of keys written since the open, each slot it
+names confirmed against the slot's row; then the sorted key hashes, every candidate of an
+equal hash confirmed in order), the last record per slot, the slots that lose a key, and a
+block whose key a later block of the batch writes again dropped. The numpy path makes some
+forty array calls a batch and a few C-level passes over the keys (a plan of 512 records:
+~290 us); this pass ~160 us (the key rows, dicts and result arrays it still makes).
+
+`fit_run` is log_group.py's `fit_run` once it has chosen how many records to look at (its
+numpy path, `_fit_run_arrays`, the fallback and the reference): ~50 us of array calls a
+run, some sixteen runs a 64 MiB call, against ~2 us here.
+
+Built by `scripts/build-core` with the other core modules (`kvtier.compiled`); when it is
+not built or not selected, log_index.py and log_group.py run the numpy paths.
+`tests/test_disk_log_plan.py` checks that both plan the same on random batches (moves,
+overwrites, keys written twice, hash collisions, stale plans) and place the same runs.
+"""
+
+import numpy as np
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+cdef uint64_t _LENGTH_MIX = 0x9E3779B97F4A7C15ULL
+cdef uint64_t _WORD_MIX = 0xFF51AFD7ED558CCDULL
+
+
+cdef inline uint64_t _row_hash(const uint8_t *row, Py_ssize_t width, Py_ssize_t length) noexcept:
+    """log_keys.py's `row_hashes` of one zero-padded row (native byte order, as numpy's
+    view of the rows as uint64 reads them)."""
+    cdef uint64_t value = <uint64_t> length * _LENGTH_MIX
+    cdef uint64_t word
+    cdef Py_ssize_t at
+    for at in range(0, width, 8):
+        memcpy(&word, row + at, 8)
+        value ^= word
+        value *= _WORD_MIX
+        value ^= value >> 33
+    return value
+
+
+cdef inline bint _row_held(
+    int64_t slot,
+    const uint8_t *row,
+    Py_ssize_t width,
+    Py_ssize_t length,
+    const uint8_t[:, ::1] index_keys,
+    const uint8_t[::1] key_len,
+    const int32_t[::1] region,
+    const uint8_t[::1] codec,
+    int tombstone,
+) noexcept:
+    """Whether `slot` holds a block whose key is `row` (`length` bytes): `_rows_held`."""
+    return (
+        region[slot] != -1
+        and codec[slot] != tombstone
+        and key_len[slot] == length
+        and memcmp(&index_keys[slot, 0], row, width) == 0
+    )
+
+
+def plan_new(
+    list keys,
+    which_np,
+    slot_np,
+    codec_np,
+    const uint8_t[:, ::1] index_keys,
+    const uint8_t[::1] key_len,
+    const int32_t[::1] region,
+    const uint8_t[::1] codec,
+    dict written,
+    const uint64_t[::1] hashes,
+    const int32_t[::1] hashed_slots,
+    int tombstone,
+    int header_bytes,
+):
+    """`LogIndex._plan_new`'s fields for the new records at positions `which` of a batch
+    (`keys`: the batch's keys; `slot_of`, `codec_of`: the batch's columns), against the
+    index's arrays (rows at least as wide as every key): (chosen, target, clear, rows,
+    lengths, key_sizes, held, written) as `NewRecords` takes them."""
+    cdef const int64_t[::1] which = which_np
+    cdef const int64_t[::1] slot_of = slot_np
+    cdef const int64_t[::1] codec_of = codec_np
+    cdef Py_ssize_t count = which.shape[0]
+    cdef Py_ssize_t width = index_keys.shape[1]
+    cdef Py_ssize_t nhashes = hashes.shape[0]
+    cdef Py_ssize_t i, j, lo, hi, mid, n_last, n_clear, length, n_keep
+    cdef int64_t position, slot, found
+    cdef uint64_t wanted
+    cdef const uint8_t *row
+    cdef bytes key_bytes
+    rows_np = np.zeros((count, width), dtype=np.uint8)
+    lengths_np = np.empty(count, dtype=np.int64)
+    others_np = np.full(count, -1, dtype=np.int64)
+    cdef uint8_t[:, ::1] rows = rows_np
+    cdef int64_t[::1] lengths = lengths_np
+    cdef int64_t[::1] others = others_np
+    cdef list picked = [None] * count
+    cdef Py_ssize_t n_blocks = 0
+    for i in range(count):
+        key = keys[which[i]]
+        picked[i] = key
+        key_bytes = key if type(key) is bytes else bytes(key)
+        length = len(key_bytes)
+        if length > width:
+            raise ValueError("plan_new: a key is longer than the index's rows")
+        lengths[i] = length
+        memcpy(&rows[i, 0], <const char *> key_bytes, length)
+        if codec_of[which[i]] == tombstone:
+            continue
+        n_blocks += 1
+        row = &rows[i, 0]
+        found = written.get(key, -1)
+        if found >= 0 and not _row_held(found, row, width, length, index_keys, key_len,
+                                        region, codec, tombstone):
+            found = -1
+        if found < 0 and nhashes:
+            wanted = _row_hash(row, width, length)
+            lo, hi = 0, nhashes
+            while lo < hi:  # the first hash not below `wanted` (searchsorted, left)
+                mid = (lo + hi) >> 1
+                if hashes[mid] < wanted:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            while lo < nhashes and hashes[lo] == wanted:
+                slot = hashed_slots[lo]
+                if _row_held(slot, row, width, length, index_keys, key_len, region, codec,
+                             tombstone):
+                    found = slot
+                    break
+                lo += 1
+        others[i] = found
+    # a slot written twice in the batch: its last record wins (the batch is short: a dict)
+    cdef dict last_of = {}
+    for i in range(count):
+        last_of[slot_of[which[i]]] = i
+    last_np = np.fromiter(last_of.values(), np.int64, len(last_of))
+    last_np.sort()
+    # a key written again later in the batch (into another slot) leaves this one
+    cdef dict newest = {}
+    for i in range(count):
+        if codec_of[which[i]] != tombstone:
+            newest[picked[i]] = i
+    cdef int64_t[::1] last = last_np
+    n_last = last.shape[0]
+    keep_np = np.ones(n_last, dtype=np.bool_)
+    cdef uint8_t[::1] keep = keep_np.view(np.uint8)
+    n_keep = n_last
+    if len(newest) < n_blocks:  # rare: a key twice in the batch
+        for j in range(n_last):
+            i = last[j]
+            if codec_of[which[i]] != tombstone and newest[picked[i]] > i:
+                keep[j] = 0
+                n_keep -= 1
+    clear_np = np.concatenate([others_np[others_np >= 0], slot_np[which_np[last_np]]])
+    if n_keep < n_last:
+        last_np = last_np[keep_np]
+        last = last_np
+        n_last = n_keep
+    chosen_np = which_np[last_np]
+    target_np = slot_np[chosen_np]
+    lengths_last = lengths_np[last_np]
+    cdef dict new_written = {}
+    cdef Py_ssize_t held = 0
+    cdef int64_t[::1] target = target_np
+    for j in range(n_last):
+        i = last[j]
+        if codec_of[which[i]] != tombstone:
+            new_written[picked[i]] = target[j]
+            held += 1
+    return (
+        chosen_np,
+        target_np,
+        np.unique(clear_np),
+        rows_np[last_np],
+        lengths_last,
+        header_bytes + ((lengths_last + 7) & ~7),
+        held,
+        new_written,
+    )
+
+
+def fit_run(
+    Py_ssize_t start,
+    Py_ssize_t end,
+    Py_ssize_t records,
+    Py_ssize_t key_bytes,
+    key_lens_np,
+    lengths_np,
+    Py_ssize_t count,
+    Py_ssize_t region_bytes,
+    Py_ssize_t page,
+    Py_ssize_t entry_bytes,
+    Py_ssize_t fixed,
+):
+    """log_group.py's `fit_run` once it has chosen `count`, the records it looks at (a
+    part starting at `start` of its region, its payloads ending at `end`, `records` records
+    and `key_bytes` of keys so far): (how many fit, their payload offsets), or None when
+    they mix payloads of whole pages with others. One loop, stopping at the first record
+    that does not fit, where the numpy path makes some fifteen array calls."""
+    cdef const int64_t[::1] key_lens = key_lens_np
+    cdef const int64_t[::1] lengths = lengths_np
+    cdef Py_ssize_t i, whole = 0, taken = count
+    cdef int64_t pos, stop, heads, used, length
+    for i in range(count):
+        if lengths[i] > 0 and lengths[i] % page == 0:
+            whole += 1
+    if 0 < whole < count:
+        return None
+    at_np = np.empty(count, dtype=np.int64)
+    cdef int64_t[::1] at = at_np
+    pos = -(-end // page) * page if whole else (end + 7) & ~7
+    heads = fixed + key_bytes + records * entry_bytes
+    for i in range(count):
+        length = lengths[i]
+        at[i] = pos
+        stop = pos + length
+        pos = stop if whole else pos + ((length + 7) & ~7)
+        heads += entry_bytes + key_lens[i]
+        used = start + (-(-heads // page) + -(-stop // page)) * page
+        if used > region_bytes:
+            taken = i
+            break
+    return taken, at_np[:taken]

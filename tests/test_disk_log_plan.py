@@ -1,0 +1,179 @@
+"""The log's compiled bookkeeping (`_plan_core.pyx`) against its numpy paths. The index's
+look-ups for a batch (`LogIndex._plan_new_arrays`): two indexes fed the same random
+batches (new records over a small pool of keys, so keys move between slots, are written
+twice in one batch and written over in their own slot; forgets; moved records; keys longer
+than any before; keys held at the open found through sorted hashes with colliding entries;
+plans gone stale before their commit) plan the same, field by field, and end in the same
+state after every step. And the lane's `fit_run` (`_fit_run_arrays`) places the same runs."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from kvtier.keys import OffloadKey
+from kvtier.tiers.disk import log_group, log_index
+from kvtier.tiers.disk.log_format import PAGE, TOMBSTONE
+from kvtier.tiers.disk.log_group import Part
+from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hashes
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        log_index._compiled_plan is None or log_group._compiled_fit_run is None,
+        reason="the compiled core is not built or selected",
+    ),
+]
+
+SLOTS = 64
+REGIONS = 4
+
+
+def opened(pool: list[bytes], rng: random.Random, compiled: bool) -> LogIndex:
+    """An index as an open from a checkpoint leaves it: some of `pool` held, found through
+    sorted hashes, with colliding entries (another slot under a held key's hash) mixed in."""
+    index = LogIndex(SLOTS, REGIONS)
+    if not compiled:
+        index.compiled_plan = None
+    width = 16
+    arrays = {name: np.zeros_like(getattr(index, name)) for name in LogIndex.ARRAYS}
+    arrays["region"][:] = NO_REGION
+    arrays["keys"] = np.zeros((SLOTS, width), dtype=np.uint8)
+    arrays["epoch"] = np.ones(REGIONS, dtype=np.uint64)
+    arrays["fill"] = np.zeros(REGIONS, dtype=np.int64)
+    for slot, key in zip(range(0, SLOTS, 2), pool, strict=False):
+        arrays["region"][slot] = slot % REGIONS
+        arrays["length"][slot] = 100 + slot
+        arrays["codec"][slot] = TOMBSTONE if slot % 10 == 4 else 0
+        arrays["seq"][slot] = 1 + slot
+        arrays["key_len"][slot] = len(key)
+        arrays["keys"][slot, : len(key)] = np.frombuffer(key, dtype=np.uint8)
+    hashes, slots = sorted_hashes(
+        arrays["keys"], arrays["key_len"], arrays["region"], arrays["codec"]
+    )
+    collide = np.array(sorted(rng.sample(range(hashes.size), hashes.size // 3)), np.int64)
+    other = np.array([rng.randrange(SLOTS) for _ in collide], np.int32)
+    at = np.concatenate([np.arange(hashes.size), collide])  # a wrong slot before some
+    order = np.lexsort((np.r_[np.ones(hashes.size), np.zeros(collide.size)], at))
+    arrays["hashes"] = np.concatenate([hashes, hashes[collide]])[order]
+    arrays["hashed_slots"] = np.concatenate([slots, other])[order].astype(np.int32)
+    index.load(arrays)
+    index.rebuild(hashed=True)
+    return index
+
+
+def batch_of(rng: random.Random, pool: list[bytes], index: LogIndex, seq: int, size: int) -> Placed:
+    """New records over `pool` (forgets among them) and moves of records `index` holds."""
+    rows = []
+    for i in range(size):
+        held = np.flatnonzero(index.region != NO_REGION)
+        if held.size and rng.random() < 0.15:  # a move: the same record, another place
+            slot = int(rng.choice(held.tolist()))
+            key = index.keys[slot, : int(index.key_len[slot])].tobytes()
+            row = (key, slot, int(index.codec[slot]), int(index.seq[slot]), int(index.region[slot]))
+        else:
+            codec = TOMBSTONE if rng.random() < 0.15 else rng.choice((0, 1))
+            row = (rng.choice(pool), rng.randrange(SLOTS), codec, seq + i, NO_REGION)
+        rows.append(row)
+    count = len(rows)
+    return Placed(
+        keys=[OffloadKey(row[0]) for row in rows],
+        slot=np.array([row[1] for row in rows], np.int64),
+        region=np.array([rng.randrange(REGIONS) for _ in rows], np.int64),
+        offset=np.array([rng.randrange(1 << 20) for _ in rows], np.int64),
+        length=np.array([0 if row[2] == TOMBSTONE else rng.randint(1, 300) for row in rows]),
+        codec=np.array([row[2] for row in rows], np.int64),
+        seq=np.array([row[3] for row in rows], np.uint64),
+        checksum=np.arange(count, dtype=np.uint64),
+        moved_from=np.array([row[4] for row in rows], np.int64),
+    )
+
+
+def state(index: LogIndex) -> tuple[object, ...]:
+    arrays = tuple(getattr(index, name).tobytes() for name in (*LogIndex.ARRAYS, "keys", "live"))
+    return (*arrays, index.blocks, index.version, dict(index.written))
+
+
+def assert_same_plan(got: log_index.Plan, want: log_index.Plan) -> None:
+    assert got.version == want.version
+    assert got.moved.tolist() == want.moved.tolist() and got.new.tolist() == want.new.tolist()
+    if want.new_records is None:
+        assert got.new_records is None
+        return
+    new, ref = got.new_records, want.new_records
+    assert new is not None
+    for name in ("chosen", "target", "clear", "rows", "lengths", "key_sizes"):
+        a, b = getattr(new, name), getattr(ref, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tolist() == b.tolist(), name
+    assert (new.width, new.held, new.written) == (ref.width, ref.held, ref.written)
+    assert list(new.written) == list(ref.written)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_plan_is_the_numpy_plan(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [bytes([i]) * (8 if i % 5 else 16) for i in range(1, 40)]
+    fast, pure = opened(pool, random.Random(seed), True), opened(pool, random.Random(seed), False)
+    assert fast.compiled_plan is not None and pure.compiled_plan is None
+    seq = 1000
+    stale: list[tuple[log_index.Plan, log_index.Plan]] = []
+    for step in range(60):
+        if step == 30:
+            pool.append(b"\x77" * 21)  # wider than the rows: they widen
+        size = rng.choice((1, 2, rng.randint(1, 40), 200))
+        placed = batch_of(rng, pool[-8:] if rng.random() < 0.3 else pool, pure, seq, size)
+        seq += size
+        plans = fast.plan(placed), pure.plan(placed)
+        assert_same_plan(*plans)
+        if step % 4 == 3:
+            stale.append(plans)  # committed later, after other batches: planned again
+        else:
+            fast.commit(plans[0])
+            pure.commit(plans[1])
+        if stale and step % 4 == 1:
+            old_fast, old_pure = stale.pop(0)
+            fast.commit(old_fast)
+            pure.commit(old_pure)
+        assert state(fast) == state(pure), step
+        for key in pool:
+            assert fast.find(OffloadKey(key)) == pure.find(OffloadKey(key))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_fit_run_is_the_numpy_one(seed: int) -> None:
+    """`fit_run`'s compiled loop against its numpy path: runs of whole pages, of other
+    lengths (empty ones too) and mixed, into parts at any fill of regions of any size."""
+    rng = random.Random(seed)
+    for _ in range(400):
+        part = Part(0, PAGE * rng.randrange(64), 1, False)
+        for _ in range(rng.randrange(4)):
+            part.keys.append(OffloadKey(b"k" * rng.randint(1, 40)))
+        part.key_bytes = sum(map(len, part.keys))
+        part.end = rng.randrange(1 << 20)
+        count = rng.randint(1, 300)
+        kind = rng.random()
+        if kind < 0.4:
+            lengths = [PAGE * rng.randint(1, 64) for _ in range(count)]
+        elif kind < 0.8:
+            lengths = [rng.choice((0, rng.randrange(1, 1 << 18))) for _ in range(count)]
+        else:
+            lengths = [rng.choice((PAGE, 100, 0)) for _ in range(count)]
+        key_lens = np.array([rng.randint(1, 40) for _ in range(count)], np.int64)
+        region = rng.choice((1 << 20, 4 << 20, 16 << 20, 64 << 20))
+        array = np.array(lengths, np.int64)
+        with_c = log_group.fit_run(part, key_lens, array, region)
+        log_group_fit = log_group._compiled_fit_run
+        try:
+            log_group._compiled_fit_run = None
+            numpy_path = log_group.fit_run(part, key_lens, array, region)
+        finally:
+            log_group._compiled_fit_run = log_group_fit
+        if numpy_path is None:
+            assert with_c is None
+            continue
+        assert with_c is not None
+        assert with_c[0] == numpy_path[0]
+        assert with_c[1].dtype == numpy_path[1].dtype
+        assert with_c[1].tolist() == numpy_path[1].tolist()
