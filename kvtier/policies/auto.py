@@ -273,14 +273,12 @@ class AutoCachePolicy(CachePolicy):
         self._behind = 0
         """During a probation: the old candidate's hits since the switch minus the new one's."""
         self._trial: SwitchTrial | None = None  # the trial running, if one is
-        self._last_trial = -self.dwell - 1
-        """The decision the last trial ended at without a switch."""
+        self._last_trial = -self.dwell - 1  # the last trial's end if it made no switch
         self._ideal: tuple[int, CachePolicy] | None = None
         """After a takeover that left its shadow as it was: (the decision, that shadow)."""
         self._takeover_loss = 0
         """Meanwhile: that shadow's hits since the switch minus the live policy's."""
-        self.takeover_cost = 0.0
-        """What the last measured takeover lost, in hits (the module doc)."""
+        self.takeover_cost = 0.0  # what the last measured takeover lost, in hits (module doc)
         self.trials: list[tuple[int, str, bool]] = []
         """Each trial that ended: (accesses so far, the candidate tried, whether it took over)."""
         self.accesses = 0
@@ -393,8 +391,7 @@ class AutoCachePolicy(CachePolicy):
             self._behind = 0
 
     def _score_trial(self, trial: SwitchTrial, serving_hits: int) -> None:
-        """Score the running trial's epoch (`SwitchTrial.score`, the serving policy's hits
-        `serving_hits`) and end it if it is decided: a switch, or none for `dwell`."""
+        """Score the trial's epoch (`SwitchTrial.score`); if decided: a switch, or `dwell`."""
         if trial.bar is not None and self._leads(trial.index):
             self._start_trial(trial.index, None)  # afresh, as the rules would start it
             return
@@ -567,8 +564,7 @@ class AutoCachePolicy(CachePolicy):
         pop = resident.pop
         hits: list[OffloadKey] = []
         for key in reversed(keys):  # tail first: the request's head is the most recent
-            block = pop(key, None)  # one look-up: a resident key's block, moved to the end
-            if block is not None:
+            if (block := pop(key, None)) is not None:  # one look-up: moved to the end
                 resident[key] = block
                 hits.append(key)
         hits.reverse()
