@@ -78,6 +78,9 @@ class LeadAlarm:
         if not self.bar:
             return chosen
         for index, total in enumerate(self.sums):
-            if index != serving and total > 0.0 and total - self.bar_of(index, floor) > above:
-                chosen, above = index, total - self.bar_of(index, floor)
+            if index == serving or total <= 0.0:
+                continue
+            excess = total - self.bar_of(index, floor)
+            if excess > above:
+                chosen, above = index, excess
         return chosen

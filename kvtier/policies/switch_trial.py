@@ -6,7 +6,7 @@ policy. `SwitchTrial` keeps its score and says when it is decided.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvtier.policies.base import CachePolicy
 
@@ -22,7 +22,7 @@ class SwitchTrial:
     bar: float | None = None
     hits: int = 0
     """The copy's hits since the last decision."""
-    lead: int = field(default=0)
+    lead: int = 0
     """The copy's hits since it began minus the serving policy's."""
 
     def score(
