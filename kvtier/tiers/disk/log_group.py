@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk.jobs import ForgetJob, Job, WriteJob
+from kvtier.tiers.codec import BlockCodec
+from kvtier.tiers.disk.jobs import ForgetJob, Job, Settlement, WriteJob
 from kvtier.tiers.disk.log_files import LogFiles, whole_pages
 from kvtier.tiers.disk.log_format import (
     PAGE,
@@ -124,6 +125,15 @@ class Pending:
         if first is not None:
             raise first
 
+    def split(self) -> Pending:
+        """What is placed so far (every part closed) as a group of its own, made durable
+        apart (an early flush, log_lane.py); this one goes on taking records, from none."""
+        done = Pending(self.parts, self.writes, self.victims, self.keep, self.spares)
+        done.closed = self.closed
+        self.parts, self.writes, self.victims, self.keep, self.spares = [], [], [], [], []
+        self.closed = 0
+        return done
+
     def clear(self) -> None:
         """Forget what was placed (every write done)."""
         self.parts.clear()
@@ -131,6 +141,16 @@ class Pending:
         self.victims.clear()
         self.keep.clear()
         self.closed = 0
+
+
+def encoded(codec: BlockCodec, buffers: list[Any]) -> tuple[list[Any], list[int], int | None]:
+    """A write call's blocks as stored (the buffers themselves without compression), their
+    codecs, and their raw bytes when encoded (None: as stored)."""
+    if codec.compression == "none":
+        return buffers, [0] * len(buffers), None
+    pairs = [codec.encode(buffer) for buffer in buffers]
+    stored = [memoryview(data).cast("B") for _, data in pairs]
+    return stored, [int(kind) for kind, _ in pairs], sum(buffer.nbytes for buffer in buffers)
 
 
 def page_aligned(buffers: list[Any]) -> list[bool]:
@@ -444,6 +464,14 @@ class Flight:
             raw_bytes=self.raw_bytes if not failed else 0,
             stored_bytes=self.appended,
         )
+
+    def settled(self) -> list[Settlement]:
+        """Its calls' futures and their results (`settle_by_loop`)."""
+        return [
+            (job.future, result, None)
+            for job, result in zip(self.jobs, self.outputs(), strict=True)
+            if job.future is not None
+        ]
 
     def outputs(self) -> list[Any]:
         """Per call its result: a write's list, None for a forget."""

@@ -13,14 +13,8 @@ operations over the group. (The lane thread's CPU for one 64 MiB call of 64 KiB 
 16.8 -> 6.9 ms with runs and head threads: docs/BENCHMARKS.md, "The write lane's per-block
 work".)
 
-Space is reclaimed a region at a time. When a new region is opened and no clean region would
-be left in reserve, the region holding the fewest live bytes is read and its live records (the
-blocks the tier's policy still holds, and the forgets still current) are appended to the open
-region with the group, byte for byte (their bound checksums verified first); the region is
-clean once that write is durable and the index points at the copies. A block is never dropped
-to make room: which blocks stay is the tier's policy's decision (its evictions overwrite or
-forget slots), so the hit ratio is the per-block layout's; the cost is the bytes moved,
-counted in `moved_bytes` (write amplification: (written + moved) / written).
+Space is reclaimed a region at a time (log_reclaim.py), the bytes moved counted in
+`moved_bytes`.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ import errno
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,7 +35,6 @@ from kvtier.tiers.disk.jobs import (
     ForgetJob,
     Job,
     JobQueue,
-    Settlement,
     WriteJob,
     settle_by_loop,
     take_group,
@@ -51,7 +44,6 @@ from kvtier.tiers.disk.log_format import (
     PAGE,
     REGION_HEADER_BYTES,
     TOMBSTONE,
-    bound_checksum,
     head_bytes,
     record_bytes,
     round_page,
@@ -65,6 +57,7 @@ from kvtier.tiers.disk.log_group import (
     add_run,
     aligned_buffer,
     copy_payloads,
+    encoded,
     fit_run,
     page_aligned,
     payload_views,
@@ -74,6 +67,7 @@ from kvtier.tiers.disk.log_group import (
     write_front,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Plan
+from kvtier.tiers.disk.log_reclaim import live_rows, pick_victim, span, verified
 from kvtier.tiers.disk.stats import StoreCounters
 
 GROUP_BYTES = 32 << 20
@@ -137,6 +131,9 @@ class LogLane:
         self._inflight: list[Flight] = []
         """Groups handed to the sync thread and not finished, in the order placed."""
         self._syncing = False
+        self._early: tuple[Pending, Future[None]] | None = None  # (`_flush_early`)
+        self._may_flush_early = False
+        self._early_error: OSError | None = None  # (for the group's end: `_reclaim` eats it)
         self._poisoned: OSError | None = None
         """Set by the sync thread when a group's write failed; cleared by the lane thread
         once no group is in flight (the open region then takes no more records)."""
@@ -208,12 +205,7 @@ class LogLane:
             self._settle(flights)
 
     def _settle(self, flights: list[Flight]) -> None:
-        settlements: list[Settlement] = []
-        for flight in flights:
-            for job, result in zip(flight.jobs, flight.outputs(), strict=True):
-                if job.future is not None:
-                    settlements.append((job.future, result, None))
-        settle_by_loop(settlements)
+        settle_by_loop([settlement for flight in flights for settlement in flight.settled()])
 
     def _drain(self) -> bool:
         """Wait until no group is in flight; whether one of them failed. After a failed write
@@ -259,6 +251,8 @@ class LogLane:
         self._group_regions = set()
         before, syncs = self.appended_bytes, self.syncs
         written: set[int] = set()
+        self._may_flush_early = all(isinstance(job, WriteJob) for job in jobs)
+        failed: OSError | None = None
         try:
             for number, job in enumerate(jobs):
                 if isinstance(job, WriteJob):
@@ -273,7 +267,12 @@ class LogLane:
                             self._append(pending, key, held, TOMBSTONE, ZEROS[:0], True)
             self._close(pending)
         except OSError as error:
-            flight.fail(error)
+            failed = error
+        finally:  # (also on a bug's exception: no early flush outlives its group)
+            self._join(pending)
+            failed, self._early_error = failed or self._early_error, None
+        if failed is not None:
+            flight.fail(failed)
             self._skip(pending)
             flight.taken = True
         flight.appended = self.appended_bytes - before
@@ -333,15 +332,7 @@ class LogLane:
         as many as fit the open region's part at once (`fit_run`), then the next region; the
         call's raw bytes."""
         keys, slots = job.keys, job.slots
-        raw = None
-        if self.codec.compression == "none":
-            stored: list[Any] = job.buffers
-            codecs = [0] * len(keys)
-        else:
-            raw = sum(buffer.nbytes for buffer in job.buffers)
-            encoded = [self.codec.encode(buffer) for buffer in job.buffers]
-            codecs = [int(codec) for codec, _ in encoded]
-            stored = [memoryview(data).cast("B") for _, data in encoded]
+        stored, codecs, raw = encoded(self.codec, job.buffers)
         count = len(keys)
         lengths = np.fromiter((buffer.nbytes for buffer in stored), np.int64, count)
         key_lens = np.fromiter(map(len, keys), np.int64, count)
@@ -450,6 +441,8 @@ class LogLane:
     def _busy(self, pending: Pending) -> set[int]:
         """The regions in an unsynced write or reclaim: this group's and those in flight."""
         busy = {part.region for part in pending.parts} | set(pending.victims)
+        if self._early is not None:  # (its lists are emptied once it is indexed: not busy)
+            busy.update([part.region for part in self._early[0].parts], self._early[0].victims)
         with self._cond:
             for flight in self._inflight:
                 busy.update(part.region for part in flight.pending.parts)
@@ -468,12 +461,17 @@ class LogLane:
     def _open_region(self, pending: Pending) -> None:
         self._close(pending)
         clean = self._clean(pending)
-        if (
+        if len(clean) <= RESERVE_REGIONS and self._early is not None:
+            if (error := self._join(pending)) is not None:
+                raise error
+            clean = self._clean(pending)
+        if (  # what was placed becomes durable (reclaimed regions clean): now, or meanwhile
             len(clean) <= RESERVE_REGIONS
             and not self._reclaiming
             and (pending.parts or self._inflight)
+            and not (clean and self._flush_early(pending))
         ):
-            self._flush(pending)  # what was placed becomes durable; reclaimed regions clean
+            self._flush(pending)
             clean = self._clean(pending)
         if not clean:
             raise OSError(errno.ENOSPC, f"the log store at {self.files.root} has no clean region")
@@ -493,53 +491,27 @@ class LogLane:
 
     def _reclaim(self, pending: Pending) -> None:
         """Move the live records of the region with the fewest live bytes into the group
-        (each one's bound checksum verified first: a damaged one is not moved)."""
-        busy = self._busy(pending) | self._group_regions
-        with self.index.lock:
-            live = self.index.live.copy()
-        candidates = [r for r in np.argsort(live, kind="stable").tolist() if live[r] > 0]
-        candidates = [r for r in candidates if r not in busy]
-        if not candidates:
+        (log_reclaim.py; each one's bound checksum verified first: a damaged one is not
+        moved)."""
+        victim = pick_victim(self.index, self._busy(pending) | self._group_regions)
+        if victim is None:
             return
-        victim = candidates[0]
-        index = self.index
-        slots = [s for s in index.live_slots(victim) if s not in self._overwritten]
-        rows = []
-        with index.lock:
-            for slot in slots:
-                if index.region[slot] == victim:
-                    fields = (index.offset, index.length, index.codec, index.seq, index.checksum)
-                    offset, length, codec, seq, checksum = (int(f[slot]) for f in fields)
-                    rows.append((slot, index._key(slot), offset, length, codec, seq, checksum))
-        if not rows:  # every live record of it is written over by this group
-            pending.victims.append(victim)
-            return
-        rows.sort(key=lambda row: row[2])
-        first = rows[0][2] // PAGE * PAGE  # only the span holding them
-        last = round_page(max(row[2] + row[3] for row in rows))
-        data = self._buffer(pending, last - first)
-        self._reclaiming = True
-        try:
-            view = data.data
-            reached = self.files.read_records(victim, first, view, [row[2:4] for row in rows])
-            for (slot, key, offset, length, codec, seq, checksum), end in zip(
-                rows, reached, strict=True
-            ):
-                if offset + length > end:
-                    continue  # cut off: not moved (its reads would fail anyway)
-                payload = view[offset - first : offset - first + length]
-                if codec != TOMBSTONE and checksum != bound_checksum(
-                    self.namespace, key, slot, length, codec, seq, payload
-                ):
-                    continue  # damaged: not moved
-                part, at = self._place(pending, len(key), length)
-                direct = length % PAGE == 0 and offset % PAGE == 0
-                add(part, key, slot, seq, checksum, at, length, codec, payload, victim, direct)
-                self.moved_bytes += record_bytes(len(key), length)
-        except OSError:
-            pass  # an unreadable region is not moved; its blocks read as misses
-        finally:
-            self._reclaiming = False
+        rows = live_rows(self.index, victim, self._overwritten)
+        if rows:  # (else every live record of it is written over by this group)
+            first, last = span(rows)
+            view = self._buffer(pending, last - first).data
+            self._reclaiming = True
+            try:
+                for row, payload in verified(self.files, self.namespace, victim, rows, first, view):
+                    slot, key, offset, length, codec, seq, checksum = row
+                    part, at = self._place(pending, len(key), length)
+                    direct = length % PAGE == 0 and offset % PAGE == 0
+                    add(part, key, slot, seq, checksum, at, length, codec, payload, victim, direct)
+                    self.moved_bytes += record_bytes(len(key), length)
+            except OSError:
+                pass  # an unreadable region is not moved; its blocks read as misses
+            finally:
+                self._reclaiming = False
         pending.victims.append(victim)
 
     def _flush(self, pending: Pending) -> None:
@@ -549,6 +521,10 @@ class LogLane:
         if self._drain() and pending.parts:  # an earlier group's write failed: these follow it
             raise OSError(errno.EIO, "an earlier group's write failed")
         self._close(pending)
+        self._flushed(pending)
+
+    def _flushed(self, pending: Pending) -> None:
+        """`_flush` of the closed parts of `pending` (on the sync thread: an early flush)."""
         plan = self._plan(pending)
         pending.wait()
         if self.fsync and pending.parts:
@@ -557,6 +533,36 @@ class LogLane:
         self._hold_ground()
         self._apply(pending, plan)
         self.on_flush(self.opened)
+
+    def _flush_early(self, pending: Pending) -> bool:
+        """Start `_flush` of the parts placed so far on the sync thread while the lane opens
+        the last clean region and places and writes its part (docs/BENCHMARKS.md, "Log
+        writes on a fast device, second round"); joined (`_join`) when the next region is
+        needed and at the group's end. Only with no group in flight or failed, in a group
+        of writes only (a forget looks the index up while placing); whether it started."""
+        if self._early is not None or not pending.parts or not self._may_flush_early:
+            return False
+        with self._cond:
+            if self._inflight or self._poisoned is not None:
+                return False
+        done = pending.split()
+        self._early = (done, self._syncer.submit(self._flushed, done))
+        return True
+
+    def _join(self, pending: Pending) -> OSError | None:
+        """Wait for the early flush, if any: its new records durable in `pending`; or its
+        OSError (kept for the group's end), its space skipped, nothing of it indexed."""
+        if self._early is None:
+            return None
+        (done, future), self._early = self._early, None
+        try:
+            future.result()
+        except OSError as error:
+            self._skip(done)
+            self._early_error = self._early_error or error
+            return error
+        pending.flushed += done.flushed
+        return None
 
     def _plan(self, pending: Pending) -> Plan:
         """The index's look-ups for a group's records, made while its writes and sync run:
