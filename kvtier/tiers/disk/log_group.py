@@ -11,6 +11,7 @@ Moved records (reclaiming) and forgets are placed one at a time (`add`)."""
 from __future__ import annotations
 
 import mmap
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -368,11 +369,24 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
     first = b""
     if part.opens:
         first = pack_region_header(namespace, part.epoch, part.region, files.geo.region_bytes)
-    front = aligned_buffer(len(first) + len(head))
+    front = _front_buffer(len(first) + len(head))
     front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
     front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
     start = 0 if part.opens else part.start
     files.write_here(part.region, start, [front.data], True)
+
+
+_fronts = threading.local()
+
+
+def _front_buffer(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Aligned memory for a part's header pages, this head thread's own and reused part
+    after part (its write is done before `write_front` returns): not a new mapping, faulted
+    in, per part."""
+    buffer: np.ndarray[Any, np.dtype[np.uint8]] | None = getattr(_fronts, "buffer", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = _fronts.buffer = aligned_buffer(max(nbytes, 64 << 10))
+    return buffer[: round_page(nbytes)]
 
 
 def placed(parts: list[Part], *, checksums: bool = True) -> Placed:
