@@ -184,3 +184,38 @@ def test_a_failed_group_fails_exactly_the_blocks_not_yet_durable() -> None:
     flight.pending.flushed = 0
     flight.fail(error)
     assert results == [[error, error, error], [error, earlier, error]]
+
+
+def test_the_lane_lets_go_of_the_gil_after_a_groups_first_parts_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`let_writers_in` yields after the hand-off of a group's first YIELD_PARTS parts (so
+    their writes start while the lane places the next), and not after later ones (each
+    yield is a switch of threads)."""
+    yields: list[int] = []
+    monkeypatch.setattr(log_group, "_yield", lambda: yields.append(1))
+    for closed in range(1, 8):
+        log_group.let_writers_in(closed)
+    assert len(yields) == log_group.YIELD_PARTS == 2
+
+
+async def test_a_large_call_yields_after_its_first_parts(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of many regions' worth yields a few times (its first parts, and the first
+    after a mid-group flush), not once per part, and stores every block."""
+    from disk_helpers import assert_intact, open_small, write_ok
+
+    from kvtier.tiers.disk.log_store import LogStore
+
+    yields: list[int] = []
+    monkeypatch.setattr(log_group, "_yield", lambda: yields.append(1))
+    store = open_small(LogStore, tmp_path, num_blocks=64, block_size=16 << 10)
+    try:
+        await write_ok(store, list(range(64)), list(range(64)))
+        parts = store._lane.opened
+        await assert_intact(store, list(range(64)), list(range(64)))
+    finally:
+        await store.aclose()
+    assert parts > 2 * log_group.YIELD_PARTS
+    assert 0 < len(yields) < parts

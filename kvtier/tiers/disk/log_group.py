@@ -11,7 +11,9 @@ Moved records (reclaiming) and forgets are placed one at a time (`add`)."""
 from __future__ import annotations
 
 import mmap
+import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -51,6 +53,24 @@ except ImportError:
     _compiled_fit_run = None
 
 ZEROS = memoryview(bytes(PAGE))
+
+YIELD_PARTS = 2
+"""A group's first parts (and the first after a mid-group flush) after whose hand-off the
+lane lets go of the GIL (`let_writers_in`)."""
+
+_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+
+
+def let_writers_in(closed: int) -> None:
+    """After the hand-off of a group's `closed`-th part, if one of its first YIELD_PARTS:
+    let go of the GIL once (and of the CPU), so the write and head threads just handed the
+    part take it and start their system calls, which release it, before the lane places
+    the next part. Else the lane held it through placing the next parts (array work that
+    never lets go), and a 64 MiB call's first write began ~1.4 ms after its first part was
+    handed over: the device idle (docs/BENCHMARKS.md, "Log writes on a fast device, second
+    round")."""
+    if closed <= YIELD_PARTS:
+        _yield()
 
 
 @dataclass(slots=True)

@@ -9,9 +9,7 @@ are placed as runs (log_group.py's `fit_run`: array operations, no Python per bl
 few list elements); a part's payload writes start as soon as the group moves on to the next
 region, and a head thread computes its bound checksums (xxh3 releases the GIL) and writes
 its header pages while the lane places the next part. The index's update is array
-operations over the group. (The lane thread's CPU for one 64 MiB call of 64 KiB rows went
-16.8 -> 6.9 ms with runs and head threads: docs/BENCHMARKS.md, "The write lane's per-block
-work".)
+operations over the group (docs/BENCHMARKS.md, "The write lane's per-block work").
 
 Space is reclaimed a region at a time (log_reclaim.py), the bytes moved counted in
 `moved_bytes`.
@@ -59,6 +57,7 @@ from kvtier.tiers.disk.log_group import (
     copy_payloads,
     encoded,
     fit_run,
+    let_writers_in,
     page_aligned,
     payload_views,
     placed,
@@ -421,6 +420,7 @@ class LogLane:
         if span:
             pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
+        let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
 
     def _buffer(self, pending: Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
