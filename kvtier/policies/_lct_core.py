@@ -5,8 +5,9 @@
 The algorithm is lct.py's (its docstrings say why each step is so): `_observe` per access,
 `on_store_miss`, `touch`, `insert`, `remove`, `admit`, `evict`, the ghosts forgotten after
 `memory` accesses, the requeue when the horizon moves. Each key remembered is a node, each
-node holds its state and last three access times in arrays, and the four class queues and
-the ghosts are intrusive doubly linked lists over those arrays (oldest at the head). One
+node's links, list, state and last three access times one record of int64s (a cache line;
+the records one array, grown in place), and the four class queues and the ghosts are
+intrusive doubly linked lists over those records (oldest at the head). One
 dict maps every remembered key, resident or not, to its node (the list it is on says
 which): a key that becomes resident or is evicted keeps its node and its entry, so a
 stored key costs its look-ups, the resident dict's write and, at its eviction, its delete
@@ -65,6 +66,17 @@ _C_BINS = cython.declare(cython.int, BINS_PER_OCTAVE)
 _INF = cython.declare(cython.double, math.inf)
 _C_MAX_STATES = cython.declare(cython.int, MAX_STATES)
 
+# A node's record: REC int64s, one cache line (docs/BENCHMARKS.md, "Policy cost, eighth
+# round"), its fields at these offsets (the eighth unused).
+REC = cython.declare(cython.int, 8)
+PREV = cython.declare(cython.int, 0)  # the neighbours on its list (-1: none)
+NEXT = cython.declare(cython.int, 1)
+WHERE = cython.declare(cython.int, 2)  # the list it is on
+STATE = cython.declare(cython.int, 3)
+LAST = cython.declare(cython.int, 4)  # the last three access times
+SECOND = cython.declare(cython.int, 5)
+THIRD = cython.declare(cython.int, 6)
+
 LIMITS = 0
 SHARES = 1
 CREDIT = 2
@@ -92,12 +104,11 @@ def _doubles(values: Sequence[float]) -> array[float]:
     return array("d", values)
 
 
-def _grown(old: Sequence[int], count: int, typecode: str) -> array[int]:
-    """`count` zeros of `typecode`, the items of `old` (an array or a typed memoryview of that
-    type) first: one copy of memory, compiled or not."""
-    grown = array(typecode, bytes(count * array(typecode).itemsize))
-    memoryview(grown)[: len(old)] = old  # type: ignore[call-overload]
-    return grown
+def _record_base(records: array[int]) -> int:
+    """Where node 0's record starts in `records` (int64s): at the first item on a 64-byte
+    boundary, so that each node's record is one cache line."""
+    address: int = records.buffer_info()[0]
+    return (-address % 64) // 8
 
 
 @cython.final
@@ -111,20 +122,19 @@ class LCTState:
     # of a resident key), apart from its resident node; rare, usually empty.
     _dup: dict[OffloadKey, int]
     _solve: Callable[[], None]  # the policy's solver, run every `period` accesses
-    # Per node: the neighbours (-1: none), the list, the state, the last three access times,
-    # its key, its block, its number as a Python int (the dicts' values).
-    _prev = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _next = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _where = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _state = cython.declare(cython.int[::1])  # type: ignore[misc]
-    _last = cython.declare(cython.longlong[::1])  # type: ignore[misc]
-    _second = cython.declare(cython.longlong[::1])  # type: ignore[misc]
-    _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    # Per node: its record (REC int64s from `_base + node * REC` in `_rec`: the neighbours,
+    # the list, the state, the last three access times; one cache line where seven parallel
+    # arrays took up to seven), its key, its block, its number as a Python int (the dicts'
+    # values).
+    _rec = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _records: array[int]  # the array `_rec` views (grown in place)
+    _base: cython.Py_ssize_t
     _keys: list[OffloadKey]
     _blocks: list[BlockStatus]
     _ids: list[int]
     _allocated: cython.int
-    _free: cython.int  # first free node, chained through `_next` (-1: none)
+    _used: cython.int  # the nodes ever handed out: those past it are free, on no chain
+    _free: cython.int  # first free node below `_used`, chained through NEXT (-1: none)
     # Per list (the queues, the ghosts): its oldest and newest node (-1: empty), its length.
     _head = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
     _tail = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
@@ -190,13 +200,14 @@ class LCTState:
         self._nodes = {}
         self._dup = {}
         self._solve = _nothing
-        empty = _ints([])
-        self._prev = self._next = self._where = self._state = self._plan = empty
-        self._last = self._second = self._third = _longs([])
+        self._plan = _ints([])
+        self._records = _longs([0] * REC)  # room to align the first record
+        self._rec = self._records
+        self._base = 0
         self._keys = []
         self._blocks = []
         self._ids = []
-        self._allocated = 0
+        self._allocated = self._used = 0
         self._free = -1
         self._head = [-1, -1, -1, -1, -1]
         self._tail = [-1, -1, -1, -1, -1]
@@ -293,29 +304,34 @@ class LCTState:
 
     @cython.cfunc
     def _grow(self) -> cython.int:
-        """Double the nodes (64 at first), the new ones free."""
+        """Double the nodes (64 at first), the new ones free (past `_used`). The records'
+        array grows in place (a large one by remapping its pages, not copying them), then
+        the records move if its start's alignment changed."""
         old: cython.int = self._allocated
         new: cython.int = max(64, 2 * old)
-        i: cython.int
-        self._prev = _grown(self._prev, new, "i")
-        self._next = _grown(self._next, new, "i")
-        self._where = _grown(self._where, new, "i")
-        self._state = _grown(self._state, new, "i")
-        self._last = _grown(self._last, new, "q")
-        self._second = _grown(self._second, new, "q")
-        self._third = _grown(self._third, new, "q")
+        records = self._records
+        old_base: cython.Py_ssize_t = self._base
+        self._rec = _longs([])  # no view of the array while it is resized
+        records.frombytes(bytes((new - old) * REC * 8))
+        base: cython.Py_ssize_t = _record_base(records)
+        if base != old_base:
+            records[base : base + old * REC] = records[old_base : old_base + old * REC]
+        self._rec = records
+        self._base = base
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
         self._keys.extend([_NO_KEY] * (new - old))
         self._blocks.extend([_NO_BLOCK] * (new - old))
         self._ids.extend(range(old, new))
-        for i in range(old, new):
-            self._prev[i] = -1
-            self._where[i] = NOWHERE
-            self._next[i] = i + 1 if i + 1 < new else self._free
-        self._free = old
         self._allocated = new
         return 0
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _at(self, node: cython.int) -> cython.Py_ssize_t:
+        """Where the record of `node` starts in `_rec`."""
+        return self._base + node * REC
 
     @cython.cfunc
     @cython.inline
@@ -323,13 +339,14 @@ class LCTState:
     def _link(self, node: cython.int, where: cython.int) -> cython.void:
         """Append `node` at the newest end of list `where`."""
         tail: cython.int = self._tail[where]
-        self._where[node] = where
-        self._prev[node] = tail
-        self._next[node] = -1
+        at: cython.Py_ssize_t = self._at(node)
+        self._rec[at + WHERE] = where
+        self._rec[at + PREV] = tail
+        self._rec[at + NEXT] = -1
         if tail < 0:
             self._head[where] = node
         else:
-            self._next[tail] = node
+            self._rec[self._at(tail) + NEXT] = node
         self._tail[where] = node
         self._size[where] += 1
 
@@ -338,32 +355,39 @@ class LCTState:
     @cython.exceptval(check=False)
     def _unlink(self, node: cython.int) -> cython.void:
         """Take `node` off its list (it is then NOWHERE)."""
-        where: cython.int = self._where[node]
-        prev: cython.int = self._prev[node]
-        nxt: cython.int = self._next[node]
+        at: cython.Py_ssize_t = self._at(node)
+        where: cython.int = self._rec[at + WHERE]
+        prev: cython.int = self._rec[at + PREV]
+        nxt: cython.int = self._rec[at + NEXT]
         if prev < 0:
             self._head[where] = nxt
         else:
-            self._next[prev] = nxt
+            self._rec[self._at(prev) + NEXT] = nxt
         if nxt < 0:
             self._tail[where] = prev
         else:
-            self._prev[nxt] = prev
+            self._rec[self._at(nxt) + PREV] = prev
         self._size[where] -= 1
-        self._where[node] = NOWHERE
+        self._rec[at + WHERE] = NOWHERE
 
     @cython.cfunc
     def _new_node(self, key: OffloadKey) -> cython.int:
         """A free node for `key`, on no list, remembering an access now and no other."""
-        if self._free < 0:
-            self._grow()
         node: cython.int = self._free
-        self._free = self._next[node]
+        if node >= 0:
+            self._free = self._rec[self._at(node) + NEXT]
+        else:
+            if self._used == self._allocated:
+                self._grow()
+            node = self._used
+            self._used += 1
+        at: cython.Py_ssize_t = self._at(node)
+        self._rec[at + WHERE] = NOWHERE
+        self._rec[at + STATE] = self._first
+        self._rec[at + LAST] = self.clock
+        self._rec[at + SECOND] = _C_NEVER
+        self._rec[at + THIRD] = _C_NEVER
         self._keys[node] = key
-        self._state[node] = self._first
-        self._last[node] = self.clock
-        self._second[node] = _C_NEVER
-        self._third[node] = _C_NEVER
         return node
 
     @cython.cfunc
@@ -373,8 +397,8 @@ class LCTState:
         """Free `node` (unlinked already)."""
         self._keys[node] = _NO_KEY
         self._blocks[node] = _NO_BLOCK
-        self._where[node] = NOWHERE
-        self._next[node] = self._free
+        self._rec[self._at(node) + WHERE] = NOWHERE
+        self._rec[self._at(node) + NEXT] = self._free
         self._free = node
 
     @cython.cfunc
@@ -382,10 +406,11 @@ class LCTState:
     @cython.exceptval(check=False)
     def _store(self, node: cython.int) -> cython.void:
         """Give `node` what `_observe` found."""
-        self._state[node] = self._o_state
-        self._last[node] = self._o_last
-        self._second[node] = self._o_second
-        self._third[node] = self._o_third
+        at: cython.Py_ssize_t = self._at(node)
+        self._rec[at + STATE] = self._o_state
+        self._rec[at + LAST] = self._o_last
+        self._rec[at + SECOND] = self._o_second
+        self._rec[at + THIRD] = self._o_third
 
     @cython.cfunc
     @cython.inline
@@ -413,23 +438,24 @@ class LCTState:
         """`_observe` of a key remembered within the memory: record the reuse, leave the
         key's new state and times in `_o_*`."""
         period: cython.longlong = self.period
-        last: cython.longlong = self._last[node]
+        at: cython.Py_ssize_t = self._at(node)
+        last: cython.longlong = self._rec[at + LAST]
         gap: cython.longlong = clock - last
         age: cython.longlong = (clock - 1) // period - (last - 1) // period
         bin_: cython.int = int(math.log2(gap) * _C_BINS)
         g2: cython.int = 0
         g3: cython.int = 0
         if age < self._nweights:
-            self._reuse[self._state[node] * self._bins + bin_] += self._weights[age]
+            self._reuse[self._rec[at + STATE] * self._bins + bin_] += self._weights[age]
         g1: cython.int = self._within(gap)
         if g1:
-            g2 = self._within(clock - self._second[node])
+            g2 = self._within(clock - self._rec[at + SECOND])
             if g2:
-                g3 = self._within(clock - self._third[node])
+                g3 = self._within(clock - self._rec[at + THIRD])
         self._o_state = self._ids_table[(g1 * self._width + g2) * self._width + g3]
         self._o_last = clock
         self._o_second = last
-        self._o_third = self._second[node]
+        self._o_third = self._rec[at + SECOND]
 
     @cython.cfunc
     def _observe(self, node: cython.int) -> cython.int:
@@ -438,7 +464,7 @@ class LCTState:
         (which may have forgotten `node`, if a ghost)."""
         clock: cython.longlong = self.clock + 1
         self.clock = clock
-        if node < 0 or clock - self._last[node] > self._memory:
+        if node < 0 or clock - self._rec[self._at(node) + LAST] > self._memory:
             self._o_state = self._first
             self._o_last = clock
             self._o_second = _C_NEVER
@@ -465,7 +491,7 @@ class LCTState:
     @cython.exceptval(check=False)
     def _resident_node(self, node: cython.int) -> cython.bint:
         """Whether `node` (-1: none) is a resident key's, on a class queue."""
-        return node >= 0 and self._where[node] < GHOSTS
+        return node >= 0 and self._rec[self._at(node) + WHERE] < GHOSTS
 
     @cython.cfunc
     @cython.inline
@@ -474,7 +500,7 @@ class LCTState:
         """Whether `node` (-1: none), found in `_ann`, is still the ghost node of `key`: a
         node announced for a key that was not resident is its entry in `_nodes` for as long
         as it holds that key and is a ghost (freed, it holds none; reused, another)."""
-        return node >= 0 and self._keys[node] is key and self._where[node] == GHOSTS
+        return node >= 0 and self._keys[node] is key and self._rec[self._at(node) + WHERE] == GHOSTS
 
     @cython.cfunc
     def _announced(self, key: OffloadKey) -> cython.int:
@@ -575,7 +601,7 @@ class LCTState:
             self._unlink(node)
         self._blocks[node] = block
         self._resident[key] = block
-        self._link(node, self._class_of(self._state[node]))
+        self._link(node, self._class_of(self._rec[self._at(node) + STATE]))
         return 0
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -598,6 +624,7 @@ class LCTState:
         newest."""
         # the key's ghost: this node, unless it has one already (`_dup`)
         ghost: cython.int = -1
+        field: cython.int
         if self._dup:
             key = self._keys[node]
             ghost = self._node_of(self._dup, key)
@@ -608,10 +635,8 @@ class LCTState:
             self._blocks[node] = _NO_BLOCK
             self._link(node, GHOSTS)
         else:  # announced again while resident: one entry, the resident one's history
-            self._state[ghost] = self._state[node]
-            self._last[ghost] = self._last[node]
-            self._second[ghost] = self._second[node]
-            self._third[ghost] = self._third[node]
+            for field in range(STATE, THIRD + 1):
+                self._rec[self._at(ghost) + field] = self._rec[self._at(node) + field]
             self._unlink(ghost)
             self._link(ghost, GHOSTS)
             self._drop(node)
@@ -630,7 +655,7 @@ class LCTState:
         stored (a key stored later with an older access waits its turn)."""
         oldest: cython.longlong = self.clock - self._memory
         node: cython.int = self._head[GHOSTS]
-        while node >= 0 and self._last[node] < oldest:
+        while node >= 0 and self._rec[self._at(node) + LAST] < oldest:
             self._forget_ghost(node)
             self._unlink(node)
             self._drop(node)
@@ -652,7 +677,7 @@ class LCTState:
             node = self._ann[i] if i < self._nann else -1
             if not self._is_ghost_of(node, key):
                 node = self._node_of(self._nodes, key)
-            cls = self._class_of(self._first if node < 0 else self._state[node])
+            cls = self._class_of(self._first if node < 0 else self._rec[self._at(node) + STATE])
             if self._limits[cls] <= 0:
                 answers.append(False)
             elif self._shares[cls] >= 1.0:
@@ -683,7 +708,7 @@ class LCTState:
             if (
                 node >= 0
                 and self._limits[cls] != _INF
-                and self.clock - self._last[node] > self._limits[cls]
+                and self.clock - self._rec[self._at(node) + LAST] > self._limits[cls]
             ):
                 return 1
         return 0
@@ -696,7 +721,7 @@ class LCTState:
         return its node (-1: none)."""
         node: cython.int = self._cursor[cls]
         while node >= 0:
-            self._cursor[cls] = self._next[node]
+            self._cursor[cls] = self._rec[self._at(node) + NEXT]
             if self._blocks[node].ref_cnt == 0 and self._keys[node] not in protected:
                 return node
             node = self._cursor[cls]
@@ -708,7 +733,7 @@ class LCTState:
         `evict`): the largest goes first; with `by_class`, a block past its limit ranks
         above every block of a higher class (the classes 1e10 apart, beyond any ratio or
         age)."""
-        age: cython.double = self.clock - self._last[node]
+        age: cython.double = self.clock - self._rec[self._at(node) + LAST]
         limit: cython.double = self._limits[cls]
         over: cython.double = age - limit
         if limit == _INF:
@@ -778,7 +803,7 @@ class LCTState:
             out.append((key, self._blocks[node]))
             self._unlink(node)
             del self._resident[key]
-            if self.clock - self._last[node] <= self._memory:
+            if self.clock - self._rec[self._at(node) + LAST] <= self._memory:
                 self._remember(node)
             else:  # forgotten; its ghost apart, if any, becomes its entry
                 ghost = self._node_of(self._dup, key) if self._dup else -1
@@ -796,7 +821,7 @@ class LCTState:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the resident dict's order)."""
         nodes: list[int] = [self._nodes[key] for key in self._resident]
-        times: list[int] = [self._last[node] for node in nodes]
+        times: list[int] = [self._rec[self._at(node) + LAST] for node in nodes]
         cls: cython.int
         node: cython.int
         self._horizon = horizon
@@ -805,7 +830,7 @@ class LCTState:
             self._size[cls] = 0
         for i in sorted(range(len(nodes)), key=times.__getitem__):
             node = nodes[i]
-            self._link(node, self._class_of(self._state[node]))
+            self._link(node, self._class_of(self._rec[self._at(node) + STATE]))
 
     def set_horizon(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`, leaving the queues as they are."""
@@ -816,7 +841,18 @@ class LCTState:
         node: cython.int = self._node_of(self._nodes, key)  # the resident node, else the ghost
         if node < 0:
             return None
-        return (self._state[node], self._last[node], self._second[node], self._third[node])
+        return self._history(node)
+
+    @cython.cfunc
+    def _history(self, node: cython.int) -> tuple[int, int, int, int]:
+        """What `node` remembers (lct.py's History): its state, its last three access times."""
+        at: cython.Py_ssize_t = self._at(node)
+        return (
+            self._rec[at + STATE],
+            self._rec[at + LAST],
+            self._rec[at + SECOND],
+            self._rec[at + THIRD],
+        )
 
     def decay_reuse(self, decay: cython.double) -> None:
         """Every reuse weighted by `decay` (the solve's fading; as lct.py's `x * decay`)."""
@@ -972,7 +1008,7 @@ class LCTState:
         node: cython.int = self._head[where]
         while node >= 0:
             out.append(self._keys[node])
-            node = self._next[node]
+            node = self._rec[self._at(node) + NEXT]
         return out
 
     def ghost_entries(self) -> list[tuple[OffloadKey, tuple[int, int, int, int]]]:
@@ -981,9 +1017,8 @@ class LCTState:
         out: list[tuple[OffloadKey, tuple[int, int, int, int]]] = []
         node: cython.int = self._head[GHOSTS]
         while node >= 0:
-            history = (self._state[node], self._last[node], self._second[node], self._third[node])
-            out.append((self._keys[node], history))
-            node = self._next[node]
+            out.append((self._keys[node], self._history(node)))
+            node = self._rec[self._at(node) + NEXT]
         return out
 
     def clear(self) -> None:
@@ -993,13 +1028,11 @@ class LCTState:
         self._nodes.clear()
         self._dup.clear()
         self._nann = self._ann_pos = 0
-        for i in range(self._allocated):
+        for i in range(self._used):
             self._keys[i] = _NO_KEY
             self._blocks[i] = _NO_BLOCK
-            self._where[i] = NOWHERE
-            self._prev[i] = -1
-            self._next[i] = i + 1 if i + 1 < self._allocated else -1
-        self._free = 0 if self._allocated else -1
+        self._used = 0
+        self._free = -1
         for i in range(LISTS):
             self._head[i] = self._tail[i] = -1
             self._size[i] = 0
