@@ -5,9 +5,8 @@
 The algorithm is lct.py's (its docstrings say why each step is so): `_observe` per access,
 `on_store_miss`, `touch`, `insert`, `remove`, `admit`, `evict`, the ghosts forgotten after
 `memory` accesses, the requeue when the horizon moves. Each key remembered is a node, each
-node's links, list, state and last three access times one record of int64s (a cache line;
-the records one array, grown in place), and the four class queues and the ghosts are
-intrusive doubly linked lists over those records (oldest at the head). One
+node holds its state and last three access times in arrays, and the four class queues and
+the ghosts are intrusive doubly linked lists over those arrays (oldest at the head). One
 dict maps every remembered key, resident or not, to its node (the list it is on says
 which): a key that becomes resident or is evicted keeps its node and its entry, so a
 stored key costs its look-ups, the resident dict's write and, at its eviction, its delete
@@ -66,17 +65,6 @@ _C_BINS = cython.declare(cython.int, BINS_PER_OCTAVE)
 _INF = cython.declare(cython.double, math.inf)
 _C_MAX_STATES = cython.declare(cython.int, MAX_STATES)
 
-# A node's record: REC int64s, one cache line (docs/BENCHMARKS.md, "Policy cost, eighth
-# round"), its fields at these offsets (the eighth unused).
-REC = cython.declare(cython.int, 8)
-PREV = cython.declare(cython.int, 0)  # the neighbours on its list (-1: none)
-NEXT = cython.declare(cython.int, 1)
-WHERE = cython.declare(cython.int, 2)  # the list it is on
-STATE = cython.declare(cython.int, 3)
-LAST = cython.declare(cython.int, 4)  # the last three access times
-SECOND = cython.declare(cython.int, 5)
-THIRD = cython.declare(cython.int, 6)
-
 LIMITS = 0
 SHARES = 1
 CREDIT = 2
@@ -104,13 +92,6 @@ def _doubles(values: Sequence[float]) -> array[float]:
     return array("d", values)
 
 
-def _record_base(records: array[int]) -> int:
-    """Where node 0's record starts in `records` (int64s): at the first item on a 64-byte
-    boundary, so that each node's record is one cache line."""
-    address: int = records.buffer_info()[0]
-    return (-address % 64) // 8
-
-
 @cython.final
 @cython.cclass
 class LCTState:
@@ -122,19 +103,22 @@ class LCTState:
     # of a resident key), apart from its resident node; rare, usually empty.
     _dup: dict[OffloadKey, int]
     _solve: Callable[[], None]  # the policy's solver, run every `period` accesses
-    # Per node: its record (REC int64s from `_base + node * REC` in `_rec`: the neighbours,
-    # the list, the state, the last three access times; one cache line where seven parallel
-    # arrays took up to seven), its key, its block, its number as a Python int (the dicts'
-    # values).
-    _rec = cython.declare(cython.longlong[::1])  # type: ignore[misc]
-    _records: array[int]  # the array `_rec` views (grown in place)
-    _base: cython.Py_ssize_t
+    # Per node: the neighbours (-1: none), the list, the state, the last three access times,
+    # its key, its block (the dicts hold its number, a Python int made at each write: a
+    # list of each node's int cost a cold read and a reference count per write).
+    _prev = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _next = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _where = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _state = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _last = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _second = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _keys: list[OffloadKey]
     _blocks: list[BlockStatus]
-    _ids: list[int]
+    _arrays: list[array[int]]  # the arrays the seven views view, in that order (grown in place)
     _allocated: cython.int
     _used: cython.int  # the nodes ever handed out: those past it are free, on no chain
-    _free: cython.int  # first free node below `_used`, chained through NEXT (-1: none)
+    _free: cython.int  # first free node below `_used`, chained through `_next` (-1: none)
     # Per list (the queues, the ghosts): its oldest and newest node (-1: empty), its length.
     _head = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
     _tail = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
@@ -200,13 +184,11 @@ class LCTState:
         self._nodes = {}
         self._dup = {}
         self._solve = _nothing
+        self._arrays = [_ints([]) for _ in range(4)] + [_longs([]) for _ in range(3)]
+        self._view_arrays()
         self._plan = _ints([])
-        self._records = _longs([0] * REC)  # room to align the first record
-        self._rec = self._records
-        self._base = 0
         self._keys = []
         self._blocks = []
-        self._ids = []
         self._allocated = self._used = 0
         self._free = -1
         self._head = [-1, -1, -1, -1, -1]
@@ -303,35 +285,38 @@ class LCTState:
     # -- nodes and lists ---------------------------------------------------------------------
 
     @cython.cfunc
+    def _view_arrays(self) -> cython.int:
+        """Point the seven views at `_arrays`."""
+        arrays = self._arrays
+        self._prev = arrays[0]
+        self._next = arrays[1]
+        self._where = arrays[2]
+        self._state = arrays[3]
+        self._last = arrays[4]
+        self._second = arrays[5]
+        self._third = arrays[6]
+        return 0
+
+    @cython.cfunc
     def _grow(self) -> cython.int:
-        """Double the nodes (64 at first), the new ones free (past `_used`). The records'
-        array grows in place (a large one by remapping its pages, not copying them), then
-        the records move if its start's alignment changed."""
+        """Double the nodes (64 at first), the new ones free (past `_used`, handed out in
+        order, so not set here). Each array grows in place (none is viewed while it is
+        resized), a large one by remapping its pages instead of copying them."""
         old: cython.int = self._allocated
         new: cython.int = max(64, 2 * old)
-        records = self._records
-        old_base: cython.Py_ssize_t = self._base
-        self._rec = _longs([])  # no view of the array while it is resized
-        records.frombytes(bytes((new - old) * REC * 8))
-        base: cython.Py_ssize_t = _record_base(records)
-        if base != old_base:
-            records[base : base + old * REC] = records[old_base : old_base + old * REC]
-        self._rec = records
-        self._base = base
+        ints = _ints([])
+        longs = _longs([])
+        self._prev = self._next = self._where = self._state = ints
+        self._last = self._second = self._third = longs
+        for items in self._arrays:
+            items.frombytes(bytes((new - old) * items.itemsize))
+        self._view_arrays()
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
         self._keys.extend([_NO_KEY] * (new - old))
         self._blocks.extend([_NO_BLOCK] * (new - old))
-        self._ids.extend(range(old, new))
         self._allocated = new
         return 0
-
-    @cython.cfunc
-    @cython.inline
-    @cython.exceptval(check=False)
-    def _at(self, node: cython.int) -> cython.Py_ssize_t:
-        """Where the record of `node` starts in `_rec`."""
-        return self._base + node * REC
 
     @cython.cfunc
     @cython.inline
@@ -339,14 +324,13 @@ class LCTState:
     def _link(self, node: cython.int, where: cython.int) -> cython.void:
         """Append `node` at the newest end of list `where`."""
         tail: cython.int = self._tail[where]
-        at: cython.Py_ssize_t = self._at(node)
-        self._rec[at + WHERE] = where
-        self._rec[at + PREV] = tail
-        self._rec[at + NEXT] = -1
+        self._where[node] = where
+        self._prev[node] = tail
+        self._next[node] = -1
         if tail < 0:
             self._head[where] = node
         else:
-            self._rec[self._at(tail) + NEXT] = node
+            self._next[tail] = node
         self._tail[where] = node
         self._size[where] += 1
 
@@ -355,39 +339,37 @@ class LCTState:
     @cython.exceptval(check=False)
     def _unlink(self, node: cython.int) -> cython.void:
         """Take `node` off its list (it is then NOWHERE)."""
-        at: cython.Py_ssize_t = self._at(node)
-        where: cython.int = self._rec[at + WHERE]
-        prev: cython.int = self._rec[at + PREV]
-        nxt: cython.int = self._rec[at + NEXT]
+        where: cython.int = self._where[node]
+        prev: cython.int = self._prev[node]
+        nxt: cython.int = self._next[node]
         if prev < 0:
             self._head[where] = nxt
         else:
-            self._rec[self._at(prev) + NEXT] = nxt
+            self._next[prev] = nxt
         if nxt < 0:
             self._tail[where] = prev
         else:
-            self._rec[self._at(nxt) + PREV] = prev
+            self._prev[nxt] = prev
         self._size[where] -= 1
-        self._rec[at + WHERE] = NOWHERE
+        self._where[node] = NOWHERE
 
     @cython.cfunc
     def _new_node(self, key: OffloadKey) -> cython.int:
         """A free node for `key`, on no list, remembering an access now and no other."""
         node: cython.int = self._free
         if node >= 0:
-            self._free = self._rec[self._at(node) + NEXT]
+            self._free = self._next[node]
         else:
             if self._used == self._allocated:
                 self._grow()
             node = self._used
             self._used += 1
-        at: cython.Py_ssize_t = self._at(node)
-        self._rec[at + WHERE] = NOWHERE
-        self._rec[at + STATE] = self._first
-        self._rec[at + LAST] = self.clock
-        self._rec[at + SECOND] = _C_NEVER
-        self._rec[at + THIRD] = _C_NEVER
+            self._where[node] = NOWHERE
         self._keys[node] = key
+        self._state[node] = self._first
+        self._last[node] = self.clock
+        self._second[node] = _C_NEVER
+        self._third[node] = _C_NEVER
         return node
 
     @cython.cfunc
@@ -397,8 +379,8 @@ class LCTState:
         """Free `node` (unlinked already)."""
         self._keys[node] = _NO_KEY
         self._blocks[node] = _NO_BLOCK
-        self._rec[self._at(node) + WHERE] = NOWHERE
-        self._rec[self._at(node) + NEXT] = self._free
+        self._where[node] = NOWHERE
+        self._next[node] = self._free
         self._free = node
 
     @cython.cfunc
@@ -406,11 +388,10 @@ class LCTState:
     @cython.exceptval(check=False)
     def _store(self, node: cython.int) -> cython.void:
         """Give `node` what `_observe` found."""
-        at: cython.Py_ssize_t = self._at(node)
-        self._rec[at + STATE] = self._o_state
-        self._rec[at + LAST] = self._o_last
-        self._rec[at + SECOND] = self._o_second
-        self._rec[at + THIRD] = self._o_third
+        self._state[node] = self._o_state
+        self._last[node] = self._o_last
+        self._second[node] = self._o_second
+        self._third[node] = self._o_third
 
     @cython.cfunc
     @cython.inline
@@ -438,24 +419,23 @@ class LCTState:
         """`_observe` of a key remembered within the memory: record the reuse, leave the
         key's new state and times in `_o_*`."""
         period: cython.longlong = self.period
-        at: cython.Py_ssize_t = self._at(node)
-        last: cython.longlong = self._rec[at + LAST]
+        last: cython.longlong = self._last[node]
         gap: cython.longlong = clock - last
         age: cython.longlong = (clock - 1) // period - (last - 1) // period
         bin_: cython.int = int(math.log2(gap) * _C_BINS)
         g2: cython.int = 0
         g3: cython.int = 0
         if age < self._nweights:
-            self._reuse[self._rec[at + STATE] * self._bins + bin_] += self._weights[age]
+            self._reuse[self._state[node] * self._bins + bin_] += self._weights[age]
         g1: cython.int = self._within(gap)
         if g1:
-            g2 = self._within(clock - self._rec[at + SECOND])
+            g2 = self._within(clock - self._second[node])
             if g2:
-                g3 = self._within(clock - self._rec[at + THIRD])
+                g3 = self._within(clock - self._third[node])
         self._o_state = self._ids_table[(g1 * self._width + g2) * self._width + g3]
         self._o_last = clock
         self._o_second = last
-        self._o_third = self._rec[at + SECOND]
+        self._o_third = self._second[node]
 
     @cython.cfunc
     def _observe(self, node: cython.int) -> cython.int:
@@ -464,7 +444,7 @@ class LCTState:
         (which may have forgotten `node`, if a ghost)."""
         clock: cython.longlong = self.clock + 1
         self.clock = clock
-        if node < 0 or clock - self._rec[self._at(node) + LAST] > self._memory:
+        if node < 0 or clock - self._last[node] > self._memory:
             self._o_state = self._first
             self._o_last = clock
             self._o_second = _C_NEVER
@@ -491,7 +471,7 @@ class LCTState:
     @cython.exceptval(check=False)
     def _resident_node(self, node: cython.int) -> cython.bint:
         """Whether `node` (-1: none) is a resident key's, on a class queue."""
-        return node >= 0 and self._rec[self._at(node) + WHERE] < GHOSTS
+        return node >= 0 and self._where[node] < GHOSTS
 
     @cython.cfunc
     @cython.inline
@@ -500,7 +480,7 @@ class LCTState:
         """Whether `node` (-1: none), found in `_ann`, is still the ghost node of `key`: a
         node announced for a key that was not resident is its entry in `_nodes` for as long
         as it holds that key and is a ghost (freed, it holds none; reused, another)."""
-        return node >= 0 and self._keys[node] is key and self._rec[self._at(node) + WHERE] == GHOSTS
+        return node >= 0 and self._keys[node] is key and self._where[node] == GHOSTS
 
     @cython.cfunc
     def _announced(self, key: OffloadKey) -> cython.int:
@@ -552,9 +532,9 @@ class LCTState:
             if node < 0:
                 node = self._new_node(key)
                 if resident:
-                    self._dup[key] = self._ids[node]
+                    self._dup[key] = node
                 else:
-                    nodes[key] = self._ids[node]
+                    nodes[key] = node
             else:
                 self._unlink(node)
             self._store(node)
@@ -572,7 +552,7 @@ class LCTState:
                 continue
             if node < 0:
                 node = self._new_node(key)
-                self._nodes[key] = self._ids[node]
+                self._nodes[key] = node
             else:
                 self._unlink(node)
             self._link(node, GHOSTS)
@@ -596,12 +576,12 @@ class LCTState:
         """Make `key` (not resident; `node`: its ghost, -1: none) resident with `block`."""
         if node < 0:
             node = self._new_node(key)
-            self._nodes[key] = self._ids[node]
+            self._nodes[key] = node
         else:
             self._unlink(node)
         self._blocks[node] = block
         self._resident[key] = block
-        self._link(node, self._class_of(self._rec[self._at(node) + STATE]))
+        self._link(node, self._class_of(self._state[node]))
         return 0
 
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:
@@ -624,19 +604,20 @@ class LCTState:
         newest."""
         # the key's ghost: this node, unless it has one already (`_dup`)
         ghost: cython.int = -1
-        field: cython.int
         if self._dup:
             key = self._keys[node]
             ghost = self._node_of(self._dup, key)
             if ghost >= 0:
                 del self._dup[key]
-                self._nodes[key] = self._ids[ghost]
+                self._nodes[key] = ghost
         if ghost < 0:
             self._blocks[node] = _NO_BLOCK
             self._link(node, GHOSTS)
         else:  # announced again while resident: one entry, the resident one's history
-            for field in range(STATE, THIRD + 1):
-                self._rec[self._at(ghost) + field] = self._rec[self._at(node) + field]
+            self._state[ghost] = self._state[node]
+            self._last[ghost] = self._last[node]
+            self._second[ghost] = self._second[node]
+            self._third[ghost] = self._third[node]
             self._unlink(ghost)
             self._link(ghost, GHOSTS)
             self._drop(node)
@@ -655,7 +636,7 @@ class LCTState:
         stored (a key stored later with an older access waits its turn)."""
         oldest: cython.longlong = self.clock - self._memory
         node: cython.int = self._head[GHOSTS]
-        while node >= 0 and self._rec[self._at(node) + LAST] < oldest:
+        while node >= 0 and self._last[node] < oldest:
             self._forget_ghost(node)
             self._unlink(node)
             self._drop(node)
@@ -677,7 +658,7 @@ class LCTState:
             node = self._ann[i] if i < self._nann else -1
             if not self._is_ghost_of(node, key):
                 node = self._node_of(self._nodes, key)
-            cls = self._class_of(self._first if node < 0 else self._rec[self._at(node) + STATE])
+            cls = self._class_of(self._first if node < 0 else self._state[node])
             if self._limits[cls] <= 0:
                 answers.append(False)
             elif self._shares[cls] >= 1.0:
@@ -708,7 +689,7 @@ class LCTState:
             if (
                 node >= 0
                 and self._limits[cls] != _INF
-                and self.clock - self._rec[self._at(node) + LAST] > self._limits[cls]
+                and self.clock - self._last[node] > self._limits[cls]
             ):
                 return 1
         return 0
@@ -721,7 +702,7 @@ class LCTState:
         return its node (-1: none)."""
         node: cython.int = self._cursor[cls]
         while node >= 0:
-            self._cursor[cls] = self._rec[self._at(node) + NEXT]
+            self._cursor[cls] = self._next[node]
             if self._blocks[node].ref_cnt == 0 and self._keys[node] not in protected:
                 return node
             node = self._cursor[cls]
@@ -733,7 +714,7 @@ class LCTState:
         `evict`): the largest goes first; with `by_class`, a block past its limit ranks
         above every block of a higher class (the classes 1e10 apart, beyond any ratio or
         age)."""
-        age: cython.double = self.clock - self._rec[self._at(node) + LAST]
+        age: cython.double = self.clock - self._last[node]
         limit: cython.double = self._limits[cls]
         over: cython.double = age - limit
         if limit == _INF:
@@ -803,13 +784,13 @@ class LCTState:
             out.append((key, self._blocks[node]))
             self._unlink(node)
             del self._resident[key]
-            if self.clock - self._rec[self._at(node) + LAST] <= self._memory:
+            if self.clock - self._last[node] <= self._memory:
                 self._remember(node)
             else:  # forgotten; its ghost apart, if any, becomes its entry
                 ghost = self._node_of(self._dup, key) if self._dup else -1
                 if ghost >= 0:
                     del self._dup[key]
-                    self._nodes[key] = self._ids[ghost]
+                    self._nodes[key] = ghost
                 else:
                     del self._nodes[key]
                 self._drop(node)
@@ -821,7 +802,7 @@ class LCTState:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the resident dict's order)."""
         nodes: list[int] = [self._nodes[key] for key in self._resident]
-        times: list[int] = [self._rec[self._at(node) + LAST] for node in nodes]
+        times: list[int] = [self._last[node] for node in nodes]
         cls: cython.int
         node: cython.int
         self._horizon = horizon
@@ -830,7 +811,7 @@ class LCTState:
             self._size[cls] = 0
         for i in sorted(range(len(nodes)), key=times.__getitem__):
             node = nodes[i]
-            self._link(node, self._class_of(self._rec[self._at(node) + STATE]))
+            self._link(node, self._class_of(self._state[node]))
 
     def set_horizon(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`, leaving the queues as they are."""
@@ -841,18 +822,7 @@ class LCTState:
         node: cython.int = self._node_of(self._nodes, key)  # the resident node, else the ghost
         if node < 0:
             return None
-        return self._history(node)
-
-    @cython.cfunc
-    def _history(self, node: cython.int) -> tuple[int, int, int, int]:
-        """What `node` remembers (lct.py's History): its state, its last three access times."""
-        at: cython.Py_ssize_t = self._at(node)
-        return (
-            self._rec[at + STATE],
-            self._rec[at + LAST],
-            self._rec[at + SECOND],
-            self._rec[at + THIRD],
-        )
+        return (self._state[node], self._last[node], self._second[node], self._third[node])
 
     def decay_reuse(self, decay: cython.double) -> None:
         """Every reuse weighted by `decay` (the solve's fading; as lct.py's `x * decay`)."""
@@ -1008,7 +978,7 @@ class LCTState:
         node: cython.int = self._head[where]
         while node >= 0:
             out.append(self._keys[node])
-            node = self._rec[self._at(node) + NEXT]
+            node = self._next[node]
         return out
 
     def ghost_entries(self) -> list[tuple[OffloadKey, tuple[int, int, int, int]]]:
@@ -1017,8 +987,9 @@ class LCTState:
         out: list[tuple[OffloadKey, tuple[int, int, int, int]]] = []
         node: cython.int = self._head[GHOSTS]
         while node >= 0:
-            out.append((self._keys[node], self._history(node)))
-            node = self._rec[self._at(node) + NEXT]
+            history = (self._state[node], self._last[node], self._second[node], self._third[node])
+            out.append((self._keys[node], history))
+            node = self._next[node]
         return out
 
     def clear(self) -> None:
