@@ -187,6 +187,28 @@ def _scans_over_a_hot_set(count: int, seed: int) -> list[int]:
     return keys[:count]
 
 
+def test_a_cleared_lct_decides_as_a_fresh_one() -> None:
+    """`clear` hands the core's nodes out again from the first (their arrays kept, grown in
+    place: docs/BENCHMARKS.md, "Policy cost, eighth round"): over thousands of keys (nodes
+    past several growths), a policy cleared after another sequence serves, remembers and
+    learns what a fresh one does."""
+    first, second = (
+        [list(dict.fromkeys(keys[i : i + 3])) for i in range(0, len(keys), 3)]
+        for keys in (_zipf_keys(6000, 3000, 0.8, seed=1), _zipf_keys(6000, 4000, 0.9, seed=2))
+    )
+    cleared, fresh = LCTCachePolicy(100), LCTCachePolicy(100)
+    serve(cleared, 100, first)
+    cleared.clear()
+    assert serve(cleared, 100, second) == serve(fresh, 100, second)
+    assert cleared.queues() == fresh.queues()
+    assert cleared.ghosts() == fresh.ghosts()
+    assert (cleared.limits, cleared.shares, cleared.horizon) == (
+        fresh.limits,
+        fresh.shares,
+        fresh.horizon,
+    )
+
+
 @pytest.mark.parametrize(
     "sequence",
     [

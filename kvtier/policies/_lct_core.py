@@ -92,14 +92,6 @@ def _doubles(values: Sequence[float]) -> array[float]:
     return array("d", values)
 
 
-def _grown(old: Sequence[int], count: int, typecode: str) -> array[int]:
-    """`count` zeros of `typecode`, the items of `old` (an array or a typed memoryview of that
-    type) first: one copy of memory, compiled or not."""
-    grown = array(typecode, bytes(count * array(typecode).itemsize))
-    memoryview(grown)[: len(old)] = old  # type: ignore[call-overload]
-    return grown
-
-
 @cython.final
 @cython.cclass
 class LCTState:
@@ -112,7 +104,8 @@ class LCTState:
     _dup: dict[OffloadKey, int]
     _solve: Callable[[], None]  # the policy's solver, run every `period` accesses
     # Per node: the neighbours (-1: none), the list, the state, the last three access times,
-    # its key, its block, its number as a Python int (the dicts' values).
+    # its key, its block (the dicts hold its number, a Python int made at each write: a
+    # list of each node's int cost a cold read and a reference count per write).
     _prev = cython.declare(cython.int[::1])  # type: ignore[misc]
     _next = cython.declare(cython.int[::1])  # type: ignore[misc]
     _where = cython.declare(cython.int[::1])  # type: ignore[misc]
@@ -122,9 +115,10 @@ class LCTState:
     _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _keys: list[OffloadKey]
     _blocks: list[BlockStatus]
-    _ids: list[int]
+    _arrays: list[array[int]]  # the arrays the seven views view, in that order (grown in place)
     _allocated: cython.int
-    _free: cython.int  # first free node, chained through `_next` (-1: none)
+    _used: cython.int  # the nodes ever handed out: those past it are free, on no chain
+    _free: cython.int  # first free node below `_used`, chained through `_next` (-1: none)
     # Per list (the queues, the ghosts): its oldest and newest node (-1: empty), its length.
     _head = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
     _tail = cython.declare(cython.int[5])  # type: ignore[misc,valid-type]
@@ -190,13 +184,12 @@ class LCTState:
         self._nodes = {}
         self._dup = {}
         self._solve = _nothing
-        empty = _ints([])
-        self._prev = self._next = self._where = self._state = self._plan = empty
-        self._last = self._second = self._third = _longs([])
+        self._arrays = [_ints([]) for _ in range(4)] + [_longs([]) for _ in range(3)]
+        self._view_arrays()
+        self._plan = _ints([])
         self._keys = []
         self._blocks = []
-        self._ids = []
-        self._allocated = 0
+        self._allocated = self._used = 0
         self._free = -1
         self._head = [-1, -1, -1, -1, -1]
         self._tail = [-1, -1, -1, -1, -1]
@@ -292,28 +285,36 @@ class LCTState:
     # -- nodes and lists ---------------------------------------------------------------------
 
     @cython.cfunc
+    def _view_arrays(self) -> cython.int:
+        """Point the seven views at `_arrays`."""
+        arrays = self._arrays
+        self._prev = arrays[0]
+        self._next = arrays[1]
+        self._where = arrays[2]
+        self._state = arrays[3]
+        self._last = arrays[4]
+        self._second = arrays[5]
+        self._third = arrays[6]
+        return 0
+
+    @cython.cfunc
     def _grow(self) -> cython.int:
-        """Double the nodes (64 at first), the new ones free."""
+        """Double the nodes (64 at first), the new ones free (past `_used`, handed out in
+        order, so not set here). Each array grows in place (none is viewed while it is
+        resized), a large one by remapping its pages instead of copying them."""
         old: cython.int = self._allocated
         new: cython.int = max(64, 2 * old)
-        i: cython.int
-        self._prev = _grown(self._prev, new, "i")
-        self._next = _grown(self._next, new, "i")
-        self._where = _grown(self._where, new, "i")
-        self._state = _grown(self._state, new, "i")
-        self._last = _grown(self._last, new, "q")
-        self._second = _grown(self._second, new, "q")
-        self._third = _grown(self._third, new, "q")
+        ints = _ints([])
+        longs = _longs([])
+        self._prev = self._next = self._where = self._state = ints
+        self._last = self._second = self._third = longs
+        for items in self._arrays:
+            items.frombytes(bytes((new - old) * items.itemsize))
+        self._view_arrays()
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
         self._keys.extend([_NO_KEY] * (new - old))
         self._blocks.extend([_NO_BLOCK] * (new - old))
-        self._ids.extend(range(old, new))
-        for i in range(old, new):
-            self._prev[i] = -1
-            self._where[i] = NOWHERE
-            self._next[i] = i + 1 if i + 1 < new else self._free
-        self._free = old
         self._allocated = new
         return 0
 
@@ -355,10 +356,15 @@ class LCTState:
     @cython.cfunc
     def _new_node(self, key: OffloadKey) -> cython.int:
         """A free node for `key`, on no list, remembering an access now and no other."""
-        if self._free < 0:
-            self._grow()
         node: cython.int = self._free
-        self._free = self._next[node]
+        if node >= 0:
+            self._free = self._next[node]
+        else:
+            if self._used == self._allocated:
+                self._grow()
+            node = self._used
+            self._used += 1
+            self._where[node] = NOWHERE
         self._keys[node] = key
         self._state[node] = self._first
         self._last[node] = self.clock
@@ -526,9 +532,9 @@ class LCTState:
             if node < 0:
                 node = self._new_node(key)
                 if resident:
-                    self._dup[key] = self._ids[node]
+                    self._dup[key] = node
                 else:
-                    nodes[key] = self._ids[node]
+                    nodes[key] = node
             else:
                 self._unlink(node)
             self._store(node)
@@ -546,7 +552,7 @@ class LCTState:
                 continue
             if node < 0:
                 node = self._new_node(key)
-                self._nodes[key] = self._ids[node]
+                self._nodes[key] = node
             else:
                 self._unlink(node)
             self._link(node, GHOSTS)
@@ -570,7 +576,7 @@ class LCTState:
         """Make `key` (not resident; `node`: its ghost, -1: none) resident with `block`."""
         if node < 0:
             node = self._new_node(key)
-            self._nodes[key] = self._ids[node]
+            self._nodes[key] = node
         else:
             self._unlink(node)
         self._blocks[node] = block
@@ -603,7 +609,7 @@ class LCTState:
             ghost = self._node_of(self._dup, key)
             if ghost >= 0:
                 del self._dup[key]
-                self._nodes[key] = self._ids[ghost]
+                self._nodes[key] = ghost
         if ghost < 0:
             self._blocks[node] = _NO_BLOCK
             self._link(node, GHOSTS)
@@ -784,7 +790,7 @@ class LCTState:
                 ghost = self._node_of(self._dup, key) if self._dup else -1
                 if ghost >= 0:
                     del self._dup[key]
-                    self._nodes[key] = self._ids[ghost]
+                    self._nodes[key] = ghost
                 else:
                     del self._nodes[key]
                 self._drop(node)
@@ -993,13 +999,11 @@ class LCTState:
         self._nodes.clear()
         self._dup.clear()
         self._nann = self._ann_pos = 0
-        for i in range(self._allocated):
+        for i in range(self._used):
             self._keys[i] = _NO_KEY
             self._blocks[i] = _NO_BLOCK
-            self._where[i] = NOWHERE
-            self._prev[i] = -1
-            self._next[i] = i + 1 if i + 1 < self._allocated else -1
-        self._free = 0 if self._allocated else -1
+        self._used = 0
+        self._free = -1
         for i in range(LISTS):
             self._head[i] = self._tail[i] = -1
             self._size[i] = 0
