@@ -1027,29 +1027,43 @@ async def test_failed_syncs_mid_group_and_at_its_end_keep_the_index_true(
     changes were dropped, none made)."""
     from kvtier.tiers.disk import FaultyIO
 
-    rng = random.Random(seed)
+    def inject(call: int, io: Any) -> None:
+        if call % 3 == 2:
+            io.inject("fsync", errno.EIO, times=1)
+
     io = FaultyIO()
     store = open_log(tmp_path, io=io, num_blocks=64, block_size=16 << 10, spare=0.05)
-    held: dict[int, int] = {}  # slot -> block
-    failed = 0
     try:
-        for call in range(30):
-            slots = rng.sample(range(64), rng.choice([8, 16, 30, 48, 64]))
-            ids = list(range(call * 64, call * 64 + len(slots)))
-            if call % 3 == 2:
-                io.inject("fsync", errno.EIO, times=1)
-            results = await write(store, ids, slots)
-            io.clear()
-            for slot, block, result in zip(slots, ids, results, strict=True):
-                if result is None:
-                    held[slot] = block
-                else:
-                    failed += 1
-            await assert_intact(store, list(held.values()), list(held))
-            assert len(store) == len(held)
+        failed = await _calls_keep_the_index_true(
+            store, io, random.Random(seed), [8, 16, 30, 48, 64], inject
+        )
         assert failed > 0
     finally:
         await store.aclose()
+
+
+async def _calls_keep_the_index_true(
+    store: Any, io: Any, rng: random.Random, sizes: list[int], inject: Any
+) -> int:
+    """30 calls of random slots (a size from `sizes` each), `inject(call, io)` before each:
+    after every call the blocks reported stored (and the old blocks of slots whose new one
+    failed) read back and the store counts exactly those. How many blocks failed."""
+    held: dict[int, int] = {}  # slot -> block
+    failed = 0
+    for call in range(30):
+        slots = rng.sample(range(64), rng.choice(sizes))
+        ids = list(range(call * 64, call * 64 + len(slots)))
+        inject(call, io)
+        results = await write(store, ids, slots)
+        io.clear()
+        for slot, block, result in zip(slots, ids, results, strict=True):
+            if result is None:
+                held[slot] = block
+            else:
+                failed += 1
+        await assert_intact(store, list(held.values()), list(held))
+        assert len(store) == len(held)
+    return failed
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -1075,28 +1089,19 @@ async def test_failed_writes_around_early_flushes_keep_the_index_true(
         flushed(lane, done)
 
     monkeypatch.setattr(LogLane, "_flushed", counted)
-    rng = random.Random(seed)
+
+    def inject(call: int, io: Any) -> None:
+        if call % 3 == 1:  # the call's first write: before any early flush
+            io.inject("pwritev", errno.EIO, path_suffix="regions.bin", times=1)
+        elif call % 3 == 2:  # its first fdatasync: an early flush's, when one ran
+            io.inject("fsync", errno.EIO, times=1)
+
     io = FaultyIO()
     store = open_log(tmp_path, io=io, num_blocks=64, block_size=16 << 10, spare=0.05)
-    held: dict[int, int] = {}  # slot -> block
-    failed = 0
     try:
-        for call in range(30):
-            slots = rng.sample(range(64), rng.choice([32, 48, 64]))
-            ids = list(range(call * 64, call * 64 + len(slots)))
-            if call % 3 == 1:  # the call's first write: before any early flush
-                io.inject("pwritev", errno.EIO, path_suffix="regions.bin", times=1)
-            elif call % 3 == 2:  # its first fdatasync: an early flush's, when one ran
-                io.inject("fsync", errno.EIO, times=1)
-            results = await write(store, ids, slots)
-            io.clear()
-            for slot, block, result in zip(slots, ids, results, strict=True):
-                if result is None:
-                    held[slot] = block
-                else:
-                    failed += 1
-            await assert_intact(store, list(held.values()), list(held))
-            assert len(store) == len(held)
+        failed = await _calls_keep_the_index_true(
+            store, io, random.Random(seed), [32, 48, 64], inject
+        )
         assert failed > 0
         assert early > 0
     finally:
