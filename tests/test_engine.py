@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hierarchy_helpers import key
 
-from kvtier.engine import PrioritySemaphore, TransferEngine
+from kvtier.engine import Priority, PrioritySemaphore, TransferEngine
 from kvtier.errors import InvalidValueError
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.tiers.disk import DiskStore
@@ -83,3 +84,41 @@ async def test_a_failed_step_fails_the_copies_that_depend_on_it(tmp_path: Path) 
     assert engine.counters.errors == 1
     assert manager.open_jobs() == []
     await pools[2].aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_pair_counts_its_most_copies_in_flight_at_once(tmp_path: Path) -> None:
+    """`peak_in_flight`: two copies held in the disk write at once count 2; a third, alone
+    after them, leaves it at 2 (what `kvtier replay` reports, to tell whether a tier was
+    ever handed more than one call at a time)."""
+    tiers = [make_tier_manager(n, 64, m, name=m) for n, m in ((4, "cpu"), (8, "disk"))]
+    manager = TieredManager(tiers)
+    pool = TorchPool(4, 64, "cpu")
+    disk = DiskStore(tmp_path, block_size=64, num_blocks=8, direct_io=False)
+    engine = TransferEngine(manager, [pool, disk])
+    entered = 0
+    both_in = asyncio.Event()
+    write = disk.write
+
+    async def held_write(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal entered
+        entered += 1
+        if entered == 2:
+            both_in.set()
+        await both_in.wait()  # the first waits until the second is in flight too
+        return await write(*args, **kwargs)
+
+    disk.write = held_write  # type: ignore[method-assign]
+
+    def copy(i: int):  # type: ignore[no-untyped-def]
+        ids = np.asarray([i], dtype=np.int64)
+        return engine.transfer([key(i)], 0, pool, ids, 1, disk, ids, Priority.DEMOTE)
+
+    assert engine.counters.pairs == {}
+    results = await asyncio.gather(copy(0), copy(1))
+    assert all(not result.failed for result in results)
+    await copy(2)
+    pair = engine.counters.pairs["cpu", "disk"]
+    assert (pair.copies, pair.peak_in_flight, pair.in_flight) == (3, 2, 0)
+    assert disk.stats.blocks_written == 3
+    await disk.aclose()

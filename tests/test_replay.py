@@ -158,6 +158,7 @@ def test_default_config_replay_writes_table_report_and_chart(tmp_path: Path) -> 
     for pair in pairs.values():  # every pair made copies of whole blocks
         assert 0 < pair["copies"] <= pair["blocks"]
         assert pair["blocks_per_copy"] == pytest.approx(pair["blocks"] / pair["copies"])
+        assert 1 <= pair["peak_in_flight"] <= pair["copies"]
     # What each tier was written: every copy whose destination it is.
     for tier in report["tiers"]:
         into = [p for (_, destination), p in pairs.items() if destination == tier["name"]]

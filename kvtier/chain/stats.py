@@ -130,8 +130,9 @@ class TransferStats:
     """Copies from `source` to `target` (tier names, or "caller" for the embedder's
     tensors): blocks and bytes moved, seconds during which a copy was in flight, copies
     made, blocks whose copy failed (a failed store into `target`, or a failed load when it
-    is the caller), blocks found corrupt at `source`, and blocks `source` (a shared store)
-    no longer held (`gone`, also among `failed`)."""
+    is the caller), blocks found corrupt at `source`, blocks `source` (a shared store)
+    no longer held (`gone`, also among `failed`), and the most copies of the pair in
+    flight at once (`peak_in_flight`)."""
 
     source: str
     target: str
@@ -142,6 +143,7 @@ class TransferStats:
     failed: int
     corrupt: int
     gone: int = 0
+    peak_in_flight: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +242,7 @@ def _transfers(engine: TransferEngine, names: list[str]) -> tuple[list[TransferS
                 counter.failed,
                 counter.corrupt,
                 counter.gone,
+                counter.peak_in_flight,
             )
         )
         src, dst = index.get(source), index.get(target)

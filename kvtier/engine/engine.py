@@ -168,12 +168,15 @@ class PairCounters:
     """Blocks a shared store at the source no longer held (evicted by the store itself) or
     could not be asked for: misses, counted in `failed` too, never in `corrupt`."""
     in_flight: int = 0
+    peak_in_flight: int = 0
+    """The most copies of the pair in flight at once (1: each ran alone)."""
     busy_since: float = 0.0
 
     def start(self, now: float) -> None:
         if self.in_flight == 0:
             self.busy_since = now
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
     def stop(self, now: float) -> None:
         self.in_flight -= 1

@@ -556,8 +556,11 @@ class ReplayResult:
     def pairs(self) -> list[dict[str, Any]]:
         """Traffic per tier pair, in the order the transfer engine first moved bytes between
         them; `copies` and `blocks_per_copy` say how large the pair's copies were (a disk
-        pair's GB/s depends on it: each copy pays its own write hand-offs and fdatasync)."""
+        pair's GB/s depends on it: each copy pays its own write hand-offs and fdatasync),
+        `peak_in_flight` how many ran at once at most (1: one at a time, so a disk tier had
+        no queued calls to merge into one group)."""
         copies = {(t.source, t.target): t.copies for t in self.stats.transfers}
+        peaks = {(t.source, t.target): t.peak_in_flight for t in self.stats.transfers}
         rows = []
         for (src, dst), (blocks, nbytes, seconds) in self.stats.pairs.items():
             made = copies.get((src, dst), 0)
@@ -571,6 +574,7 @@ class ReplayResult:
                     "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
                     "copies": made,
                     "blocks_per_copy": blocks / made if made else None,
+                    "peak_in_flight": peaks.get((src, dst), 0),
                 }
             )
         return rows
