@@ -68,19 +68,22 @@ async def open_chain(config: HierarchyConfig, options: ChainOptions) -> Chain:
         for tier in config.active_tiers():
             await _open_tier(config, tier, options, copier, signal, opened)
         _check_some_opened(opened)
+        tensor = [tier.kind.access is TierAccess.TENSOR for tier in opened.configs]
+        staging = None if all(tensor) else _staging_arena(options, config.block_size)
         manager = TieredManager(
             opened.tiers,
             write_policy=config.write_policy,
             watermarks=[(tier.low_watermark, tier.high_watermark) for tier in opened.configs],
+            # a merged refill copy still fits the arena (so it is snapshotted, not waited for)
+            merge_demotions_up_to=0 if staging is None else staging.num_blocks,
         )
-        tensor = [tier.kind.access is TierAccess.TENSOR for tier in opened.configs]
         engine = TransferEngine(
             manager,
             opened.storages,
             copier=copier,
             max_concurrency=options.max_concurrency,
             max_pending_cascades=options.max_pending_cascades,
-            staging=None if all(tensor) else _staging_arena(options, config.block_size),
+            staging=staging,
             tensor_tiers=tensor,
         )
         return Chain(manager, engine, opened.storages, opened.info, opened.disabled, signal)

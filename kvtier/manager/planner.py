@@ -102,15 +102,18 @@ class ChainPlanner:
         *,
         write_policy: WritePolicy,
         watermarks: Sequence[Watermarks | None] | None,
+        merge_demotions_up_to: int = 0,
     ) -> None:
         """`tiers`, `write_policy` and the number of `watermarks` as `TieredManager` checked
-        them; `counters`: the chain's; `ledger`: where the jobs go."""
+        them; `counters`: the chain's; `ledger`: where the jobs go; `merge_demotions_up_to`:
+        see `_fold` (0: never)."""
         self.tiers: tuple[ChainTier, ...] = tuple(tiers)
         self.top = self.tiers[0]
         self.counters = counters
         self.ledger = ledger
         self.events = ledger.events
         self.write_policy: WritePolicy = write_policy
+        self.merge_demotions_up_to = merge_demotions_up_to
         self._reserves: list[tuple[int, int]] = [
             (0, 0)
             if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
@@ -204,7 +207,10 @@ class ChainPlanner:
         """Queue background DEMOTE jobs for every tier whose free slots (counting those
         already draining) fell below its reserve: the policy's victims are evicted at once
         (their slots drain until the job has read them) and copied to the tier below where it
-        lacks them. Top first, so a tier's refill can use the reserve of the tier below."""
+        lacks them. Top first, so a tier's refill can use the reserve of the tier below. A
+        refill whose copy goes where an earlier refill of the same pass copies too (the
+        victims an upper tier's refill evicted from it) is folded into that job (`_fold`)."""
+        planned: list[TransferJob] = []
         for index, (trigger, target) in enumerate(self._reserves):
             if trigger == 0:
                 continue
@@ -214,21 +220,54 @@ class ChainPlanner:
                 continue
             self.events.begin(index)
             moved_down: list[OffloadKey] = []
+            job = TransferJob(JobKind.DEMOTE, background=True)
             try:
                 keys, blocks = tier.evict_to_drain(target - eventual)
                 if not keys:
                     continue
                 self.counters.reserve_evicted += len(keys)
-                job = TransferJob(JobKind.DEMOTE, background=True)
                 slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
                 moved_down = self._demote(index, keys, slots, job)
             finally:
                 self.events.end(index, moved_down)
-            if job.steps:
-                job.drain.append((index, blocks))
-                self.ledger.emit(job)
-            else:  # every victim is held below already (or dropped): nothing to read
+            if not job.steps:  # every victim is held below already (or dropped): nothing to read
                 tier.release_drained(blocks)
+                continue
+            job.drain.append((index, blocks))
+            if not any(self._fold(earlier, job, index) for earlier in planned):
+                planned.append(job)
+        for job in planned:
+            self.ledger.emit(job)
+
+    def _fold(self, into: TransferJob, job: TransferJob, index: int) -> bool:
+        """Fold the refill `job` of tier `index` into `into`, an earlier refill of the same
+        pass that copies from tier `index` to the tier below too (the victims the upper
+        tier's refill evicted from it), when both copies together hold at most
+        `merge_demotions_up_to` blocks: one copy, so a slow tier below is handed one call,
+        not two that each pay its fixed costs (docs/BENCHMARKS.md, "The replay's pair on a
+        fast device"). Its deeper steps go first (they read slots the copy overwrites);
+        the decisions are unchanged, only their copies grouped. Whether it was folded."""
+        own = job.steps[-1]
+        if (own.src, own.dst) != (index, index + 1):  # the tier below took none of them
+            return False
+        at = next(
+            (i for i, step in enumerate(into.steps) if (step.src, step.dst) == (index, index + 1)),
+            None,
+        )
+        if at is None or len(into.steps[at]) + len(own) > self.merge_demotions_up_to:
+            return False
+        step = into.steps[at]
+        into.steps[at] = CopyStep(
+            step.keys + own.keys,
+            index,
+            np.concatenate([step.src_ids, own.src_ids]),
+            index + 1,
+            np.concatenate([step.dst_ids, own.dst_ids]),
+        )
+        into.steps[:at] = [*job.steps[:-1], *into.steps[:at]]
+        into.pending.extend(job.pending)
+        into.drain.extend(job.drain)
+        return True
 
     # -- demotions -------------------------------------------------------------------------
 

@@ -49,11 +49,22 @@ class TieredManager(OffloadingManager):
         *,
         write_policy: WritePolicy = "write-back",
         watermarks: Sequence[Watermarks | None] | None = None,
+        merge_demotions_up_to: int = 0,
     ) -> None:
         """`watermarks`: per tier, its (low, high) occupancy watermarks or None; a tier with
         watermarks and a tier below it keeps a reserve of free slots (see `Watermarks`).
         None (the default): no reserve anywhere, every eviction happens in the store that
-        needs the room."""
+        needs the room. `merge_demotions_up_to`: the most blocks one copy of the background
+        refills of one store may merge into (0, the default: none merged; the chain passes
+        its staging arena's rows: `ChainPlanner._fold`)."""
+        if (
+            isinstance(merge_demotions_up_to, bool)
+            or not isinstance(merge_demotions_up_to, int)
+            or merge_demotions_up_to < 0
+        ):
+            raise InvalidValueError(
+                f"merge_demotions_up_to must be an int >= 0, got {merge_demotions_up_to!r}"
+            )
         if not tiers:
             raise InvalidValueError("a TieredManager needs at least one tier")
         if write_policy not in ("write-back", "write-through"):
@@ -79,6 +90,7 @@ class TieredManager(OffloadingManager):
             self.ledger,
             write_policy=write_policy,
             watermarks=watermarks,
+            merge_demotions_up_to=merge_demotions_up_to,
         )
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size
