@@ -20,6 +20,7 @@ from kvtier.policies import (
     ARCCachePolicy,
     AutoCachePolicy,
     CachePolicy,
+    LCTCachePolicy,
     LRUCachePolicy,
     S3FIFOCachePolicy,
 )
@@ -56,6 +57,10 @@ def state(policy: CachePolicy) -> tuple[object, ...]:
 
 def remembered(policy: CachePolicy) -> set[OffloadKey]:
     """Every key a policy remembers: resident or ghost."""
+    if isinstance(policy, LCTCachePolicy):
+        return {key for queue in policy.queues() for key in queue} | {
+            key for key, _ in policy.ghosts()
+        }
     if isinstance(policy, ARCCachePolicy):
         return {key for keys in policy.lists().values() for key in keys}
     if isinstance(policy, S3FIFOCachePolicy):
@@ -219,9 +224,10 @@ def test_a_shadow_on_keys_refuses_ids() -> None:
 
 
 def test_auto_keeps_its_shadows_on_ids_across_switches() -> None:
-    """auto's LRU, ARC and S3-FIFO shadows run on its table; a switch puts the one that
-    takes over back on keys (readable, its ids released) and the policy that stops serving
-    on ids; the table then counts exactly what the shadows remember."""
+    """auto's LRU, ARC and S3-FIFO shadows run on its table, and lct while it serves; a
+    switch puts the one that takes over back on keys (readable, its ids released), the
+    policy that stops serving on ids (lct on keys); the table then counts exactly what the
+    shadows and a serving lct remember."""
     policy = AutoCachePolicy(20)
     rng = random.Random(2)
     table = policy._shadows.table
@@ -244,7 +250,7 @@ def test_auto_keeps_its_shadows_on_ids_across_switches() -> None:
     drive(400)
     shadows = [policy.shadow(name) for name in ("arc", "s3fifo", "lru")]
     assert all(shadow.on_ids for shadow in shadows)  # type: ignore[attr-defined]
-    check_counts(table, shadows)
+    check_counts(table, [*shadows, policy.shadow("lct")])
     arc = policy.shadow("arc")
     policy.serve_with("arc")
     assert isinstance(arc, ARCCachePolicy) and not arc.on_ids  # dropped, back on keys

@@ -1,7 +1,7 @@
 # cython: annotation_typing=True, boundscheck=False, wraparound=False, initializedcheck=False
-"""`KeyIds`: the keys `auto`'s shadows remember, each interned once into a small int id,
-so that the shadows share one dict look-up per access (issue 34's cost target; docs/
-BENCHMARKS.md, "Policy cost, fifth round").
+"""`KeyIds`: the keys `auto`'s shadows (and lct serving) remember, each interned once into a
+small int id, so that they share one dict look-up per access (issue 34's cost target; docs/
+BENCHMARKS.md, "Policy cost, fifth round"; lct serving on ids: "ninth round").
 
 Every full-size shadow used to keep its own dict of the same keys (LRU's ordered dict, ARC's
 and S3-FIFO's node and resident dicts): an access cost each of them a probe of a large dict,

@@ -12,6 +12,12 @@ which): a key that becomes resident or is evicted keeps its node and its entry, 
 stored key costs its look-ups, the resident dict's write and, at its eviction, its delete
 (with a dict of the resident keys' nodes and one of the others', before issue 34, it moved
 between the two: about twice the dict operations, which on large dicts are lct's cost).
+On ids (`use_ids`, what `auto` does with the lct that serves): the entries are by the key's
+id in the `KeyIds` table that `auto`'s shadows share (`_node_of_id`, each id counted while
+its key is remembered), and `on_store_miss_ids` and `touch_ids` take the ids the table gave
+the request, so no dict of keys is probed but the table's (docs/BENCHMARKS.md, "Policy
+cost, ninth round"); only `_find`, `_lookup`, `_register`, `_unregister` and `_rebind` look
+at the mode, and the calls on keys look the id up.
 The reuse histogram and the arrivals are double arrays, updated by the same floating-point
 operations in the same order whether compiled or not. The solver, run every `period`
 accesses, is lct.py's (the policy reads and writes these arrays through `get_reuse`,
@@ -33,7 +39,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
@@ -113,9 +119,10 @@ class LCTState:
     _last = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _second = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _idents = cython.declare(cython.int[::1])  # type: ignore[misc]  # on ids: the key's id
     _keys: list[OffloadKey]
     _blocks: list[BlockStatus]
-    _arrays: list[array[int]]  # the arrays the seven views view, in that order (grown in place)
+    _arrays: list[array[int]]  # the arrays the eight views view, in that order (grown in place)
     _allocated: cython.int
     _used: cython.int  # the nodes ever handed out: those past it are free, on no chain
     _free: cython.int  # first free node below `_used`, chained through `_next` (-1: none)
@@ -173,6 +180,14 @@ class LCTState:
     _column = cython.declare(cython.double[::1])  # type: ignore[misc]
     _jtab = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _jperiod: cython.longlong
+    # On ids (`use_ids`): every remembered key's entry is its id's node in `_node_of_id`
+    # (-1: none), its id in `_idents`, instead of `_nodes`; each entry counts its id in
+    # `_refs` (the table's counts), released to `_released` at 0; `_keys` keeps the keys.
+    _by_id: cython.bint
+    _table: Any
+    _node_of_id = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
+    _released: list[int]
     # What `_observe` found: the key's new state and last three access times.
     _o_state: cython.int
     _o_last: cython.longlong
@@ -185,6 +200,7 @@ class LCTState:
         self._dup = {}
         self._solve = _nothing
         self._arrays = [_ints([]) for _ in range(4)] + [_longs([]) for _ in range(3)]
+        self._arrays.append(_ints([]))
         self._view_arrays()
         self._plan = _ints([])
         self._keys = []
@@ -222,6 +238,10 @@ class LCTState:
         self._min_reuse = 0.0
         self._jtab = _longs([])
         self._jperiod = 0
+        self._by_id = False
+        self._table = None
+        self._node_of_id = self._refs = _ints([])
+        self._released = []
 
     def configure(
         self,
@@ -295,6 +315,7 @@ class LCTState:
         self._last = arrays[4]
         self._second = arrays[5]
         self._third = arrays[6]
+        self._idents = arrays[7]
         return 0
 
     @cython.cfunc
@@ -306,7 +327,7 @@ class LCTState:
         new: cython.int = max(64, 2 * old)
         ints = _ints([])
         longs = _longs([])
-        self._prev = self._next = self._where = self._state = ints
+        self._prev = self._next = self._where = self._state = self._idents = ints
         self._last = self._second = self._third = longs
         for items in self._arrays:
             items.frombytes(bytes((new - old) * items.itemsize))
@@ -467,6 +488,65 @@ class LCTState:
         return found
 
     @cython.cfunc
+    def _find(self, key: OffloadKey) -> cython.int:
+        """The entry of `key` (its resident node, else its ghost; -1: none): `_nodes`', or
+        on ids its id's node (the id looked up in the table)."""
+        ident: cython.Py_ssize_t
+        if not self._by_id:
+            return self._node_of(self._nodes, key)
+        ident = self._table.id_of(key)
+        if ident < 0:
+            return -1
+        return self._node_of_id[ident]  # type: ignore[no-any-return]
+
+    @cython.cfunc
+    @cython.inline
+    def _lookup(self, key: OffloadKey, ident: cython.Py_ssize_t) -> cython.int:
+        """`_find(key)`, or the node of id `ident` when the caller gave it (>= 0, on ids):
+        no dict look-up."""
+        if ident >= 0:
+            return self._node_of_id[ident]  # type: ignore[no-any-return]
+        return self._find(key)
+
+    @cython.cfunc
+    def _register(self, key: OffloadKey, node: cython.int, ident: cython.Py_ssize_t) -> cython.int:
+        """`node` is `key`'s entry from now on: in `_nodes`, or on ids its id's (`ident`, or
+        the table's id of `key` when -1), the id counted."""
+        if not self._by_id:
+            self._nodes[key] = node
+            return 0
+        if ident < 0:
+            ident = self._table.intern_one(key)
+        self._idents[node] = ident
+        self._node_of_id[ident] = node
+        self._refs[ident] += 1
+        return 0
+
+    @cython.cfunc
+    def _unregister(self, key: OffloadKey, node: cython.int) -> cython.int:
+        """`key`, whose entry is `node`, has none now: out of `_nodes`, or its id released."""
+        ident: cython.Py_ssize_t
+        if not self._by_id:
+            del self._nodes[key]
+            return 0
+        ident = self._idents[node]
+        self._node_of_id[ident] = -1
+        self._refs[ident] -= 1
+        if self._refs[ident] == 0:
+            self._released.append(ident)
+        return 0
+
+    @cython.cfunc
+    def _rebind(self, key: OffloadKey, ghost: cython.int) -> cython.int:
+        """`key`'s ghost apart (out of `_dup` already) becomes its entry (the id's count
+        unchanged: the entry it replaces held it)."""
+        if self._by_id:
+            self._node_of_id[self._idents[ghost]] = ghost
+        else:
+            self._nodes[key] = ghost
+        return 0
+
+    @cython.cfunc
     @cython.inline
     @cython.exceptval(check=False)
     def _resident_node(self, node: cython.int) -> cython.bint:
@@ -496,7 +576,7 @@ class LCTState:
                 self._ann_pos = pos
                 return node
         self._nann = 0
-        return self._node_of(self._nodes, key)
+        return self._find(key)
 
     @cython.cfunc
     def _forget_ghost(self, node: cython.int) -> cython.int:
@@ -505,41 +585,70 @@ class LCTState:
         if self._dup and self._node_of(self._dup, key) == node:
             del self._dup[key]
         else:
-            del self._nodes[key]
+            self._unregister(key, node)
         return 0
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
         i: cython.Py_ssize_t
-        node: cython.int
-        resident: cython.bint
-        nodes = self._nodes
-        if len(items) > len(self._ann):
-            self._ann = _ints([0] * len(items))
-        self._nann = len(items)
-        self._ann_pos = 0
+        self._start_announcing(len(items))
         for i in range(len(items) - 1, -1, -1):  # a request's deepest block first
-            key = items[i]
-            node = self._node_of(nodes, key)
-            resident = self._resident_node(node)
-            if resident:  # announced again while resident: its ghost apart, if any
+            self._announce(i, items[i], -1)
+
+    def on_store_miss_ids(self, ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
+        """`on_store_miss(keys)` on ids: `ids[i]` is the id of `keys[i]` in the table."""
+        items: list[OffloadKey] = keys if type(keys) is list else list(keys)
+        i: cython.Py_ssize_t
+        self._check_on_ids()
+        self._start_announcing(len(items))
+        for i in range(len(items) - 1, -1, -1):
+            self._announce(i, items[i], ids[i])
+
+    @cython.cfunc
+    def _check_on_ids(self) -> cython.int:
+        if not self._by_id:
+            raise BlockStateError("lct: ids given to a policy on keys (use_ids first)")
+        return 0
+
+    @cython.cfunc
+    def _start_announcing(self, count: cython.Py_ssize_t) -> cython.int:
+        """`_ann` ready for an announcement of `count` keys."""
+        if count > len(self._ann):
+            self._ann = _ints([0] * count)
+        self._nann = count
+        self._ann_pos = 0
+        return 0
+
+    @cython.cfunc
+    def _announce(
+        self, i: cython.Py_ssize_t, key: OffloadKey, ident: cython.Py_ssize_t
+    ) -> cython.int:
+        """The access of `key` (id `ident`; -1: look it up), the `i`-th key announced."""
+        node: cython.int = self._lookup(key, ident)
+        main: cython.int = node
+        resident: cython.bint = self._resident_node(node)
+        if resident:  # announced again while resident: its ghost apart, if any
+            node = self._node_of(self._dup, key) if self._dup else -1
+        if self._observe(node) and node >= 0:  # the solver may have forgotten it
+            if resident:
                 node = self._node_of(self._dup, key) if self._dup else -1
-            if self._observe(node) and node >= 0:  # the solver may have forgotten it
-                if resident:
-                    node = self._node_of(self._dup, key) if self._dup else -1
-                else:
-                    node = self._node_of(nodes, key)
-            if node < 0:
-                node = self._new_node(key)
-                if resident:
-                    self._dup[key] = node
-                else:
-                    nodes[key] = node
             else:
-                self._unlink(node)
-            self._store(node)
-            self._link(node, GHOSTS)
-            self._ann[i] = -1 if resident else node
+                node = self._lookup(key, ident)
+        if node < 0:
+            node = self._new_node(key)
+            if resident:
+                self._dup[key] = node
+                self._idents[node] = self._idents[main]  # read on ids only
+            else:
+                self._register(key, node, ident)
+        else:
+            self._unlink(node)
+            # the caller's key object: `admit` and `insert` find the node in `_ann` by it
+            self._keys[node] = key
+        self._store(node)
+        self._link(node, GHOSTS)
+        self._ann[i] = -1 if resident else node
+        return 0
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
@@ -547,12 +656,12 @@ class LCTState:
         node: cython.int
         for i in range(len(items) - 1, -1, -1):
             key = items[i]
-            node = self._node_of(self._nodes, key)
+            node = self._find(key)
             if self._resident_node(node):
                 continue
             if node < 0:
                 node = self._new_node(key)
-                self._nodes[key] = node
+                self._register(key, node, -1)
             else:
                 self._unlink(node)
             self._link(node, GHOSTS)
@@ -560,23 +669,35 @@ class LCTState:
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         items: list[OffloadKey] = keys if type(keys) is list else list(keys)
         i: cython.Py_ssize_t
-        node: cython.int
-        nodes = self._nodes
         for i in range(len(items) - 1, -1, -1):  # tail first: the request's head is newest
-            node = self._node_of(nodes, items[i])
-            if not self._resident_node(node):
-                continue
-            self._observe(node)  # may move the horizon (the queues then follow it)
-            self._store(node)
-            self._unlink(node)
-            self._link(node, self._class_of(self._o_state))
+            self._touch_node(self._find(items[i]))
+
+    def touch_ids(self, ids: Sequence[int]) -> None:
+        """`touch` of the keys of `ids` (on ids)."""
+        i: cython.Py_ssize_t
+        ident: cython.Py_ssize_t
+        self._check_on_ids()
+        for i in range(len(ids) - 1, -1, -1):
+            ident = ids[i]
+            self._touch_node(self._node_of_id[ident])
+
+    @cython.cfunc
+    def _touch_node(self, node: cython.int) -> cython.int:
+        """The access of a key whose entry is `node` (-1: none), if resident."""
+        if not self._resident_node(node):
+            return 0
+        self._observe(node)  # may move the horizon (the queues then follow it)
+        self._store(node)
+        self._unlink(node)
+        self._link(node, self._class_of(self._o_state))
+        return 0
 
     @cython.cfunc
     def _insert(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
         """Make `key` (not resident; `node`: its ghost, -1: none) resident with `block`."""
         if node < 0:
             node = self._new_node(key)
-            self._nodes[key] = node
+            self._register(key, node, -1)
         else:
             self._unlink(node)
         self._blocks[node] = block
@@ -609,7 +730,7 @@ class LCTState:
             ghost = self._node_of(self._dup, key)
             if ghost >= 0:
                 del self._dup[key]
-                self._nodes[key] = ghost
+                self._rebind(key, ghost)
         if ghost < 0:
             self._blocks[node] = _NO_BLOCK
             self._link(node, GHOSTS)
@@ -627,7 +748,7 @@ class LCTState:
         """lct.py's `remove` but for the hints (the caller's)."""
         if self._resident.pop(key, None) is None:
             raise BlockStateError(f"lct: key {key!r} is not resident")
-        node: cython.int = self._nodes[key]
+        node: cython.int = self._find(key)
         self._unlink(node)
         self._remember(node)
 
@@ -657,7 +778,7 @@ class LCTState:
             # the ghost
             node = self._ann[i] if i < self._nann else -1
             if not self._is_ghost_of(node, key):
-                node = self._node_of(self._nodes, key)
+                node = self._find(key)
             cls = self._class_of(self._first if node < 0 else self._state[node])
             if self._limits[cls] <= 0:
                 answers.append(False)
@@ -790,9 +911,9 @@ class LCTState:
                 ghost = self._node_of(self._dup, key) if self._dup else -1
                 if ghost >= 0:
                     del self._dup[key]
-                    self._nodes[key] = ghost
+                    self._rebind(key, ghost)
                 else:
-                    del self._nodes[key]
+                    self._unregister(key, node)
                 self._drop(node)
         return out
 
@@ -801,7 +922,7 @@ class LCTState:
     def requeue(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the resident dict's order)."""
-        nodes: list[int] = [self._nodes[key] for key in self._resident]
+        nodes: list[int] = [self._find(key) for key in self._resident]
         times: list[int] = [self._last[node] for node in nodes]
         cls: cython.int
         node: cython.int
@@ -819,7 +940,7 @@ class LCTState:
 
     def seen(self, key: OffloadKey) -> tuple[int, int, int, int] | None:
         """What is remembered of `key` (lct.py's History), resident or not; None: nothing."""
-        node: cython.int = self._node_of(self._nodes, key)  # the resident node, else the ghost
+        node: cython.int = self._find(key)  # the resident node, else the ghost
         if node < 0:
             return None
         return (self._state[node], self._last[node], self._second[node], self._third[node])
@@ -995,6 +1116,10 @@ class LCTState:
     def clear(self) -> None:
         """Forget every key (the learned state is the policy's `_learn_afresh`)."""
         i: cython.int
+        if self._by_id:  # every id released, the table kept
+            for i in range(self._used):
+                if self._keys[i] is not _NO_KEY and self._node_of_id[self._idents[i]] == i:
+                    self._unregister(self._keys[i], i)
         self._resident.clear()
         self._nodes.clear()
         self._dup.clear()
@@ -1007,3 +1132,51 @@ class LCTState:
         for i in range(LISTS):
             self._head[i] = self._tail[i] = -1
             self._size[i] = 0
+
+    # -- on ids --------------------------------------------------------------------------------
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether the entries are by id (`use_ids`)."""
+        return self._by_id
+
+    def use_ids(self, table: Any) -> None:
+        """Keep the entries by the ids of `table` (a `KeyIds`) from now on, in the same state:
+        each remembered key interned and counted, `_nodes` emptied."""
+        if self._by_id:
+            return
+        self._table = table
+        self._node_of_id = _ints([])
+        table.register(self)
+        self._by_id = True
+        for key, node in self._nodes.items():
+            self._register(key, node, -1)
+        entry: cython.int
+        for key, node in self._dup.items():
+            entry = node
+            self._idents[entry] = self._idents[self._find(key)]
+        self._nodes.clear()
+
+    def use_keys(self) -> None:
+        """Keep the entries in `_nodes` again, in the same state: each id released, the
+        table left."""
+        i: cython.int
+        if not self._by_id:
+            return
+        for i in range(self._used):
+            if self._keys[i] is not _NO_KEY and self._node_of_id[self._idents[i]] == i:
+                key = self._keys[i]
+                self._unregister(key, i)
+                self._nodes[key] = i
+        self._by_id = False
+        self._table.unregister(self)
+        self._table = None
+
+    def resize_ids(self, refs: array[int], capacity: int, released: list[int]) -> None:
+        """The table grew (`KeyIds.register`): its new counts, room for `capacity` ids."""
+        self._refs = refs
+        self._released = released
+        if len(self._node_of_id) < capacity:
+            grown = _ints(bytes(self._node_of_id))
+            grown.extend(_ints([-1]) * (capacity - len(grown)))
+            self._node_of_id = grown

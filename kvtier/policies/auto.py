@@ -65,15 +65,15 @@ that stops serving goes on as a shadow with what it held.
 every other decision (admission, eviction order) is the serving policy's.
 
 Cost per access: every candidate's (the live one's and three shadows'), plus a dict
-pop and insert per hit. A shadow takes a request's accesses in one call
-(`kvtier.policies.shadow_calls`): LRU's, ARC's and S3-FIFO's take the request's ids, the
-keys interned once for all three (one dict look-up per key; each keeps its nodes in int
-arrays by id, no dict of its own), and run in their compiled cores with no Python call per
-key; lct's takes the keys, its calls one by one. Compiled, on the shipped trace, auto costs
-2.4 / 2.5 x ARC at 1 / 10 % with the shared look-up (3.5 / 3.5 x before it; 4.3 / 5.4 x
-before S3-FIFO's int-array queues and ARC's leaner shadow miss; 8.3 / 5.5 x before the batch
-calls; issue 34's target is 2 x, out of reach while lct serves: lct alone costs 1.1 to 1.5
-x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round", has each part). Memory:
+pop and insert per hit. A request's keys are interned once (`kvtier.policies.shadow_calls`:
+one dict look-up per key) and the ids go to LRU's, ARC's and S3-FIFO's shadows, each
+keeping its nodes in int arrays by id with no dict of its own, in one call per request
+with no Python call per key when compiled, and to lct serving (the same table: no dict of
+its own to probe); lct's shadow takes the keys, its calls one by one. Compiled, on the
+shipped trace, auto costs about 2.0 x ARC at 1 and 10 % (3.5 / 3.5 x before the shared
+look-up; 8.3 / 5.5 x before the batch calls; issue 34's target is 2 x, and lct alone costs
+1.1 to 1.5 x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round" to "ninth round", has
+each part). Memory:
 per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
 of keys), measured in docs/BENCHMARKS.md.
 """
@@ -240,7 +240,7 @@ class AutoCachePolicy(CachePolicy):
         self._others = [i for i in range(len(self.candidates)) if i != 0]
         self._shadows = ShadowCalls()
         """The calls to the shadows (LRU's, ARC's, S3-FIFO's on one table of key ids)."""
-        self._shadows.route(self._policies, self._others)
+        self._shadows.route(self._policies, 0, self._others)
         self._hits = [0] * len(self.candidates)
         """Hits per candidate since the last decision."""
         self.total_hits = [0] * len(self.candidates)
@@ -313,15 +313,15 @@ class AutoCachePolicy(CachePolicy):
 
     # -- the shadows and the choice ---------------------------------------------------------
 
-    def _observe(self, keys: Sequence[OffloadKey], live_hits: int) -> None:
+    def _observe(self, keys: Sequence[OffloadKey], live_hits: int, ids: list[int] | None) -> None:
         """Accesses of `keys` (one request's, head first, of which the live policy hit
-        `live_hits`): every shadow takes them tail first, as the policies take a request."""
+        `live_hits`; `ids`: theirs, if interned): every shadow takes them tail first."""
         if not keys:
             return
         hits = self._hits
         hits[self.serving_index] += live_hits
         block = self._block
-        self._shadows.access(keys, block, hits)
+        self._shadows.access(keys, block, hits, ids)
         if self._trial is not None:
             self._trial.hits += self._trial.copy.access(keys, block)
         if self._ideal is not None:
@@ -491,7 +491,7 @@ class AutoCachePolicy(CachePolicy):
         self._serving = live
         self.serving_index = index
         self._others = [i for i in range(len(self.candidates)) if i != index]
-        self._shadows.route(self._policies, self._others)  # the old live one as a shadow
+        self._shadows.route(self._policies, index, self._others)  # the old live one: a shadow
         # the lead was measured against the old serving candidate: start the noise afresh
         self._squares = [0.0] * len(self.candidates)
         self._last_switch = self.decisions
@@ -520,8 +520,8 @@ class AutoCachePolicy(CachePolicy):
         return self._serving.admit(keys)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
-        self._serving.on_store_miss(keys)
-        self._observe(keys, 0)  # after: a switch it makes adopts what the tier holds now
+        ids = self._shadows.live_miss(self._serving, keys)
+        self._observe(keys, 0, ids)  # after: a switch it makes adopts what the tier holds now
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         """Not an access: each shadow stores the keys (if absent and admitted) as the tier
@@ -568,8 +568,7 @@ class AutoCachePolicy(CachePolicy):
                 resident[key] = block
                 hits.append(key)
         hits.reverse()
-        self._serving.touch(hits)
-        self._observe(hits, len(hits))
+        self._observe(hits, len(hits), self._shadows.live_touch(self._serving, hits))
 
     def evict(
         self, n: int, protected: Collection[OffloadKey] = ()

@@ -664,6 +664,34 @@ class LCTCachePolicy(CachePolicy):
         """Each key's access, a request's deepest block first: its prefix is newer."""
         self._core.on_store_miss(keys)
 
+    def on_store_miss_ids(self, ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
+        """`on_store_miss(keys)` on ids (`use_ids`): `ids[i]` is the table's id of `keys[i]`,
+        so no key is looked up."""
+        self._core.on_store_miss_ids(ids, keys)
+
+    def touch_ids(self, ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
+        """`touch(keys)` on ids (`use_ids`): `ids[i]` is the table's id of `keys[i]`."""
+        if self._hints.reuse:
+            self._hints.touched(keys)
+        self._core.touch_ids(ids)
+
+    @property
+    def on_ids(self) -> bool:
+        """Whether the remembered keys are found by their ids in a `KeyIds` table."""
+        return bool(self._core.on_ids)
+
+    def use_ids(self, table: object) -> None:
+        """Find each remembered key by its id in `table` (`kvtier.policies._key_ids.KeyIds`)
+        from now on, each id counted while the key is remembered, instead of a dict of its
+        own: `auto`'s serving lct shares the look-up of its shadows (`*_ids` calls; the
+        calls on keys look the id up). The same decisions (docs/BENCHMARKS.md, "Policy
+        cost, ninth round")."""
+        self._core.use_ids(table)
+
+    def use_keys(self) -> None:
+        """Back to a dict of its own, in the same state, the ids released."""
+        self._core.use_keys()
+
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         """A block the tier above evicts is not an access: its class stays what the accesses
         this tier heard made it (one, if it heard none), and nothing is learned from it."""

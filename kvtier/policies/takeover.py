@@ -22,7 +22,9 @@ A shadow of LRU, ARC or S3-FIFO runs on the ids of `auto`'s `KeyIds` table
 per access; its inspection (`lru_order`, `lists`, `queues`, `frequency`, `items`) reads through the
 table, so `take_over` reads it as it reads a shadow on keys and builds the live policy on
 keys. A live policy that stops serving is put on ids in its state; a shadow that took over
-goes back on keys, its ids released (`shadow_on_keys`).
+goes back on keys, its ids released (`shadow_on_keys`). lct is the other way round: it
+serves on the table's ids (`live_on_ids`: the look-up its shadows need serves it too) and
+is a shadow on keys (its calls one by one, `CachePolicy.access`).
 """
 
 from __future__ import annotations
@@ -100,8 +102,21 @@ def _fill(
 
 def shadow_on_ids(policy: CachePolicy, table: KeyIds) -> bool:
     """Put `policy`, a shadow from now on, on the ids of `table` if its policy can run so
-    (LRU, ARC, S3-FIFO; in its state, a no-op if it does already): whether it does."""
+    (LRU, ARC, S3-FIFO; in its state, a no-op if it does already): whether it does. lct's
+    shadow goes on keys (it was on ids while it served: `live_on_ids`)."""
     if isinstance(policy, (S3FIFOCachePolicy, ARCCachePolicy, LRUCachePolicy)):
+        policy.use_ids(table)
+        return True
+    if isinstance(policy, LCTCachePolicy):
+        policy.use_keys()
+    return False
+
+
+def live_on_ids(policy: CachePolicy, table: KeyIds) -> bool:
+    """Put `policy`, serving from now on, on the ids of `table` if it can serve so (lct,
+    whose `*_ids` calls then take the ids its driver interned for the shadows, in its
+    state): whether it does."""
+    if isinstance(policy, LCTCachePolicy):
         policy.use_ids(table)
         return True
     return False

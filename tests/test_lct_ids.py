@@ -1,0 +1,186 @@
+"""lct on ids (`LCTCachePolicy.use_ids`): `auto`'s serving lct finds each remembered key by
+its id in the `KeyIds` table its shadows share, instead of a dict of its own. It must take
+every decision lct on keys takes: driven as a tier drives it (touches, announcements with a
+resident key announced again now and then, admissions, evictions with protected keys,
+pinned blocks, moves, removals), through conversions to ids and back, its answers and state
+are its twin's on keys, and the table counts exactly the keys it remembers. Runs on
+whichever core is selected (`tests/test_compiled_core.py` compares the compiled core with
+its Python text on keys)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvtier.blocks import BlockStatus
+from kvtier.errors import BlockStateError
+from kvtier.keys import OffloadKey, key_from_int
+from kvtier.policies import AutoCachePolicy, LCTCachePolicy
+from kvtier.policies._key_ids import KeyIds
+
+
+def lct_state(policy: LCTCachePolicy) -> tuple[object, ...]:
+    """Everything lct decides by: its queues, ghosts and their histories, its solver's
+    output, its blocks."""
+    blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
+    return (
+        policy.queues(),
+        policy.ghosts(),
+        policy.limits,
+        policy.shares,
+        policy.horizon,
+        policy._clock,
+        blocks,
+        len(policy),
+    )
+
+
+def check_counts(table: KeyIds, policy: LCTCachePolicy) -> None:
+    """The table holds exactly the keys lct remembers (resident or ghost), each counted
+    once (after recycling what was released)."""
+    table.intern([])
+    remembered = {key for queue in policy.queues() for key in queue}
+    remembered |= {key for key, _ in policy.ghosts()}
+    assert len(table) == len(remembered)
+    for key in remembered:
+        assert table.count(table.id_of(key)) == 1, key
+
+
+class Twin:
+    """One lct driven as a tier drives it, on keys or (`table` set and `on_ids`) on ids."""
+
+    def __init__(self, capacity: int, table: KeyIds | None) -> None:
+        self.policy = LCTCachePolicy(capacity)
+        self.table = table
+        self.capacity = capacity
+        self.slot = 0
+
+    def block(self, pinned: bool) -> BlockStatus:
+        self.slot += 1
+        block = BlockStatus(self.slot)
+        block.ref_cnt = 1 if pinned else 0
+        return block
+
+    def request(self, numbers: list[int], again: int | None, rng: random.Random) -> list[object]:
+        """One request of keys `numbers` (fresh key objects, as a trace's are); `again`: a
+        resident key's number announced again with the misses. Returns what it decided."""
+        policy = self.policy
+        keys = [key_from_int(n) for n in numbers]
+        on_ids = self.table is not None and policy.on_ids
+        ids = self.table.intern(keys) if on_ids and self.table is not None else []
+        hit_at = [i for i, key in enumerate(keys) if policy.get(key) is not None]
+        hits = [keys[i] for i in hit_at]
+        if on_ids:
+            policy.touch_ids([ids[i] for i in hit_at], hits)
+        else:
+            policy.touch(hits)
+        miss_at = [i for i in range(len(keys)) if i not in hit_at]
+        announced = [keys[i] for i in miss_at]
+        announced_ids = [ids[i] for i in miss_at] if on_ids else []
+        if again is not None and policy.get(key_from_int(again)) is not None:
+            announced.append(key_from_int(again))
+            if on_ids and self.table is not None:
+                announced_ids.append(self.table.intern_one(announced[-1]))
+        if on_ids:
+            policy.on_store_miss_ids(announced_ids, announced)
+        else:
+            policy.on_store_miss(announced)
+        answers = policy.admit(announced)
+        stored = [k for k, ok in zip(announced, answers, strict=True) if ok and not policy.get(k)]
+        decided: list[object] = [len(hits), answers]
+        need = len(policy) + len(stored) - self.capacity
+        if need > 0:
+            evicted = policy.evict(need, set(keys))
+            decided.append(None if evicted is None else [key for key, _ in evicted])
+            if evicted is None:
+                return decided
+        for key in stored:
+            policy.insert(key, self.block(rng.random() < 0.05))
+        return decided
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(4))
+def test_lct_on_ids_decides_as_lct_on_keys(seed: int) -> None:
+    """Requests of 1 to 6 keys over a universe 6 x the capacity, long enough that the
+    solver runs and forgets ghosts; one lct stays on keys, its twin goes on ids, back on
+    keys and on ids again: every answer, eviction and state is the same, and the table
+    counts what the twin remembers."""
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 8, 24])
+    table = KeyIds()
+    on_keys, on_ids = Twin(capacity, None), Twin(capacity, table)
+    for number in range(2_500):
+        numbers = list(dict.fromkeys(rng.randrange(6 * capacity) for _ in range(rng.randint(1, 6))))
+        again = rng.randrange(6 * capacity) if number % 5 == 2 else None
+        draws = rng.random()
+        if number % 7 == 3:  # a tier's move: announced, not an access
+            keys = [key_from_int(n) for n in numbers]
+            on_keys.policy.on_store_move(keys)
+            on_ids.policy.on_store_move([key_from_int(n) for n in numbers])
+        elif number % 17 == 0 and len(on_keys.policy):
+            key = sorted(key for key, _ in on_keys.policy.items())[int(draws * len(on_keys.policy))]
+            on_keys.policy.remove(key)
+            on_ids.policy.remove(OffloadKey(bytes(bytearray(key))))  # an equal key object
+        else:
+            decided = on_keys.request(numbers, again, random.Random(number))
+            assert on_ids.request(numbers, again, random.Random(number)) == decided, number
+        if number in (200, 1_800):
+            on_ids.policy.use_ids(table)
+            assert on_ids.policy.on_ids
+        if number == 1_500:
+            on_ids.policy.use_keys()
+            assert not on_ids.policy.on_ids
+            check_counts(table, LCTCachePolicy(capacity))  # every id released
+        if number % 50 == 0:
+            assert lct_state(on_ids.policy) == lct_state(on_keys.policy), number
+            if on_ids.policy.on_ids:
+                check_counts(table, on_ids.policy)
+    assert lct_state(on_ids.policy) == lct_state(on_keys.policy)
+    on_ids.policy.clear()
+    check_counts(table, on_ids.policy)
+
+
+def test_lct_on_keys_refuses_ids() -> None:
+    policy = LCTCachePolicy(4)
+    with pytest.raises(BlockStateError, match="use_ids"):
+        policy.touch_ids([0], [key_from_int(0)])
+    with pytest.raises(BlockStateError, match="use_ids"):
+        policy.on_store_miss_ids([0], [key_from_int(0)])
+
+
+def test_auto_serves_with_lct_on_its_table_and_keeps_lct_shadow_on_keys() -> None:
+    """auto's serving lct runs on its table (the table then counts lct's keys too); a
+    switch away puts lct on keys, a switch back on ids, its state kept."""
+    policy = AutoCachePolicy(16)
+    rng = random.Random(5)
+    table = policy._shadows.table
+    lct = policy.shadow("lct")
+    assert isinstance(lct, LCTCachePolicy) and lct.on_ids
+
+    def drive(count: int) -> None:
+        for _ in range(count):
+            key: OffloadKey = key_from_int(rng.randrange(600))
+            if policy.get(key) is not None:
+                policy.touch([key])
+                continue
+            policy.on_store_miss([key])
+            if not policy.admit([key])[0]:
+                continue
+            if len(policy) >= 16 and policy.evict(1) is None:
+                continue
+            block = BlockStatus(rng.randrange(10**6))
+            block.ref_cnt = 0
+            policy.insert(key, block)
+
+    drive(500)
+    assert table.count(table.id_of(lct.queues()[0][0] if lct.queues()[0] else lct.ghosts()[0][0]))
+    policy.serve_with("arc")
+    assert not lct.on_ids and policy.shadow("lct") is lct
+    before = lct_state(lct)
+    drive(300)
+    assert lct_state(lct) != before  # a shadow on keys, driven
+    policy.serve_with("lct")
+    assert policy.shadow("lct") is lct and lct.on_ids
+    drive(300)
