@@ -64,6 +64,7 @@ from kvtier.tiers.disk.log_group import (
     run_bytes,
     with_checksums,
     write_front,
+    yield_gil,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Plan
 from kvtier.tiers.disk.log_reclaim import live_rows, pick_victim, span, verified
@@ -128,8 +129,7 @@ class LogLane:
         self._inflight: list[Flight] = []
         """Groups handed to the sync thread and not finished, in the order placed."""
         self._syncing = False
-        self._early: tuple[Pending, Future[None]] | None = None  # (`_flush_early`)
-        self._gate: threading.Event | None = None  # (set once the early flush has synced)
+        self._early: tuple[Pending, Future[None], threading.Event] | None = None  # (its gate)
         self._may_flush_early = False
         self._early_error: OSError | None = None  # (for the group's end: `_reclaim` eats it)
         self._poisoned: OSError | None = None
@@ -420,7 +420,7 @@ class LogLane:
             buffers = payload_views(part, span)
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
             buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
-        gate = self._gate if self._early is not None else None
+        gate = self._early[2] if self._early is not None else None
         if span:
             pending.writes.extend(
                 files.write_parts(part.region, payloads_at, buffers, direct, gate)
@@ -526,6 +526,7 @@ class LogLane:
         finally:
             if gate is not None:
                 gate.set()
+                yield_gil()
         self._hold_ground()
         self._apply(pending, plan)
         self.on_flush(self.opened)
@@ -533,7 +534,7 @@ class LogLane:
     def _flush_early(self, pending: Pending) -> bool:
         """Start `_flush` of the parts placed so far on the sync thread while the lane opens
         the last clean region and places its part, whose payload writes wait for the flush's
-        fdatasync (`_gate`: queued before it, they held it back, and the device idled from
+        fdatasync (its gate: queued before it, they held it back, and the device idled from
         their end to the next part's writes; docs/BENCHMARKS.md, "Log writes on a fast
         device", second and third rounds). Joined (`_join`) when the next region is needed
         and at the group's end. Only with no group in flight or failed, in a group of writes
@@ -545,8 +546,7 @@ class LogLane:
                 return False
         done = pending.split()
         gate = threading.Event()
-        self._early = (done, self._syncer.submit(self._flushed, done, gate))
-        self._gate = gate
+        self._early = (done, self._syncer.submit(self._flushed, done, gate), gate)
         return True
 
     def _join(self, pending: Pending) -> OSError | None:
@@ -554,7 +554,7 @@ class LogLane:
         OSError (kept for the group's end), its space skipped, nothing of it indexed."""
         if self._early is None:
             return None
-        (done, future), self._early = self._early, None
+        (done, future, _), self._early = self._early, None
         try:
             future.result()
         except OSError as error:
