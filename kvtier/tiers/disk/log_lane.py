@@ -51,9 +51,9 @@ from kvtier.tiers.disk.log_group import (
     Flight,
     Part,
     Pending,
+    Spares,
     add,
     add_run,
-    aligned_buffer,
     copy_payloads,
     encoded,
     fit_run,
@@ -64,6 +64,7 @@ from kvtier.tiers.disk.log_group import (
     run_bytes,
     with_checksums,
     write_front,
+    yield_gil,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Plan
 from kvtier.tiers.disk.log_reclaim import live_rows, pick_victim, span, verified
@@ -122,15 +123,13 @@ class LogLane:
         self._group_regions: set[int] = set()
         """The regions the running group wrote to: never its victims (after a mid-group flush
         they hold its new records, indexed, which a reclaim would drop as old copies)."""
-        self._spare: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
-        """Region-sized aligned buffers (images, reclaimed regions) kept from group to group:
-        faulted in once, not per group."""
+        self._spares = Spares(self.region_bytes)
         self._cond = threading.Condition()
-        """Guards the groups in flight, the spare buffers and `_poisoned`."""
+        """Guards the groups in flight and `_poisoned`."""
         self._inflight: list[Flight] = []
         """Groups handed to the sync thread and not finished, in the order placed."""
         self._syncing = False
-        self._early: tuple[Pending, Future[None]] | None = None  # (`_flush_early`)
+        self._early: tuple[Pending, Future[None], threading.Event] | None = None  # (its gate)
         self._may_flush_early = False
         self._early_error: OSError | None = None  # (for the group's end: `_reclaim` eats it)
         self._poisoned: OSError | None = None
@@ -155,7 +154,11 @@ class LogLane:
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
         """The next group (`take_group`): up to GROUP_BYTES, never two jobs on one key (a
-        forget looks its key's slot up before the group is indexed)."""
+        forget looks its key's slot up before the group is indexed); a lone job as it is
+        (not through sets of its keys: ~60 us of a 1024-block call before its first write)."""
+        if len(queue) == 1:
+            job = queue.popleft()
+            return [] if job.future is not None and job.future.cancelled() else [job]
         return take_group(queue, GROUP_BYTES, distinct_slots=False)
 
     def _run_group(self, jobs: list[Job]) -> None:
@@ -307,7 +310,7 @@ class LogLane:
         for flight in flights:
             if flight not in good:
                 flight.fail(error or OSError(errno.EIO, "an earlier group's write failed"))
-                self._release(flight.pending)
+                self._spares.give_back(flight.pending)
                 flight.pending.clear()
             flight.count(self.counters)
         if error is not None:
@@ -416,27 +419,15 @@ class LogLane:
         if direct or files.direct_fd is None:
             buffers = payload_views(part, span)
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
-            buffers, direct = [copy_payloads(part, self._buffer(pending, span))], True
+            buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
+        gate = self._early[2] if self._early is not None else None
         if span:
-            pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
+            pending.writes.extend(
+                files.write_parts(part.region, payloads_at, buffers, direct, gate)
+            )
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
-        let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
-
-    def _buffer(self, pending: Pending, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """Aligned memory of at least `nbytes` (at most a region) for this group's writes,
-        given back to the spares once they are done."""
-        with self._cond:
-            spare = self._spare.pop() if self._spare else None
-        buffer = spare if spare is not None else aligned_buffer(self.region_bytes)
-        pending.keep.append(buffer)
-        pending.spares.append(buffer)
-        return buffer[:nbytes]
-
-    def _release(self, pending: Pending) -> None:
-        """The group's buffers back to the spares (every write of it done), at most four."""
-        with self._cond:
-            self._spare.extend(pending.spares[: max(0, 4 - len(self._spare))])
-        pending.spares.clear()
+        if gate is None:  # (a gated part's writes wait for the early flush's sync anyway)
+            let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
 
     def _busy(self, pending: Pending) -> set[int]:
         """The regions in an unsynced write or reclaim: this group's and those in flight."""
@@ -499,7 +490,7 @@ class LogLane:
         rows = live_rows(self.index, victim, self._overwritten)
         if rows:  # (else every live record of it is written over by this group)
             first, last = span(rows)
-            view = self._buffer(pending, last - first).data
+            view = self._spares.take(pending, last - first).data
             self._reclaiming = True
             try:
                 for row, payload in verified(self.files, self.namespace, victim, rows, first, view):
@@ -523,30 +514,39 @@ class LogLane:
         self._close(pending)
         self._flushed(pending)
 
-    def _flushed(self, pending: Pending) -> None:
-        """`_flush` of the closed parts of `pending` (on the sync thread: an early flush)."""
-        plan = self._plan(pending)
-        pending.wait()
-        if self.fsync and pending.parts:
-            self.files.sync()
-            self.syncs += 1
+    def _flushed(self, pending: Pending, gate: threading.Event | None = None) -> None:
+        """`_flush` of the closed parts of `pending` (on the sync thread: an early flush,
+        which sets `gate` once its fdatasync has returned, or failed)."""
+        try:
+            plan = self._plan(pending)
+            pending.wait()
+            if self.fsync and pending.parts:
+                self.files.sync()
+                self.syncs += 1
+        finally:
+            if gate is not None:
+                gate.set()
+                yield_gil()
         self._hold_ground()
         self._apply(pending, plan)
         self.on_flush(self.opened)
 
     def _flush_early(self, pending: Pending) -> bool:
         """Start `_flush` of the parts placed so far on the sync thread while the lane opens
-        the last clean region and places and writes its part (docs/BENCHMARKS.md, "Log
-        writes on a fast device, second round"); joined (`_join`) when the next region is
-        needed and at the group's end. Only with no group in flight or failed, in a group
-        of writes only (a forget looks the index up while placing); whether it started."""
+        the last clean region and places its part, whose payload writes wait for the flush's
+        fdatasync (its gate: queued before it, they held it back, and the device idled from
+        their end to the next part's writes; docs/BENCHMARKS.md, "Log writes on a fast
+        device", second and third rounds). Joined (`_join`) when the next region is needed
+        and at the group's end. Only with no group in flight or failed, in a group of writes
+        only (a forget looks the index up while placing); whether it started."""
         if self._early is not None or not pending.parts or not self._may_flush_early:
             return False
         with self._cond:
             if self._inflight or self._poisoned is not None:
                 return False
         done = pending.split()
-        self._early = (done, self._syncer.submit(self._flushed, done))
+        gate = threading.Event()
+        self._early = (done, self._syncer.submit(self._flushed, done, gate), gate)
         return True
 
     def _join(self, pending: Pending) -> OSError | None:
@@ -554,7 +554,7 @@ class LogLane:
         OSError (kept for the group's end), its space skipped, nothing of it indexed."""
         if self._early is None:
             return None
-        (done, future), self._early = self._early, None
+        (done, future, _), self._early = self._early, None
         try:
             future.result()
         except OSError as error:
@@ -585,7 +585,7 @@ class LogLane:
                 if self.index.live[victim] != 0:  # records that could not be moved
                     for slot in np.flatnonzero(self.index.region == victim).tolist():
                         self.index._clear(slot)
-        self._release(pending)
+        self._spares.give_back(pending)
         pending.clear()
 
     def _skip(self, pending: Pending) -> None:
@@ -596,5 +596,5 @@ class LogLane:
         for part in pending.parts:
             self.cursor[part.region] = max(int(self.cursor[part.region]), part.stop)
         self.open = None  # a region whose header may not be written takes no more records
-        self._release(pending)
+        self._spares.give_back(pending)
         pending.clear()
