@@ -1083,10 +1083,10 @@ async def test_failed_writes_around_early_flushes_keep_the_index_true(
     early = 0
     flushed = LogLane._flushed
 
-    def counted(lane: LogLane, done: Any, *gate: Any) -> None:
+    def counted(lane: LogLane, done: Any) -> None:
         nonlocal early
         early += threading.current_thread().name.startswith("kvtier-log-sync")
-        flushed(lane, done, *gate)
+        flushed(lane, done)
 
     monkeypatch.setattr(LogLane, "_flushed", counted)
 
@@ -1104,76 +1104,6 @@ async def test_failed_writes_around_early_flushes_keep_the_index_true(
         )
         assert failed > 0
         assert early > 0
-    finally:
-        await store.aclose()
-
-
-async def test_parts_placed_during_an_early_flush_are_written_after_its_fdatasync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Calls one at a time into a store that flushes early (little spare space), payload
-    writes made slow: no payload write is in flight while an fdatasync of the regions runs
-    (the parts placed during an early flush wait for its fdatasync: queued before it, they
-    held it back while the device idled after them), and every block reads back. Early
-    flushes ran."""
-    import time
-    from collections.abc import Sequence
-
-    from kvtier.tiers.disk.io import FileIO, IOBuffer
-    from kvtier.tiers.disk.log_lane import LogLane
-
-    class OverlapIO(FileIO):
-        def __init__(self) -> None:
-            self._lock = threading.Lock()
-            self.writing = self.syncing = self.overlaps = self.syncs = 0
-
-        def pwritev(self, fd: int, buffers: Sequence[IOBuffer], offset: int) -> int:
-            payload = threading.current_thread().name.startswith("kvtier-log-write-io")
-            if payload:
-                with self._lock:
-                    self.writing += 1
-                    self.overlaps += self.syncing
-                time.sleep(0.002)  # (the parts after it are placed meanwhile)
-            try:
-                return super().pwritev(fd, buffers, offset)
-            finally:
-                if payload:
-                    with self._lock:
-                        self.writing -= 1
-
-        def fsync(self, fd: int) -> None:
-            with self._lock:
-                self.syncing += 1
-                self.syncs += 1
-                self.overlaps += self.writing
-            try:
-                super().fsync(fd)
-            finally:
-                with self._lock:
-                    self.syncing -= 1
-
-    early = 0
-    flushed = LogLane._flushed
-
-    def counted(lane: LogLane, done: Any, *gate: Any) -> None:
-        nonlocal early
-        early += threading.current_thread().name.startswith("kvtier-log-sync")
-        flushed(lane, done, *gate)
-
-    monkeypatch.setattr(LogLane, "_flushed", counted)
-    io = OverlapIO()
-    store = open_log(tmp_path, io=io, num_blocks=64, block_size=16 << 10, spare=0.05)
-    try:
-        rng = random.Random(5)
-        held: dict[int, int] = {}
-        for call in range(10):
-            slots = rng.sample(range(64), rng.choice([48, 64]))
-            ids = list(range(call * 64, call * 64 + len(slots)))
-            await write_ok(store, ids, slots)
-            held.update(zip(slots, ids, strict=True))
-        await assert_intact(store, list(held.values()), list(held))
-        assert early > 0 and io.syncs > 10
-        assert io.overlaps == 0
     finally:
         await store.aclose()
 

@@ -9,12 +9,10 @@ lands."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import itertools
 import os
 import random
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -227,28 +225,5 @@ def test_write_parts_lands_every_part_and_a_failed_part_fails_its_batch(
         keep = np.ones(data.nbytes, bool)
         keep[second] = False
         assert np.array_equal(back[keep], data[keep])
-    finally:
-        files.close()
-
-
-def test_write_parts_after_an_event_write_nothing_until_it_is_set(tmp_path: Path) -> None:
-    """`write_parts(..., after=event)` (a part placed during an early flush): no piece is
-    written while the event is unset, every byte lands once it is set."""
-    io = FaultyIO()
-    files = _files(tmp_path, 12, io)
-    try:
-        data = aligned_buffer(3 * WRITE_PIECE_BYTES + 5 * PAGE)
-        data[:] = np.frombuffer(random.Random(3).randbytes(data.nbytes), dtype=np.uint8)
-        rows = [data[at : at + 16 * PAGE].data for at in range(0, data.nbytes, 16 * PAGE)]
-        gate = threading.Event()
-        before = io.calls["pwritev"]
-        writes = files.write_parts(1, PAGE, rows, True, gate)
-        done, _ = concurrent.futures.wait(writes, timeout=0.2)
-        assert not done and io.calls["pwritev"] == before
-        gate.set()
-        assert sum(write.result() for write in writes) == data.nbytes
-        back = aligned_buffer(data.nbytes)
-        assert files.read_run(1, PAGE, [back.data], True) == data.nbytes
-        assert np.array_equal(back, data)
     finally:
         files.close()

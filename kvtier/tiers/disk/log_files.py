@@ -190,12 +190,7 @@ class LogFiles:
         return region * self.geo.region_bytes
 
     def write_parts(
-        self,
-        region: int,
-        start: int,
-        buffers: list[memoryview],
-        direct: bool,
-        after: threading.Event | None = None,
+        self, region: int, start: int, buffers: list[memoryview], direct: bool
     ) -> list[Future[int]]:
         """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
         the writes run on the WRITE_THREADS write threads, so a device keeps several in
@@ -206,9 +201,7 @@ class LogFiles:
         GIL" and "Log writes on a fast device" in docs/BENCHMARKS.md). With O_DIRECT when
         the caller says every buffer is page-aligned memory of whole pages (`direct`, see
         `whole_pages`), else buffered (the kernel's one copy). The caller waits on every
-        future returned (each raises its piece's OSError) before it syncs. With `after`, each
-        write thread waits for that event before it writes (`LogLane`: a part placed during
-        an early flush is written behind that flush's fdatasync)."""
+        future returned (each raises its piece's OSError) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
         ops: list[WriteOp] = []
@@ -216,7 +209,7 @@ class LogFiles:
             nbytes = sum(view.nbytes for view in piece)
             ops.append(WriteOp(fd, list(piece), at, nbytes))
             at += nbytes
-        return [self._writers.submit(self._write_batch, batch, after) for batch in spread(ops)]
+        return [self._writers.submit(self._write_batch, batch) for batch in spread(ops)]
 
     def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> None:
         """Write `buffers` back to back at `start` of `region` on the calling thread (as
@@ -236,12 +229,9 @@ class LogFiles:
         finally:
             self._leave()
 
-    def _write_batch(self, parts: list[WriteOp], after: threading.Event | None = None) -> int:
-        """On a write thread: write `parts` in order, each to its end (`ops.run_batch`), once
-        `after` is set (if given); the bytes written, or the first part's OSError once every
-        part was tried."""
-        if after is not None:
-            after.wait()
+    def _write_batch(self, parts: list[WriteOp]) -> int:
+        """On a write thread: write `parts` in order, each to its end (`ops.run_batch`); the
+        bytes written, or the first part's OSError once every part was tried."""
         self._enter()
         try:
             run_batch(self.io, parts)

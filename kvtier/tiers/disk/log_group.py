@@ -73,13 +73,6 @@ def let_writers_in(closed: int) -> None:
         _yield()
 
 
-def yield_gil() -> None:
-    """Let go of the GIL (and of the CPU) once: threads just woken to write take it and
-    start their system calls (an early flush's sync thread, log_lane.py, once it has set
-    the gate of the part placed meanwhile: else they waited ~0.6 ms for it to index)."""
-    _yield()
-
-
 @dataclass(slots=True)
 class Part:
     """A group's records in one region, placed and not yet written: where its header pages

@@ -64,7 +64,6 @@ from kvtier.tiers.disk.log_group import (
     run_bytes,
     with_checksums,
     write_front,
-    yield_gil,
 )
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Plan
 from kvtier.tiers.disk.log_reclaim import live_rows, pick_victim, span, verified
@@ -129,7 +128,7 @@ class LogLane:
         self._inflight: list[Flight] = []
         """Groups handed to the sync thread and not finished, in the order placed."""
         self._syncing = False
-        self._early: tuple[Pending, Future[None], threading.Event] | None = None  # (its gate)
+        self._early: tuple[Pending, Future[None]] | None = None  # (`_flush_early`)
         self._may_flush_early = False
         self._early_error: OSError | None = None  # (for the group's end: `_reclaim` eats it)
         self._poisoned: OSError | None = None
@@ -420,14 +419,10 @@ class LogLane:
             buffers = payload_views(part, span)
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
             buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
-        gate = self._early[2] if self._early is not None else None
         if span:
-            pending.writes.extend(
-                files.write_parts(part.region, payloads_at, buffers, direct, gate)
-            )
+            pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
-        if gate is None:  # (a gated part's writes wait for the early flush's sync anyway)
-            let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
+        let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
 
     def _busy(self, pending: Pending) -> set[int]:
         """The regions in an unsynced write or reclaim: this group's and those in flight."""
@@ -514,39 +509,30 @@ class LogLane:
         self._close(pending)
         self._flushed(pending)
 
-    def _flushed(self, pending: Pending, gate: threading.Event | None = None) -> None:
-        """`_flush` of the closed parts of `pending` (on the sync thread: an early flush,
-        which sets `gate` once its fdatasync has returned, or failed)."""
-        try:
-            plan = self._plan(pending)
-            pending.wait()
-            if self.fsync and pending.parts:
-                self.files.sync()
-                self.syncs += 1
-        finally:
-            if gate is not None:
-                gate.set()
-                yield_gil()
+    def _flushed(self, pending: Pending) -> None:
+        """`_flush` of the closed parts of `pending` (on the sync thread: an early flush)."""
+        plan = self._plan(pending)
+        pending.wait()
+        if self.fsync and pending.parts:
+            self.files.sync()
+            self.syncs += 1
         self._hold_ground()
         self._apply(pending, plan)
         self.on_flush(self.opened)
 
     def _flush_early(self, pending: Pending) -> bool:
         """Start `_flush` of the parts placed so far on the sync thread while the lane opens
-        the last clean region and places its part, whose payload writes wait for the flush's
-        fdatasync (its gate: queued before it, they held it back, and the device idled from
-        their end to the next part's writes; docs/BENCHMARKS.md, "Log writes on a fast
-        device", second and third rounds). Joined (`_join`) when the next region is needed
-        and at the group's end. Only with no group in flight or failed, in a group of writes
-        only (a forget looks the index up while placing); whether it started."""
+        the last clean region and places and writes its part (docs/BENCHMARKS.md, "Log
+        writes on a fast device, second round"); joined (`_join`) when the next region is
+        needed and at the group's end. Only with no group in flight or failed, in a group
+        of writes only (a forget looks the index up while placing); whether it started."""
         if self._early is not None or not pending.parts or not self._may_flush_early:
             return False
         with self._cond:
             if self._inflight or self._poisoned is not None:
                 return False
         done = pending.split()
-        gate = threading.Event()
-        self._early = (done, self._syncer.submit(self._flushed, done, gate), gate)
+        self._early = (done, self._syncer.submit(self._flushed, done))
         return True
 
     def _join(self, pending: Pending) -> OSError | None:
@@ -554,7 +540,7 @@ class LogLane:
         OSError (kept for the group's end), its space skipped, nothing of it indexed."""
         if self._early is None:
             return None
-        (done, future, _), self._early = self._early, None
+        (done, future), self._early = self._early, None
         try:
             future.result()
         except OSError as error:
