@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from policy_helpers import drive_as_a_tier
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
@@ -160,19 +161,7 @@ def test_auto_serves_with_lct_on_its_table_and_keeps_lct_shadow_on_keys() -> Non
     assert isinstance(lct, LCTCachePolicy) and lct.on_ids
 
     def drive(count: int) -> None:
-        for _ in range(count):
-            key: OffloadKey = key_from_int(rng.randrange(600))
-            if policy.get(key) is not None:
-                policy.touch([key])
-                continue
-            policy.on_store_miss([key])
-            if not policy.admit([key])[0]:
-                continue
-            if len(policy) >= 16 and policy.evict(1) is None:
-                continue
-            block = BlockStatus(rng.randrange(10**6))
-            block.ref_cnt = 0
-            policy.insert(key, block)
+        drive_as_a_tier(policy, 16, count, lambda: key_from_int(rng.randrange(600)), rng)
 
     drive(500)
     assert table.count(table.id_of(lct.queues()[0][0] if lct.queues()[0] else lct.ghosts()[0][0]))

@@ -12,6 +12,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from policy_helpers import drive_as_a_tier
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
@@ -233,19 +234,10 @@ def test_auto_keeps_its_shadows_on_ids_across_switches() -> None:
     table = policy._shadows.table
 
     def drive(count: int) -> None:
-        for _ in range(count):
-            key = key_from_int(rng.randrange(12) if rng.random() < 0.6 else rng.randrange(500))
-            if policy.get(key) is not None:
-                policy.touch([key])
-                continue
-            policy.on_store_miss([key])
-            if not policy.admit([key])[0]:
-                continue
-            if len(policy) >= 20 and policy.evict(1) is None:
-                continue
-            block = BlockStatus(rng.randrange(10**6))
-            block.ref_cnt = 0
-            policy.insert(key, block)
+        def pick() -> OffloadKey:
+            return key_from_int(rng.randrange(12) if rng.random() < 0.6 else rng.randrange(500))
+
+        drive_as_a_tier(policy, 20, count, pick, rng)
 
     drive(400)
     shadows = [policy.shadow(name) for name in ("arc", "s3fifo", "lru")]
