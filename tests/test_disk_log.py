@@ -1109,8 +1109,9 @@ async def test_failed_writes_around_early_flushes_keep_the_index_true(
 
 
 async def test_a_lone_queued_call_is_its_group_unless_cancelled(tmp_path: Path) -> None:
-    """The lane takes a lone queued call as its group without `take_group`'s sets; a lone
-    call cancelled while queued is dropped (as `take_group` drops one), the queue emptied."""
+    """A lone queued call is its group (`take_group` builds no sets for it); a lone call
+    cancelled while queued is dropped, the queue emptied; behind a call, the sets still keep
+    a later call on one of its keys out of its group."""
     from collections import deque
 
     store = open_log(tmp_path)
@@ -1128,5 +1129,8 @@ async def test_a_lone_queued_call_is_its_group_unless_cancelled(tmp_path: Path) 
         both = [WriteJob([k(3)], [3], rows, None), WriteJob([k(4)], [4], rows, None)]
         queue.extend(both)
         assert store._lane._take_group(queue) == both and not queue
+        again = [*both, WriteJob([k(3)], [5], rows, None)]
+        queue.extend(again)
+        assert store._lane._take_group(queue) == both and list(queue) == again[2:]
     finally:
         await store.aclose()

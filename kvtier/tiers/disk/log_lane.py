@@ -153,11 +153,7 @@ class LogLane:
 
     def _take_group(self, queue: deque[Job]) -> list[Job]:
         """The next group (`take_group`): up to GROUP_BYTES, never two jobs on one key (a
-        forget looks its key's slot up before the group is indexed); a lone job as it is
-        (not through sets of its keys: ~60 us of a 1024-block call before its first write)."""
-        if len(queue) == 1:
-            job = queue.popleft()
-            return [] if job.future is not None and job.future.cancelled() else [job]
+        forget looks its key's slot up before the group is indexed)."""
         return take_group(queue, GROUP_BYTES, distinct_slots=False)
 
     def _run_group(self, jobs: list[Job]) -> None:
