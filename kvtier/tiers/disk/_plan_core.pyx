@@ -177,13 +177,28 @@ def plan_new(
     return (
         chosen_np,
         target_np,
-        np.unique(clear_np),
+        _sorted_distinct(clear_np),
         rows_np[last_np],
         lengths_last,
         header_bytes + ((lengths_last + 7) & ~7),
         held,
         new_written,
     )
+
+
+cdef object _sorted_distinct(values):
+    """`np.unique(values)` of a batch's int64 slots, sorted then masked: numpy's `unique`
+    hashes first (~30 us for a few hundred values on a quiet core, ~100 us on the loaded
+    2-core VM, against ~4 us here), a fixed cost on every group's plan (docs/BENCHMARKS.md,
+    "The replay's pair, a lone call's CPU")."""
+    ordered = np.sort(values)
+    cdef Py_ssize_t count = ordered.shape[0]
+    if count < 2:
+        return ordered
+    keep = np.empty(count, dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(ordered[1:count], ordered[0 : count - 1], out=keep[1:count])
+    return ordered[keep]
 
 
 def fit_run(
