@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import grown_ids
 from kvtier.policies.sampling import SCALE, sample_point
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
@@ -1177,6 +1178,4 @@ class LCTState:
         self._refs = refs
         self._released = released
         if len(self._node_of_id) < capacity:
-            grown = _ints(bytes(self._node_of_id))
-            grown.extend(_ints([-1]) * (capacity - len(grown)))
-            self._node_of_id = grown
+            self._node_of_id = grown_ids(self._node_of_id, capacity, -1)
