@@ -26,6 +26,7 @@ def lct_state(policy: LCTCachePolicy) -> tuple[object, ...]:
     output, its blocks."""
     blocks = sorted((key, block.block_id, block.ref_cnt) for key, block in policy.items())
     return (
+        [(key, block.block_id) for key, block in policy.items()],  # in the order they came
         policy.queues(),
         policy.ghosts(),
         policy.limits,
@@ -141,6 +142,90 @@ def test_lct_on_ids_decides_as_lct_on_keys(seed: int) -> None:
     assert lct_state(on_ids.policy) == lct_state(on_keys.policy)
     on_ids.policy.clear()
     check_counts(table, on_ids.policy)
+
+
+def requeued_by_the_dict(policy: LCTCachePolicy, horizon: int) -> list[list[OffloadKey]]:
+    """The queues a requeue must give, found as lct did before it ran without its resident
+    dict (issue 34 item 3): the resident dict's keys, oldest access first, ties in the
+    dict's order (the order the keys became resident), each queued by its class under
+    candidate `horizon`."""
+    order = list(policy._core.resident)
+    assert len(order) == len(policy)
+    times = {key: (policy._seen(key) or (0, 0, 0, 0))[1] for key in order}
+    queues: list[list[OffloadKey]] = [[], [], [], []]
+    for key in sorted(order, key=times.__getitem__):
+        queues[policy.count(key, horizon) - 1].append(key)
+    return queues
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(3))
+def test_lct_on_ids_keeps_no_resident_dict_and_its_order(seed: int) -> None:
+    """On ids lct keeps no resident dict: its blocks, their order (the order they became
+    resident), `get`, `len` and `in` come from its nodes, and a requeue orders the blocks
+    of equal access times as the dict did. Keys stored unannounced (access time the
+    clock's, so tied), moves, removals and forced requeues; the twin on keys is checked
+    against its dict, the one on ids against the twin."""
+    rng = random.Random(seed)
+    capacity = rng.choice([6, 12])
+    table = KeyIds()
+    on_keys, on_ids = Twin(capacity, None), Twin(capacity, table)
+    on_ids.policy.use_ids(table)
+    fresh = 10_000
+    for number in range(1_200):
+        numbers = list(dict.fromkeys(rng.randrange(5 * capacity) for _ in range(rng.randint(1, 5))))
+        if number % 9 == 4 and len(on_keys.policy) + 2 <= capacity:  # stored unannounced
+            for twin in (on_keys, on_ids):
+                for n in (fresh, fresh + 1):
+                    twin.policy.insert(key_from_int(n), BlockStatus(n))
+            fresh += 2
+        elif number % 13 == 6 and len(on_keys.policy):
+            key = list(on_keys.policy._core.resident)[number % len(on_keys.policy)]
+            on_keys.policy.remove(key)
+            on_ids.policy.remove(OffloadKey(bytes(bytearray(key))))  # an equal key object
+        else:
+            decided = on_keys.request(numbers, None, random.Random(number))
+            assert on_ids.request(numbers, None, random.Random(number)) == decided, number
+        if number % 40 == 20:  # a requeue, as a horizon's move makes
+            horizon = 1 - on_keys.policy.horizon
+            expected = requeued_by_the_dict(on_keys.policy, horizon)
+            for twin in (on_keys, on_ids):
+                twin.policy._move_horizon(horizon)
+            assert on_keys.policy.queues() == expected, number
+        core = on_ids.policy._core
+        assert core.on_ids and not core.resident
+        assert lct_state(on_ids.policy) == lct_state(on_keys.policy), number
+        assert list(on_keys.policy.items()) == list(on_keys.policy._core.resident.items())
+        for n in numbers:
+            key = key_from_int(n)
+            block = on_keys.policy.get(key)
+            assert on_ids.policy.get(key) is not None if block else on_ids.policy.get(key) is None
+            assert (key in core) == (block is not None)
+    on_ids.policy.use_keys()  # the dict refilled, in its order
+    assert list(on_ids.policy._core.resident) == list(on_keys.policy._core.resident)
+
+
+@pytest.mark.parametrize("on_ids", [False, True])
+def test_a_requeue_orders_equal_access_times_as_the_blocks_became_resident(on_ids: bool) -> None:
+    """Two blocks of the same last access, in different queues (one stored unannounced,
+    after the other), land in one queue when the horizon moves: the one that became
+    resident first goes first, as the resident dict's order put it, on keys and on ids
+    (where there is no such dict)."""
+    policy = LCTCachePolicy(2)  # horizons of 32 and 128 accesses, a solve every 64
+    if on_ids:
+        policy.use_ids(KeyIds())
+    first, second = key_from_int(1), key_from_int(2)
+    policy._move_horizon(1)  # count over 128 accesses
+    policy.on_store_miss([first])
+    for number in range(40):
+        policy.on_store_miss([key_from_int(100 + number)])
+    policy.on_store_miss([first])  # 41 accesses later: class 2 over 128, class 1 over 32
+    policy.insert(first, BlockStatus(1))
+    policy.insert(second, BlockStatus(2))  # unannounced: the same access time, class 1
+    assert policy.queues() == [[second], [first], [], []]
+    policy._move_horizon(0)
+    assert policy.queues() == [[first, second], [], [], []]
+    assert [key for key, _ in policy.items()] == [first, second]
 
 
 def test_lct_on_keys_refuses_ids() -> None:

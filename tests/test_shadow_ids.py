@@ -9,6 +9,7 @@ cores with their Python text on keys)."""
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Sequence
 
 import pytest
@@ -25,7 +26,7 @@ from kvtier.policies import (
     LRUCachePolicy,
     S3FIFOCachePolicy,
 )
-from kvtier.policies._key_ids import KeyIds
+from kvtier.policies._key_ids import KeyIds, grown_ids
 from kvtier.policies.takeover import store_in_shadow
 
 ON_IDS: dict[str, type[ARCCachePolicy] | type[LRUCachePolicy] | type[S3FIFOCachePolicy]] = {
@@ -216,6 +217,35 @@ def test_the_table_recycles_ids_and_grows() -> None:
     check_counts(table, [shadow])
     assert len(table) == 200 and 200 <= table.capacity < 2_000
     assert shadow.lru_order() == [key_from_int(i) for i in range(1_800, 2_000)]
+
+
+def test_the_table_gives_out_recycled_ids_first_then_new_ones_in_order() -> None:
+    """The ids handed out, in order (what the shadows' arrays are indexed by): the ids never
+    given out lowest first, across a growth; once some are recycled, the last recycled
+    first. A key no shadow counts is recycled at the next `intern`."""
+    table = KeyIds()
+    first = table.intern([key_from_int(i) for i in range(100)])
+    assert first == list(range(100)) and table.capacity == 128
+    lru = LRUCachePolicy(200)
+    lru.use_ids(table)
+    again = table.intern([key_from_int(i) for i in range(100, 103)])
+    assert again == [99, 98, 97]  # the 100 uncounted ids recycled, the last one first
+    lru.access_ids(again, shared_block())
+    rest = table.intern([key_from_int(i) for i in range(103, 103 + 97 + 40)])
+    assert rest == list(range(96, -1, -1)) + list(range(100, 140))
+    assert table.capacity == 256 and [table.key_of(i) for i in (99, 0, 139)] == [
+        key_from_int(100),
+        key_from_int(199),
+        key_from_int(239),
+    ]
+
+
+@pytest.mark.parametrize("value", [-1, 0])
+def test_a_grown_id_array_keeps_its_items_and_fills_the_rest(value: int) -> None:
+    old = array("i", [5, -1, 7])
+    grown = grown_ids(old, 6, value)
+    assert grown.tolist() == [5, -1, 7, value, value, value] and old.tolist() == [5, -1, 7]
+    assert grown_ids(memoryview(old), 3, value).tolist() == [5, -1, 7]
 
 
 def test_a_shadow_on_keys_refuses_ids() -> None:

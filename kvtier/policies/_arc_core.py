@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import grown_ids
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
     from kvtier.policies import _cython_shim as cython
@@ -332,7 +333,7 @@ class ARCLists:
         self._refs = refs
         self._released = released
         if len(self._node_of_id) < capacity:
-            self._node_of_id = _extended(self._node_of_id, capacity, -1)
+            self._node_of_id = grown_ids(self._node_of_id, capacity, -1)
 
     def entries(self) -> list[tuple[OffloadKey, BlockStatus]]:
         """T1's and then T2's (key, block), each least recently used first."""

@@ -14,6 +14,12 @@ recycles those ids (deletes their keys) before it interns the next request, so t
 holds no more keys than the shadows remember (plus one request's). An id says nothing about
 a key but which it is: no decision depends on its value.
 
+An id's int object (the dict's value, which the shadows on ids keep as their key) is made
+when the id is given out, not ahead for every id the arrays have room for: making a growth's
+ints ahead (and a list of them) wrote them all cold, a large part of what the table's growth
+cost when lct serving makes it hold every key lct remembers (docs/BENCHMARKS.md, "Policy
+cost, tenth round"). The ids never given out lie past `_used`, on no list.
+
 A shadow reads the count array through its own typed view of it; when the table grows it
 makes a new array and hands it to every shadow registered (`register`) with the new size
 and the released list (`resize_ids(refs, capacity, released)`), before any id beyond the
@@ -44,15 +50,28 @@ INITIAL_IDS = 64
 _NO_KEY = OffloadKey(b"")  # the key of a free id: never looked up, never returned
 
 
+def grown_ids(old: Any, capacity: int, value: int) -> array[int]:
+    """A new int array of `capacity` items: `old`'s (an int array, or a typed view of one),
+    then copies of `value`; what a user's per-id array becomes when the table grows
+    (`resize_ids`). Filled once and `old` copied into it once: `bytes(old)`, an array of
+    those bytes and the two arrays concatenated wrote the old items three times
+    (docs/BENCHMARKS.md, "Policy cost, tenth round")."""
+    grown = array("i", [value]) * capacity
+    memoryview(grown)[: len(old)] = memoryview(old)
+    return grown
+
+
 @cython.final
 @cython.cclass
 class KeyIds:
     """Keys interned into ids, each id counted by the shadows that remember its key."""
 
-    _ids: dict[Any, int]  # key -> its id (the int object of `_objs`)
+    _ids: dict[Any, int]  # key -> its id (the int object shadows keep as their key)
     _keys: list[Any]  # id -> its key (`_NO_KEY` while free)
-    _objs: list[int]  # id -> the one int object of that id (shadows keep it as their key)
-    _free: list[int]  # free ids (int objects), the next one last
+    # Recycled ids (the int objects released), the next one last; ids from `_used` up were
+    # never given out and are handed out in order once none is recycled.
+    _free: list[int]
+    _used: cython.Py_ssize_t
     _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
     # Per id, how many shadows remember its key (the array behind every shadow's view).
     _refs_array: Any
@@ -65,8 +84,8 @@ class KeyIds:
     def __init__(self) -> None:
         self._ids = {}
         self._keys = []
-        self._objs = []
         self._free = []
+        self._used = 0
         self._refs_array = array("i")
         self._refs = self._refs_array
         self._released = []
@@ -133,10 +152,16 @@ class KeyIds:
     @cython.cfunc
     def _new_id(self, key: Any) -> int:
         """A free id for `key` (released until some shadow counts it)."""
-        if not self._free:
-            self._grow()
-        found = self._free.pop()
-        ident: cython.Py_ssize_t = found
+        ident: cython.Py_ssize_t
+        if self._free:
+            found = self._free.pop()
+            ident = found
+        else:
+            if self._used == self._capacity:
+                self._grow()
+            ident = self._used
+            self._used += 1
+            found = ident  # its int object made now, not at the growth (module doc)
         self._ids[key] = found
         self._keys[ident] = key
         self._released.append(found)
@@ -163,13 +188,12 @@ class KeyIds:
         """Double the room (a new count array, handed to every user)."""
         old: cython.Py_ssize_t = self._capacity
         new: cython.Py_ssize_t = max(INITIAL_IDS, 2 * old)
-        self._refs_array = array("i", self._refs_array) + array("i", [0]) * (new - old)
+        self._refs_array = grown_ids(self._refs_array, new, 0)
         self._refs = self._refs_array
         # each list extended once: appends one by one reallocated (copied) them every
-        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
+        # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round"); the new
+        # ids are past `_used`, on no list, and get their int objects as they are given out
         self._keys.extend([_NO_KEY] * (new - old))
-        self._objs.extend(range(old, new))
-        self._free.extend(reversed(self._objs[old:new]))  # the lowest id given out first
         self._capacity = new
         for user in self._users:
             user.resize_ids(self._refs_array, new, self._released)

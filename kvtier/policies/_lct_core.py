@@ -17,7 +17,12 @@ id in the `KeyIds` table that `auto`'s shadows share (`_node_of_id`, each id cou
 its key is remembered), and `on_store_miss_ids` and `touch_ids` take the ids the table gave
 the request, so no dict of keys is probed but the table's (docs/BENCHMARKS.md, "Policy
 cost, ninth round"); only `_find`, `_lookup`, `_register`, `_unregister` and `_rebind` look
-at the mode, and the calls on keys look the id up.
+at the mode, and the calls on keys look the id up. Nor is there a resident dict on ids
+(`auto` keeps its own): `get`, `in`, `len` and `entries` read the nodes, and each node's
+stamp (`_stamp`, when its key last became resident) keeps the dict's order, which `entries`
+gives and `requeue` breaks ties of access times by (docs/BENCHMARKS.md, "Policy cost,
+eleventh round"; the dict's write and delete per stored block were 3 % of `auto`'s
+instructions at 10 %).
 The reuse histogram and the arrivals are double arrays, updated by the same floating-point
 operations in the same order whether compiled or not. The solver, run every `period`
 accesses, is lct.py's (the policy reads and writes these arrays through `get_reuse`,
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import grown_ids
 from kvtier.policies.sampling import SCALE, sample_point
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
@@ -103,7 +109,9 @@ def _doubles(values: Sequence[float]) -> array[float]:
 class LCTState:
     """lct's per-access state: the nodes, the queues, the statistics, the limits."""
 
-    _resident: dict[OffloadKey, BlockStatus]  # `LCTCachePolicy.get` is its `get`
+    # The resident blocks by key, in the order they became resident (`LCTCachePolicy.get`
+    # is its `get`); on ids empty, and refilled in that order (`_stamp`) by `use_keys`.
+    _resident: dict[OffloadKey, BlockStatus]
     _nodes: dict[OffloadKey, int]  # remembered key -> its node (resident or a ghost)
     # A ghost of a key that is resident (announced again while resident: `on_store_miss`
     # of a resident key), apart from its resident node; rare, usually empty.
@@ -120,9 +128,13 @@ class LCTState:
     _second = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _third = cython.declare(cython.longlong[::1])  # type: ignore[misc]
     _idents = cython.declare(cython.int[::1])  # type: ignore[misc]  # on ids: the key's id
+    # When the node's key last became resident (`_stamps` counts): the resident dict's order,
+    # which `requeue` keeps among equal access times and `entries` gives, without the dict.
+    _stamp = cython.declare(cython.longlong[::1])  # type: ignore[misc]
+    _stamps: cython.longlong
     _keys: list[OffloadKey]
     _blocks: list[BlockStatus]
-    _arrays: list[array[int]]  # the arrays the eight views view, in that order (grown in place)
+    _arrays: list[array[int]]  # the arrays the nine views view, in that order (grown in place)
     _allocated: cython.int
     _used: cython.int  # the nodes ever handed out: those past it are free, on no chain
     _free: cython.int  # first free node below `_used`, chained through `_next` (-1: none)
@@ -201,6 +213,8 @@ class LCTState:
         self._solve = _nothing
         self._arrays = [_ints([]) for _ in range(4)] + [_longs([]) for _ in range(3)]
         self._arrays.append(_ints([]))
+        self._arrays.append(_longs([]))
+        self._stamps = 0
         self._view_arrays()
         self._plan = _ints([])
         self._keys = []
@@ -294,8 +308,57 @@ class LCTState:
 
     @property
     def resident(self) -> dict[OffloadKey, BlockStatus]:
-        """The resident blocks by key: `LCTCachePolicy.get` is its `get`."""
+        """The resident blocks by key, on keys: `LCTCachePolicy.get` is its `get` (on ids
+        empty: `get`, `len`, `in` and `entries` read the nodes)."""
         return self._resident
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        """The block of `key` if resident (None: not resident)."""
+        node: cython.int
+        if not self._by_id:
+            return self._resident.get(key)
+        node = self._find(key)
+        if not self._resident_node(node):
+            return None
+        return self._blocks[node]
+
+    def __contains__(self, key: Any) -> bool:
+        """Whether `key` is resident."""
+        if not self._by_id:
+            return key in self._resident
+        return self._resident_node(self._find(key))
+
+    def __len__(self) -> int:
+        """The resident blocks."""
+        return self._count()
+
+    @cython.cfunc
+    @cython.inline
+    @cython.exceptval(check=False)
+    def _count(self) -> cython.Py_ssize_t:
+        """The resident blocks: the class queues' lengths."""
+        return self._size[0] + self._size[1] + self._size[2] + self._size[3]  # type: ignore[no-any-return]
+
+    @cython.cfunc
+    def _resident_nodes(self) -> list[int]:
+        """The resident nodes in the order they became resident (the resident dict's)."""
+        nodes: list[int] = []
+        cls: cython.int
+        node: cython.int
+        for cls in range(4):
+            node = self._head[cls]
+            while node >= 0:
+                nodes.append(node)
+                node = self._next[node]
+        stamps: list[int] = [self._stamp[node] for node in nodes]
+        return [nodes[i] for i in sorted(range(len(nodes)), key=stamps.__getitem__)]
+
+    def entries(self) -> list[tuple[OffloadKey, BlockStatus]]:
+        """The resident (key, block) pairs in the order they became resident (the resident
+        dict's)."""
+        if not self._by_id:
+            return list(self._resident.items())
+        return [(self._keys[node], self._blocks[node]) for node in self._resident_nodes()]
 
     @property
     def horizon(self) -> int:
@@ -306,7 +369,7 @@ class LCTState:
 
     @cython.cfunc
     def _view_arrays(self) -> cython.int:
-        """Point the seven views at `_arrays`."""
+        """Point the nine views at `_arrays`."""
         arrays = self._arrays
         self._prev = arrays[0]
         self._next = arrays[1]
@@ -316,6 +379,7 @@ class LCTState:
         self._second = arrays[5]
         self._third = arrays[6]
         self._idents = arrays[7]
+        self._stamp = arrays[8]
         return 0
 
     @cython.cfunc
@@ -328,7 +392,7 @@ class LCTState:
         ints = _ints([])
         longs = _longs([])
         self._prev = self._next = self._where = self._state = self._idents = ints
-        self._last = self._second = self._third = longs
+        self._last = self._second = self._third = self._stamp = longs
         for items in self._arrays:
             items.frombytes(bytes((new - old) * items.itemsize))
         self._view_arrays()
@@ -701,7 +765,10 @@ class LCTState:
         else:
             self._unlink(node)
         self._blocks[node] = block
-        self._resident[key] = block
+        self._stamp[node] = self._stamps
+        self._stamps += 1
+        if not self._by_id:
+            self._resident[key] = block
         self._link(node, self._class_of(self._state[node]))
         return 0
 
@@ -746,9 +813,11 @@ class LCTState:
 
     def remove(self, key: OffloadKey) -> None:
         """lct.py's `remove` but for the hints (the caller's)."""
-        if self._resident.pop(key, None) is None:
-            raise BlockStateError(f"lct: key {key!r} is not resident")
         node: cython.int = self._find(key)
+        if not self._resident_node(node):
+            raise BlockStateError(f"lct: key {key!r} is not resident")
+        if not self._by_id:
+            del self._resident[key]
         self._unlink(node)
         self._remember(node)
 
@@ -801,7 +870,7 @@ class LCTState:
         one of a class that pays less)."""
         cls: cython.int
         node: cython.int
-        if len(self._resident) < self.capacity:
+        if self._count() < self.capacity:
             return 1
         if sample_point(key) >= share * SCALE:
             return 0
@@ -895,7 +964,7 @@ class LCTState:
         node: cython.int
         ghost: cython.int
         out: list[tuple[OffloadKey, BlockStatus]] = []
-        if n > len(self._resident):  # fewer blocks than asked for, evictable or not
+        if n > self._count():  # fewer blocks than asked for, evictable or not
             return None
         if not self._plan_victims(n, protected):
             return None
@@ -904,7 +973,8 @@ class LCTState:
             key = self._keys[node]
             out.append((key, self._blocks[node]))
             self._unlink(node)
-            del self._resident[key]
+            if not self._by_id:
+                del self._resident[key]
             if self.clock - self._last[node] <= self._memory:
                 self._remember(node)
             else:  # forgotten; its ghost apart, if any, becomes its entry
@@ -921,8 +991,9 @@ class LCTState:
 
     def requeue(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
-        class under it, oldest first (stable over the resident dict's order)."""
-        nodes: list[int] = [self._find(key) for key in self._resident]
+        class under it, oldest first (stable over the order they became resident in, the
+        resident dict's)."""
+        nodes: list[int] = self._resident_nodes()
         times: list[int] = [self._last[node] for node in nodes]
         cls: cython.int
         node: cython.int
@@ -1123,6 +1194,7 @@ class LCTState:
         self._resident.clear()
         self._nodes.clear()
         self._dup.clear()
+        self._stamps = 0
         self._nann = self._ann_pos = 0
         for i in range(self._used):
             self._keys[i] = _NO_KEY
@@ -1142,7 +1214,7 @@ class LCTState:
 
     def use_ids(self, table: Any) -> None:
         """Keep the entries by the ids of `table` (a `KeyIds`) from now on, in the same state:
-        each remembered key interned and counted, `_nodes` emptied."""
+        each remembered key interned and counted, `_nodes` and the resident dict emptied."""
         if self._by_id:
             return
         self._table = table
@@ -1156,13 +1228,16 @@ class LCTState:
             entry = node
             self._idents[entry] = self._idents[self._find(key)]
         self._nodes.clear()
+        self._resident.clear()
 
     def use_keys(self) -> None:
         """Keep the entries in `_nodes` again, in the same state: each id released, the
-        table left."""
+        table left, the resident dict refilled in the order its keys became resident."""
         i: cython.int
         if not self._by_id:
             return
+        for key, block in self.entries():
+            self._resident[key] = block
         for i in range(self._used):
             if self._keys[i] is not _NO_KEY and self._node_of_id[self._idents[i]] == i:
                 key = self._keys[i]
@@ -1177,6 +1252,4 @@ class LCTState:
         self._refs = refs
         self._released = released
         if len(self._node_of_id) < capacity:
-            grown = _ints(bytes(self._node_of_id))
-            grown.extend(_ints([-1]) * (capacity - len(grown)))
-            self._node_of_id = grown
+            self._node_of_id = grown_ids(self._node_of_id, capacity, -1)

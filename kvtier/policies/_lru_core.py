@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvtier.blocks import BlockStatus
+from kvtier.policies._key_ids import grown_ids
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
     from kvtier.policies import _cython_shim as cython
@@ -30,14 +31,6 @@ else:
         from kvtier.policies import _cython_shim as cython
 
 _NO_BLOCK = BlockStatus(-1)  # the block of an id not held: never returned
-
-
-def _extended(old: Any, count: int, value: int) -> array[int]:
-    """A new int array of `count` items: `old`'s (an int array, or a typed view of one),
-    then copies of `value`. `old`'s bytes are copied at once: `array("i", old)` of a typed
-    view read it item by item, most of the cost of `auto`'s id table growing
-    (docs/BENCHMARKS.md, "Policy cost, sixth round")."""
-    return array("i", bytes(old)) + array("i", [value]) * (count - len(old))
 
 
 @cython.final
@@ -53,7 +46,6 @@ class LRUIds:
     _refs = cython.declare(cython.int[::1])  # type: ignore[misc]
     _released: list[int]
     _blocks: list[BlockStatus]
-    _objs: list[int]  # id -> its int object (what `_released` takes)
     _head: cython.int  # least recently used id (-1: empty)
     _tail: cython.int
     _count: cython.Py_ssize_t
@@ -65,7 +57,6 @@ class LRUIds:
         self._prev = self._next = self._held = self._refs = empty
         self._released = []
         self._blocks = []
-        self._objs = []
         self._head = self._tail = -1
         self._count = 0
         table.register(self)
@@ -76,12 +67,11 @@ class LRUIds:
         self._released = released
         old: cython.Py_ssize_t = len(self._held)
         if old < capacity:
-            self._prev = _extended(self._prev, capacity, -1)
-            self._next = _extended(self._next, capacity, -1)
-            self._held = _extended(self._held, capacity, 0)
+            self._prev = grown_ids(self._prev, capacity, -1)
+            self._next = grown_ids(self._next, capacity, -1)
+            self._held = grown_ids(self._held, capacity, 0)
             # each list extended once (as `_arc_core.ARCLists._grow`)
             self._blocks.extend([_NO_BLOCK] * (capacity - old))
-            self._objs.extend(range(old, capacity))
 
     def __len__(self) -> int:
         return self._count
@@ -138,7 +128,7 @@ class LRUIds:
         self._count -= 1
         self._refs[ident] -= 1
         if self._refs[ident] == 0:
-            self._released.append(self._objs[ident])
+            self._released.append(ident)  # an int made now: none kept per id ahead
         return 0
 
     @cython.cfunc

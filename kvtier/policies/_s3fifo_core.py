@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
 from kvtier.keys import OffloadKey
+from kvtier.policies._key_ids import grown_ids
 
 if TYPE_CHECKING:  # mypy checks this module against what runs without Cython
     from kvtier.policies import _cython_shim as cython
@@ -281,7 +282,7 @@ class S3FIFOQueues:
         self._refs = refs
         self._released = released
         if len(self._node_of_id) < capacity:
-            self._node_of_id = _extended(self._node_of_id, capacity, -1)
+            self._node_of_id = grown_ids(self._node_of_id, capacity, -1)
 
     def use_keys(self) -> None:
         """Run on keys again, in the same state: every id's key back in the dicts, each id

@@ -359,14 +359,21 @@ class LCTCachePolicy(CachePolicy):
         )
         core.configure_solver(_LOWS, _MIDS, _EDGES, MIN_REUSE)
         cls = type(self)
-        if cls.get is LCTCachePolicy.get:
-            self.get = core.resident.get  # type: ignore[method-assign,assignment]
+        self._bind_get()
         if cls.insert is LCTCachePolicy.insert:
             self.insert = core.insert  # type: ignore[method-assign]
         if cls.on_store_miss is LCTCachePolicy.on_store_miss:
             self.on_store_miss = core.on_store_miss  # type: ignore[method-assign]
         if cls.admit is LCTCachePolicy.admit:
             self.admit = core.admit  # type: ignore[method-assign]
+
+    def _bind_get(self) -> None:
+        """`get` is the resident dict's own on keys, the core's on ids (its dict is empty
+        then), unless a subclass overrides it."""
+        if type(self).get is LCTCachePolicy.get:
+            core = self._core
+            getter = core.get if core.on_ids else core.resident.get
+            self.get = getter  # type: ignore[method-assign,assignment]
 
     def _learn_afresh(self) -> None:
         """The learned state of a new policy: no statistics, no limits, the start horizon."""
@@ -409,7 +416,7 @@ class LCTCachePolicy(CachePolicy):
         default the one in use) as of its last access, its last three at most: its class
         + 1 (0: a key this policy no longer remembers)."""
         seen = self._seen(key)
-        if seen is None or (key not in self._resident and self._clock - seen[1] > self._memory):
+        if seen is None or (key not in self._core and self._clock - seen[1] > self._memory):
             return 0
         classes = self._states.classes[self.horizon if horizon is None else horizon]
         return classes[seen[0]] + 1
@@ -631,10 +638,6 @@ class LCTCachePolicy(CachePolicy):
         """The index of the candidate the classes are counted over now."""
         return self._core.horizon
 
-    @property
-    def _resident(self) -> dict[OffloadKey, BlockStatus]:
-        return self._core.resident
-
     def queues(self) -> list[list[OffloadKey]]:
         """The class queues' keys, each oldest first (for tests and inspection)."""
         return [self._core.keys_of(cls) for cls in range(CLASSES)]
@@ -647,10 +650,12 @@ class LCTCachePolicy(CachePolicy):
     # -- CachePolicy ------------------------------------------------------------------------
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self._core.resident.get(key)
+        return self._core.get(key)
 
     def getter(self) -> Callable[[OffloadKey], BlockStatus | None]:
-        return self._core.resident.get
+        """The resident dict's `get` on keys; on ids the core's (valid while on ids)."""
+        core = self._core
+        return core.get if core.on_ids else core.resident.get
 
     def admit(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Whether each (absent) key is worth storing: its class's limit is above 0, and, for
@@ -684,13 +689,16 @@ class LCTCachePolicy(CachePolicy):
         """Find each remembered key by its id in `table` (`kvtier.policies._key_ids.KeyIds`)
         from now on, each id counted while the key is remembered, instead of a dict of its
         own: `auto`'s serving lct shares the look-up of its shadows (`*_ids` calls; the
-        calls on keys look the id up). The same decisions (docs/BENCHMARKS.md, "Policy
-        cost, ninth round")."""
+        calls on keys look the id up), and no resident dict either (`get`, `len` and `items`
+        read the core's nodes). The same decisions (docs/BENCHMARKS.md, "Policy cost, ninth
+        and eleventh rounds")."""
         self._core.use_ids(table)
+        self._bind_get()
 
     def use_keys(self) -> None:
         """Back to a dict of its own, in the same state, the ids released."""
         self._core.use_keys()
+        self._bind_get()
 
     def on_store_move(self, keys: Sequence[OffloadKey]) -> None:
         """A block the tier above evicts is not an access: its class stays what the accesses
@@ -702,7 +710,7 @@ class LCTCachePolicy(CachePolicy):
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         core = self._core
-        self._check_insert_batch(keys, blocks, core.resident)
+        self._check_insert_batch(keys, blocks, core if core.on_ids else core.resident)
         core.insert_many(keys, blocks)
 
     def remove(self, key: OffloadKey) -> None:
@@ -711,7 +719,7 @@ class LCTCachePolicy(CachePolicy):
             self._hints.discard(key)
 
     def hint(self, key: OffloadKey, reuse: Reuse | None) -> None:
-        self._hints.mark(key, reuse, key in self._core.resident)
+        self._hints.mark(key, reuse, key in self._core)
 
     def touch(self, keys: Sequence[OffloadKey]) -> None:
         """Each resident key's access, tail first, so the request's head is the newest."""
@@ -732,7 +740,7 @@ class LCTCachePolicy(CachePolicy):
                 return []
         if self._hints.active:
             return self._hints.evict_hinted(
-                n, protected, self.evict, self._core.resident.get, self.remove, self.items
+                n, protected, self.evict, self._core.get, self.remove, self.items
             )
         return self._core.evict(n, protected)
 
@@ -743,7 +751,7 @@ class LCTCachePolicy(CachePolicy):
         self._learn_afresh()
 
     def __len__(self) -> int:
-        return len(self._core.resident)
+        return len(self._core)
 
     def items(self) -> Iterator[tuple[OffloadKey, BlockStatus]]:
-        return iter(list(self._core.resident.items()))
+        return iter(self._core.entries())
