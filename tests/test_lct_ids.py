@@ -10,12 +10,13 @@ its Python text on keys)."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from policy_helpers import drive_as_a_tier
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import BlockStateError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.policies import AutoCachePolicy, LCTCachePolicy
 from kvtier.policies._key_ids import KeyIds
@@ -226,6 +227,69 @@ def test_a_requeue_orders_equal_access_times_as_the_blocks_became_resident(on_id
     policy._move_horizon(0)
     assert policy.queues() == [[first, second], [], [], []]
     assert [key for key, _ in policy.items()] == [first, second]
+
+
+@pytest.mark.parametrize("on_ids", [False, True])
+def test_a_requeue_orders_by_access_time_then_by_when_resident(on_ids: bool) -> None:
+    """After each move of the horizon every class queue runs by the blocks' last access,
+    equal times by the order they became resident (`items`'): `requeue`'s one sort on a
+    packed key (compiled) or its two sorts, over many blocks, with ties (batches stored
+    unannounced share an access time) and stamps out of the queues' order."""
+    rng = random.Random(11)
+    policy = LCTCachePolicy(200)
+    if on_ids:
+        policy.use_ids(KeyIds())
+    number = 0
+    for _ in range(150):
+        if len(policy) > 150:
+            policy.evict(len(policy) - 150, set())
+        resident = [key for key, _ in policy.items()]
+        policy.touch(rng.sample(resident, min(len(resident), rng.randrange(4))))
+        keys = [key_from_int(number + i) for i in range(rng.randrange(1, 6))]
+        number += len(keys)
+        if rng.random() < 0.5:
+            policy.on_store_miss(keys)
+        policy.insert_many(keys, [BlockStatus(i) for i in range(len(keys))])
+    order = {key: rank for rank, (key, _) in enumerate(policy.items())}
+
+    def time(key: OffloadKey) -> int:
+        seen = policy._seen(key)
+        assert seen is not None
+        return seen[1]
+
+    for horizon in (1, 0, 1, 0):
+        policy._move_horizon(horizon)
+        queues = policy.queues()
+        assert sum(map(len, queues)) == len(policy) > 100
+        for queue in queues:
+            assert queue == sorted(queue, key=lambda key: (time(key), order[key]))
+        times = [time(key) for queue in queues for key in queue]
+        assert len(set(times)) < len(times) - 50  # many ties to break
+    assert [key for key, _ in policy.items()] == list(order)
+
+
+def test_insert_many_on_ids_checks_the_batch_in_the_core() -> None:
+    """On ids the batch is checked by one call of the core: a resident key rejects the
+    whole batch (named), a ghost (remembered, not resident) or a new key does not, nor
+    does the check change anything; the lengths and repeats are still checked."""
+    policy = LCTCachePolicy(8)
+    policy.use_ids(KeyIds())
+    keys = [key_from_int(n) for n in range(6)]
+    policy.on_store_miss(keys[:3])
+    policy.insert_many(keys[:2], [BlockStatus(0), BlockStatus(1)])  # keys[2]: a ghost
+    assert len(policy) == 2 and keys[2] not in policy
+    before = lct_state(policy)
+    with pytest.raises(BlockStateError, match=re.escape(repr(keys[1]))):
+        policy.insert_many([keys[3], keys[4], keys[1]], [BlockStatus(n) for n in range(3)])
+    with pytest.raises(BlockStateError, match="twice"):
+        policy.insert_many([keys[3], keys[3]], [BlockStatus(0), BlockStatus(1)])
+    with pytest.raises(InvalidValueError):
+        policy.insert_many([keys[3]], [])
+    assert lct_state(policy) == before
+    assert policy._core.first_resident([keys[5], keys[2], keys[0], keys[1]]) == 2
+    assert policy._core.first_resident([keys[5], keys[2]]) == -1
+    policy.insert_many([keys[2], keys[3]], [BlockStatus(2), BlockStatus(3)])
+    assert [key for key, _ in policy.items()] == keys[:4]
 
 
 def test_lct_on_keys_refuses_ids() -> None:

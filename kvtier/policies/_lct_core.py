@@ -786,6 +786,16 @@ class LCTState:
             key = keys[i]
             self._insert(key, self._announced(key), blocks[i])
 
+    def first_resident(self, keys: Sequence[OffloadKey]) -> int:
+        """The index of the first resident key of `keys` (-1: none), in one C loop:
+        `insert_many`'s check of its batch on ids (on keys, the resident dict's
+        `isdisjoint`, one C call too)."""
+        i: cython.Py_ssize_t
+        for i in range(len(keys)):
+            if self._resident_node(self._find(keys[i])):
+                return i
+        return -1
+
     @cython.cfunc
     def _remember(self, node: cython.int) -> cython.int:
         """Remember the key of resident `node` (unlinked, out of `_resident`) as a ghost, the
@@ -993,10 +1003,12 @@ class LCTState:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the order they became resident in, the
         resident dict's)."""
-        nodes: list[int] = self._resident_nodes()
-        times: list[int] = [self._last[node] for node in nodes]
         cls: cython.int
         node: cython.int
+        if cython.compiled and self._requeue_by_packed_key(horizon):
+            return
+        nodes: list[int] = self._resident_nodes()
+        times: list[int] = [self._last[node] for node in nodes]
         self._horizon = horizon
         for cls in range(4):
             self._head[cls] = self._tail[cls] = -1
@@ -1004,6 +1016,80 @@ class LCTState:
         for i in sorted(range(len(nodes)), key=times.__getitem__):
             node = nodes[i]
             self._link(node, self._class_of(self._state[node]))
+
+    @cython.cfunc
+    def _requeue_by_packed_key(self, horizon: cython.int) -> cython.bint:
+        """`requeue` in one C sort (compiled): each resident node keyed by its access time
+        and then its stamp packed in one 64-bit int (`last << 32 | stamp`, each less its
+        least), the order of `requeue`'s two stable sorts (stamps are unique). False, and
+        nothing done, when the times span 2**31 or more or the stamps 2**32 or more (the two
+        sorts then)."""
+        n: cython.Py_ssize_t = self._count()
+        nodes = cython.declare(cython.int[::1], _ints([0]) * n)  # type: ignore[misc]
+        keys = cython.declare(cython.longlong[::1], _longs([0]) * n)  # type: ignore[misc]
+        i: cython.Py_ssize_t = 0
+        cls: cython.int
+        node: cython.int
+        for cls in range(4):
+            node = self._head[cls]
+            while node >= 0:
+                nodes[i] = node
+                i += 1
+                node = self._next[node]
+        low: cython.longlong = -_C_NEVER  # the times' least and greatest, the stamps'
+        high: cython.longlong = _C_NEVER
+        first: cython.longlong = -_C_NEVER
+        newest: cython.longlong = _C_NEVER
+        for i in range(n):
+            node = nodes[i]
+            low = min(low, self._last[node])
+            high = max(high, self._last[node])
+            first = min(first, self._stamp[node])
+            newest = max(newest, self._stamp[node])
+        if high - low >= 1 << 31 or newest - first >= 1 << 32:
+            return False
+        for i in range(n):
+            node = nodes[i]
+            keys[i] = (self._last[node] - low) << 32 | (self._stamp[node] - first)
+        # a bottom-up merge sort of the keys and their nodes (no ties: the stamps differ)
+        other_keys = cython.declare(cython.longlong[::1], _longs([0]) * n)  # type: ignore[misc]
+        other_nodes = cython.declare(cython.int[::1], _ints([0]) * n)  # type: ignore[misc]
+        width: cython.Py_ssize_t = 1
+        start: cython.Py_ssize_t
+        mid: cython.Py_ssize_t
+        end: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        k: cython.Py_ssize_t
+        while width < n:
+            start = 0
+            while start < n:
+                mid = min(start + width, n)
+                end = min(start + 2 * width, n)
+                i = start
+                j = mid
+                k = start
+                while i < mid or j < end:
+                    if j >= end or (i < mid and keys[i] < keys[j]):
+                        other_keys[k] = keys[i]
+                        other_nodes[k] = nodes[i]
+                        i += 1
+                    else:
+                        other_keys[k] = keys[j]
+                        other_nodes[k] = nodes[j]
+                        j += 1
+                    k += 1
+                start = end
+            keys, other_keys = other_keys, keys
+            nodes, other_nodes = other_nodes, nodes
+            width *= 2
+        self._horizon = horizon
+        for cls in range(4):
+            self._head[cls] = self._tail[cls] = -1
+            self._size[cls] = 0
+        for i in range(n):
+            node = nodes[i]
+            self._link(node, self._class_of(self._state[node]))
+        return True
 
     def set_horizon(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`, leaving the queues as they are."""

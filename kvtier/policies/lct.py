@@ -106,7 +106,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import ClassVar, Literal
 
 from kvtier.blocks import BlockStatus
-from kvtier.errors import InvalidValueError
+from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies._lct_core import BINS_PER_OCTAVE, CREDIT, LIMITS, SHARES, LCTState
@@ -156,6 +156,9 @@ statistics of its past predicted), no workload of docs/BENCHMARKS.md losing more
 UNLIMITED = float("inf")
 MIN_REUSE = 1e-4
 """A class whose blocks are reused less often than this (per arrival) never pays: limit 0."""
+_NO_KEYS: dict[OffloadKey, BlockStatus] = {}
+"""What `insert_many` on ids gives the batch check: no key to compare the batch with (the
+core checks the residents after it, in one call)."""
 
 
 def _bin(distance: int) -> int:
@@ -710,7 +713,13 @@ class LCTCachePolicy(CachePolicy):
 
     def insert_many(self, keys: Sequence[OffloadKey], blocks: Sequence[BlockStatus]) -> None:
         core = self._core
-        self._check_insert_batch(keys, blocks, core if core.on_ids else core.resident)
+        if not core.on_ids:
+            self._check_insert_batch(keys, blocks, core.resident)
+        else:  # the lengths and repeats checked, then the residents in one call of the core
+            self._check_insert_batch(keys, blocks, _NO_KEYS)
+            found = core.first_resident(keys)
+            if found >= 0:
+                raise BlockStateError(f"{self.name}: key {keys[found]!r} is already resident")
         core.insert_many(keys, blocks)
 
     def remove(self, key: OffloadKey) -> None:
