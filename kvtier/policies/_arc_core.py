@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
@@ -91,14 +91,6 @@ _NO_BLOCK = BlockStatus(-1)
 def _filled(count: int, value: int) -> array[int]:
     """An int array of `count` copies of `value`."""
     return array("i", [value]) * count
-
-
-def _extended(old: Any, count: int, value: int) -> array[int]:
-    """A new int array of `count` items: `old`'s (an int array, or a typed view of one),
-    then copies of `value`. `old`'s bytes are copied at once: `array("i", old)` of a typed
-    view read it item by item, most of the cost of `auto`'s id table growing
-    (docs/BENCHMARKS.md, "Policy cost, sixth round")."""
-    return array("i", bytes(old)) + _filled(count - len(old), value)
 
 
 @cython.final
@@ -367,13 +359,13 @@ class ARCLists:
         old: cython.int = self._allocated
         new: cython.int = old + count
         i: cython.int
-        self._prev = _extended(self._prev, new, -1)
-        self._next = _extended(self._next, new, -1)
-        self._where = _extended(self._where, new, NOWHERE)
-        self._incoming = _extended(self._incoming, new, 0)
-        self._gone = _extended(self._gone, new, 0)
-        self._marked = _extended(self._marked, new, 0)
-        self._popped = _extended(self._popped, new, 0)
+        self._prev = grown_ids(self._prev, new, -1)
+        self._next = grown_ids(self._next, new, -1)
+        self._where = grown_ids(self._where, new, NOWHERE)
+        self._incoming = grown_ids(self._incoming, new, 0)
+        self._gone = grown_ids(self._gone, new, 0)
+        self._marked = grown_ids(self._marked, new, 0)
+        self._popped = grown_ids(self._popped, new, 0)
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
         self._keys.extend([_NO_KEY] * count)

@@ -53,7 +53,8 @@ _NO_KEY = OffloadKey(b"")  # the key of a free id: never looked up, never return
 def grown_ids(old: Any, capacity: int, value: int) -> array[int]:
     """A new int array of `capacity` items: `old`'s (an int array, or a typed view of one),
     then copies of `value`; what a user's per-id array becomes when the table grows
-    (`resize_ids`). Filled once and `old` copied into it once: `bytes(old)`, an array of
+    (`resize_ids`), and a core's node array when it adds nodes (ARC's, S3-FIFO's `_grow`).
+    Filled once and `old` copied into it once: `bytes(old)`, an array of
     those bytes and the two arrays concatenated wrote the old items three times
     (docs/BENCHMARKS.md, "Policy cost, tenth round")."""
     grown = array("i", [value]) * capacity

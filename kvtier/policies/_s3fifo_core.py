@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError
@@ -77,14 +77,6 @@ _NO_BLOCK = BlockStatus(-1)
 def _filled(count: int, value: int) -> array[int]:
     """An int array of `count` copies of `value`."""
     return array("i", [value]) * count
-
-
-def _extended(old: Any, count: int, value: int) -> array[int]:
-    """A new int array of `count` items: `old`'s (an int array, or a typed view of one),
-    then copies of `value`. `old`'s bytes are copied at once: `array("i", old)` of a typed
-    view read it item by item, most of the cost of `auto`'s id table growing
-    (docs/BENCHMARKS.md, "Policy cost, sixth round")."""
-    return array("i", bytes(old)) + _filled(count - len(old), value)
 
 
 @cython.final
@@ -340,10 +332,10 @@ class S3FIFOQueues:
         old: cython.int = self._allocated
         new: cython.int = old + count
         i: cython.int
-        self._prev = _extended(self._prev, new, -1)
-        self._next = _extended(self._next, new, -1)
-        self._where = _extended(self._where, new, NOWHERE)
-        self._freq = _extended(self._freq, new, 0)
+        self._prev = grown_ids(self._prev, new, -1)
+        self._next = grown_ids(self._next, new, -1)
+        self._where = grown_ids(self._where, new, NOWHERE)
+        self._freq = grown_ids(self._freq, new, 0)
         # each list extended once (as `_arc_core.ARCLists._grow`)
         self._keys.extend([_NO_KEY] * count)
         self._block_of.extend([_NO_BLOCK] * count)
