@@ -1003,16 +1003,12 @@ class LCTState:
         """Count classes over candidate `horizon`: the resident blocks queued again by their
         class under it, oldest first (stable over the order they became resident in, the
         resident dict's)."""
-        cls: cython.int
         node: cython.int
         if cython.compiled and self._requeue_by_packed_key(horizon):
             return
         nodes: list[int] = self._resident_nodes()
         times: list[int] = [self._last[node] for node in nodes]
-        self._horizon = horizon
-        for cls in range(4):
-            self._head[cls] = self._tail[cls] = -1
-            self._size[cls] = 0
+        self._empty_queues(horizon)
         for i in sorted(range(len(nodes)), key=times.__getitem__):
             node = nodes[i]
             self._link(node, self._class_of(self._state[node]))
@@ -1082,14 +1078,22 @@ class LCTState:
             keys, other_keys = other_keys, keys
             nodes, other_nodes = other_nodes, nodes
             width *= 2
-        self._horizon = horizon
-        for cls in range(4):
-            self._head[cls] = self._tail[cls] = -1
-            self._size[cls] = 0
+        self._empty_queues(horizon)
         for i in range(n):
             node = nodes[i]
             self._link(node, self._class_of(self._state[node]))
         return True
+
+    @cython.cfunc
+    def _empty_queues(self, horizon: cython.int) -> cython.int:
+        """Count classes over candidate `horizon`, the four class queues emptied: what both
+        ways of `requeue` do before they link the resident nodes again, oldest first."""
+        cls: cython.int
+        self._horizon = horizon
+        for cls in range(4):
+            self._head[cls] = self._tail[cls] = -1
+            self._size[cls] = 0
+        return 0
 
     def set_horizon(self, horizon: cython.int) -> None:
         """Count classes over candidate `horizon`, leaving the queues as they are."""

@@ -374,9 +374,7 @@ class LCTCachePolicy(CachePolicy):
         """`get` is the resident dict's own on keys, the core's on ids (its dict is empty
         then), unless a subclass overrides it."""
         if type(self).get is LCTCachePolicy.get:
-            core = self._core
-            getter = core.get if core.on_ids else core.resident.get
-            self.get = getter  # type: ignore[method-assign,assignment]
+            self.get = LCTCachePolicy.getter(self)  # type: ignore[method-assign,assignment]
 
     def _learn_afresh(self) -> None:
         """The learned state of a new policy: no statistics, no limits, the start horizon."""
