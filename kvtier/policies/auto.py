@@ -88,6 +88,7 @@ from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import Reuse
 from kvtier.keys import OffloadKey
 from kvtier.policies.arc import ARCCachePolicy
+from kvtier.policies.auto_view import AutoView
 from kvtier.policies.base import CachePolicy, check_evict_count
 from kvtier.policies.hinted import HintBook
 from kvtier.policies.lct import LCTCachePolicy
@@ -142,7 +143,7 @@ many accesses, whatever the noise (issue 34's bound on flapping): a learner (lct
 for its first capacities, then leads."""
 
 
-class AutoCachePolicy(CachePolicy):
+class AutoCachePolicy(AutoView, CachePolicy):
     """Serves with the candidate whose full-size shadow is clearly winning (module doc)."""
 
     name: ClassVar[str] = "auto"
@@ -283,33 +284,6 @@ class AutoCachePolicy(CachePolicy):
         """Each trial that ended: (accesses so far, the candidate tried, whether it took over)."""
         self.accesses = 0
         self._until_decision = self.epoch
-
-    # -- inspection -------------------------------------------------------------------------
-
-    @property
-    def serving(self) -> str:
-        """The name of the candidate serving now."""
-        return self.candidates[self.serving_index]
-
-    @property
-    def policy(self) -> CachePolicy:
-        """The policy serving now (for inspection; drive `auto` itself)."""
-        return self._serving
-
-    def shadow(self, name: str) -> CachePolicy:
-        """The instance of candidate `name`: a shadow, or the live policy if it serves."""
-        return self._policies[self.candidates.index(name)]
-
-    def shadow_hit_ratios(self) -> dict[str, float]:
-        """Per candidate, its hit ratio over every access so far (the serving ones' live)."""
-        return {
-            name: hits / self.accesses if self.accesses else 0.0
-            for name, hits in zip(self.candidates, self.total_hits, strict=True)
-        }
-
-    def lru_order(self) -> list[OffloadKey]:
-        """Resident keys, least recently used first."""
-        return list(self._resident)
 
     # -- the shadows and the choice ---------------------------------------------------------
 
