@@ -410,6 +410,66 @@ def test_a_lead_must_clear_the_measured_takeover_cost() -> None:
     assert switched[1] == []
 
 
+def _epoch_of(policy: AutoCachePolicy, hits: dict[str, int]) -> None:
+    """One made-up epoch: each candidate's hits from `hits` (90 if absent), then a decision."""
+    policy._hits = [hits.get(name, 90) for name in policy.candidates]
+    policy.accesses += policy.epoch
+    policy._decide()
+
+
+def _noise_then_a_burst(policy: AutoCachePolicy, last: int) -> None:
+    """Drive `policy` through the warm-up, 40 epochs of S3-FIFO's lead at -1,200 / +1,200
+    (level: nothing since the warm-up after each pair), then one epoch of `last`."""
+    noise = [1_200 if i % 2 else -1_200 for i in range(40)]
+    _decide_with_leads(policy, [0] * policy.warmup + noise + [last])
+
+
+def test_a_burst_with_a_steady_lead_switches_at_once_where_its_noise_hides_it() -> None:
+    """S3-FIFO's lead swings by +-1,200 hits an epoch for 40 epochs, then one epoch gives it
+    600 of the epoch's 1,000 accesses (P3 at 10 %: 15,663 of 19,064 after eight epochs of
+    -3,203 to +8): no noise test can pass on one epoch, and a trial's copy would trail for
+    capacities (the takeover's early loss). An epoch's lead past half its accesses, with a
+    steady lead past the margin and the cost, switches at once, no trial; 450 does not,
+    nor does a burst that leaves no steady lead (after a -1,200 epoch)."""
+
+    def make() -> AutoCachePolicy:
+        return AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+
+    policy = make()
+    assert policy.burst_lead == pytest.approx(0.5 * policy.epoch)
+    _noise_then_a_burst(policy, 600)
+    assert policy.switches == [(policy.accesses, "s3fifo")]
+    assert policy.trials == [] and policy._trial is None
+
+    below = make()
+    _noise_then_a_burst(below, 450)  # a steady lead of 450, not a burst
+    assert below.switches == [] and below._trial is None
+
+    behind = make()
+    _decide_with_leads(behind, [0] * behind.warmup + [-1_200, 1_200] * 20 + [-1_200, 600])
+    assert behind.switches == [] and behind._trial is None
+
+
+@pytest.mark.parametrize("share", [0.5, 1.5])
+def test_a_bursts_switch_is_undone_only_past_its_lead(share: float) -> None:
+    """After a switch on a burst, the probation undoes it only if the candidate it replaced
+    gets ahead of the new one by more than the steady lead that made it (the evidence), not
+    by `revert_cost` as after any other switch: the takeover's early loss is what a late
+    winner pays first (P3 at 10 %: undone at 610,048 accesses with `revert_cost`)."""
+    policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+    _noise_then_a_burst(policy, 600)
+    assert policy.serving == "s3fifo" and policy._on_probation is not None
+    lag = policy._on_probation[2]
+    assert share * lag > 1.4 * policy.revert_cost  # 0.5 x the lead would undo any other
+    per_epoch = round(share * lag / 8)  # lct ahead of the new S3-FIFO for 8 epochs
+    for _ in range(8):
+        _epoch_of(policy, {"s3fifo": 100, "lct": 100 + per_epoch})
+    if share < 1:
+        assert policy.reverts == [] and policy.serving == "s3fifo"
+    else:
+        assert len(policy.reverts) == 1 and policy.serving == "lct"
+
+
 def _late_bursty_lead() -> list[int]:
     """S3-FIFO's per-epoch lead: none in the warm-up, then 40 epochs of +-100 (no lead),
     then a lead that comes in bursts, +600 / -200 / +500 / -100 (200 an epoch on average)."""
@@ -426,6 +486,7 @@ def test_a_late_lead_beyond_the_old_noise_raises_an_alarm_and_a_trial() -> None:
     def first_trial(cusum_bar: float) -> int:
         policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
         policy.alarms.bar = cusum_bar
+        policy.burst_lead = float("inf")  # a burst of 600 in 1,000 would switch first
         started = None
         for index, lead in enumerate(_late_bursty_lead()):
             _decide_with_leads(policy, [lead])
@@ -490,6 +551,7 @@ def test_an_alarms_trial_takes_over_only_with_a_gain() -> None:
 
     def tried(trial_lead: int) -> AutoCachePolicy:
         policy = AutoCachePolicy(4_000, candidates=("lct", "s3fifo", "lru"), min_epoch=1_000)
+        policy.burst_lead = float("inf")  # a burst of 600 in 1,000 would switch first
         _decide_with_trial(policy, _late_bursty_lead(), [trial_lead] * 40)
         return policy
 

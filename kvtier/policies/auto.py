@@ -29,6 +29,10 @@ deviations as above or the steady lead is above `Z` standard deviations of its o
 for the switch though no window of one capacity shows it (the Zipf mix at 25 %), and a lead
 in bursts clears its own noise over enough epochs, never the faded one (lct in a loop
 longer than the cache, `regimes` at 1 %; docs/BENCHMARKS.md has both).
+A steady lead whose last epoch was a *burst* (more hits than the serving one's by over
+`BURST_LEAD` of the epoch's accesses) switches with no noise test and no trial, on a
+probation that undoes it only past that lead: one burst can carry all of a late winner's
+evidence (P3 at 10 %: 15,663 hits in an epoch of 19,064 accesses), its noise as large.
 On a stationary workload the lead of a winner grows as the epochs do and noise as their
 square root; what can still move is a learner's standing (lct trails for its first
 capacities, then leads), hence `MIN_GAP`.
@@ -137,6 +141,11 @@ REVERT_COST = 0.05
 undone, as a multiple of the capacity in hits (plus `MARGIN` over the accesses since)."""
 TRIAL = 8
 """Decisions a trial may run (two capacities; `SwitchTrial`): 0 switches at once."""
+BURST_LEAD = 0.5
+"""An epoch in which a candidate gets more hits than the serving one by this share of its
+accesses is a *burst*: with a steady lead, it switches with no noise test and no trial
+(module doc). Not noise: in the 40 cells of docs/BENCHMARKS.md (eighth round) the largest
+share elsewhere is 0.34, P3 at 10 % has 0.82."""
 MIN_GAP = 100_000
 """Accesses after a switch before the next one may be made: at most one switch per this
 many accesses, whatever the noise (issue 34's bound on flapping): a learner (lct) trails
@@ -212,6 +221,8 @@ class AutoCachePolicy(AutoView, CachePolicy):
         self.revert_cost = revert_cost * cache_capacity
         """How far behind, in hits, the new candidate must fall to be undone."""
         self.trial = trial
+        self.burst_lead = BURST_LEAD * self.epoch
+        """An epoch's lead past this many hits is a burst (module doc)."""
         self._block = BlockStatus(0)
         """The one ready block every shadow's key shares: a shadow stores no data."""
         self._block.ref_cnt = 0
@@ -269,8 +280,11 @@ class AutoCachePolicy(AutoView, CachePolicy):
         self._steady_epochs = 0
         """Decisions since `_steady_from`."""
         self.alarms = LeadAlarm(len(self.candidates))  # Page's CUSUMs, since `_steady_from`
-        self._on_probation: tuple[int, int] | None = None
-        """After a decided switch, for `probation` decisions: (the old candidate, the decision)."""
+        self._on_probation: tuple[int, int, float] | None = None
+        """After a decided switch, for `probation` decisions: (the old candidate, the decision,
+        the lag that undoes it)."""
+        self._burst = 0.0  # the steady lead `_leads` last found with a burst (0: none)
+        self._last_hits = [0] * len(self.candidates)  # the last epoch's hits per candidate
         self._behind = 0
         """During a probation: the old candidate's hits since the switch minus the new one's."""
         self._trial: SwitchTrial | None = None  # the trial running, if one is
@@ -319,7 +333,7 @@ class AutoCachePolicy(AutoView, CachePolicy):
         self._steady_epochs += 1
         if self._steady_from is not None:  # not the warm-up's last epoch
             self.alarms.add(hits, serving, self.margin * self.epoch)
-        self._hits = [0] * len(hits)
+        self._hits, self._last_hits = [0] * len(hits), hits
         self.weight = self.weight * decay + self.epoch
         self._epochs = self._epochs * decay + 1.0
         self._weights2 = self._weights2 * decay * decay + 1.0
@@ -352,16 +366,20 @@ class AutoCachePolicy(AutoView, CachePolicy):
             self._decided_switch(best)
 
     def _start_trial(self, index: int, bar: float | None) -> None:
-        """Try candidate `index` (`SwitchTrial`; `bar`: the alarm's, if one started it)."""
+        """Try candidate `index` (`SwitchTrial`; `bar`: the alarm's, if one started it); a
+        burst (`_steady_lead`) switches at once instead."""
+        if self._burst and bar is None:
+            self._decided_switch(index)
+            return
         copy = take_over(self._policies[index], [(key, self._block) for key in self._resident])
         self._trial = SwitchTrial(index, copy, self.decisions, bar)
 
     def _decided_switch(self, index: int) -> None:
         """Switch to candidate `index` as a decision does: on probation (see `_decide`)."""
-        serving = self.serving_index
+        serving, burst, self._burst = self.serving_index, self._burst, 0.0
         self._switch(index)
         if self.probation:
-            self._on_probation = (serving, self.decisions)
+            self._on_probation = (serving, self.decisions, max(self.revert_cost, burst))
             self._behind = 0
 
     def _score_trial(self, trial: SwitchTrial, serving_hits: int) -> None:
@@ -382,16 +400,16 @@ class AutoCachePolicy(AutoView, CachePolicy):
             self._last_trial = self.decisions
             self.alarms.spend()
 
-    def _probation_failed(self, hits: list[int], old: int, decided: int) -> bool:
+    def _probation_failed(self, hits: list[int], old: int, decided: int, lag: float) -> bool:
         """Whether the switch on probation (made at decision `decided`) was undone, given
         the epoch's `hits` per candidate: the candidate it replaced, `old`, which went on as
         a shadow from the same blocks (what the tier would have had without the switch), has
-        more hits since than the new one by `revert_cost` plus the margin over the accesses
-        since. The shadows cannot price a takeover (the blocks the tier lacks); this
-        measures it. Ends the probation after `probation` decisions."""
+        more hits since than the new one by `lag` (`revert_cost`, or a burst's lead) plus the
+        margin over the accesses since. The shadows cannot price a takeover (the blocks the
+        tier lacks); this measures it. Ends the probation after `probation` decisions."""
         self._behind += hits[old] - hits[self.serving_index]
         epochs = self.decisions - decided
-        if self._behind > self.margin * epochs * self.epoch + self.revert_cost:
+        if self._behind > self.margin * epochs * self.epoch + lag:
             self._on_probation = None
             self._switch(old)
             self.reverts.append(self.accesses)
@@ -407,6 +425,7 @@ class AutoCachePolicy(AutoView, CachePolicy):
     def _leads(self, best: int) -> bool:
         """Whether candidate `best` leads the serving one by more than the margin plus the
         switch's cost, and by more than `z` standard deviations of the lead's noise."""
+        self._burst = 0.0
         lead = self.scores[best] - self.scores[self.serving_index]
         if lead <= 0.0:
             return False
@@ -421,7 +440,8 @@ class AutoCachePolicy(AutoView, CachePolicy):
         """Whether `best`'s hits since `_steady_from` exceed the serving candidate's by the
         margin over those accesses plus the switch's cost, and either its faded lead is
         clear of its noise (`faded_clear`) or this lead is clear of its own: more than `z`
-        standard deviations of a sum of that many epochs' differences (the module doc)."""
+        standard deviations of a sum of that many epochs' differences (the module doc), or
+        the last epoch was a burst of `best`'s (`burst_lead`; noted in `_burst`)."""
         if self._steady_from is None:
             return False
         accesses, hits = self._steady_from
@@ -434,7 +454,13 @@ class AutoCachePolicy(AutoView, CachePolicy):
         epochs = max(1, self._steady_epochs)
         mean = lead / epochs
         variance = max(0.0, self._steady_squares[best] / epochs - mean * mean)
-        return lead * lead > self.z * self.z * variance * epochs
+        if lead * lead > self.z * self.z * variance * epochs:
+            return True
+        last = self._last_hits
+        if last[best] - last[serving] > self.burst_lead:
+            self._burst = float(lead)
+            return True
+        return False
 
     def serve_with(self, name: str) -> None:
         """Serve with candidate `name` from now on (what a decision does; public for tests
