@@ -41,6 +41,7 @@ with `cython.declare`, each with a `type: ignore`, and are `Any` to mypy.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from array import array
 from collections.abc import Callable, Collection, Sequence
@@ -86,6 +87,56 @@ CREDIT = 2
 # never returned.
 _NO_KEY = OffloadKey(b"")
 _NO_BLOCK = BlockStatus(-1)
+
+
+# Whether `_ref_cnt` reads the counts from the blocks' memory (set at import, below).
+_DIRECT_REF_CNT = cython.declare(cython.bint, False)
+
+
+@cython.cfunc
+@cython.inline
+def _ref_cnt(block: BlockStatus) -> cython.int:
+    """`block.ref_cnt`: compiled, and when `_DIRECT_REF_CNT`, read straight from the
+    structure's memory, as ctypes' field does (the address of its data comes first after a
+    ctypes object's header, the field at offset 0), without the attribute look-up, the
+    field's descriptor and the int object (about 200 instructions a block: lct's `evict`
+    reads one per candidate, docs/BENCHMARKS.md, "Policy cost, thirteenth round"); a
+    subclass, or any other object, through its attribute."""
+    count: cython.int
+    if cython.compiled and _DIRECT_REF_CNT and type(block) is BlockStatus:
+        data = cython.cast(  # type: ignore[attr-defined]
+            cython.pointer(cython.p_char),  # type: ignore[attr-defined]
+            cython.cast(cython.p_void, block),  # type: ignore[attr-defined]
+        )[2]
+        return cython.cast(cython.pointer(cython.int), data)[0]  # type: ignore[attr-defined,no-any-return]
+    count = block.ref_cnt
+    return count
+
+
+def _reads_ref_cnt_directly() -> bool:
+    """Whether `_ref_cnt` can read a count from the structure's memory: compiled, the
+    field a 4-byte int at offset 0, and the address after a probe's header its data's
+    (`ctypes.addressof`); checked once, at import."""
+    if not cython.compiled:
+        return False
+    field = BlockStatus.ref_cnt
+    if field.offset != 0 or field.size != 4:  # type: ignore[attr-defined]
+        return False
+    probe = BlockStatus(-1)
+    data = cython.cast(  # type: ignore[attr-defined]
+        cython.pointer(cython.p_char),  # type: ignore[attr-defined]
+        cython.cast(cython.p_void, probe),  # type: ignore[attr-defined]
+    )[2]
+    address: cython.Py_ssize_t = cython.cast(cython.Py_ssize_t, data)  # type: ignore[attr-defined]
+    return address == ctypes.addressof(probe)
+
+
+_DIRECT_REF_CNT = _reads_ref_cnt_directly()
+
+
+def reads_ref_cnt_directly() -> bool:
+    """Whether this build reads the blocks' counts from their memory (`_ref_cnt`)."""
+    return bool(_DIRECT_REF_CNT)
 
 
 def _nothing() -> None:
@@ -903,7 +954,7 @@ class LCTState:
         node: cython.int = self._cursor[cls]
         while node >= 0:
             self._cursor[cls] = self._next[node]
-            if self._blocks[node].ref_cnt == 0 and self._keys[node] not in protected:
+            if _ref_cnt(self._blocks[node]) == 0 and self._keys[node] not in protected:
                 return node
             node = self._cursor[cls]
         return -1
