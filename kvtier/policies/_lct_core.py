@@ -61,6 +61,13 @@ else:
     except ImportError:  # no Cython: the module runs as the plain Python it is
         from kvtier.policies import _cython_shim as cython
 
+# Compiled: C's `log2` (the one `math.log2` calls, for an int below 2**1024; a cimport of
+# Cython's, known to mypy only by name: untyped with Cython installed, absent without).
+if cython.compiled:
+    from cython.cimports.libc.math import log2 as _log2  # type: ignore[import-untyped,import-not-found,unused-ignore]
+else:
+    from math import log2 as _log2
+
 BINS_PER_OCTAVE = 4
 """Reuse-distance bins per doubling (lct.py's histograms)."""
 NEVER = -(1 << 62)
@@ -558,7 +565,11 @@ class LCTState:
         last: cython.longlong = self._last[node]
         gap: cython.longlong = clock - last
         age: cython.longlong = (clock - 1) // period - (last - 1) // period
-        bin_: cython.int = int(math.log2(gap) * _C_BINS)
+        # compiled, C's `log2` of the gap as a double (what `math.log2` computes for an
+        # int) and C's truncation: no int or float object, no call through the module
+        # (docs/BENCHMARKS.md, "Policy cost, thirteenth round")
+        exact: cython.double = gap
+        bin_: cython.int = int(_log2(exact) * _C_BINS)
         g2: cython.int = 0
         g3: cython.int = 0
         if age < self._nweights:
