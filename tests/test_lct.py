@@ -27,6 +27,7 @@ from kvtier.policies import (
     _lct_core,
     simulate,
 )
+from kvtier.policies._lct_core import NEVER
 from kvtier.policies.lct import EvictionOrder
 from kvtier.specs import Medium
 from kvtier.testing import PolicyTests
@@ -438,3 +439,33 @@ def test_evict_reads_each_blocks_count_however_the_block_is_held() -> None:
         policy.on_store_miss([keys[i]])
         policy.insert(keys[i], block)
         assert policy.evict(1) is None
+
+
+def test_the_nodes_keep_their_histories_and_blocks_through_every_growth() -> None:
+    """The core's node arrays double as keys are remembered (64 nodes at first; compiled,
+    each array resized in place and only its new items zeroed, `_lct_core._extend_zeroed`):
+    after nine doublings, every key still has the access times it was given, twice
+    accessed or once, resident with its block or a ghost."""
+    policy = LCTCachePolicy(1000)
+    keys = [key_from_int(i) for i in range(20_000)]
+    for i in range(0, len(keys), 10):
+        policy.on_store_miss(keys[i : i + 10])
+    for i in range(0, 3000, 10):  # the first 3000 keys accessed again, 1000 stored
+        policy.on_store_miss(keys[i : i + 10])
+        if i < 1000:
+            blocks = [BlockStatus(j) for j in range(i, i + 10)]
+            policy.insert_many(keys[i : i + 10], blocks)
+    clock = len(keys)
+    for i, key in enumerate(keys):
+        seen = policy._seen(key)
+        assert seen is not None
+        # announced from each request's deepest key: its i-th key at clock start + 10 - i
+        first = i - i % 10 + 10 - i % 10
+        if i < 3000:
+            again = clock + first
+            assert seen[1:] == (again, first, NEVER)
+        else:
+            assert seen[1:] == (first, NEVER, NEVER)
+    assert {key: block.block_id for key, block in policy.items()} == {
+        key: i for i, key in enumerate(keys[:1000])
+    }

@@ -61,10 +61,14 @@ else:
     except ImportError:  # no Cython: the module runs as the plain Python it is
         from kvtier.policies import _cython_shim as cython
 
-# Compiled: C's `log2` (the one `math.log2` calls, for an int below 2**1024; a cimport of
-# Cython's, known to mypy only by name: untyped with Cython installed, absent without).
+# Compiled: C's `log2` (the one `math.log2` calls, for an int below 2**1024), and the
+# array resize and `memset` of `_extend_zeroed` (Cython's cimports, known to mypy only by
+# name: untyped with Cython installed, absent without).
 if cython.compiled:
+    from cython.cimports.cpython.array import array as _CArray  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from cython.cimports.cpython.array import resize as _resize  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from cython.cimports.libc.math import log2 as _log2  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from cython.cimports.libc.string import memset as _memset  # type: ignore[import-untyped,import-not-found,unused-ignore]
 else:
     from math import log2 as _log2
 
@@ -148,6 +152,24 @@ def reads_ref_cnt_directly() -> bool:
 
 def _nothing() -> None:
     """The solver of a state not configured yet."""
+
+
+@cython.cfunc
+def _extend_zeroed(items: Any, count: cython.Py_ssize_t) -> cython.int:
+    """Append `count` zeros to `items` (an int or long array no view holds): compiled,
+    resized in place and the new items zeroed, one pass over them; as Python, appended from
+    a bytes object of zeros, which writes them twice and reads them once (lct's `_grow`:
+    docs/BENCHMARKS.md, "Policy cost, thirteenth round")."""
+    old: cython.Py_ssize_t = len(items)
+    size: cython.Py_ssize_t
+    if cython.compiled:
+        grown: _CArray = items
+        size = grown.ob_descr.itemsize
+        _resize(grown, old + count)
+        _memset(grown.data.as_chars + old * size, 0, count * size)
+    else:
+        items.frombytes(bytes(count * items.itemsize))
+    return 0
 
 
 def _ints(values: Sequence[int]) -> array[int]:
@@ -444,7 +466,8 @@ class LCTState:
     def _grow(self) -> cython.int:
         """Double the nodes (64 at first), the new ones free (past `_used`, handed out in
         order, so not set here). Each array grows in place (none is viewed while it is
-        resized), a large one by remapping its pages instead of copying them."""
+        resized: compiled, nothing checks), a large one by remapping its pages instead of
+        copying them, and only its new items are written (`_extend_zeroed`)."""
         old: cython.int = self._allocated
         new: cython.int = max(64, 2 * old)
         ints = _ints([])
@@ -452,7 +475,7 @@ class LCTState:
         self._prev = self._next = self._where = self._state = self._idents = ints
         self._last = self._second = self._third = self._stamp = longs
         for items in self._arrays:
-            items.frombytes(bytes((new - old) * items.itemsize))
+            _extend_zeroed(items, new - old)
         self._view_arrays()
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
