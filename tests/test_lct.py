@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvtier.blocks import BlockStatus
+from kvtier.compiled import core_is_compiled, extension_suffix
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.keys import OffloadKey, key_from_int
 from kvtier.manager import SlotPoolBackend
@@ -23,8 +24,10 @@ from kvtier.policies import (
     CachePolicy,
     LCTCachePolicy,
     LRUCachePolicy,
+    _lct_core,
     simulate,
 )
+from kvtier.policies._lct_core import NEVER
 from kvtier.policies.lct import EvictionOrder
 from kvtier.specs import Medium
 from kvtier.testing import PolicyTests
@@ -396,3 +399,73 @@ def test_a_loop_longer_than_the_cache_keeps_a_fixed_part_of_itself(length: int) 
     assert simulate("lru", capacity, keys).hits == 0
     found = simulate("lct", capacity, keys).hit_ratio
     assert found > 0.75 * capacity / length, found
+
+
+def test_evict_reads_each_blocks_count_however_the_block_is_held() -> None:
+    """`evict` skips a block being written or pinned and takes a ready one, reading each
+    count when it evicts (compiled: straight from the block's memory, `_lct_core._ref_cnt`,
+    docs/BENCHMARKS.md, "Policy cost, thirteenth round"), whether the block holds its bytes,
+    lies over a buffer (`from_buffer`) or is a subclass's (read through its attribute):
+    each in turn the only evictable block, the others' counts set after they were stored,
+    among them counts whose low byte or half is 0."""
+
+    class Block(BlockStatus):
+        pass
+
+    assert _lct_core.reads_ref_cnt_directly() == (
+        core_is_compiled() and _lct_core.__file__.endswith(extension_suffix())
+    )
+    buffer = bytearray(64)
+    blocks = [
+        BlockStatus(0),
+        BlockStatus.from_buffer(buffer, 16),
+        Block(2),
+        BlockStatus(3),
+        BlockStatus.from_buffer(buffer, 32),
+        Block(5),
+    ]
+    keys = [key_from_int(i) for i in range(len(blocks))]
+    policy = LCTCachePolicy(len(blocks))
+    policy.on_store_miss(keys)
+    policy.insert_many(keys, blocks)
+    busy = [-1, 1, 256, 1 << 16, 1 << 24, 7]
+    for block, count in zip(blocks, busy, strict=True):
+        block.ref_cnt = count
+    assert policy.evict(1) is None
+    for i, block in enumerate(blocks):
+        block.ref_cnt = 0
+        assert policy.evict(1) == [(keys[i], block)]
+        block.ref_cnt = busy[i]
+        policy.on_store_miss([keys[i]])
+        policy.insert(keys[i], block)
+        assert policy.evict(1) is None
+
+
+def test_the_nodes_keep_their_histories_and_blocks_through_every_growth() -> None:
+    """The core's node arrays double as keys are remembered (64 nodes at first; compiled,
+    each array resized in place and only its new items zeroed, `_lct_core._extend_zeroed`):
+    after nine doublings, every key still has the access times it was given, twice
+    accessed or once, resident with its block or a ghost."""
+    policy = LCTCachePolicy(1000)
+    keys = [key_from_int(i) for i in range(20_000)]
+    for i in range(0, len(keys), 10):
+        policy.on_store_miss(keys[i : i + 10])
+    for i in range(0, 3000, 10):  # the first 3000 keys accessed again, 1000 stored
+        policy.on_store_miss(keys[i : i + 10])
+        if i < 1000:
+            blocks = [BlockStatus(j) for j in range(i, i + 10)]
+            policy.insert_many(keys[i : i + 10], blocks)
+    clock = len(keys)
+    for i, key in enumerate(keys):
+        seen = policy._seen(key)
+        assert seen is not None
+        # announced from each request's deepest key: its i-th key at clock start + 10 - i
+        first = i - i % 10 + 10 - i % 10
+        if i < 3000:
+            again = clock + first
+            assert seen[1:] == (again, first, NEVER)
+        else:
+            assert seen[1:] == (first, NEVER, NEVER)
+    assert {key: block.block_id for key, block in policy.items()} == {
+        key: i for i, key in enumerate(keys[:1000])
+    }

@@ -41,6 +41,7 @@ with `cython.declare`, each with a `type: ignore`, and are `Any` to mypy.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from array import array
 from collections.abc import Callable, Collection, Sequence
@@ -59,6 +60,17 @@ else:
         import cython
     except ImportError:  # no Cython: the module runs as the plain Python it is
         from kvtier.policies import _cython_shim as cython
+
+# Compiled: C's `log2` (the one `math.log2` calls, for an int below 2**1024), and the
+# array resize and `memset` of `_extend_zeroed` (Cython's cimports, known to mypy only by
+# name: untyped with Cython installed, absent without).
+if cython.compiled:
+    from cython.cimports.cpython.array import array as _CArray  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from cython.cimports.cpython.array import resize as _resize  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from cython.cimports.libc.math import log2 as _log2  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from cython.cimports.libc.string import memset as _memset  # type: ignore[import-untyped,import-not-found,unused-ignore]
+else:
+    from math import log2 as _log2
 
 BINS_PER_OCTAVE = 4
 """Reuse-distance bins per doubling (lct.py's histograms)."""
@@ -88,8 +100,76 @@ _NO_KEY = OffloadKey(b"")
 _NO_BLOCK = BlockStatus(-1)
 
 
+# Whether `_ref_cnt` reads the counts from the blocks' memory (set at import, below).
+_DIRECT_REF_CNT = cython.declare(cython.bint, False)
+
+
+@cython.cfunc
+@cython.inline
+def _ref_cnt(block: BlockStatus) -> cython.int:
+    """`block.ref_cnt`: compiled, and when `_DIRECT_REF_CNT`, read straight from the
+    structure's memory, as ctypes' field does (the address of its data comes first after a
+    ctypes object's header, the field at offset 0), without the attribute look-up, the
+    field's descriptor and the int object (about 200 instructions a block: lct's `evict`
+    reads one per candidate, docs/BENCHMARKS.md, "Policy cost, thirteenth round"); a
+    subclass, or any other object, through its attribute."""
+    count: cython.int
+    if cython.compiled and _DIRECT_REF_CNT and type(block) is BlockStatus:
+        data = cython.cast(  # type: ignore[attr-defined]
+            cython.pointer(cython.p_char),  # type: ignore[attr-defined]
+            cython.cast(cython.p_void, block),  # type: ignore[attr-defined]
+        )[2]
+        return cython.cast(cython.pointer(cython.int), data)[0]  # type: ignore[attr-defined,no-any-return]
+    count = block.ref_cnt
+    return count
+
+
+def _reads_ref_cnt_directly() -> bool:
+    """Whether `_ref_cnt` can read a count from the structure's memory: compiled, the
+    field a 4-byte int at offset 0, and the address after a probe's header its data's
+    (`ctypes.addressof`); checked once, at import."""
+    if not cython.compiled:
+        return False
+    field = BlockStatus.ref_cnt
+    if field.offset != 0 or field.size != 4:  # type: ignore[attr-defined]
+        return False
+    probe = BlockStatus(-1)
+    data = cython.cast(  # type: ignore[attr-defined]
+        cython.pointer(cython.p_char),  # type: ignore[attr-defined]
+        cython.cast(cython.p_void, probe),  # type: ignore[attr-defined]
+    )[2]
+    address: cython.Py_ssize_t = cython.cast(cython.Py_ssize_t, data)  # type: ignore[attr-defined]
+    return address == ctypes.addressof(probe)
+
+
+_DIRECT_REF_CNT = _reads_ref_cnt_directly()
+
+
+def reads_ref_cnt_directly() -> bool:
+    """Whether this build reads the blocks' counts from their memory (`_ref_cnt`)."""
+    return bool(_DIRECT_REF_CNT)
+
+
 def _nothing() -> None:
     """The solver of a state not configured yet."""
+
+
+@cython.cfunc
+def _extend_zeroed(items: Any, count: cython.Py_ssize_t) -> cython.int:
+    """Append `count` zeros to `items` (an int or long array no view holds): compiled,
+    resized in place and the new items zeroed, one pass over them; as Python, appended from
+    a bytes object of zeros, which writes them twice and reads them once (lct's `_grow`:
+    docs/BENCHMARKS.md, "Policy cost, thirteenth round")."""
+    old: cython.Py_ssize_t = len(items)
+    size: cython.Py_ssize_t
+    if cython.compiled:
+        grown: _CArray = items
+        size = grown.ob_descr.itemsize
+        _resize(grown, old + count)
+        _memset(grown.data.as_chars + old * size, 0, count * size)
+    else:
+        items.frombytes(bytes(count * items.itemsize))
+    return 0
 
 
 def _ints(values: Sequence[int]) -> array[int]:
@@ -386,7 +466,8 @@ class LCTState:
     def _grow(self) -> cython.int:
         """Double the nodes (64 at first), the new ones free (past `_used`, handed out in
         order, so not set here). Each array grows in place (none is viewed while it is
-        resized), a large one by remapping its pages instead of copying them."""
+        resized: compiled, nothing checks), a large one by remapping its pages instead of
+        copying them, and only its new items are written (`_extend_zeroed`)."""
         old: cython.int = self._allocated
         new: cython.int = max(64, 2 * old)
         ints = _ints([])
@@ -394,7 +475,7 @@ class LCTState:
         self._prev = self._next = self._where = self._state = self._idents = ints
         self._last = self._second = self._third = self._stamp = longs
         for items in self._arrays:
-            items.frombytes(bytes((new - old) * items.itemsize))
+            _extend_zeroed(items, new - old)
         self._view_arrays()
         # each list extended once: appends one by one reallocated (copied) them every
         # eighth of their length (docs/BENCHMARKS.md, "Policy cost, seventh round")
@@ -507,7 +588,11 @@ class LCTState:
         last: cython.longlong = self._last[node]
         gap: cython.longlong = clock - last
         age: cython.longlong = (clock - 1) // period - (last - 1) // period
-        bin_: cython.int = int(math.log2(gap) * _C_BINS)
+        # compiled, C's `log2` of the gap as a double (what `math.log2` computes for an
+        # int) and C's truncation: no int or float object, no call through the module
+        # (docs/BENCHMARKS.md, "Policy cost, thirteenth round")
+        exact: cython.double = gap
+        bin_: cython.int = int(_log2(exact) * _C_BINS)
         g2: cython.int = 0
         g3: cython.int = 0
         if age < self._nweights:
@@ -903,7 +988,7 @@ class LCTState:
         node: cython.int = self._cursor[cls]
         while node >= 0:
             self._cursor[cls] = self._next[node]
-            if self._blocks[node].ref_cnt == 0 and self._keys[node] not in protected:
+            if _ref_cnt(self._blocks[node]) == 0 and self._keys[node] not in protected:
                 return node
             node = self._cursor[cls]
         return -1
