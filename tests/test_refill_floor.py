@@ -20,6 +20,7 @@ from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.manager import JobKind, TieredManager, TransferJob, make_tier_manager
 from kvtier.manager.planner import reserve_slots
 from kvtier.tiers.refill import DEFAULT_MIN_REFILL, refill_floors
+from kvtier_tools.workloads.replay import replay_config
 
 MARKS = (0.95, 0.98)  # the config's defaults (low, high)
 
@@ -242,3 +243,15 @@ def test_a_bad_min_refill_is_one_error_naming_the_key(value: object, says: str) 
     assert len(raised.value.problems) == 1, raised.value.problems
     message = raised.value.problems[0]
     assert "min_refill" in message and says in message, message
+
+
+def test_a_replay_at_smaller_blocks_keeps_a_floor_within_its_tier() -> None:
+    # 4,096 blocks of 16 KiB (64 MiB), a floor of 48 MiB: at 4 KiB blocks the tier holds
+    # 16 MiB, so the replayed floor is the whole tier (then capped at 1/8 of it, 512).
+    config = chain({"min_refill": "48MiB"})
+    replayed = replay_config(config, 4096, None)
+    assert replayed.tiers[0].num_blocks == 4096
+    assert replayed.tiers[0].min_refill == 16 << 20
+    assert refill_floors(replayed.tiers, 4096)[0] == 4096
+    # "auto" stays "auto": 8 MiB at the replayed size.
+    assert refill_floors(replay_config(chain(), 4096, None).tiers, 4096)[0] == 2048
