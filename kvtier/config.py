@@ -281,7 +281,7 @@ class HierarchyConfig(FrozenModel):
         for index, tier in enumerate(self.tiers):
             capacity = tier.num_blocks * self.block_size
             options = [f"{key}={show_value(value, None)}" for key, value in tier.options().items()]
-            for key in ("low_watermark", "high_watermark"):
+            for key in ("min_refill", "low_watermark", "high_watermark"):
                 value = getattr(tier, key)
                 if value != defaults[key].default:
                     options.insert(0, f"{key}={show_value(value)}")

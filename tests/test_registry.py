@@ -332,12 +332,12 @@ def test_a_registered_medium_has_its_own_error_messages(shelf: TierKind) -> None
     assert problems == [
         "tiers[0].reel: unknown key for a cpu tier "
         '("reel" is an option of a shelf tier); a cpu tier takes: name, medium, capacity, '
-        "policy, admission, enabled, high_watermark, low_watermark, pin_memory",
+        "policy, admission, enabled, high_watermark, low_watermark, min_refill, pin_memory",
         'tiers[1].capacity: expected a block count or a size like "8GiB", got "lots"',
         "tiers[1].reel: expected a string, got 5",
         "tiers[1].rewind_s: must be at least 0, got -1",
         "tiers[1].colour: unknown key; a shelf tier takes: name, medium, capacity, policy, "
-        "admission, enabled, high_watermark, low_watermark, path, reel, rewind_s",
+        "admission, enabled, high_watermark, low_watermark, min_refill, path, reel, rewind_s",
     ]
 
 

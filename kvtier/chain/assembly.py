@@ -26,6 +26,7 @@ from kvtier.engine import DEFAULT_STAGING_BYTES, StagingArena, TensorCopier, Tra
 from kvtier.errors import InvalidValueError, KvtierError
 from kvtier.manager import ChainTier, KeyedTierManager, TieredManager, make_tier_manager
 from kvtier.tiers.keyed import KeyedStorage
+from kvtier.tiers.refill import refill_floors
 from kvtier.tiers.registry import TierAccess, TierContext, open_storage
 from kvtier.tiers.storage import BlockStorage
 
@@ -76,6 +77,8 @@ async def open_chain(config: HierarchyConfig, options: ChainOptions) -> Chain:
             watermarks=[(tier.low_watermark, tier.high_watermark) for tier in opened.configs],
             # a merged refill copy still fits the arena (so it is snapshotted, not waited for)
             merge_demotions_up_to=0 if staging is None else staging.num_blocks,
+            # each refill hands a disk below one large write (`BaseTierConfig.min_refill`)
+            min_refills=refill_floors(opened.configs, config.block_size),
         )
         engine = TransferEngine(
             manager,

@@ -50,13 +50,16 @@ class TieredManager(OffloadingManager):
         write_policy: WritePolicy = "write-back",
         watermarks: Sequence[Watermarks | None] | None = None,
         merge_demotions_up_to: int = 0,
+        min_refills: Sequence[int] | None = None,
     ) -> None:
         """`watermarks`: per tier, its (low, high) occupancy watermarks or None; a tier with
         watermarks and a tier below it keeps a reserve of free slots (see `Watermarks`).
         None (the default): no reserve anywhere, every eviction happens in the store that
         needs the room. `merge_demotions_up_to`: the most blocks one copy of the background
         refills of one store may merge into (0, the default: none merged; the chain passes
-        its staging arena's rows: `ChainPlanner._fold`)."""
+        its staging arena's rows: `ChainPlanner._fold`). `min_refills`: per tier, the least
+        blocks a refill of its reserve frees (`refill_target`; None, the default: 0, the
+        watermarks alone decide)."""
         if (
             isinstance(merge_demotions_up_to, bool)
             or not isinstance(merge_demotions_up_to, int)
@@ -80,6 +83,13 @@ class TieredManager(OffloadingManager):
         self.tiers: tuple[ChainTier, ...] = tuple(tiers)
         if watermarks is not None and len(watermarks) != len(tiers):
             raise InvalidValueError(f"{len(watermarks)} watermarks for {len(tiers)} tiers")
+        if min_refills is not None and (
+            len(min_refills) != len(tiers)
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in min_refills)
+        ):
+            raise InvalidValueError(
+                f"min_refills must be one int >= 0 per tier ({len(tiers)}), got {min_refills!r}"
+            )
         self.counters = ChainCounters(hits=[0] * len(tiers))
         self.events = ChainEvents(names)
         """The chain's ordered stored / removed stream (`connect_events`)."""
@@ -91,6 +101,7 @@ class TieredManager(OffloadingManager):
             write_policy=write_policy,
             watermarks=watermarks,
             merge_demotions_up_to=merge_demotions_up_to,
+            min_refills=min_refills,
         )
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size

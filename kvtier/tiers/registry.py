@@ -70,6 +70,7 @@ from kvtier.errors import InvalidValueError, UnknownPolicyError
 from kvtier.namespaces import block_namespace
 from kvtier.policies import get_policy_class
 from kvtier.policies.admission import Admission
+from kvtier.tiers.refill import check_min_refill
 from kvtier.tiers.storage import BlockStorage, TierAccess
 
 if TYPE_CHECKING:
@@ -138,6 +139,11 @@ class BaseTierConfig(FrozenModel):
     low_watermark: float = Field(default=0.95, validate_default=True)
     """Occupancy fraction that background demotion brings the tier down to; must be below
     `high_watermark`."""
+    min_refill: int | str = "auto"
+    """The least a background refill demotes at once, in bytes (an integer, or a size like
+    "8MiB"; rounded up to whole blocks), at most 1/8 of the tier: a slow tier below is handed
+    large writes, not a small one per refill. "auto": 8 MiB when the tier below is a disk
+    store, else 0; 0: off, the watermarks alone decide (`kvtier.tiers.refill`)."""
 
     _num_blocks: int = PrivateAttr(default=0)
 
@@ -290,6 +296,11 @@ class BaseTierConfig(FrozenModel):
         if info.field_name == "low_watermark" and high is not None and value >= high:
             raise config_error("watermark", f"must be below high_watermark ({high})")
         return float(value)
+
+    @field_validator("min_refill", mode="before")
+    @classmethod
+    def _check_min_refill(cls, value: object, info: ValidationInfo) -> int | str:
+        return check_min_refill(value, info.data.get("capacity"))
 
     @model_validator(mode="after")
     def _resolve_blocks(self) -> BaseTierConfig:

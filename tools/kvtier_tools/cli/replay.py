@@ -275,12 +275,14 @@ def replay(
     tokens saved, bytes moved and GB/s per tier pair, load latency, and the number of
     blocks verified and mismatched (must be 0; otherwise the exit status is 1).
 
-    Each tier keeps its configured block count, so the hit ratios are the config's; the
+    Each tier keeps its configured block count, so the hit ratios are the config's (but
+    for a tier's min_refill, a size, which spans more of smaller blocks); the
     blocks are 16KiB by default (not the config's size) so that the whole shipped trace
     replays in under a minute on a 2-core machine. --block-bytes 256KiB replays a real
     model's block size. Disk tiers live in fresh directories under --out (emptied first),
     so every replay starts cold. The per-tier hits equal those of `kvtier simulate
-    --config` on the same config.
+    --config` on the same config (replayed at its own block size where a min_refill
+    binds).
 
     Writes report.json (every figure, per-interval series) and replay.png into --out.
     Says how much disk the disk tiers allocate first; --clean removes their files after
@@ -423,7 +425,7 @@ def _print_plan(
         out.print(
             f"  block size scaled: config {format_size(given.block_size)} per block, "
             f"replayed {format_size(block_bytes)}; each tier keeps its block count, so hit "
-            "ratios are the config's (use --block-bytes "
+            "ratios are the config's but for min_refill, a size (use --block-bytes "
             f"{size_argument(given.block_size)} for the real size)",
             markup=False,
         )

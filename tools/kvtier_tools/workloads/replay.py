@@ -177,14 +177,17 @@ def replay_config(
     config: HierarchyConfig, block_bytes: int, disk_root: Path | None
 ) -> HierarchyConfig:
     """`config` with `block_size = block_bytes` and every tier's capacity set to its block
-    count (so each tier holds as many blocks as configured, and hit ratios are the config's).
-    With `disk_root`, each persistent tier's directory becomes `disk_root / <tier name>`."""
+    count (so each tier holds as many blocks as configured, and hit ratios are the config's,
+    but for `min_refill`: a size, which spans more of smaller blocks, at most a tier's own
+    size). With `disk_root`, each persistent tier's directory becomes `disk_root / <name>`."""
     data = config.model_dump(mode="json")
     data["block_size"] = block_bytes
     tiers = []
     for raw, tier in zip(data["tiers"], config.tiers, strict=True):
         raw = dict(raw)
         raw["capacity"] = tier.num_blocks
+        if tier.min_refill not in ("auto", 0):  # a size: more than the scaled tier is all of it
+            raw["min_refill"] = min(parse_size(tier.min_refill), tier.num_blocks * block_bytes)
         # Every persistent tier with a directory of its own, whatever its medium, so the
         # replay never empties a directory it does not own (see prepare_disk_dirs).
         if not tier.kind.volatile and "path" in raw and disk_root is not None:
@@ -615,8 +618,9 @@ class ReplayResult:
                 "replayed": self.block_bytes,
                 "scaled": self.scaled,
                 "note": (
-                    "each tier keeps its block count (so hit ratios are the config's); bytes "
-                    "and GB/s are those of the replayed block size"
+                    "each tier keeps its block count (so hit ratios are the config's, but for "
+                    "min_refill, a size that spans more of smaller blocks); bytes and GB/s "
+                    "are those of the replayed block size"
                 ),
             },
             "disk_dirs": [str(path) for path in self.disk_dirs],
@@ -928,6 +932,7 @@ def describe_block_bytes(result: ReplayResult) -> str:
         return f"blocks of {used}, as configured"
     return (
         f"blocks of {used} instead of the config's {given}: each tier keeps its block count, "
-        f"so hit ratios are the config's; bytes and GB/s are those of {used} blocks "
+        f"so hit ratios are the config's (but for min_refill, a size); bytes and GB/s are "
+        f"those of {used} blocks "
         f"(--block-bytes {size_argument(result.config.block_size)} replays the real size)"
     )

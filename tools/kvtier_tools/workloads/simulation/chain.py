@@ -33,6 +33,7 @@ from kvtier.keys import OffloadKey, key_from_int, make_offload_key
 from kvtier.manager import TieredManager, make_tier_manager
 from kvtier.manager.planner import WritePolicy
 from kvtier.policies import ADMISSIONS
+from kvtier.tiers.refill import refill_floors
 from kvtier_tools.workloads.simulation.sweep import Capacity, CapacitySpec, SimTrace
 
 DEFAULT_WATERMARKS = (
@@ -67,6 +68,8 @@ class ChainTier:
     capacity: Capacity
     watermarks: tuple[float, float] = DEFAULT_WATERMARKS
     admission: str = "all"
+    min_refill: int = 0
+    """The least blocks a refill of its reserve frees (`kvtier.tiers.refill`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,7 @@ def chain_tiers_from_config(
     active = config.active_tiers(cuda_available)
     if not active:
         raise InvalidValueError("the configuration has no active tier here (no CUDA?)")
+    floors = refill_floors(active, config.block_size)
     return tuple(
         ChainTier(
             tier.name,
@@ -255,8 +259,9 @@ def chain_tiers_from_config(
             Capacity(str(tier.capacity), tier.num_blocks),
             (tier.low_watermark, tier.high_watermark),
             tier.admission,
+            floor,
         )
-        for tier in active
+        for tier, floor in zip(active, floors, strict=True)
     )
 
 
@@ -277,6 +282,7 @@ def build_chain(tiers: Sequence[ChainTier], write_policy: WritePolicy) -> Tiered
         ],
         write_policy=write_policy,
         watermarks=[tier.watermarks for tier in tiers],
+        min_refills=[tier.min_refill for tier in tiers],
     )
 
 
