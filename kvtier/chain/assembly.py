@@ -79,6 +79,8 @@ async def open_chain(config: HierarchyConfig, options: ChainOptions) -> Chain:
             merge_demotions_up_to=0 if staging is None else staging.num_blocks,
             # each refill hands a disk below one large write (`BaseTierConfig.min_refill`)
             min_refills=refill_floors(opened.configs, config.block_size),
+            # a refill is planned once the put that made it due returned (`Chain.plan_refills`)
+            defer_refills=True,
         )
         engine = TransferEngine(
             manager,

@@ -111,6 +111,7 @@ class Chain:
         self._lost: set[int] = set()  # positions of the tiers that disabled themselves
         self._staged: dict[int, asyncio.Future[None]] = {}  # job id -> sources released
         self._reads: set[asyncio.Task[MoveResult]] = set()  # reads outliving their get
+        self._refill: asyncio.Handle | None = None  # `plan_refills` on the loop's next turn
 
     @property
     def staging(self) -> StagingArena | None:
@@ -156,8 +157,41 @@ class Chain:
             self.supervisor.spawn(job, staged)
 
     def spawn_planned(self) -> None:
-        """Start the jobs the bookkeeping planned since it was last asked."""
-        self.spawn(self.manager.take_jobs())
+        """Start the jobs the bookkeeping planned since it was last asked. A refill a store
+        made due is planned on the loop's next turn (`plan_refills`), so the put that made it
+        due returns first."""
+        manager = self.manager
+        self.spawn(manager.take_jobs())
+        if manager.refill_due and self._refill is None and not manager.closed:
+            self._refill = asyncio.get_running_loop().call_soon(self._refill_soon)
+
+    def plan_refills(self) -> None:
+        """Plan the refill of a reserve a store made due (`TieredManager.plan_refills`: its
+        victims chosen now, among the blocks ready and unpinned, never a slot a put still
+        writes) and start it. `spawn_planned` calls it on the loop's next turn after the
+        put; so does, at once, whatever must not go on without it: a store short of room
+        (`store.wait_for_reserve`), `drain`, `store.flush` and closing (`settle`). A refill
+        is the store's work, moved off its caller's path, not a new kind of job: planned
+        later, it decides as the store would have on the tiers as they are then."""
+        manager = self.manager
+        if manager.closed or not manager.refill_due:
+            return
+        manager.plan_refills()
+        self.spawn(manager.take_jobs())
+        self.poke()
+
+    def _refill_soon(self) -> None:
+        """`plan_refills` on the loop's next turn (a callback: nothing awaits it, so an error
+        is logged and counted as a job's, never raised into a caller)."""
+        self._refill = None
+        try:
+            self.plan_refills()
+        except Exception as error:
+            counters = self.supervisor.counters
+            counters.job_errors += 1
+            name = type(error).__name__
+            counters.error_types[name] = counters.error_types.get(name, 0) + 1
+            log.error("planning a refill failed: %r", error, exc_info=error)
 
     def staged_of(self, job_id: int) -> asyncio.Future[None] | None:
         """The future resolved once job `job_id` gave its sources back (and a promotion its
@@ -185,20 +219,31 @@ class Chain:
 
     @property
     def busy(self) -> bool:
-        """Whether a transfer job, or a read a `get` gave up on, is in flight."""
-        return self.supervisor.busy or bool(self._reads)
+        """Whether a transfer job, or a read a `get` gave up on, is in flight, or a refill
+        is due and not planned yet (`plan_refills`)."""
+        manager = self.manager
+        refill = manager.refill_due and not manager.closed
+        return self.supervisor.busy or bool(self._reads) or refill
 
     async def drain(self) -> None:
-        """Wait until no transfer job and no read a `get` gave up on is in flight."""
+        """Wait until no transfer job and no read a `get` gave up on is in flight (a refill
+        due is planned first, and waited for too)."""
+        self.plan_refills()
         while self.busy:
             await self.supervisor.drain()
             if self._reads:
                 await asyncio.wait(list(self._reads))
+            self.plan_refills()
 
     async def settle(self, deadline: float) -> None:
         """Closing: wait for the reads and jobs in flight until `deadline` (the loop's
         clock), then cancel the jobs left (what they did not copy is lost, nothing is left
-        half-written)."""
+        half-written). A refill due is planned first, as the store that made it due would
+        have planned it before the close began."""
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
+        self.plan_refills()
         loop = asyncio.get_running_loop()
         budget = max(0.0, deadline - loop.time())
         if self._reads:

@@ -118,11 +118,14 @@ class ChainPlanner:
         watermarks: Sequence[Watermarks | None] | None,
         merge_demotions_up_to: int = 0,
         min_refills: Sequence[int] | None = None,
+        defer_refills: bool = False,
     ) -> None:
         """`tiers`, `write_policy` and the number of `watermarks` and `min_refills` as
         `TieredManager` checked them; `counters`: the chain's; `ledger`: where the jobs go;
         `merge_demotions_up_to`: see `_fold` (0: never); `min_refills`: per tier, the least
-        its refill frees, in blocks (`refill_target`; None: 0 everywhere)."""
+        its refill frees, in blocks (`refill_target`; None: 0 everywhere);
+        `defer_refills`: a store only notes that a refill is due (`refill_due`), planned
+        by the next `plan_refills` (False: by the store itself)."""
         self.tiers: tuple[ChainTier, ...] = tuple(tiers)
         self.top = self.tiers[0]
         self.counters = counters
@@ -131,6 +134,10 @@ class ChainPlanner:
         self.write_policy: WritePolicy = write_policy
         self.merge_demotions_up_to = merge_demotions_up_to
         self._min_refills = tuple(min_refills) if min_refills is not None else (0,) * len(tiers)
+        self.defer_refills = defer_refills
+        self.refill_due = False
+        """A store left some tier below its reserve's trigger and its refill is not planned
+        yet (`defer_refills` only): `plan_refills` plans it."""
         self._reserves: list[tuple[int, int]] = [
             (0, 0)
             if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
@@ -148,8 +155,9 @@ class ChainPlanner:
         self, keys: Collection[OffloadKey], partial: Collection[OffloadKey] = ()
     ) -> TieredStoreOutput | None:
         """Top-tier slots for the keys no tier holds, and the DEMOTE job of the victims that
-        makes room (opened, not queued: the caller runs it); then the reserve refills, queued.
-        None: no room at the top. `partial`: see `TieredManager.prepare_store`."""
+        makes room (opened, not queued: the caller runs it); then the reserve refills, queued
+        (with `defer_refills`, only noted as due: `plan_refills`). None: no room at the top.
+        `partial`: see `TieredManager.prepare_store`."""
         self.reserve_for(len(keys))  # the next store of this size finds its room free
         unique = list(dict.fromkeys(keys))
         skipped: list[OffloadKey] = []
@@ -171,7 +179,10 @@ class ChainPlanner:
         if out is None:
             return None
         demotion = self.ledger.emit(job, queue=False)
-        self._plan_reserves()
+        if not self.defer_refills:
+            self._plan_reserves()
+        elif not self.refill_due:
+            self.refill_due = self._below_trigger()
         return TieredStoreOutput(
             out.keys_to_store,
             out.store_spec,
@@ -230,6 +241,27 @@ class ChainPlanner:
             trigger,
             refill_target(num_blocks, trigger, target, self._min_refills[0]),
         )
+
+    def plan_refills(self) -> bool:
+        """Plan the refills a store left due (`refill_due`), queued as `_plan_reserves`
+        queues them; whether one was due. With `defer_refills` the chain calls it once the
+        put that made it due has returned, so that put does not pay for choosing the victims
+        (~1.4 us a block). The decisions are those the store would have made, for the tiers
+        as they are now: their victims are chosen among the blocks ready and unpinned then,
+        so never a slot a store still writes (pending) or a read holds (pinned)."""
+        if not self.refill_due:
+            return False
+        self.refill_due = False
+        self._plan_reserves()
+        return True
+
+    def _below_trigger(self) -> bool:
+        """Whether some tier's free slots (counting those draining) are below its reserve's
+        trigger: what makes `_plan_reserves` plan a refill."""
+        for tier, (trigger, _) in zip(self.tiers, self._reserves, strict=True):
+            if trigger and tier.num_free + tier.num_draining < trigger:
+                return True
+        return False
 
     def _plan_reserves(self) -> None:
         """Queue background DEMOTE jobs for every tier whose free slots (counting those

@@ -51,6 +51,7 @@ class TieredManager(OffloadingManager):
         watermarks: Sequence[Watermarks | None] | None = None,
         merge_demotions_up_to: int = 0,
         min_refills: Sequence[int] | None = None,
+        defer_refills: bool = False,
     ) -> None:
         """`watermarks`: per tier, its (low, high) occupancy watermarks or None; a tier with
         watermarks and a tier below it keeps a reserve of free slots (see `Watermarks`).
@@ -59,7 +60,9 @@ class TieredManager(OffloadingManager):
         refills of one store may merge into (0, the default: none merged; the chain passes
         its staging arena's rows: `ChainPlanner._fold`). `min_refills`: per tier, the least
         blocks a refill of its reserve frees (`refill_target`; None, the default: 0, the
-        watermarks alone decide)."""
+        watermarks alone decide). `defer_refills`: a store does not plan the refills it
+        makes due, `plan_refills` does (the chain calls it once the put returned: see
+        `ChainPlanner.plan_refills`); False, the default: the store plans them."""
         if (
             isinstance(merge_demotions_up_to, bool)
             or not isinstance(merge_demotions_up_to, int)
@@ -102,6 +105,7 @@ class TieredManager(OffloadingManager):
             watermarks=watermarks,
             merge_demotions_up_to=merge_demotions_up_to,
             min_refills=min_refills,
+            defer_refills=defer_refills,
         )
         self.write_policy: WritePolicy = write_policy
         self.block_size = tiers[0].block_size
@@ -294,6 +298,17 @@ class TieredManager(OffloadingManager):
         """Grow the top tier's reserve to cover stores of `count` blocks (`prepare_store`
         does it too; see `ChainPlanner.reserve_for`)."""
         self.planner.reserve_for(count)
+
+    @property
+    def refill_due(self) -> bool:
+        """A store made a refill due that is not planned yet (`defer_refills` only)."""
+        return self.planner.refill_due
+
+    def plan_refills(self) -> bool:
+        """Plan the refills due (`refill_due`), queued for `take_jobs`; whether any was due
+        (see `ChainPlanner.plan_refills`)."""
+        self._check_open()
+        return self.planner.plan_refills()
 
     def plan_flush(self) -> list[TransferJob]:
         """CASCADE jobs that copy every readable block only the tiers above the bottom hold
