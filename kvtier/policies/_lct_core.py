@@ -184,12 +184,6 @@ def _doubles(values: Sequence[float]) -> array[float]:
     return array("d", values)
 
 
-def _copy_of(view: Any, typecode: str) -> array[Any]:
-    """A new array of `typecode` holding `view`'s items (an array, or compiled a typed
-    view of one), copied as bytes: `fork`'s copy of an array it does not grow."""
-    return array(typecode, memoryview(view).tobytes())
-
-
 @cython.final
 @cython.cclass
 class LCTState:
@@ -1364,91 +1358,6 @@ class LCTState:
             out.append((self._keys[node], history))
             node = self._next[node]
         return out
-
-    def fork(self, solve: Callable[[], None], block: BlockStatus | None) -> LCTState:
-        """An independent copy of this state, on keys (`_nodes` and the resident dict its
-        own, whatever this one's mode: an original on ids keeps its table and counts as
-        they are), every array copied, the solver `solve` (the forked policy's), and each
-        resident block `block` if given (a shadow's: no data, never pinned). From then on
-        the two decide alike on the same calls and neither sees the other's: what `auto`'s
-        park prices itself against, the live lct as it would have gone on unparked (docs/
-        BENCHMARKS.md, "auto's park at auto's cost"). O(the nodes ever used)."""
-        i: cython.Py_ssize_t
-        node: cython.int
-        other: LCTState = LCTState()
-        other._solve = solve
-        other._arrays = [items[:] for items in self._arrays]
-        other._view_arrays()
-        other._keys = list(self._keys)
-        other._blocks = list(self._blocks)
-        other._dup = dict(self._dup)
-        if not self._by_id:
-            other._nodes = dict(self._nodes)
-            other._resident = dict(self._resident)
-        else:  # each key's entry: the node its id points at (`use_keys`' loop)
-            for i in range(self._used):
-                if self._keys[i] is not _NO_KEY and self._node_of_id[self._idents[i]] == i:
-                    other._nodes[self._keys[i]] = i
-            for node in self._resident_nodes():
-                other._resident[self._keys[node]] = self._blocks[node]
-        if block is not None:
-            for node in other._resident_nodes():
-                other._blocks[node] = block
-            for key in other._resident:
-                other._resident[key] = block
-        other._plan = _copy_of(self._plan, "i")
-        other._ann = _copy_of(self._ann, "i")
-        other._horizons = _copy_of(self._horizons, "q")
-        other._ids_table = _copy_of(self._ids_table, "i")
-        other._classes = _copy_of(self._classes, "i")
-        other._weights = _copy_of(self._weights, "d")
-        other._reuse = _copy_of(self._reuse, "d")
-        other._arrivals = _copy_of(self._arrivals, "d")
-        other._lows = _copy_of(self._lows, "d")
-        other._mids = _copy_of(self._mids, "d")
-        other._edges = _copy_of(self._edges, "d")
-        other._column = _copy_of(self._column, "d")
-        other._jtab = _copy_of(self._jtab, "q")
-        for i in range(LISTS):
-            other._head[i] = self._head[i]
-            other._tail[i] = self._tail[i]
-            other._size[i] = self._size[i]
-        for i in range(4):
-            other._cursor[i] = self._cursor[i]
-            other._heads[i] = self._heads[i]
-            other._overs[i] = self._overs[i]
-            other._decided[i] = self._decided[i]
-            other._limits[i] = self._limits[i]
-            other._shares[i] = self._shares[i]
-            other._credit[i] = self._credit[i]
-        other._stamps = self._stamps
-        other._allocated = self._allocated
-        other._used = self._used
-        other._free = self._free
-        other._nann = self._nann
-        other._ann_pos = self._ann_pos
-        other.clock = self.clock
-        other.since_solve = self.since_solve
-        other.period = self.period
-        other.capacity = self.capacity
-        other.ratio = self.ratio
-        other.by_class = self.by_class
-        other._memory = self._memory
-        other._nhorizons = self._nhorizons
-        other._width = self._width
-        other._first = self._first
-        other._nstates = self._nstates
-        other._bins = self._bins
-        other._nweights = self._nweights
-        other._horizon = self._horizon
-        other._low_values = list(self._low_values)
-        other._min_reuse = self._min_reuse
-        other._jperiod = self._jperiod
-        other._o_state = self._o_state
-        other._o_last = self._o_last
-        other._o_second = self._o_second
-        other._o_third = self._o_third
-        return other
 
     def clear(self) -> None:
         """Forget every key (the learned state is the policy's `_learn_afresh`)."""

@@ -99,7 +99,6 @@ the reuse hints.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections import deque
@@ -362,11 +361,7 @@ class LCTCachePolicy(CachePolicy):
             self._weights,
         )
         core.configure_solver(_LOWS, _MIDS, _EDGES, MIN_REUSE)
-        self._bind_calls()
-
-    def _bind_calls(self) -> None:
-        """Bind the core's per-key calls to the instance (see `_bind_core`)."""
-        core, cls = self._core, type(self)
+        cls = type(self)
         self._bind_get()
         if cls.insert is LCTCachePolicy.insert:
             self.insert = core.insert  # type: ignore[method-assign]
@@ -380,21 +375,6 @@ class LCTCachePolicy(CachePolicy):
         then), unless a subclass overrides it."""
         if type(self).get is LCTCachePolicy.get:
             self.get = LCTCachePolicy.getter(self)  # type: ignore[method-assign,assignment]
-
-    def fork(self, block: BlockStatus | None = None) -> LCTCachePolicy:
-        """An independent copy of this policy in its present state, on keys (its own dicts,
-        whatever this one's mode; `LCTState.fork`), each resident block `block` if given:
-        from here on it decides as this one would on the same calls, and neither sees what
-        the other is given. `auto`'s park prices itself by such a copy of the live lct, made
-        when a park starts and dropped when it ends (`kvtier.policies.park`)."""
-        other = copy.copy(self)
-        other._core = self._core.fork(other._solve, block)
-        other._epochs = deque(list(epoch) for epoch in self._epochs)
-        other._older = list(self._older)
-        other.expected = list(self.expected)
-        other._hints = copy.deepcopy(self._hints)
-        other._bind_calls()
-        return other
 
     def _learn_afresh(self) -> None:
         """The learned state of a new policy: no statistics, no limits, the start horizon."""
