@@ -219,6 +219,34 @@ def test_the_table_recycles_ids_and_grows() -> None:
     assert shadow.lru_order() == [key_from_int(i) for i in range(1_800, 2_000)]
 
 
+def test_an_lru_shadow_keeps_as_many_nodes_as_blocks_whatever_the_table_holds() -> None:
+    """LRU's shadow keeps a node per block held, not per id of the table: beside a shadow
+    that remembers 20 times as many keys (as lct's memory makes the table hold), an LRU of
+    100 keeps its 101 nodes while the table grows to thousands of ids, and decides as the
+    LRU on keys does (its order, hits and the counts of its ids)."""
+    table = KeyIds()
+    wide = LRUCachePolicy(2_000)  # what lct remembering many capacities of keys does
+    wide.use_ids(table)
+    shadow = LRUCachePolicy(100)
+    shadow.use_ids(table)
+    on_keys = LRUCachePolicy(100)
+    block = shared_block()
+    rng = random.Random(5)
+    hits = hits_on_keys = 0
+    for _ in range(3_000):
+        keys = [key_from_int(rng.randrange(2_500)) for _ in range(rng.randrange(1, 4))]
+        keys = list(dict.fromkeys(keys))
+        ids = table.intern(keys)
+        wide.access_ids(ids, block)
+        hits += shadow.access_ids(ids, block)
+        hits_on_keys += on_keys.access(keys, block)
+    check_counts(table, [wide, shadow])
+    assert table.capacity >= 2_048
+    assert shadow.lru_order() == on_keys.lru_order() and hits == hits_on_keys > 0
+    core = shadow._ids
+    assert core is not None and core.nodes == 101
+
+
 def test_the_table_gives_out_recycled_ids_first_then_new_ones_in_order() -> None:
     """The ids handed out, in order (what the shadows' arrays are indexed by): the ids never
     given out lowest first, across a growth; once some are recycled, the last recycled

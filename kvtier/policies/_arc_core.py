@@ -779,12 +779,54 @@ class ARCLists:
         if node < 0:
             node = self._new_node(key)
             self._where[node] = PENDING
+            if self._steady_miss(key, node, block):
+                return 0
         self._incoming[node] = 1
         self._ann[0] = node
         self._nann = 1
         if self._evict(1, (), None):
             self._insert(key, block)
         return 0
+
+    @cython.cfunc
+    def _steady_miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.bint:
+        """A miss of new `key` (`node`: its new node, PENDING) on the steady path, when
+        `_is_steady` holds for the lists as they are and T1 has a block that may be
+        evicted: what `_evict(1)` and `_insert` would do (T1's first evictable block to the
+        MRU end of B1, B1's oldest ghost deleted, the key joining T1; p, the announcement
+        and every flag left as they would be), without planning it. False, nothing
+        changed, when it does not hold (the general path then runs). Most misses of a
+        shadow at a small capacity take it, and the plan and its application were most of
+        their cost (docs/BENCHMARKS.md, "Policy cost, fourteenth round")."""
+        t1n: cython.Py_ssize_t = self._size[T1]
+        b1n: cython.Py_ssize_t = self._size[B1]
+        c: cython.Py_ssize_t = self._capacity
+        if not (b1n > 0 and self._p < t1n and t1n < c and c <= t1n + b1n):
+            return False
+        victim: cython.int = self._head[T1]
+        while victim >= 0 and self._ref_cnt(victim) != 0:
+            victim = self._next[victim]
+        if victim < 0:
+            return False
+        ghost: cython.int = self._head[B1]
+        # `_apply`: the victim to B1, then the ghost deleted (the plan's counts, p as was)
+        if self._by_id:
+            self._nres -= 1
+        else:
+            del self._resident[self._keys[victim]]
+        self._move(victim, B1)
+        self._blocks[victim] = _NO_BLOCK
+        self._drop(ghost)
+        self._incoming_adapted = True
+        self._insert_room = 0
+        self._bound_ghosts()
+        # `_insert`: the key joins T1, announced and at hand as `_announced_node` finds it
+        self._ann[0] = node
+        self._nann = 1
+        self._ann_pos = 1
+        self._steady = True
+        self._new_resident(key, node, block)
+        return True
 
     @cython.cfunc
     def _join_free(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:

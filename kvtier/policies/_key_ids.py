@@ -169,6 +169,7 @@ class KeyIds:
         return found
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _collect(self) -> cython.int:
         """Recycle every released id no shadow counts: its key forgotten, the id free."""
         released = self._released
@@ -185,6 +186,7 @@ class KeyIds:
         return 0
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _grow(self) -> cython.int:
         """Double the room (a new count array, handed to every user)."""
         old: cython.Py_ssize_t = self._capacity

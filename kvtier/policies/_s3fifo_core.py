@@ -209,6 +209,7 @@ class S3FIFOQueues:
         return self._resident_count()
 
     @cython.cfunc
+    @cython.exceptval(-1)
     @cython.inline
     def _resident_count(self) -> cython.Py_ssize_t:
         if self._by_id:
@@ -327,6 +328,7 @@ class S3FIFOQueues:
     # -- nodes and queues ------------------------------------------------------------------
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _grow(self, count: cython.int) -> cython.int:
         """Add `count` free nodes."""
         old: cython.int = self._allocated
@@ -390,6 +392,7 @@ class S3FIFOQueues:
         self._link(node, where)
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _new_node(self, key: OffloadKey) -> cython.int:
         """A free node registered for `key` (not on any queue)."""
         if self._free < 0:
@@ -407,6 +410,7 @@ class S3FIFOQueues:
         return node
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _free_node(self, node: cython.int) -> cython.int:
         """Forget `node`'s key (off every queue already) and put it on the free list."""
         ident: cython.Py_ssize_t
@@ -426,6 +430,7 @@ class S3FIFOQueues:
         return 0
 
     @cython.cfunc
+    @cython.exceptval(-1, check=True)
     @cython.inline
     def _find(self, key: OffloadKey) -> cython.int:
         """The node of `key` (on S, M or G), or -1."""
@@ -454,6 +459,7 @@ class S3FIFOQueues:
             self._insert(key, self._find(key), blocks[i])
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _insert(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
         """`key` (not resident; `node` its ghost's node, or -1) becomes resident with
         `block`: into M when it was a ghost (it comes back), else into S."""
@@ -505,6 +511,7 @@ class S3FIFOQueues:
             self._touch(self._find(key))
 
     @cython.cfunc
+    @cython.exceptval(-1)
     @cython.inline
     def _touch(self, node: cython.int) -> cython.bint:
         """A hit on `node` (-1: none) if resident; whether it was."""
@@ -554,6 +561,7 @@ class S3FIFOQueues:
             self._known = None
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _miss(self, key: OffloadKey, node: cython.int, block: BlockStatus) -> cython.int:
         """A miss of `access` on `key` (`node`: its ghost's, or -1): stored with `block`
         after one eviction when full (not stored when every block is pinned)."""
@@ -581,6 +589,7 @@ class S3FIFOQueues:
         return victims
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _evictable(self, node: cython.int, protected: Collection[OffloadKey]) -> cython.bint:
         """Whether resident `node`'s block is ready, unpinned and unprotected. Its count is
         the one `access` or `store` read once if it is that call's block (as
@@ -594,6 +603,7 @@ class S3FIFOQueues:
         return len(protected) == 0 or self._keys[node] not in protected
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _can_evict(self, n: cython.Py_ssize_t, protected: Collection[OffloadKey]) -> cython.bint:
         """Whether `n` resident blocks are ready, unpinned and unprotected."""
         found: cython.Py_ssize_t = 0
@@ -610,6 +620,7 @@ class S3FIFOQueues:
         return False
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _evict_one(
         self,
         protected: Collection[OffloadKey],
@@ -669,6 +680,7 @@ class S3FIFOQueues:
             return 0
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _evicted(
         self, node: cython.int, victims: list[tuple[OffloadKey, BlockStatus]] | None
     ) -> cython.int:
@@ -684,6 +696,7 @@ class S3FIFOQueues:
         return 0
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _trim_ghosts(self) -> cython.int:
         """G's oldest ghosts fall out while G holds more than its capacity."""
         node: cython.int
