@@ -352,20 +352,32 @@ def run_bytes(
     )
 
 
-def payload_views(part: Part, span: int) -> list[memoryview]:
+def payload_views(part: Part, span: int) -> tuple[list[Any], list[int]]:
     """A part's payloads as the buffers of its write (the caller's memory, not copied),
-    with zeros in the gaps and up to `span`."""
-    buffers: list[memoryview] = []
-    pos = 0
-    for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
-        if length:
-            if at > pos:
-                buffers.append(ZEROS[: at - pos])
-            buffers.append(memoryview(payload).cast("B"))
-            pos = at + length
-    if span > pos:
-        buffers.append(memoryview(bytes(span - pos)))
-    return buffers
+    with zeros in the gaps and up to `span`, and each buffer's bytes. The payloads are
+    passed as they are (contiguous buffers: the caller's arrays, views of a reclaimed
+    region), not wrapped in a view each; when they lie back to back from the payloads'
+    start (a call's whole-page blocks) the part's own lists are the write's, with no Python
+    per block (docs/BENCHMARKS.md, "The write row's CPU per block")."""
+    lengths = part.length
+    end = part.end
+    if sum(lengths) == end and 0 not in lengths:  # back to back from 0: no gap, no empty one
+        buffers, sizes = list(part.payloads), list(lengths)
+    else:
+        buffers, sizes = [], []
+        end = 0
+        for payload, at, length in zip(part.payloads, part.offset, lengths, strict=True):
+            if length:
+                if at > end:
+                    buffers.append(ZEROS[: at - end])
+                    sizes.append(at - end)
+                buffers.append(payload)
+                sizes.append(length)
+                end = at + length
+    if span > end:
+        buffers.append(memoryview(bytes(span - end)))
+        sizes.append(span - end)
+    return buffers, sizes
 
 
 def copy_payloads(part: Part, image: np.ndarray[Any, np.dtype[np.uint8]]) -> memoryview:
