@@ -441,16 +441,19 @@ class LogIndex:
         """Search the sorted hashes of a snapshot's keys from now on (`width`: its key rows'
         width), and forget the keys the snapshot's dict had that have not moved since: the
         hashes find them. Keeps the dict to the keys written since the last checkpoint, so
-        the index stays near its size after an open. In chunks: never holds the lock long."""
+        the index stays near its size after an open. In chunks: never holds the lock long.
+        No tuple a key (two lists, zipped): a checkpoint's 4096 tuples set off the collector,
+        whose full pass took ~20 ms (docs/BENCHMARKS.md, "The write row's CPU per block")."""
         with self.lock:
             if self.keys.shape[1] != width:
                 return  # the rows were widened since: those hashes are of another width
             self._hashes, self._hashed_slots = hashes, slots
             self.version += 1
-        items = list(written.items())
-        for first in range(0, len(items), 4096):
+        keys, held = list(written), list(written.values())
+        for first in range(0, len(keys), 4096):
+            chunk = slice(first, first + 4096)
             with self.lock:
-                for key, slot in items[first : first + 4096]:
+                for key, slot in zip(keys[chunk], held[chunk], strict=True):
                     if self.written.get(key) == slot:
                         del self.written[key]
 
