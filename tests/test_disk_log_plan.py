@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk import log_group, log_index
+from kvtier.tiers.disk import log_format, log_group, log_index
 from kvtier.tiers.disk.log_format import PAGE, TOMBSTONE
 from kvtier.tiers.disk.log_group import Part
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hashes
@@ -177,3 +177,44 @@ def test_the_compiled_fit_run_is_the_numpy_one(seed: int) -> None:
         assert with_c[0] == numpy_path[0]
         assert with_c[1].dtype == numpy_path[1].dtype
         assert with_c[1].tolist() == numpy_path[1].tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_header_is_pack_groups(seed: int) -> None:
+    """`pack_group_into` (the compiled entries, `_plan_core.pack_entries`) writes the bytes
+    of `pack_group` (the reference) and nothing else: into a dirty buffer at an offset, for
+    parts of keys of several lengths, fields up to their types' ranges, one record and
+    enough to fill several header pages; the bytes before and after the header pages are
+    left alone. And a value out of its field's range is refused, not wrapped."""
+    assert log_format._compiled_entries is not None
+    rng = random.Random(seed)
+    namespace = bytes(rng.randrange(256) for _ in range(20))
+    for count in (1, 7, 120, 400):
+        keys = [
+            bytes(rng.randrange(256) for _ in range(rng.choice((1, 8, 16, 33))))
+            for _ in range(count)
+        ]
+        fields = {
+            "slot": [rng.randrange(1 << 40) for _ in keys],
+            "seq": [rng.randrange(1 << 64) for _ in keys],
+            "checksum": [rng.randrange(1 << 64) for _ in keys],
+            "offset": [rng.randrange(1 << 32) for _ in keys],
+            "length": [rng.randrange(1 << 32) for _ in keys],
+            "codec": [rng.choice((0, 1, TOMBSTONE)) for _ in keys],
+        }
+        epoch, span = rng.randrange(1 << 64), rng.randrange(1 << 40)
+        want = log_format.pack_group(namespace, epoch, keys, fields, span)
+        out = np.frombuffer(
+            bytes(rng.randrange(256) for _ in range(len(want) + 2 * PAGE)), np.uint8
+        ).copy()
+        before = out.copy()
+        assert log_format.pack_group_into(out, PAGE, namespace, epoch, keys, fields, span) == len(
+            want
+        )
+        assert out[PAGE : PAGE + len(want)].tobytes() == want
+        assert np.array_equal(out[:PAGE], before[:PAGE])
+        assert np.array_equal(out[PAGE + len(want) :], before[PAGE + len(want) :])
+    for name, value in (("offset", 1 << 32), ("codec", 256), ("slot", -1)):
+        bad = {**fields, name: [value, *fields[name][1:]]}
+        with pytest.raises(OverflowError):
+            log_format.pack_group_into(out, 0, namespace, 1, keys, bad, 0)

@@ -43,3 +43,14 @@ def fit_run(
     entry_bytes: int,
     fixed: int,
 ) -> tuple[int, np.ndarray[Any, np.dtype[np.int64]]] | None: ...
+def pack_entries(
+    out: np.ndarray[Any, np.dtype[np.uint8]],
+    at: int,
+    keys: list[OffloadKey],
+    slot: list[int],
+    seq: list[int],
+    checksum: list[int],
+    offset: list[int],
+    length: list[int],
+    codec: list[int],
+) -> int: ...

@@ -31,7 +31,7 @@ from kvtier.tiers.disk.log_format import (
     RECORD_HEADER_BYTES,
     bound_checksums,
     head_bytes,
-    pack_group,
+    pack_group_into,
     pack_region_header,
     pad8,
     payload_at,
@@ -424,13 +424,14 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
         "length": part.length,
         "codec": part.codec,
     }
-    head = pack_group(namespace, part.epoch, part.keys, fields, span) if part.keys else b""
     first = b""
     if part.opens:
         first = pack_region_header(namespace, part.epoch, part.region, files.geo.region_bytes)
-    front = _front_buffer(len(first) + len(head))
+    head = round_page(head_bytes(len(part.keys), part.key_bytes)) if part.keys else 0
+    front = _front_buffer(len(first) + head)
     front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
-    front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
+    if part.keys:  # the header pages packed in place (no copy of them)
+        pack_group_into(front, len(first), namespace, part.epoch, part.keys, fields, span)
     start = 0 if part.opens else part.start
     files.write_here(part.region, start, [front.data], True)
 
