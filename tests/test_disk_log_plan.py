@@ -4,7 +4,9 @@ batches (new records over a small pool of keys, so keys move between slots, are 
 twice in one batch and written over in their own slot; forgets; moved records; keys longer
 than any before; keys held at the open found through sorted hashes with colliding entries;
 plans gone stale before their commit) plan the same, field by field, and end in the same
-state after every step. And the lane's `fit_run` (`_fit_run_arrays`) places the same runs."""
+state after every step (the compiled commit, log_commit.py, against its numpy path too). And
+the lane's `fit_run` (`_fit_run_arrays`) places the same runs, and a part's header pages
+(`pack_group_into`) are `pack_group`'s bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk import log_format, log_group, log_index
+from kvtier.tiers.disk import log_commit, log_format, log_group, log_index
 from kvtier.tiers.disk.log_format import PAGE, TOMBSTONE
 from kvtier.tiers.disk.log_group import Part
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hashes
@@ -22,7 +24,9 @@ from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hash
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(
-        log_index._compiled_plan is None or log_group._compiled_fit_run is None,
+        log_index._compiled_plan is None
+        or log_group._compiled_fit_run is None
+        or log_commit._compiled_apply is None,
         reason="the compiled core is not built or selected",
     ),
 ]
@@ -36,7 +40,7 @@ def opened(pool: list[bytes], rng: random.Random, compiled: bool) -> LogIndex:
     sorted hashes, with colliding entries (another slot under a held key's hash) mixed in."""
     index = LogIndex(SLOTS, REGIONS)
     if not compiled:
-        index.compiled_plan = None
+        index.compiled_plan = index.compiled_commit = None
     width = 16
     arrays = {name: np.zeros_like(getattr(index, name)) for name in LogIndex.ARRAYS}
     arrays["region"][:] = NO_REGION
@@ -117,6 +121,7 @@ def test_the_compiled_plan_is_the_numpy_plan(seed: int) -> None:
     pool = [bytes([i]) * (8 if i % 5 else 16) for i in range(1, 40)]
     fast, pure = opened(pool, random.Random(seed), True), opened(pool, random.Random(seed), False)
     assert fast.compiled_plan is not None and pure.compiled_plan is None
+    assert fast.compiled_commit is not None and pure.compiled_commit is None
     seq = 1000
     stale: list[tuple[log_index.Plan, log_index.Plan]] = []
     for step in range(60):
