@@ -134,6 +134,8 @@ class LogFiles:
         self, root: Path, geo: Geometry, io: FileIO, direct_io: bool | str, readonly: bool = False
     ) -> None:
         self.root = root
+        self._grounds = (root / REGIONS_FILE, root / LOCK_FILE)
+        """The paths `check_ground` stats after every sync (made once: not two joins a sync)."""
         self.readonly = readonly
         """Opened only to read (a store opened to inspect: a read-only filesystem can be
         checked); a file that is missing is still created, as before."""
@@ -370,9 +372,10 @@ class LogFiles:
         first problem found the files disable themselves (see the module; `lose`)."""
         if self.lost is not None:
             return self.lost
-        why = _moved(self.root / REGIONS_FILE, self.fd, "the regions file")
+        regions, lock = self._grounds
+        why = _moved(regions, self.fd, "the regions file")
         if why is None:
-            why = _moved(self.root / LOCK_FILE, self._lock_fd, "the lock file")
+            why = _moved(lock, self._lock_fd, "the lock file")
         if why is not None:
             self.lose(why)
         return self.lost
