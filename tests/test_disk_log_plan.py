@@ -223,3 +223,47 @@ def test_the_compiled_header_is_pack_groups(seed: int) -> None:
         bad = {**fields, name: [value, *fields[name][1:]]}
         with pytest.raises(OverflowError):
             log_format.pack_group_into(out, 0, namespace, 1, keys, bad, 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_placed_is_the_numpy_one(seed: int) -> None:
+    """`placed`'s compiled loop (`_plan_core.placed_columns`) against its numpy path
+    (`placed_arrays`): parts of new, moved and forget records in several regions, at
+    several starts and header pages, with and without checksums: the same keys and
+    columns, dtype and all; a new record's checksum still None is refused by both."""
+    assert log_group._compiled_placed is not None
+    rng = random.Random(seed)
+    parts = []
+    for number in range(rng.randint(0, 5)):
+        part = Part(rng.randrange(64), rng.randrange(1 << 20) * PAGE, rng.randrange(9), False)
+        part.head_pages = rng.randint(0, 3)
+        for i in range(rng.choice((0, 1, 50, 300))):
+            moved = rng.random() < 0.2
+            log_group.add(
+                part,
+                OffloadKey(bytes([number, i % 256]) * rng.randint(1, 8)),
+                rng.randrange(1 << 20),
+                rng.randrange(1 << 64),
+                rng.randrange(1 << 64),
+                rng.randrange(1 << 30),
+                rng.choice((0, 100, PAGE, 16 * PAGE)),
+                rng.choice((0, 1, TOMBSTONE)),
+                b"",
+                rng.randrange(64) if moved else NO_REGION,
+                True,
+            )
+        parts.append(part)
+    for checksums in (True, False):
+        got = log_group.placed(parts, checksums=checksums)
+        want = log_group.placed_arrays(parts, checksums=checksums)
+        assert got.keys == want.keys
+        for name in ("slot", "region", "offset", "length", "codec", "seq", "checksum"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+        assert got.moved_from.tolist() == want.moved_from.tolist()
+    if any(part.keys for part in parts):
+        part = next(part for part in parts if part.keys)
+        part.checksum[-1] = None
+        for make in (log_group.placed, log_group.placed_arrays):
+            with pytest.raises(TypeError):
+                make(parts)

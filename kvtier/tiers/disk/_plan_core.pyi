@@ -79,3 +79,16 @@ def apply_new(
     tombstone: int,
     header_bytes: int,
 ) -> int: ...
+def placed_columns(
+    parts: list[Any], page: int, checksums: bool
+) -> tuple[
+    list[OffloadKey],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.uint64]],
+    np.ndarray[Any, np.dtype[np.uint64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+]: ...

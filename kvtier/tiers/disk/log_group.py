@@ -52,6 +52,12 @@ try:  # the compiled placing, present only when kvtier.compiled selected it
 except ImportError:
     _compiled_fit_run = None
 
+_compiled_placed: Callable[..., tuple[Any, ...]] | None
+try:  # the compiled columns, present only when kvtier.compiled selected them
+    from kvtier.tiers.disk._plan_core import placed_columns as _compiled_placed
+except ImportError:
+    _compiled_placed = None
+
 ZEROS = memoryview(bytes(PAGE))
 
 YIELD_PARTS = 2
@@ -453,7 +459,15 @@ def placed(parts: list[Part], *, checksums: bool = True) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
     start), in the order placed; without `checksums` (parts still being written: their new
     records' checksums are not computed yet) zeros in their place, set by `with_checksums`
-    once the parts are written."""
+    once the parts are written. In one compiled loop when the core is built
+    (`_plan_core.placed_columns`), else with a conversion a column (`placed_arrays`)."""
+    if _compiled_placed is not None:
+        return Placed(*_compiled_placed(parts, PAGE, checksums))
+    return placed_arrays(parts, checksums=checksums)
+
+
+def placed_arrays(parts: list[Part], *, checksums: bool = True) -> Placed:
+    """`placed` with a conversion a column (the compiled loop's fallback and reference)."""
     keys = [key for part in parts for key in part.keys]
     count = len(keys)
 
