@@ -25,9 +25,10 @@ write group's batches of system calls made without the GIL, which
 `tests/test_disk_io_batch.py`), and a log part's bound checksums without the GIL, which
 `kvtier.tiers.disk.log_format` calls when it is selected (`tests/test_disk_log_checksums.py`).
 And `kvtier/tiers/disk/_plan_core.pyx`, the log index's look-ups for a batch of new records
-in one compiled pass and the log lane's placing of a run of records in one loop, which
-`kvtier.tiers.disk.log_index` and `log_group` run when it is selected (the same results as
-their numpy paths; `tests/test_disk_log_plan.py`).
+in one compiled pass and its stores for them in one loop, the log lane's placing of a run of
+records, a part's header entries and a group's records as the index takes them, which
+`kvtier.tiers.disk.log_index`, `log_commit`, `log_group` and `log_format` run when it is
+selected (the same results as their numpy paths; `tests/test_disk_log_plan.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -75,8 +76,9 @@ likewise) and
 constructor); and a disk write group's system calls
 without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops` makes
 them one Python call at a time); and a log store's index look-ups for a batch of new records
-and its lane's placing of a run in compiled loops (`_plan_core.pyx`; when it is not
-selected, `kvtier.tiers.disk.log_index` and `log_group` use numpy)."""
+and stores, its lane's placing of a run, a part's header entries and a group's records in
+compiled loops (`_plan_core.pyx`; when it is not selected, `kvtier.tiers.disk.log_index`,
+`log_commit`, `log_group` and `log_format` use numpy)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

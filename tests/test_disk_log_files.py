@@ -14,6 +14,7 @@ import itertools
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from kvtier.tiers.disk.log_files import (
     Geometry,
     LogFiles,
     pieces,
+    pieces_sized,
     record_spans,
     spread,
 )
@@ -227,3 +229,27 @@ def test_write_parts_lands_every_part_and_a_failed_part_fails_its_batch(
         assert np.array_equal(back[keep], data[keep])
     finally:
         files.close()
+
+
+def test_pieces_of_arrays_cut_them_by_bytes() -> None:
+    """Buffers of any contiguous kind (a part's payloads are the caller's arrays), their
+    sizes given or not: every byte once, in order, a cut one cut by bytes (uint16 and 2-D
+    arrays: slicing the array itself would cut elements or rows); the pieces' byte counts
+    are their buffers'."""
+    rng = random.Random(5)
+    for _ in range(40):
+        arrays: list[Any] = []
+        for _ in range(rng.randint(1, 30)):
+            pages = rng.choice([1, 4, 16, 300])
+            raw = np.frombuffer(rng.randbytes(pages * PAGE), dtype=np.uint8)
+            arrays.append(rng.choice([raw, raw.view(np.uint16), raw.reshape(pages, PAGE)]))
+        data = b"".join(array.tobytes() for array in arrays)
+        sizes = [array.nbytes for array in arrays]
+        for threads in (1, 2, WRITE_THREADS):
+            for given in (sizes, None):
+                cut = pieces_sized(list(arrays), threads, given)
+                joined = b"".join(memoryview(b).cast("B") for piece, _ in cut for b in piece)
+                assert joined == data
+                assert [n for _, n in cut] == [
+                    sum(memoryview(b).nbytes for b in piece) for piece, _ in cut
+                ]

@@ -4,7 +4,9 @@ batches (new records over a small pool of keys, so keys move between slots, are 
 twice in one batch and written over in their own slot; forgets; moved records; keys longer
 than any before; keys held at the open found through sorted hashes with colliding entries;
 plans gone stale before their commit) plan the same, field by field, and end in the same
-state after every step. And the lane's `fit_run` (`_fit_run_arrays`) places the same runs."""
+state after every step (the compiled commit, log_commit.py, against its numpy path too). And
+the lane's `fit_run` (`_fit_run_arrays`) places the same runs, and a part's header pages
+(`pack_group_into`) are `pack_group`'s bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvtier.keys import OffloadKey
-from kvtier.tiers.disk import log_group, log_index
+from kvtier.tiers.disk import log_commit, log_format, log_group, log_index
 from kvtier.tiers.disk.log_format import PAGE, TOMBSTONE
 from kvtier.tiers.disk.log_group import Part
 from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hashes
@@ -22,7 +24,9 @@ from kvtier.tiers.disk.log_index import NO_REGION, LogIndex, Placed, sorted_hash
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(
-        log_index._compiled_plan is None or log_group._compiled_fit_run is None,
+        log_index._compiled_plan is None
+        or log_group._compiled_fit_run is None
+        or log_commit._compiled_apply is None,
         reason="the compiled core is not built or selected",
     ),
 ]
@@ -36,7 +40,7 @@ def opened(pool: list[bytes], rng: random.Random, compiled: bool) -> LogIndex:
     sorted hashes, with colliding entries (another slot under a held key's hash) mixed in."""
     index = LogIndex(SLOTS, REGIONS)
     if not compiled:
-        index.compiled_plan = None
+        index.compiled_plan = index.compiled_commit = None
     width = 16
     arrays = {name: np.zeros_like(getattr(index, name)) for name in LogIndex.ARRAYS}
     arrays["region"][:] = NO_REGION
@@ -117,6 +121,7 @@ def test_the_compiled_plan_is_the_numpy_plan(seed: int) -> None:
     pool = [bytes([i]) * (8 if i % 5 else 16) for i in range(1, 40)]
     fast, pure = opened(pool, random.Random(seed), True), opened(pool, random.Random(seed), False)
     assert fast.compiled_plan is not None and pure.compiled_plan is None
+    assert fast.compiled_commit is not None and pure.compiled_commit is None
     seq = 1000
     stale: list[tuple[log_index.Plan, log_index.Plan]] = []
     for step in range(60):
@@ -177,3 +182,88 @@ def test_the_compiled_fit_run_is_the_numpy_one(seed: int) -> None:
         assert with_c[0] == numpy_path[0]
         assert with_c[1].dtype == numpy_path[1].dtype
         assert with_c[1].tolist() == numpy_path[1].tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_header_is_pack_groups(seed: int) -> None:
+    """`pack_group_into` (the compiled entries, `_plan_core.pack_entries`) writes the bytes
+    of `pack_group` (the reference) and nothing else: into a dirty buffer at an offset, for
+    parts of keys of several lengths, fields up to their types' ranges, one record and
+    enough to fill several header pages; the bytes before and after the header pages are
+    left alone. And a value out of its field's range is refused, not wrapped."""
+    assert log_format._compiled_entries is not None
+    rng = random.Random(seed)
+    namespace = bytes(rng.randrange(256) for _ in range(20))
+    for count in (1, 7, 120, 400):
+        keys = [
+            bytes(rng.randrange(256) for _ in range(rng.choice((1, 8, 16, 33))))
+            for _ in range(count)
+        ]
+        fields = {
+            "slot": [rng.randrange(1 << 40) for _ in keys],
+            "seq": [rng.randrange(1 << 64) for _ in keys],
+            "checksum": [rng.randrange(1 << 64) for _ in keys],
+            "offset": [rng.randrange(1 << 32) for _ in keys],
+            "length": [rng.randrange(1 << 32) for _ in keys],
+            "codec": [rng.choice((0, 1, TOMBSTONE)) for _ in keys],
+        }
+        epoch, span = rng.randrange(1 << 64), rng.randrange(1 << 40)
+        want = log_format.pack_group(namespace, epoch, keys, fields, span)
+        out = np.frombuffer(
+            bytes(rng.randrange(256) for _ in range(len(want) + 2 * PAGE)), np.uint8
+        ).copy()
+        before = out.copy()
+        assert log_format.pack_group_into(out, PAGE, namespace, epoch, keys, fields, span) == len(
+            want
+        )
+        assert out[PAGE : PAGE + len(want)].tobytes() == want
+        assert np.array_equal(out[:PAGE], before[:PAGE])
+        assert np.array_equal(out[PAGE + len(want) :], before[PAGE + len(want) :])
+    for name, value in (("offset", 1 << 32), ("codec", 256), ("slot", -1)):
+        bad = {**fields, name: [value, *fields[name][1:]]}
+        with pytest.raises(OverflowError):
+            log_format.pack_group_into(out, 0, namespace, 1, keys, bad, 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_placed_is_the_numpy_one(seed: int) -> None:
+    """`placed`'s compiled loop (`_plan_core.placed_columns`) against its numpy path
+    (`placed_arrays`): parts of new, moved and forget records in several regions, at
+    several starts and header pages, with and without checksums: the same keys and
+    columns, dtype and all; a new record's checksum still None is refused by both."""
+    assert log_group._compiled_placed is not None
+    rng = random.Random(seed)
+    parts = []
+    for number in range(rng.randint(0, 5)):
+        part = Part(rng.randrange(64), rng.randrange(1 << 20) * PAGE, rng.randrange(9), False)
+        part.head_pages = rng.randint(0, 3)
+        for i in range(rng.choice((0, 1, 50, 300))):
+            moved = rng.random() < 0.2
+            log_group.add(
+                part,
+                OffloadKey(bytes([number, i % 256]) * rng.randint(1, 8)),
+                rng.randrange(1 << 20),
+                rng.randrange(1 << 64),
+                rng.randrange(1 << 64),
+                rng.randrange(1 << 30),
+                rng.choice((0, 100, PAGE, 16 * PAGE)),
+                rng.choice((0, 1, TOMBSTONE)),
+                b"",
+                rng.randrange(64) if moved else NO_REGION,
+                True,
+            )
+        parts.append(part)
+    for checksums in (True, False):
+        got = log_group.placed(parts, checksums=checksums)
+        want = log_group.placed_arrays(parts, checksums=checksums)
+        assert got.keys == want.keys
+        for name in ("slot", "region", "offset", "length", "codec", "seq", "checksum"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+        assert got.moved_from.tolist() == want.moved_from.tolist()
+    if any(part.keys for part in parts):
+        part = next(part for part in parts if part.keys)
+        part.checksum[-1] = None
+        for make in (log_group.placed, log_group.placed_arrays):
+            with pytest.raises(TypeError):
+                make(parts)

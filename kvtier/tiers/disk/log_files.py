@@ -134,6 +134,8 @@ class LogFiles:
         self, root: Path, geo: Geometry, io: FileIO, direct_io: bool | str, readonly: bool = False
     ) -> None:
         self.root = root
+        self._grounds = (root / REGIONS_FILE, root / LOCK_FILE)
+        """The paths `check_ground` stats after every sync (made once: not two joins a sync)."""
         self.readonly = readonly
         """Opened only to read (a store opened to inspect: a read-only filesystem can be
         checked); a file that is missing is still created, as before."""
@@ -190,7 +192,12 @@ class LogFiles:
         return region * self.geo.region_bytes
 
     def write_parts(
-        self, region: int, start: int, buffers: list[memoryview], direct: bool
+        self,
+        region: int,
+        start: int,
+        buffers: list[Any],
+        direct: bool,
+        sizes: list[int] | None = None,
     ) -> list[Future[int]]:
         """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
         the writes run on the WRITE_THREADS write threads, so a device keeps several in
@@ -200,14 +207,15 @@ class LogFiles:
         without the GIL with the compiled core (`ops.run_batch`; see "Write threads and the
         GIL" and "Log writes on a fast device" in docs/BENCHMARKS.md). With O_DIRECT when
         the caller says every buffer is page-aligned memory of whole pages (`direct`, see
-        `whole_pages`), else buffered (the kernel's one copy). The caller waits on every
-        future returned (each raises its piece's OSError) before it syncs."""
+        `whole_pages`), else buffered (the kernel's one copy). `buffers` are contiguous
+        buffers of any kind (`sizes`: their bytes, when the caller knows them: a part's
+        payloads are the caller's arrays, not wrapped in a view each). The caller waits on
+        every future returned (each raises its piece's OSError) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
         ops: list[WriteOp] = []
-        for piece in pieces(buffers):
-            nbytes = sum(view.nbytes for view in piece)
-            ops.append(WriteOp(fd, list(piece), at, nbytes))
+        for piece, nbytes in pieces_sized(buffers, WRITE_THREADS, sizes):
+            ops.append(WriteOp(fd, piece, at, nbytes))
             at += nbytes
         return [self._writers.submit(self._write_batch, batch) for batch in spread(ops)]
 
@@ -364,9 +372,10 @@ class LogFiles:
         first problem found the files disable themselves (see the module; `lose`)."""
         if self.lost is not None:
             return self.lost
-        why = _moved(self.root / REGIONS_FILE, self.fd, "the regions file")
+        regions, lock = self._grounds
+        why = _moved(regions, self.fd, "the regions file")
         if why is None:
-            why = _moved(self.root / LOCK_FILE, self._lock_fd, "the lock file")
+            why = _moved(lock, self._lock_fd, "the lock file")
         if why is not None:
             self.lose(why)
         return self.lost
@@ -455,18 +464,31 @@ def spread(parts: list[WriteOp], threads: int = WRITE_THREADS) -> list[list[Writ
     return batches
 
 
-def pieces(buffers: list[memoryview], threads: int = WRITE_THREADS) -> list[list[memoryview]]:
+def pieces(buffers: list[Any], threads: int = WRITE_THREADS) -> list[list[Any]]:
     """`buffers` (back to back, whole pages in all) cut in at most `threads` pieces of about
     equal bytes, each a multiple of PAGE but the last and at least WRITE_PIECE_BYTES when
     the buffers hold that much (a buffer is cut where a piece ends), and at most IOV_MAX
     buffers each (more pieces then); every byte once, in order. The cuts are found by
     bisection over the buffers' running ends: no Python per buffer but its size."""
-    ends = list(accumulate(view.nbytes for view in buffers))
+    return [piece for piece, _ in pieces_sized(buffers, threads)]
+
+
+def pieces_sized(
+    buffers: list[Any], threads: int = WRITE_THREADS, sizes: list[int] | None = None
+) -> list[tuple[list[Any], int]]:
+    """`pieces` with each piece's bytes; `sizes`: each buffer's bytes, when known (else
+    taken from flat views of them). A buffer cut where a piece ends is cut as a flat view of
+    its bytes; the others are passed on as they are (any contiguous buffer: a view each
+    cost ~0.3-1.3 us a block on the lane thread, docs/BENCHMARKS.md, "The write row's CPU
+    per block")."""
+    if sizes is None:
+        sizes = [memoryview(buffer).nbytes for buffer in buffers]
+    ends = list(accumulate(sizes))
     total = ends[-1] if ends else 0
     count = max(1, min(threads, total // WRITE_PIECE_BYTES))
     each = -(-total // count)
     share = -(-each // PAGE) * PAGE
-    out: list[list[memoryview]] = []
+    out: list[tuple[list[Any], int]] = []
     first = skip = start = 0  # a piece starts `skip` bytes into buffers[first], `start` in all
     while start < total:
         stop = min(start + share, total)
@@ -477,16 +499,22 @@ def pieces(buffers: list[memoryview], threads: int = WRITE_THREADS) -> list[list
         piece = buffers[first : last + 1]
         over = ends[last] - stop  # bytes of buffers[last] past the piece
         if over:
-            piece[-1] = piece[-1][: piece[-1].nbytes - over]
+            piece[-1] = _flat(piece[-1])[: sizes[last] - over]
         if skip:
-            piece[0] = piece[0][skip:]
-        out.append(piece)
+            piece[0] = _flat(piece[0])[skip:]
+        out.append((piece, stop - start))
         if over:
-            first, skip = last, buffers[last].nbytes - over
+            first, skip = last, sizes[last] - over
         else:
             first, skip = last + 1, 0
         start = stop
     return out
+
+
+def _flat(buffer: Any) -> memoryview:
+    """`buffer`'s bytes as a flat view (what a cut slices)."""
+    view = memoryview(buffer)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def record_spans(records: list[tuple[int, int]]) -> list[tuple[int, int]]:

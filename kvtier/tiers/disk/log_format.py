@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -100,6 +101,14 @@ try:  # the compiled checksums, present only when kvtier.compiled selected the c
         _compiled_checksums = _io_core.bound_checksums
 except ImportError:
     pass
+
+_compiled_entries: Callable[..., int] | None = None
+try:  # the compiled entries, present only when kvtier.compiled selected the core
+    from kvtier.tiers.disk._plan_core import pack_entries as _compiled_entries
+except ImportError:
+    _compiled_entries = None
+if sys.byteorder != "little":  # (it writes native integers; the format's are little-endian)
+    _compiled_entries = None
 
 
 def log_fingerprint(block_size: int, model_id: str, version: int = LOG_FORMAT_VERSION) -> str:
@@ -244,6 +253,46 @@ def pack_group(
     hasher.update(blob)
     head = group + _CHECK.pack(hasher.intdigest()) + body + blob
     return head + bytes(pages * PAGE - len(head))
+
+
+def pack_group_into(
+    out: np.ndarray[Any, np.dtype[np.uint8]],
+    at: int,
+    namespace: bytes,
+    epoch: int,
+    keys: Sequence[bytes],
+    fields: dict[str, Any],
+    span: int,
+) -> int:
+    """`pack_group`'s header pages written into `out` (a uint8 array) from `at`, the same
+    bytes; their length. With the compiled core (`_plan_core.pack_entries`) the entries and
+    keys are written there in one loop over the part's lists and the checksum taken over
+    `out` itself (a write's header pages without an array a column, a join of the keys and
+    two copies of the header); without it, `pack_group`'s bytes copied in."""
+    count = len(keys)
+    key_bytes = sum(map(len, keys))
+    nbytes = -(-head_bytes(count, key_bytes) // PAGE) * PAGE
+    if out.shape[0] < at + nbytes:
+        raise ValueError(f"pack_group_into: {nbytes} bytes do not fit from {at}")
+    columns = [fields[name] for name in ("slot", "seq", "checksum", "offset", "length", "codec")]
+    if (
+        _compiled_entries is None
+        or out.dtype != np.uint8
+        or not out.flags.c_contiguous
+        or not all(type(column) is list for column in (keys, *columns))
+    ):
+        head = pack_group(namespace, epoch, keys, fields, span)
+        out[at : at + nbytes] = np.frombuffer(head, np.uint8)
+        return nbytes
+    end = at + _FIXED + _compiled_entries(out, at + _FIXED, keys, *columns)
+    pages = nbytes // PAGE
+    group = _GROUP.pack(_GROUP_MAGIC, LOG_FORMAT_VERSION, count, pages, key_bytes, epoch, span)
+    out[at : at + _GROUP.size] = np.frombuffer(group, np.uint8)
+    hasher = xxhash.xxh3_64(group, seed=_seed(namespace))
+    hasher.update(out[at + _FIXED : end].data)
+    out[at + _GROUP.size : at + _FIXED] = np.frombuffer(_CHECK.pack(hasher.intdigest()), np.uint8)
+    out[end : at + nbytes] = 0
+    return nbytes
 
 
 def parse_group(

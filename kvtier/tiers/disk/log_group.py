@@ -31,7 +31,7 @@ from kvtier.tiers.disk.log_format import (
     RECORD_HEADER_BYTES,
     bound_checksums,
     head_bytes,
-    pack_group,
+    pack_group_into,
     pack_region_header,
     pad8,
     payload_at,
@@ -51,6 +51,12 @@ try:  # the compiled placing, present only when kvtier.compiled selected it
     from kvtier.tiers.disk._plan_core import fit_run as _compiled_fit_run
 except ImportError:
     _compiled_fit_run = None
+
+_compiled_placed: Callable[..., tuple[Any, ...]] | None
+try:  # the compiled columns, present only when kvtier.compiled selected them
+    from kvtier.tiers.disk._plan_core import placed_columns as _compiled_placed
+except ImportError:
+    _compiled_placed = None
 
 ZEROS = memoryview(bytes(PAGE))
 
@@ -352,20 +358,32 @@ def run_bytes(
     )
 
 
-def payload_views(part: Part, span: int) -> list[memoryview]:
+def payload_views(part: Part, span: int) -> tuple[list[Any], list[int]]:
     """A part's payloads as the buffers of its write (the caller's memory, not copied),
-    with zeros in the gaps and up to `span`."""
-    buffers: list[memoryview] = []
-    pos = 0
-    for payload, at, length in zip(part.payloads, part.offset, part.length, strict=True):
-        if length:
-            if at > pos:
-                buffers.append(ZEROS[: at - pos])
-            buffers.append(memoryview(payload).cast("B"))
-            pos = at + length
-    if span > pos:
-        buffers.append(memoryview(bytes(span - pos)))
-    return buffers
+    with zeros in the gaps and up to `span`, and each buffer's bytes. The payloads are
+    passed as they are (contiguous buffers: the caller's arrays, views of a reclaimed
+    region), not wrapped in a view each; when they lie back to back from the payloads'
+    start (a call's whole-page blocks) the part's own lists are the write's, with no Python
+    per block (docs/BENCHMARKS.md, "The write row's CPU per block")."""
+    lengths = part.length
+    end = part.end
+    if sum(lengths) == end and 0 not in lengths:  # back to back from 0: no gap, no empty one
+        buffers, sizes = list(part.payloads), list(lengths)
+    else:
+        buffers, sizes = [], []
+        end = 0
+        for payload, at, length in zip(part.payloads, part.offset, lengths, strict=True):
+            if length:
+                if at > end:
+                    buffers.append(ZEROS[: at - end])
+                    sizes.append(at - end)
+                buffers.append(payload)
+                sizes.append(length)
+                end = at + length
+    if span > end:
+        buffers.append(memoryview(bytes(span - end)))
+        sizes.append(span - end)
+    return buffers, sizes
 
 
 def copy_payloads(part: Part, image: np.ndarray[Any, np.dtype[np.uint8]]) -> memoryview:
@@ -412,13 +430,14 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
         "length": part.length,
         "codec": part.codec,
     }
-    head = pack_group(namespace, part.epoch, part.keys, fields, span) if part.keys else b""
     first = b""
     if part.opens:
         first = pack_region_header(namespace, part.epoch, part.region, files.geo.region_bytes)
-    front = _front_buffer(len(first) + len(head))
+    head = round_page(head_bytes(len(part.keys), part.key_bytes)) if part.keys else 0
+    front = _front_buffer(len(first) + head)
     front[: len(first)] = np.frombuffer(first, dtype=np.uint8)
-    front[len(first) : len(first) + len(head)] = np.frombuffer(head, dtype=np.uint8)
+    if part.keys:  # the header pages packed in place (no copy of them)
+        pack_group_into(front, len(first), namespace, part.epoch, part.keys, fields, span)
     start = 0 if part.opens else part.start
     files.write_here(part.region, start, [front.data], True)
 
@@ -440,7 +459,15 @@ def placed(parts: list[Part], *, checksums: bool = True) -> Placed:
     """The records of written parts as the index takes them (offsets from the region's
     start), in the order placed; without `checksums` (parts still being written: their new
     records' checksums are not computed yet) zeros in their place, set by `with_checksums`
-    once the parts are written."""
+    once the parts are written. In one compiled loop when the core is built
+    (`_plan_core.placed_columns`), else with a conversion a column (`placed_arrays`)."""
+    if _compiled_placed is not None:
+        return Placed(*_compiled_placed(parts, PAGE, checksums))
+    return placed_arrays(parts, checksums=checksums)
+
+
+def placed_arrays(parts: list[Part], *, checksums: bool = True) -> Placed:
+    """`placed` with a conversion a column (the compiled loop's fallback and reference)."""
     keys = [key for part in parts for key in part.keys]
     count = len(keys)
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.keys import OffloadKey
+from kvtier.tiers.disk.log_commit import _compiled_apply, apply_new
 from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
 from kvtier.tiers.disk.log_keys import key_hash, key_rows, pick, row_hashes, written_again
 from kvtier.tiers.disk.log_rows import NO_REGION, NewRecords, Placed, Plan, Row
@@ -69,6 +70,8 @@ class LogIndex:
         the last one is planned again)."""
         self.compiled_plan = _compiled_plan
         """`_plan_new`'s compiled pass (`_plan_core.pyx`), None: its numpy path."""
+        self.compiled_commit = _compiled_apply
+        """`_apply_new`'s compiled loop (`_plan_core.pyx`), None: its numpy path."""
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -251,22 +254,9 @@ class LogIndex:
         )  # fmt: skip
 
     def _apply_new(self, placed: Placed, new: NewRecords) -> None:
-        """The stores of `apply` for records that were not moved, as `_plan_new` chose them:
-        the slots that held their keys cleared, the newest record per slot written."""
-        self._clear_many(new.clear)
-        chosen, target = new.chosen, new.target
-        self.keys[target] = new.rows
-        self.key_len[target] = new.lengths
-        self.region[target] = placed.region[chosen]
-        self.offset[target] = placed.offset[chosen]
-        self.length[target] = placed.length[chosen]
-        self.codec[target] = placed.codec[chosen]
-        self.seq[target] = placed.seq[chosen]
-        self.checksum[target] = placed.checksum[chosen]
-        sizes = new.key_sizes + ((placed.length[chosen].astype(np.int64) + 7) & ~7)
-        np.add.at(self.live, placed.region[chosen], sizes)  # `_sizes`, from the batch
-        self.blocks += new.held
-        self.written.update(new.written)
+        """The stores of `apply` for records that were not moved, as `_plan_new` chose them
+        (log_commit.py: compiled, or with array operations)."""
+        apply_new(self, placed, new)
 
     def _sizes(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
         """`record_bytes` of the records in `slots`, as an array."""
@@ -275,17 +265,6 @@ class LogIndex:
             (self.length[slots].astype(np.int64) + 7) & ~7
         )
         return result
-
-    def _clear_many(self, slots: np.ndarray[Any, Any]) -> None:
-        """`_clear` of each of `slots` (distinct), with array operations."""
-        regions = self.region[slots]
-        held = regions != NO_REGION
-        slots = slots[held]
-        if not slots.size:
-            return
-        np.subtract.at(self.live, regions[held], self._sizes(slots))
-        self.blocks -= int(np.count_nonzero(self.codec[slots] != TOMBSTONE))
-        self.region[slots] = NO_REGION
 
     def _find_rows(
         self,
@@ -441,16 +420,19 @@ class LogIndex:
         """Search the sorted hashes of a snapshot's keys from now on (`width`: its key rows'
         width), and forget the keys the snapshot's dict had that have not moved since: the
         hashes find them. Keeps the dict to the keys written since the last checkpoint, so
-        the index stays near its size after an open. In chunks: never holds the lock long."""
+        the index stays near its size after an open. In chunks: never holds the lock long.
+        No tuple a key (two lists, zipped): a checkpoint's 4096 tuples set off the collector,
+        whose full pass took ~20 ms (docs/BENCHMARKS.md, "The write row's CPU per block")."""
         with self.lock:
             if self.keys.shape[1] != width:
                 return  # the rows were widened since: those hashes are of another width
             self._hashes, self._hashed_slots = hashes, slots
             self.version += 1
-        items = list(written.items())
-        for first in range(0, len(items), 4096):
+        keys, held = list(written), list(written.values())
+        for first in range(0, len(keys), 4096):
+            chunk = slice(first, first + 4096)
             with self.lock:
-                for key, slot in items[first : first + 4096]:
+                for key, slot in zip(keys[chunk], held[chunk], strict=True):
                     if self.written.get(key) == slot:
                         del self.written[key]
 

@@ -412,11 +412,13 @@ class LogLane:
         files = self.files
         direct = part.direct and files.direct_fd is not None and span == part.end
         if direct or files.direct_fd is None:
-            buffers = payload_views(part, span)
+            buffers, sizes = payload_views(part, span)
         else:  # O_DIRECT from memory it cannot use: one copy into an aligned image
             buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
+            sizes = [span]
         if span:
-            pending.writes.extend(files.write_parts(part.region, payloads_at, buffers, direct))
+            writes = files.write_parts(part.region, payloads_at, buffers, direct, sizes)
+            pending.writes.extend(writes)
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
         let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
 
