@@ -330,3 +330,28 @@ async def test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(
         assert manager.counters.reserve_evicted > 0
         await assert_reads_back(h, [key(10_000 * n + i) for n in range(6) for i in range(240)])
         h.check()
+
+
+async def test_a_deferred_refill_that_fails_to_plan_is_a_counted_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning on the loop's next turn has no caller: what it raises is counted as a job's
+    error and logged, the put that made it due stays stored, and the chain goes on."""
+    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
+        manager = h.chain.manager
+        counters = h.chain.supervisor.counters
+        first = await put_until_due(h)
+
+        def broken() -> bool:
+            manager.planner.refill_due = False
+            raise RuntimeError("planning failed")
+
+        monkeypatch.setattr(manager, "plan_refills", broken)
+        await asyncio.sleep(0)  # the loop's next turn runs the planning, which raises
+        assert counters.job_errors == 1
+        assert counters.error_types == {"RuntimeError": 1}
+        monkeypatch.undo()
+        ks = [key(first), key(first + 1)]
+        assert await h.put(ks, blocks_of(ks)) == 2
+        await h.drain()
+        await assert_reads_back(h, [key(i) for i in range(first + 2)])

@@ -187,10 +187,7 @@ class Chain:
         try:
             self.plan_refills()
         except Exception as error:
-            counters = self.supervisor.counters
-            counters.job_errors += 1
-            name = type(error).__name__
-            counters.error_types[name] = counters.error_types.get(name, 0) + 1
+            self.supervisor.count_error(error)
             log.error("planning a refill failed: %r", error, exc_info=error)
 
     def staged_of(self, job_id: int) -> asyncio.Future[None] | None:

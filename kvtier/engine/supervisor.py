@@ -91,7 +91,7 @@ class JobSupervisor:
         try:
             await self.engine.run(job, staged)
         except Exception as error:  # any class: logged and counted, never the caller's
-            self._count(error)
+            self.count_error(error)
             log.error("transfer job %r failed: %r", job, error, exc_info=error)
 
     def _finished(
@@ -109,16 +109,17 @@ class JobSupervisor:
                 self.counters.jobs_abandoned += 1
                 manager.complete_job(job, failed=job.pending_pairs())
         except Exception as error:
-            self._count(error)
+            self.count_error(error)
             log.error("settling abandoned job %r failed: %r", job, error, exc_info=error)
         finally:
             if staged is not None and not staged.done():
                 staged.set_result(None)
             if not task.cancelled() and task.exception() is not None:
-                self._count(task.exception())  # a BaseException that _run let through
+                self.count_error(task.exception())  # a BaseException that _run let through
             self._on_done()
 
-    def _count(self, error: BaseException | None) -> None:
+    def count_error(self, error: BaseException | None) -> None:
+        """Count `error` (None: nothing) as a job's: `job_errors` and its type's count."""
         if error is None:
             return
         self.counters.job_errors += 1
