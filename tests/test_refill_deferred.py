@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from hierarchy_helpers import blocks_of, chain_config, key
-from test_refill_floor import MARKS, background_copies, plans
+from test_refill_floor import MARKS, background_copies, plans, random_puts
 from test_refill_merge import Recorder
 from test_tiered_manager import k
 
@@ -36,30 +36,21 @@ def cpu_over_disk(floor: int, *, defer: bool, cpu: int = 256) -> TieredManager:
 
 
 def run_puts(floor: int, *, defer: bool, puts: int = 300, seed: int = 3) -> Recorder:
-    """Puts of 1 to 5 blocks (now and then of a block stored before), each followed by the
-    refill it made due (deferred: planned after the store settled, as the chain does) and
-    every job it planned, the byte model checking every slot."""
-    rng = random.Random(seed)
+    """`random_puts`, each put followed by the refill it made due (deferred: planned after
+    the store settled, as the chain does)."""
     model = Recorder(cpu_over_disk(floor, defer=defer))
     manager = model.manager
-    next_key = 0
-    for _ in range(puts):
-        keys = [k(next_key + j) for j in range(rng.randint(1, 5))]
-        next_key += len(keys)
-        if next_key > 20 and rng.random() < 0.2:
-            keys[0] = k(rng.randrange(next_key - 20))
-        model.put(keys)
-        if defer:
-            due = manager.refill_due
-            jobs = manager.take_jobs()  # what the store planned: no refill, if one is due
-            assert not (due and any(job.background for job in jobs))
-            for job in jobs:
-                model.run(job)
-            assert manager.plan_refills() is due
-            assert not manager.refill_due
-        model.drain()
-        model.verify()
-    return model
+
+    def plan_deferred() -> None:
+        due = manager.refill_due
+        jobs = manager.take_jobs()  # what the store planned: no refill, if one is due
+        assert not (due and any(job.background for job in jobs))
+        for job in jobs:
+            model.run(job)
+        assert manager.plan_refills() is due
+        assert not manager.refill_due
+
+    return random_puts(model, puts, seed, plan_deferred if defer else None)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

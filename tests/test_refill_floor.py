@@ -6,6 +6,7 @@ plan; a bad value is one error naming the key."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,13 @@ def background_copies(model: Recorder) -> list[int]:
     ]
 
 
-def run_puts(floor: int | None, cpu: int = 256, puts: int = 300, seed: int = 3) -> Recorder:
+def random_puts(
+    model: Recorder, puts: int, seed: int, after_put: Callable[[], None] | None = None
+) -> Recorder:
     """Puts of 1 to 5 blocks, now and then of a block stored before (held somewhere), each
-    followed by running every job it planned, the byte model checking every slot."""
+    followed by `after_put` (if any) and by running every job planned, the byte model
+    checking every slot. `model`, returned."""
     rng = random.Random(seed)
-    model = Recorder(cpu_over_disk(floor, cpu))
     next_key = 0
     for _ in range(puts):
         keys = [k(next_key + j) for j in range(rng.randint(1, 5))]
@@ -80,9 +83,16 @@ def run_puts(floor: int | None, cpu: int = 256, puts: int = 300, seed: int = 3) 
         if next_key > 20 and rng.random() < 0.2:
             keys[0] = k(rng.randrange(next_key - 20))
         model.put(keys)
+        if after_put is not None:
+            after_put()
         model.drain()
         model.verify()
     return model
+
+
+def run_puts(floor: int | None, cpu: int = 256, puts: int = 300, seed: int = 3) -> Recorder:
+    """`random_puts` on a cpu tier of `cpu` blocks over a disk tier."""
+    return random_puts(Recorder(cpu_over_disk(floor, cpu)), puts, seed)
 
 
 def test_every_background_refill_copies_at_least_the_floor() -> None:
