@@ -19,6 +19,7 @@ from test_refill_merge import Recorder
 from test_tiered_manager import k
 
 from kvtier import Hierarchy
+from kvtier.chain import runtime
 from kvtier.keys import OffloadKey
 from kvtier.manager import JobKind, TieredManager, make_tier_manager, slot_ids
 
@@ -35,10 +36,19 @@ def cpu_over_disk(floor: int, *, defer: bool, cpu: int = 256) -> TieredManager:
     )
 
 
-def run_puts(floor: int, *, defer: bool, puts: int = 300, seed: int = 3) -> Recorder:
+class Parts(Recorder):
+    """The byte model, counting the calls that planned a refill only in part."""
+
+    parts = 0
+
+
+def run_puts(
+    floor: int, *, defer: bool, puts: int = 300, seed: int = 3, part: int | None = None
+) -> Parts:
     """`random_puts`, each put followed by the refill it made due (deferred: planned after
-    the store settled, as the chain does)."""
-    model = Recorder(cpu_over_disk(floor, defer=defer))
+    the store settled, as the chain does; `part`: at most that many victims a call, called
+    until it is all planned, as `Chain._refill_soon` does over turns of the loop)."""
+    model = Parts(cpu_over_disk(floor, defer=defer))
     manager = model.manager
 
     def plan_deferred() -> None:
@@ -47,10 +57,14 @@ def run_puts(floor: int, *, defer: bool, puts: int = 300, seed: int = 3) -> Reco
         assert not (due and any(job.background for job in jobs))
         for job in jobs:
             model.run(job)
-        assert manager.plan_refills() is due
-        assert not manager.refill_due
+        assert manager.plan_refills(part) is due
+        while manager.refill_due:  # planned in part: nothing queued until it is all planned
+            assert manager.take_jobs() == []
+            model.parts += 1
+            assert manager.plan_refills(part)
 
-    return random_puts(model, puts, seed, plan_deferred if defer else None)
+    random_puts(model, puts, seed, plan_deferred if defer else None)
+    return model
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -64,6 +78,22 @@ def test_a_deferred_refill_plans_what_the_store_would_have_planned(seed: int, fl
     assert copies and max(copies) <= 256 // 8  # never more than the cap
     if floor:
         assert min(copies) >= floor  # each refill still copies at least the floor
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("floor", "part"), [(0, 1), (0, 3), (20, 1), (20, 4), (20, 9)])
+def test_a_refill_planned_in_parts_plans_what_the_store_would_have_planned(
+    seed: int, floor: int, part: int
+) -> None:
+    inline = run_puts(floor, defer=False, seed=seed)
+    parts = run_puts(floor, defer=True, seed=seed, part=part)
+    assert parts.parts > 0  # some refills took more than one call
+    # The same jobs, blocks and slots, in order: a refill's parts are one job, their
+    # copies one step per pair of tiers, as when it is planned at once.
+    assert plans(parts) == plans(inline)
+    assert parts.contents() == inline.contents()
+    if floor:
+        assert min(background_copies(parts)) >= floor  # a copy is still at least the floor
 
 
 def due(manager: TieredManager) -> bool:
@@ -96,6 +126,7 @@ class Window(Recorder):
         super().__init__(manager)
         self.in_flight: list[tuple[list[OffloadKey], list[int]]] = []
         self.queued: list[Any] = []
+        self.parts = 0  # planning calls that left a refill planned in part
 
     def begin(self, keys: list[OffloadKey]) -> None:
         out = self.manager.prepare_store(keys)
@@ -104,6 +135,7 @@ class Window(Recorder):
         if out.demotion is not None:
             self.run(out.demotion)  # the put waits for its victims' snapshot
         slots = [int(slot) for slot in slot_ids(out.store_spec)]
+        assert not set(slots) & self.unqueued_drain()  # never one a refill's part drains
         self.in_flight.append((list(out.keys_to_store), slots))
 
     def finish(self, index: int) -> None:
@@ -112,11 +144,20 @@ class Window(Recorder):
             self.slots[0][slot] = key_
         self.manager.complete_store(keys)
 
-    def plan_refill(self) -> None:
+    def unqueued_drain(self) -> set[int]:
+        """Top-tier slots drained by a refill planned in part, not queued yet."""
+        state = self.manager.planner._pass
+        if state.index == 0:
+            return {block.block_id for block in state.drained}
+        return {b.block_id for job in state.planned for i, bs in job.drain if i == 0 for b in bs}
+
+    def plan_refill(self, part: int | None = None) -> None:
         open_before = {job.id for job in self.manager.open_jobs()}
-        self.manager.plan_refills()
+        self.manager.plan_refills(part)
+        self.parts += self.manager.refill_due
         new = [job for job in self.manager.open_jobs() if job.id not in open_before]
         writing = {slot for _, slots in self.in_flight for slot in slots}
+        assert not self.unqueued_drain() & writing
         for job in new:  # its victims' slots: never one a put in flight writes
             drained = {block.block_id for index, blocks in job.drain for block in blocks}
             read = {int(s) for step in job.steps if step.src == 0 for s in step.src_ids}
@@ -128,8 +169,13 @@ class Window(Recorder):
             self.run(self.queued.pop(rng.randrange(len(self.queued))))
 
 
+@pytest.mark.parametrize("parts", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(seed: int) -> None:
+def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(
+    seed: int, parts: bool
+) -> None:
+    """`parts`: each planning call chooses at most 1 to 4 victims, so puts begin and end,
+    and jobs run, between the parts of a refill."""
     rng = random.Random(seed)
     manager = cpu_over_disk(8, defer=True, cpu=96)
     model = Window(manager)
@@ -145,7 +191,7 @@ def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(seed: i
         elif op < 0.65 and model.in_flight:
             model.finish(rng.randrange(len(model.in_flight)))
         elif op < 0.8:
-            model.plan_refill()
+            model.plan_refill(rng.randint(1, 4) if parts else None)
         else:
             model.run_queued(rng)
         model.verify()  # every readable block holds its own bytes
@@ -157,6 +203,7 @@ def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(seed: i
         model.run(job)
     model.verify()
     assert manager.counters.reserve_evicted > 0
+    assert (model.parts > 0) is parts
 
 
 # -- the chain ---------------------------------------------------------------------------------
@@ -323,6 +370,130 @@ async def test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(
         h.check()
 
 
+# -- a refill planned in parts over turns of the loop ------------------------------------------
+
+
+@pytest.fixture
+def parts_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain plans at most 2 victims a turn (the memory chain's refills are 7)."""
+    monkeypatch.setattr(runtime, "REFILL_PART", 2)
+
+
+def refill_jobs(manager: TieredManager) -> list[Any]:
+    return [job for job in manager.open_jobs() if job.background]
+
+
+async def test_a_refill_is_planned_in_parts_over_turns_of_the_loop(
+    tmp_path: Path, parts_of_two: None
+) -> None:
+    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
+        manager = h.chain.manager
+        top = manager.top
+        seen = 0
+        for first in range(0, 1000, 2):
+            ks = [key(first), key(first + 1)]
+            assert await h.put(ks, blocks_of(ks)) == 2
+            if manager.refill_due:
+                seen += 1
+                evicted = manager.counters.reserve_evicted
+                await asyncio.sleep(0)  # the first part: 2 victims, draining, no job yet
+                assert manager.counters.reserve_evicted == evicted + 2
+                assert top.num_draining == 2 and due(manager)
+                assert not refill_jobs(manager)
+                for _ in range(8):
+                    await asyncio.sleep(0)
+                assert not due(manager)  # 4 parts (7 victims), then one job for all of them
+                assert manager.counters.reserve_evicted >= evicted + 7
+                jobs = refill_jobs(manager)
+                assert len(jobs) <= 1
+                if jobs:
+                    (step,) = jobs[0].steps
+                    assert len(step) == manager.counters.reserve_evicted - evicted
+            await h.drain()
+        assert seen >= 50
+        assert h.stats().calls.put_demotion_waits == 0
+        await assert_reads_back(h, [key(i) for i in range(1000)])
+        h.check()
+
+
+async def in_part(h: Hierarchy) -> int:
+    """Puts until a refill is due, then one turn of the loop: it is planned in part (a
+    part's victims draining, no job yet). The next free key."""
+    first = await put_until_due(h)
+    await asyncio.sleep(0)
+    manager = h.chain.manager
+    assert due(manager) and manager.top.num_draining == 2 and not refill_jobs(manager)
+    return first
+
+
+async def test_drain_plans_the_rest_of_a_refill_planned_in_part(
+    tmp_path: Path, parts_of_two: None
+) -> None:
+    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
+        await in_part(h)
+        manager = h.chain.manager
+        await h.drain()
+        assert not due(manager) and not h.chain.busy
+        assert manager.top.num_draining == 0
+        assert manager.top.num_free == 13  # the reserve is back at its target
+
+
+async def test_a_store_short_of_room_mid_refill_plans_the_rest_and_waits(
+    tmp_path: Path, parts_of_two: None
+) -> None:
+    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
+        first = await in_part(h)
+        top = h.chain.manager.top
+        assert top.num_free < 8
+        ks = [key(first + i) for i in range(8)]  # more than the free slots: it must wait
+        assert await h.put(ks, blocks_of(ks)) == 8
+        calls = h.stats().calls
+        assert calls.put_backpressure_waits == 1  # it waited for the refill's slots
+        assert calls.put_demotion_waits == 0  # rather than evicting on its own path
+        await h.drain()
+        await assert_reads_back(h, [key(i) for i in range(first + 8)])
+        h.check()
+
+
+async def test_flush_plans_the_rest_of_a_refill_planned_in_part(
+    tmp_path: Path, parts_of_two: None
+) -> None:
+    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
+        first = await in_part(h)
+        manager = h.chain.manager
+        await h.flush()
+        assert h.last_flush is not None and h.last_flush.left == 0
+        assert not due(manager)
+        assert manager.top.num_free + manager.top.num_draining >= 13
+        await h.drain()
+        await assert_reads_back(h, [key(i) for i in range(first)])
+        h.check()
+
+
+@pytest.mark.parametrize("flush", [False, True])
+async def test_closing_mid_refill_plans_the_rest_and_settles_it(
+    tmp_path: Path, flush: bool, parts_of_two: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=flush)
+    async with h:
+        await in_part(h)
+        chain = h.chain
+        evicted = chain.manager.counters.reserve_evicted
+    assert chain.manager.closed and chain.state == "closed"
+    assert chain.manager.counters.reserve_evicted > evicted  # the rest planned at the close
+    assert chain.manager.top.num_draining == 0  # every drained slot was read and freed
+    counters = chain.supervisor.counters
+    assert counters.job_errors == 0 and counters.jobs_abandoned == 0
+    await asyncio.sleep(0)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_concurrent_puts_and_gets_with_refills_in_parts_read_back_right(
+    tmp_path: Path, parts_of_two: None
+) -> None:
+    await test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(tmp_path)
+
+
 async def test_a_deferred_refill_that_fails_to_plan_is_a_counted_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -333,7 +504,7 @@ async def test_a_deferred_refill_that_fails_to_plan_is_a_counted_error(
         counters = h.chain.supervisor.counters
         first = await put_until_due(h)
 
-        def broken() -> bool:
+        def broken(limit: int | None = None) -> bool:
             manager.planner.refill_due = False
             raise RuntimeError("planning failed")
 
