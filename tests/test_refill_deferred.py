@@ -237,7 +237,36 @@ async def assert_reads_back(h: Hierarchy, keys: list[OffloadKey]) -> None:
         assert torch.equal(got.cpu(), blocks_of(part))
 
 
-async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(tmp_path: Path) -> None:
+@pytest.fixture(params=[False, True], ids=["whole", "in-parts"])
+def in_parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run the test with refills planned whole on the loop's next turn, and in parts of
+    2 victims a turn (`refill_due` then leaves one part planned)."""
+    if request.param:
+        monkeypatch.setattr(runtime, "REFILL_PART", 2)
+    return bool(request.param)
+
+
+def refill_jobs(manager: TieredManager) -> list[Any]:
+    return [job for job in manager.open_jobs() if job.background]
+
+
+async def refill_due(h: Hierarchy, in_parts: bool) -> int:
+    """Puts until one returns with a refill due; `in_parts`: then one turn of the loop,
+    which plans a part of it (2 victims draining, no job queued yet). The next free key."""
+    first = await put_until_due(h)
+    manager = h.chain.manager
+    if in_parts:
+        await asyncio.sleep(0)
+        assert due(manager) and not refill_jobs(manager)
+        assert manager.top.num_draining == 2
+    else:
+        assert manager.top.num_draining == 0
+    return first
+
+
+async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(
+    tmp_path: Path, in_parts: bool
+) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
         manager = h.chain.manager
         top = manager.top
@@ -251,11 +280,22 @@ async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(tmp_path:
                 # The put is over; its refill's victims are not chosen yet.
                 assert manager.counters.reserve_evicted == evicted
                 assert top.num_draining == 0
-                assert not any(job.background for job in manager.open_jobs())
-                await asyncio.sleep(0)  # the loop's next turn plans it
+                assert not refill_jobs(manager)
+                await asyncio.sleep(0)  # the loop's next turn plans it (or its first part)
+                if in_parts:  # 2 victims, draining, no job yet; the next turns the rest
+                    assert manager.counters.reserve_evicted == evicted + 2
+                    assert top.num_draining == 2 and due(manager)
+                    assert not refill_jobs(manager)
+                    for _ in range(8):
+                        await asyncio.sleep(0)
                 assert not due(manager)
-                assert manager.counters.reserve_evicted > evicted
-                assert h.chain.busy
+                planned = manager.counters.reserve_evicted - evicted
+                assert planned >= 7  # from 6 free or fewer to 13
+                jobs = refill_jobs(manager)  # in parts too: one job, one copy of them all
+                assert len(jobs) <= 1
+                if jobs:
+                    (step,) = jobs[0].steps
+                    assert len(step) == planned
             await h.drain()
         assert seen >= 50  # every 4th put or so (13 free after a refill, trigger 6)
         assert h.stats().calls.put_demotion_waits == 0
@@ -264,12 +304,12 @@ async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(tmp_path:
 
 
 async def test_a_store_short_of_room_plans_the_due_refill_and_waits_for_it(
-    tmp_path: Path,
+    tmp_path: Path, in_parts: bool
 ) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await put_until_due(h)
+        first = await refill_due(h, in_parts)
         top = h.chain.manager.top
-        assert top.num_free < 8 and top.num_draining == 0
+        assert top.num_free < 8
         ks = [key(first + i) for i in range(8)]  # more than the free slots: it must wait
         assert await h.put(ks, blocks_of(ks)) == 8
         calls = h.stats().calls
@@ -277,11 +317,12 @@ async def test_a_store_short_of_room_plans_the_due_refill_and_waits_for_it(
         assert calls.put_demotion_waits == 0  # rather than evicting on its own path
         await h.drain()
         await assert_reads_back(h, [key(i) for i in range(first + 8)])
+        h.check()
 
 
-async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path) -> None:
+async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path, in_parts: bool) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        await put_until_due(h)
+        await refill_due(h, in_parts)
         manager = h.chain.manager
         await h.drain()
         assert not manager.refill_due and not h.chain.busy
@@ -289,9 +330,9 @@ async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path) -> None
         assert manager.top.num_free == 13  # the reserve is back at its target
 
 
-async def test_flush_plans_a_due_refill_first(tmp_path: Path) -> None:
+async def test_flush_plans_a_due_refill_first(tmp_path: Path, in_parts: bool) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await put_until_due(h)
+        first = await refill_due(h, in_parts)
         manager = h.chain.manager
         await h.flush()
         assert h.last_flush is not None and h.last_flush.left == 0
@@ -304,15 +345,16 @@ async def test_flush_plans_a_due_refill_first(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flush", [False, True])
 async def test_closing_with_a_refill_due_plans_and_settles_it(
-    tmp_path: Path, flush: bool, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, flush: bool, in_parts: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=flush)
     async with h:
-        await put_until_due(h)
+        await refill_due(h, in_parts)
         chain = h.chain
         evicted = chain.manager.counters.reserve_evicted
     assert chain.manager.closed and chain.state == "closed"
     assert chain.manager.counters.reserve_evicted > evicted  # planned as the close began
+    assert chain.manager.top.num_draining == 0  # every slot drained was read, then freed
     counters = chain.supervisor.counters
     assert counters.job_errors == 0 and counters.jobs_abandoned == 0
     await asyncio.sleep(0)  # a refill callback still scheduled would run (and fail) here
@@ -343,7 +385,7 @@ async def test_an_engine_store_returns_before_its_refill_is_planned(tmp_path: Pa
 
 
 async def test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(
-    tmp_path: Path,
+    tmp_path: Path, in_parts: bool
 ) -> None:
     rng = random.Random(7)
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
@@ -368,130 +410,6 @@ async def test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(
         assert manager.counters.reserve_evicted > 0
         await assert_reads_back(h, [key(10_000 * n + i) for n in range(6) for i in range(240)])
         h.check()
-
-
-# -- a refill planned in parts over turns of the loop ------------------------------------------
-
-
-@pytest.fixture
-def parts_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chain plans at most 2 victims a turn (the memory chain's refills are 7)."""
-    monkeypatch.setattr(runtime, "REFILL_PART", 2)
-
-
-def refill_jobs(manager: TieredManager) -> list[Any]:
-    return [job for job in manager.open_jobs() if job.background]
-
-
-async def test_a_refill_is_planned_in_parts_over_turns_of_the_loop(
-    tmp_path: Path, parts_of_two: None
-) -> None:
-    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        manager = h.chain.manager
-        top = manager.top
-        seen = 0
-        for first in range(0, 1000, 2):
-            ks = [key(first), key(first + 1)]
-            assert await h.put(ks, blocks_of(ks)) == 2
-            if manager.refill_due:
-                seen += 1
-                evicted = manager.counters.reserve_evicted
-                await asyncio.sleep(0)  # the first part: 2 victims, draining, no job yet
-                assert manager.counters.reserve_evicted == evicted + 2
-                assert top.num_draining == 2 and due(manager)
-                assert not refill_jobs(manager)
-                for _ in range(8):
-                    await asyncio.sleep(0)
-                assert not due(manager)  # 4 parts (7 victims), then one job for all of them
-                assert manager.counters.reserve_evicted >= evicted + 7
-                jobs = refill_jobs(manager)
-                assert len(jobs) <= 1
-                if jobs:
-                    (step,) = jobs[0].steps
-                    assert len(step) == manager.counters.reserve_evicted - evicted
-            await h.drain()
-        assert seen >= 50
-        assert h.stats().calls.put_demotion_waits == 0
-        await assert_reads_back(h, [key(i) for i in range(1000)])
-        h.check()
-
-
-async def in_part(h: Hierarchy) -> int:
-    """Puts until a refill is due, then one turn of the loop: it is planned in part (a
-    part's victims draining, no job yet). The next free key."""
-    first = await put_until_due(h)
-    await asyncio.sleep(0)
-    manager = h.chain.manager
-    assert due(manager) and manager.top.num_draining == 2 and not refill_jobs(manager)
-    return first
-
-
-async def test_drain_plans_the_rest_of_a_refill_planned_in_part(
-    tmp_path: Path, parts_of_two: None
-) -> None:
-    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        await in_part(h)
-        manager = h.chain.manager
-        await h.drain()
-        assert not due(manager) and not h.chain.busy
-        assert manager.top.num_draining == 0
-        assert manager.top.num_free == 13  # the reserve is back at its target
-
-
-async def test_a_store_short_of_room_mid_refill_plans_the_rest_and_waits(
-    tmp_path: Path, parts_of_two: None
-) -> None:
-    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await in_part(h)
-        top = h.chain.manager.top
-        assert top.num_free < 8
-        ks = [key(first + i) for i in range(8)]  # more than the free slots: it must wait
-        assert await h.put(ks, blocks_of(ks)) == 8
-        calls = h.stats().calls
-        assert calls.put_backpressure_waits == 1  # it waited for the refill's slots
-        assert calls.put_demotion_waits == 0  # rather than evicting on its own path
-        await h.drain()
-        await assert_reads_back(h, [key(i) for i in range(first + 8)])
-        h.check()
-
-
-async def test_flush_plans_the_rest_of_a_refill_planned_in_part(
-    tmp_path: Path, parts_of_two: None
-) -> None:
-    async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await in_part(h)
-        manager = h.chain.manager
-        await h.flush()
-        assert h.last_flush is not None and h.last_flush.left == 0
-        assert not due(manager)
-        assert manager.top.num_free + manager.top.num_draining >= 13
-        await h.drain()
-        await assert_reads_back(h, [key(i) for i in range(first)])
-        h.check()
-
-
-@pytest.mark.parametrize("flush", [False, True])
-async def test_closing_mid_refill_plans_the_rest_and_settles_it(
-    tmp_path: Path, flush: bool, parts_of_two: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    h = Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=flush)
-    async with h:
-        await in_part(h)
-        chain = h.chain
-        evicted = chain.manager.counters.reserve_evicted
-    assert chain.manager.closed and chain.state == "closed"
-    assert chain.manager.counters.reserve_evicted > evicted  # the rest planned at the close
-    assert chain.manager.top.num_draining == 0  # every drained slot was read and freed
-    counters = chain.supervisor.counters
-    assert counters.job_errors == 0 and counters.jobs_abandoned == 0
-    await asyncio.sleep(0)
-    assert not [r for r in caplog.records if r.levelname == "ERROR"]
-
-
-async def test_concurrent_puts_and_gets_with_refills_in_parts_read_back_right(
-    tmp_path: Path, parts_of_two: None
-) -> None:
-    await test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(tmp_path)
 
 
 async def test_a_deferred_refill_that_fails_to_plan_is_a_counted_error(
