@@ -19,7 +19,6 @@ from test_refill_merge import Recorder
 from test_tiered_manager import k
 
 from kvtier import Hierarchy
-from kvtier.chain import runtime
 from kvtier.keys import OffloadKey
 from kvtier.manager import JobKind, TieredManager, make_tier_manager, slot_ids
 
@@ -36,19 +35,10 @@ def cpu_over_disk(floor: int, *, defer: bool, cpu: int = 256) -> TieredManager:
     )
 
 
-class Parts(Recorder):
-    """The byte model, counting the calls that planned a refill only in part."""
-
-    parts = 0
-
-
-def run_puts(
-    floor: int, *, defer: bool, puts: int = 300, seed: int = 3, part: int | None = None
-) -> Parts:
+def run_puts(floor: int, *, defer: bool, puts: int = 300, seed: int = 3) -> Recorder:
     """`random_puts`, each put followed by the refill it made due (deferred: planned after
-    the store settled, as the chain does; `part`: at most that many victims a call, called
-    until it is all planned, as `Chain._refill_soon` does over turns of the loop)."""
-    model = Parts(cpu_over_disk(floor, defer=defer))
+    the store settled, as the chain does)."""
+    model = Recorder(cpu_over_disk(floor, defer=defer))
     manager = model.manager
 
     def plan_deferred() -> None:
@@ -57,14 +47,10 @@ def run_puts(
         assert not (due and any(job.background for job in jobs))
         for job in jobs:
             model.run(job)
-        assert manager.plan_refills(part) is due
-        while manager.refill_due:  # planned in part: nothing queued until it is all planned
-            assert manager.take_jobs() == []
-            model.parts += 1
-            assert manager.plan_refills(part)
+        assert manager.plan_refills() is due
+        assert not manager.refill_due
 
-    random_puts(model, puts, seed, plan_deferred if defer else None)
-    return model
+    return random_puts(model, puts, seed, plan_deferred if defer else None)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -78,22 +64,6 @@ def test_a_deferred_refill_plans_what_the_store_would_have_planned(seed: int, fl
     assert copies and max(copies) <= 256 // 8  # never more than the cap
     if floor:
         assert min(copies) >= floor  # each refill still copies at least the floor
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize(("floor", "part"), [(0, 1), (0, 3), (20, 1), (20, 4), (20, 9)])
-def test_a_refill_planned_in_parts_plans_what_the_store_would_have_planned(
-    seed: int, floor: int, part: int
-) -> None:
-    inline = run_puts(floor, defer=False, seed=seed)
-    parts = run_puts(floor, defer=True, seed=seed, part=part)
-    assert parts.parts > 0  # some refills took more than one call
-    # The same jobs, blocks and slots, in order: a refill's parts are one job, their
-    # copies one step per pair of tiers, as when it is planned at once.
-    assert plans(parts) == plans(inline)
-    assert parts.contents() == inline.contents()
-    if floor:
-        assert min(background_copies(parts)) >= floor  # a copy is still at least the floor
 
 
 def due(manager: TieredManager) -> bool:
@@ -126,7 +96,6 @@ class Window(Recorder):
         super().__init__(manager)
         self.in_flight: list[tuple[list[OffloadKey], list[int]]] = []
         self.queued: list[Any] = []
-        self.parts = 0  # planning calls that left a refill planned in part
 
     def begin(self, keys: list[OffloadKey]) -> None:
         out = self.manager.prepare_store(keys)
@@ -135,7 +104,6 @@ class Window(Recorder):
         if out.demotion is not None:
             self.run(out.demotion)  # the put waits for its victims' snapshot
         slots = [int(slot) for slot in slot_ids(out.store_spec)]
-        assert not set(slots) & self.unqueued_drain()  # never one a refill's part drains
         self.in_flight.append((list(out.keys_to_store), slots))
 
     def finish(self, index: int) -> None:
@@ -144,20 +112,11 @@ class Window(Recorder):
             self.slots[0][slot] = key_
         self.manager.complete_store(keys)
 
-    def unqueued_drain(self) -> set[int]:
-        """Top-tier slots drained by a refill planned in part, not queued yet."""
-        state = self.manager.planner._pass
-        if state.index == 0:
-            return {block.block_id for block in state.drained}
-        return {b.block_id for job in state.planned for i, bs in job.drain if i == 0 for b in bs}
-
-    def plan_refill(self, part: int | None = None) -> None:
+    def plan_refill(self) -> None:
         open_before = {job.id for job in self.manager.open_jobs()}
-        self.manager.plan_refills(part)
-        self.parts += self.manager.refill_due
+        self.manager.plan_refills()
         new = [job for job in self.manager.open_jobs() if job.id not in open_before]
         writing = {slot for _, slots in self.in_flight for slot in slots}
-        assert not self.unqueued_drain() & writing
         for job in new:  # its victims' slots: never one a put in flight writes
             drained = {block.block_id for index, blocks in job.drain for block in blocks}
             read = {int(s) for step in job.steps if step.src == 0 for s in step.src_ids}
@@ -169,13 +128,8 @@ class Window(Recorder):
             self.run(self.queued.pop(rng.randrange(len(self.queued))))
 
 
-@pytest.mark.parametrize("parts", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(
-    seed: int, parts: bool
-) -> None:
-    """`parts`: each planning call chooses at most 1 to 4 victims, so puts begin and end,
-    and jobs run, between the parts of a refill."""
+def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(seed: int) -> None:
     rng = random.Random(seed)
     manager = cpu_over_disk(8, defer=True, cpu=96)
     model = Window(manager)
@@ -191,7 +145,7 @@ def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(
         elif op < 0.65 and model.in_flight:
             model.finish(rng.randrange(len(model.in_flight)))
         elif op < 0.8:
-            model.plan_refill(rng.randint(1, 4) if parts else None)
+            model.plan_refill()
         else:
             model.run_queued(rng)
         model.verify()  # every readable block holds its own bytes
@@ -203,7 +157,6 @@ def test_refills_planned_while_puts_are_in_flight_never_take_their_slots(
         model.run(job)
     model.verify()
     assert manager.counters.reserve_evicted > 0
-    assert (model.parts > 0) is parts
 
 
 # -- the chain ---------------------------------------------------------------------------------
@@ -237,36 +190,7 @@ async def assert_reads_back(h: Hierarchy, keys: list[OffloadKey]) -> None:
         assert torch.equal(got.cpu(), blocks_of(part))
 
 
-@pytest.fixture(params=[False, True], ids=["whole", "in-parts"])
-def in_parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Run the test with refills planned whole on the loop's next turn, and in parts of
-    2 victims a turn (`refill_due` then leaves one part planned)."""
-    if request.param:
-        monkeypatch.setattr(runtime, "REFILL_PART", 2)
-    return bool(request.param)
-
-
-def refill_jobs(manager: TieredManager) -> list[Any]:
-    return [job for job in manager.open_jobs() if job.background]
-
-
-async def refill_due(h: Hierarchy, in_parts: bool) -> int:
-    """Puts until one returns with a refill due; `in_parts`: then one turn of the loop,
-    which plans a part of it (2 victims draining, no job queued yet). The next free key."""
-    first = await put_until_due(h)
-    manager = h.chain.manager
-    if in_parts:
-        await asyncio.sleep(0)
-        assert due(manager) and not refill_jobs(manager)
-        assert manager.top.num_draining == 2
-    else:
-        assert manager.top.num_draining == 0
-    return first
-
-
-async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(
-    tmp_path: Path, in_parts: bool
-) -> None:
+async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(tmp_path: Path) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
         manager = h.chain.manager
         top = manager.top
@@ -280,22 +204,11 @@ async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(
                 # The put is over; its refill's victims are not chosen yet.
                 assert manager.counters.reserve_evicted == evicted
                 assert top.num_draining == 0
-                assert not refill_jobs(manager)
-                await asyncio.sleep(0)  # the loop's next turn plans it (or its first part)
-                if in_parts:  # 2 victims, draining, no job yet; the next turns the rest
-                    assert manager.counters.reserve_evicted == evicted + 2
-                    assert top.num_draining == 2 and due(manager)
-                    assert not refill_jobs(manager)
-                    for _ in range(8):
-                        await asyncio.sleep(0)
+                assert not any(job.background for job in manager.open_jobs())
+                await asyncio.sleep(0)  # the loop's next turn plans it
                 assert not due(manager)
-                planned = manager.counters.reserve_evicted - evicted
-                assert planned >= 7  # from 6 free or fewer to 13
-                jobs = refill_jobs(manager)  # in parts too: one job, one copy of them all
-                assert len(jobs) <= 1
-                if jobs:
-                    (step,) = jobs[0].steps
-                    assert len(step) == planned
+                assert manager.counters.reserve_evicted > evicted
+                assert h.chain.busy
             await h.drain()
         assert seen >= 50  # every 4th put or so (13 free after a refill, trigger 6)
         assert h.stats().calls.put_demotion_waits == 0
@@ -304,12 +217,12 @@ async def test_a_put_returns_before_the_refill_it_makes_due_is_planned(
 
 
 async def test_a_store_short_of_room_plans_the_due_refill_and_waits_for_it(
-    tmp_path: Path, in_parts: bool
+    tmp_path: Path,
 ) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await refill_due(h, in_parts)
+        first = await put_until_due(h)
         top = h.chain.manager.top
-        assert top.num_free < 8
+        assert top.num_free < 8 and top.num_draining == 0
         ks = [key(first + i) for i in range(8)]  # more than the free slots: it must wait
         assert await h.put(ks, blocks_of(ks)) == 8
         calls = h.stats().calls
@@ -317,12 +230,11 @@ async def test_a_store_short_of_room_plans_the_due_refill_and_waits_for_it(
         assert calls.put_demotion_waits == 0  # rather than evicting on its own path
         await h.drain()
         await assert_reads_back(h, [key(i) for i in range(first + 8)])
-        h.check()
 
 
-async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path, in_parts: bool) -> None:
+async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        await refill_due(h, in_parts)
+        await put_until_due(h)
         manager = h.chain.manager
         await h.drain()
         assert not manager.refill_due and not h.chain.busy
@@ -330,9 +242,9 @@ async def test_drain_plans_a_due_refill_and_waits_for_it(tmp_path: Path, in_part
         assert manager.top.num_free == 13  # the reserve is back at its target
 
 
-async def test_flush_plans_a_due_refill_first(tmp_path: Path, in_parts: bool) -> None:
+async def test_flush_plans_a_due_refill_first(tmp_path: Path) -> None:
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
-        first = await refill_due(h, in_parts)
+        first = await put_until_due(h)
         manager = h.chain.manager
         await h.flush()
         assert h.last_flush is not None and h.last_flush.left == 0
@@ -345,16 +257,15 @@ async def test_flush_plans_a_due_refill_first(tmp_path: Path, in_parts: bool) ->
 
 @pytest.mark.parametrize("flush", [False, True])
 async def test_closing_with_a_refill_due_plans_and_settles_it(
-    tmp_path: Path, flush: bool, in_parts: bool, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, flush: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=flush)
     async with h:
-        await refill_due(h, in_parts)
+        await put_until_due(h)
         chain = h.chain
         evicted = chain.manager.counters.reserve_evicted
     assert chain.manager.closed and chain.state == "closed"
     assert chain.manager.counters.reserve_evicted > evicted  # planned as the close began
-    assert chain.manager.top.num_draining == 0  # every slot drained was read, then freed
     counters = chain.supervisor.counters
     assert counters.job_errors == 0 and counters.jobs_abandoned == 0
     await asyncio.sleep(0)  # a refill callback still scheduled would run (and fail) here
@@ -385,7 +296,7 @@ async def test_an_engine_store_returns_before_its_refill_is_planned(tmp_path: Pa
 
 
 async def test_concurrent_puts_and_gets_with_deferred_refills_read_back_right(
-    tmp_path: Path, in_parts: bool
+    tmp_path: Path,
 ) -> None:
     rng = random.Random(7)
     async with Hierarchy.from_config(memory_chain(tmp_path), flush_on_close=False) as h:
@@ -422,7 +333,7 @@ async def test_a_deferred_refill_that_fails_to_plan_is_a_counted_error(
         counters = h.chain.supervisor.counters
         first = await put_until_due(h)
 
-        def broken(limit: int | None = None) -> bool:
+        def broken() -> bool:
             manager.planner.refill_due = False
             raise RuntimeError("planning failed")
 

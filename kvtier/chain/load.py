@@ -95,11 +95,8 @@ async def _serve_batch(
         manager.touch(part[:good])
         return good, good == ready
     if answers and answers[0] is False:
-        if manager.locate(batch[0]) is None:
-            return 0, False  # absent
-        chain.plan_refills()  # a refill planned in part drains slots no job reads yet
-        if not chain.supervisor.busy:
-            return 0, False  # no room at the top and no transfer to free some
+        if not chain.supervisor.busy or manager.locate(batch[0]) is None:
+            return 0, False  # absent, or no room at the top and no transfer to free some
         with chain.gate.load_waiting():  # no new put takes the room this get waits for
             return 0, await _wait(chain, into.deadline)
     hold = manager.hold_promotion(batch)

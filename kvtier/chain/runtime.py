@@ -42,9 +42,6 @@ log = logging.getLogger("kvtier.chain")
 WAIT_SLICE_S = 0.05
 """Longest single wait for the chain to change before a waiter looks again (a safety net:
 it is normally woken by the change itself)."""
-REFILL_PART = 128
-"""The most victims of a refill chosen in one turn of the loop (`Chain._refill_soon`):
-~0.2 ms of planning at ~1.4 us a block, against ~0.75 ms for a whole refill of ~512."""
 
 
 class ChangeSignal:
@@ -161,16 +158,10 @@ class Chain:
 
     def spawn_planned(self) -> None:
         """Start the jobs the bookkeeping planned since it was last asked. A refill a store
-        made due is planned on the loop's next turns (`_refill_soon`), so the put that made
-        it due returns first."""
+        made due is planned on the loop's next turn (`plan_refills`), so the put that made it
+        due returns first."""
         manager = self.manager
         self.spawn(manager.take_jobs())
-        self._refill_later()
-
-    def _refill_later(self) -> None:
-        """Schedule `_refill_soon` on the loop's next turn if a refill is due (not planned,
-        or planned in part) and none is scheduled."""
-        manager = self.manager
         if manager.refill_due and self._refill is None and not manager.closed:
             self._refill = asyncio.get_running_loop().call_soon(self._refill_soon)
 
@@ -190,29 +181,14 @@ class Chain:
         self.poke()
 
     def _refill_soon(self) -> None:
-        """Plan a part of the refill due, at most `REFILL_PART` victims, and schedule the
-        next part on the loop's next turn: a get or put that arrives meanwhile waits for one
-        part (~0.2 ms), not for the whole refill (~0.75 ms for ~512 victims). Its jobs start
-        once it is wholly planned, its copies as one call per pair of tiers. A callback:
-        nothing awaits it, so an error is logged and counted as a job's, never raised into
-        a caller."""
+        """`plan_refills` on the loop's next turn (a callback: nothing awaits it, so an error
+        is logged and counted as a job's, never raised into a caller)."""
         self._refill = None
-        manager = self.manager
-        if manager.closed or not manager.refill_due:
-            return
-        failed = False
         try:
-            manager.plan_refills(REFILL_PART)
+            self.plan_refills()
         except Exception as error:
-            failed = True  # not tried again here: the next store, drain or flush will
             self.supervisor.count_error(error)
             log.error("planning a refill failed: %r", error, exc_info=error)
-        jobs = manager.take_jobs()
-        if jobs:
-            self.spawn(jobs)
-            self.poke()
-        if not failed:
-            self._refill_later()
 
     def staged_of(self, job_id: int) -> asyncio.Future[None] | None:
         """The future resolved once job `job_id` gave its sources back (and a promotion its

@@ -13,10 +13,9 @@ down the chain):
 3. The caller's rows are copied into the slots (`Chain.copy_in`), and the bookkeeping
    settled (`complete_store`) whatever happened, so a failed or cancelled put leaves no
    pending slot; the jobs it planned (cascades) start in the background. A refill of a
-   reserve it made due is planned on the loop's next turns, once the put has returned, in
-   parts of at most `REFILL_PART` victims a turn (`Chain._refill_soon`): choosing its
-   victims (~1.4 us a block, ~0.75 ms for a refill of ~512) is not the put's wait, nor in
-   one piece the wait of a get or put that arrives meanwhile.
+   reserve it made due is planned on the loop's next turn, once the put has returned
+   (`Chain.plan_refills`): choosing its victims (~1.4 us a block, ~0.75 ms for a refill of
+   ~512) is not the put's wait.
 """
 
 from __future__ import annotations

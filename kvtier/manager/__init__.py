@@ -6,8 +6,7 @@
 - `tiered.py`: `TieredManager`, the chained manager, composed of `planner.py`
   (`ChainPlanner`: the chain's decisions, stores, demotions, promotions, cascades, as
   `TransferJob`s, `jobs.py`, with `slot_ids`, the slots a spec names) and `ledger.py`
-  (`JobLedger`: those jobs tracked from emitted to settled), `refill_jobs.py` (how a
-  refill's copies are grouped, planned at once or in parts); `counters.py`:
+  (`JobLedger`: those jobs tracked from emitted to settled); `counters.py`:
   `ChainCounters`, what the chain did.
 """
 

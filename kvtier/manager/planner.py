@@ -36,7 +36,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kvtier.blocks import BlockStatus
 from kvtier.errors import BlockStateError, InvalidValueError
 from kvtier.hints import HeldHint
 from kvtier.keys import OffloadKey
@@ -45,7 +44,6 @@ from kvtier.manager.chain_tier import ChainTier
 from kvtier.manager.counters import ChainCounters
 from kvtier.manager.jobs import CopyStep, JobKind, TransferJob, slot_ids
 from kvtier.manager.ledger import JobLedger
-from kvtier.manager.refill_jobs import RefillPass, fold_refill, merge_part
 
 WritePolicy = Literal["write-back", "write-through"]
 
@@ -124,7 +122,7 @@ class ChainPlanner:
     ) -> None:
         """`tiers`, `write_policy` and the number of `watermarks` and `min_refills` as
         `TieredManager` checked them; `counters`: the chain's; `ledger`: where the jobs go;
-        `merge_demotions_up_to`: see `fold_refill` (0: never); `min_refills`: per tier, the least
+        `merge_demotions_up_to`: see `_fold` (0: never); `min_refills`: per tier, the least
         its refill frees, in blocks (`refill_target`; None: 0 everywhere);
         `defer_refills`: a store only notes that a refill is due (`refill_due`), planned
         by the next `plan_refills` (False: by the store itself)."""
@@ -139,8 +137,7 @@ class ChainPlanner:
         self.defer_refills = defer_refills
         self.refill_due = False
         """A store left some tier below its reserve's trigger and its refill is not planned
-        yet, or planned in part (`defer_refills` only): `plan_refills` plans it."""
-        self._pass = RefillPass()
+        yet (`defer_refills` only): `plan_refills` plans it."""
         self._reserves: list[tuple[int, int]] = [
             (0, 0)
             if watermarks is None or watermarks[index] is None or index + 1 == len(tiers)
@@ -245,23 +242,17 @@ class ChainPlanner:
             refill_target(num_blocks, trigger, target, self._min_refills[0]),
         )
 
-    def plan_refills(self, limit: int | None = None) -> bool:
+    def plan_refills(self) -> bool:
         """Plan the refills a store left due (`refill_due`), queued as `_plan_reserves`
         queues them; whether one was due. With `defer_refills` the chain calls it once the
         put that made it due has returned, so that put does not pay for choosing the victims
         (~1.4 us a block). The decisions are those the store would have made, for the tiers
         as they are now: their victims are chosen among the blocks ready and unpinned then,
-        so never a slot a store still writes (pending) or a read holds (pinned). `limit`:
-        choose at most that many victims now and leave the rest due (`refill_due` stays
-        True) for the next call, which goes on where this one stopped; None: all of it."""
+        so never a slot a store still writes (pending) or a read holds (pinned)."""
         if not self.refill_due:
             return False
-        try:
-            done = self._plan_reserves(limit)
-        except BaseException:
-            self.refill_due = False
-            raise
-        self.refill_due = not done
+        self.refill_due = False
+        self._plan_reserves()
         return True
 
     def _below_trigger(self) -> bool:
@@ -272,101 +263,71 @@ class ChainPlanner:
                 return True
         return False
 
-    def _plan_reserves(self, limit: int | None = None) -> bool:
+    def _plan_reserves(self) -> None:
         """Queue background DEMOTE jobs for every tier whose free slots (counting those
         already draining) fell below its reserve: the policy's victims are evicted at once
         (their slots drain until the job has read them) and copied to the tier below where it
         lacks them. Top first, so a tier's refill can use the reserve of the tier below. A
         refill whose copy goes where an earlier refill of the same pass copies too (the
-        victims an upper tier's refill evicted from it) is folded into that job (`fold_refill`).
-
-        `limit`: evict at most that many victims in this call and return False (the pass is
-        kept in `_pass` and the next call goes on with it); the parts of one tier's refill
-        are one job, their copies merged (`merge_part`), queued with the pass's other jobs
-        once the whole pass is planned: the tier below is handed the copy in as few calls as
-        before (the point of `min_refill`), and a refill planned in parts decides what it
-        would have planned at once. True: the pass is planned and its jobs queued."""
-        state = self._pass
-        budget = limit
-        try:
-            while state.index < len(self._reserves):
-                index = state.index
-                trigger, target = self._reserves[index]
-                tier = self.tiers[index]
-                eventual = tier.num_free + tier.num_draining
-                if state.job is None:
-                    if trigger == 0 or eventual >= trigger:
-                        state.index += 1
-                        continue
-                    if budget is not None and budget <= 0:
-                        return False
-                    state.job = TransferJob(JobKind.DEMOTE, background=True)
-                want = target - eventual
-                if want > 0 and budget is not None and budget <= 0:
-                    return False
-                count = want if budget is None else min(want, budget)
-                evicted = self._evict_part(index, count, state.job, state.drained)
-                if budget is not None:
-                    budget -= evicted
-                if 0 < evicted == count < want:
-                    continue  # more to evict: the loop stops at the budget
-                self._close_refill(index, state)
-            for job in state.planned:
-                self.ledger.emit(job)
-            self._pass = RefillPass()
-            return True
-        except BaseException:
-            self._abandon_pass()
-            raise
-
-    def _evict_part(
-        self, index: int, count: int, job: TransferJob, drained: list[BlockStatus]
-    ) -> int:
-        """Evict up to `count` victims of tier `index` into the refill `job` (their copies
-        below merged into its steps, their blocks added to `drained`); how many."""
-        tier = self.tiers[index]
-        self.events.begin(index)
-        moved_down: list[OffloadKey] = []
-        part = TransferJob(JobKind.DEMOTE, background=True)
-        try:
-            keys, blocks = tier.evict_to_drain(count)
-            if not keys:
-                return 0
-            drained.extend(blocks)  # given back once read, or at once if none is
-            self.counters.reserve_evicted += len(keys)
-            slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
-            moved_down = self._demote(index, keys, slots, part)
-        finally:
-            self.events.end(index, moved_down)
-        merge_part(job, part)
-        return len(keys)
-
-    def _close_refill(self, index: int, state: RefillPass) -> None:
-        """Tier `index`'s refill is planned: its job joins the pass (folded into an earlier
-        one where it can: `fold_refill`), or, with nothing to read, its slots are freed now."""
-        job, drained = state.job, state.drained
-        state.job, state.drained = None, []
-        state.index = index + 1
-        if job is None:
-            return
-        tier = self.tiers[index]
-        if not job.steps:  # every victim is held below already (or dropped): nothing to read
-            tier.release_drained(drained)
-            return
-        job.drain.append((index, drained))
-        limit = self.merge_demotions_up_to
-        if not any(fold_refill(earlier, job, index, limit) for earlier in state.planned):
-            state.planned.append(job)
-
-    def _abandon_pass(self) -> None:
-        """Planning failed: what the pass planned is queued (the slots it drains are read,
-        then freed), the rest of it dropped, so that no slot stays draining for a job that
-        never runs."""
-        state, self._pass = self._pass, RefillPass()
-        if state.job is not None:
-            self._close_refill(state.index, state)
-        for job in state.planned:
+        victims an upper tier's refill evicted from it) is folded into that job (`_fold`)."""
+        planned: list[TransferJob] = []
+        for index, (trigger, target) in enumerate(self._reserves):
+            if trigger == 0:
+                continue
+            tier = self.tiers[index]
+            eventual = tier.num_free + tier.num_draining
+            if eventual >= trigger:
+                continue
+            self.events.begin(index)
+            moved_down: list[OffloadKey] = []
+            job = TransferJob(JobKind.DEMOTE, background=True)
+            try:
+                keys, blocks = tier.evict_to_drain(target - eventual)
+                if not keys:
+                    continue
+                self.counters.reserve_evicted += len(keys)
+                slots = np.fromiter((block.block_id for block in blocks), np.int64, len(blocks))
+                moved_down = self._demote(index, keys, slots, job)
+            finally:
+                self.events.end(index, moved_down)
+            if not job.steps:  # every victim is held below already (or dropped): nothing to read
+                tier.release_drained(blocks)
+                continue
+            job.drain.append((index, blocks))
+            if not any(self._fold(earlier, job, index) for earlier in planned):
+                planned.append(job)
+        for job in planned:
             self.ledger.emit(job)
+
+    def _fold(self, into: TransferJob, job: TransferJob, index: int) -> bool:
+        """Fold the refill `job` of tier `index` into `into`, an earlier refill of the same
+        pass that copies from tier `index` to the tier below too (the victims the upper
+        tier's refill evicted from it), when both copies together hold at most
+        `merge_demotions_up_to` blocks: one copy, so a slow tier below is handed one call,
+        not two that each pay its fixed costs (docs/BENCHMARKS.md, "The replay's pair on a
+        fast device"). Its deeper steps go first (they read slots the copy overwrites);
+        the decisions are unchanged, only their copies grouped. Whether it was folded."""
+        own = job.steps[-1]
+        if (own.src, own.dst) != (index, index + 1):  # the tier below took none of them
+            return False
+        at = next(
+            (i for i, step in enumerate(into.steps) if (step.src, step.dst) == (index, index + 1)),
+            None,
+        )
+        if at is None or len(into.steps[at]) + len(own) > self.merge_demotions_up_to:
+            return False
+        step = into.steps[at]
+        into.steps[at] = CopyStep(
+            step.keys + own.keys,
+            index,
+            np.concatenate([step.src_ids, own.src_ids]),
+            index + 1,
+            np.concatenate([step.dst_ids, own.dst_ids]),
+        )
+        into.steps[:at] = [*job.steps[:-1], *into.steps[:at]]
+        into.pending.extend(job.pending)
+        into.drain.extend(job.drain)
+        return True
 
     # -- demotions -------------------------------------------------------------------------
 

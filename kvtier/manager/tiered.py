@@ -58,7 +58,7 @@ class TieredManager(OffloadingManager):
         None (the default): no reserve anywhere, every eviction happens in the store that
         needs the room. `merge_demotions_up_to`: the most blocks one copy of the background
         refills of one store may merge into (0, the default: none merged; the chain passes
-        its staging arena's rows: `refill_jobs.fold_refill`). `min_refills`: per tier, the least
+        its staging arena's rows: `ChainPlanner._fold`). `min_refills`: per tier, the least
         blocks a refill of its reserve frees (`refill_target`; None, the default: 0, the
         watermarks alone decide). `defer_refills`: a store does not plan the refills it
         makes due, `plan_refills` does (the chain calls it once the put returned: see
@@ -304,12 +304,11 @@ class TieredManager(OffloadingManager):
         """A store made a refill due that is not planned yet (`defer_refills` only)."""
         return self.planner.refill_due
 
-    def plan_refills(self, limit: int | None = None) -> bool:
-        """Plan the refills due (`refill_due`), queued for `take_jobs` once wholly planned;
-        whether any was due. `limit`: at most that many victims now, the rest left due
-        (see `ChainPlanner.plan_refills`); None: all of them."""
+    def plan_refills(self) -> bool:
+        """Plan the refills due (`refill_due`), queued for `take_jobs`; whether any was due
+        (see `ChainPlanner.plan_refills`)."""
         self._check_open()
-        return self.planner.plan_refills(limit)
+        return self.planner.plan_refills()
 
     def plan_flush(self) -> list[TransferJob]:
         """CASCADE jobs that copy every readable block only the tiers above the bottom hold
