@@ -68,12 +68,11 @@ def test_the_compiled_checksums_call_the_dispatched_xxh3_where_there_is_one() ->
     SSE2 loop in such a build: the same values with more CPU a byte); else the plain one."""
     compiled()
     import ctypes
-
-    import xxhash._xxhash as extension
+    import importlib
 
     from kvtier.tiers.disk import _io_core
 
-    library = ctypes.CDLL(extension.__file__)
+    library = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__)
     dispatched = hasattr(library, "XXH3_64bits_withSeed_dispatch")
     expected = "XXH3_64bits_withSeed_dispatch" if dispatched else "XXH3_64bits_withSeed"
     assert _io_core.checksum_function() == expected
