@@ -26,9 +26,10 @@ write group's batches of system calls made without the GIL, which
 `kvtier.tiers.disk.log_format` calls when it is selected (`tests/test_disk_log_checksums.py`).
 And `kvtier/tiers/disk/_plan_core.pyx`, the log index's look-ups for a batch of new records
 in one compiled pass and its stores for them in one loop, the log lane's placing of a run of
-records, a part's header entries and a group's records as the index takes them, which
-`kvtier.tiers.disk.log_index`, `log_commit`, `log_group` and `log_format` run when it is
-selected (the same results as their numpy paths; `tests/test_disk_log_plan.py`).
+records and a write call's columns, a part's header entries and a group's records as the
+index takes them, which `kvtier.tiers.disk.log_index`, `log_commit`, `log_group`,
+`log_calls` and `log_format` run when it is selected (the same results as their numpy paths;
+`tests/test_disk_log_plan.py`, `tests/test_disk_log_calls.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 

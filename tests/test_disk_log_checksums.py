@@ -61,6 +61,23 @@ def test_compiled_checksums_equal_pythons(namespace: bytes) -> None:
         assert checksums(namespace, other_keys, *(list(c) for c in cols[1:])) == expected
 
 
+def test_the_compiled_checksums_call_the_dispatched_xxh3_where_there_is_one() -> None:
+    """Where the xxhash module's extension was built with xxHash's x86 dispatcher (it
+    exports `XXH3_64bits_withSeed_dispatch`), the compiled checksums call that one, as
+    `xxhash.xxh3_64_intdigest` does, not the plain `XXH3_64bits_withSeed` (the baseline
+    SSE2 loop in such a build: the same values with more CPU a byte); else the plain one."""
+    compiled()
+    import ctypes
+    import importlib
+
+    from kvtier.tiers.disk import _io_core
+
+    library = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__)
+    dispatched = hasattr(library, "XXH3_64bits_withSeed_dispatch")
+    expected = "XXH3_64bits_withSeed_dispatch" if dispatched else "XXH3_64bits_withSeed"
+    assert _io_core.checksum_function() == expected
+
+
 def test_bad_input_raises_the_same_errors_in_both() -> None:
     checksums = compiled()
     good = [b"key"], [1], [4], [0], [9], [b"abcd"]

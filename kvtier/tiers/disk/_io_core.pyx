@@ -29,10 +29,15 @@ against ~0.1 us here).
 checksums, on a head thread) with every hash of the part computed in one stretch without the
 GIL: python-xxhash holds the GIL over a hash of 64 KiB or less, so at 64 KiB blocks a head
 thread held it for all of a 64 MiB call's hashing (docs/BENCHMARKS.md, "Write threads and
-the GIL"). It calls the very xxh3 the `xxhash` module runs (`XXH3_64bits_withSeed`, found
-in its extension with dlsym; a stable function of xxHash's API), checked against
-`xxhash.xxh3_64_intdigest` once at import: `has_checksums()` is False when it could not be
-found or disagreed, and then log_format.py hashes in Python.
+the GIL"). It calls the very xxh3 the `xxhash` module runs, found in its extension with
+dlsym: `XXH3_64bits_withSeed_dispatch` where the extension was built with xxHash's x86
+dispatcher (it picks the widest vector unit the CPU has, as `xxhash.xxh3_64_intdigest` does),
+else `XXH3_64bits_withSeed` (a stable function of xxHash's API, which in such a build is the
+baseline SSE2 loop: ~15 % more CPU a 64 MiB call of 64 KiB blocks than the dispatched one
+on an AVX-512 VM, docs/BENCHMARKS.md, "The write row's CPU per block, third round"); checked
+against `xxhash.xxh3_64_intdigest` once at import (`checksum_function()` names the one
+bound): `has_checksums()` is False when neither was found or agreed, and then log_format.py
+hashes in Python.
 """
 
 import os
@@ -220,6 +225,11 @@ def page_aligned(list buffers, Py_ssize_t page):
 ctypedef unsigned long long (*_xxh3_fn)(const void *, size_t, unsigned long long) noexcept nogil
 
 cdef _xxh3_fn _xxh3 = NULL
+_xxh3_name = None  # the name of the function bound to `_xxh3` (`checksum_function()`)
+
+_XXH3_NAMES = (b"XXH3_64bits_withSeed_dispatch", b"XXH3_64bits_withSeed")
+"""The extension's xxh3 functions tried in order: the dispatched one first (the same values,
+with the CPU's widest vector unit), the plain one where the extension has no dispatcher."""
 
 cdef enum:
     _BINDING_BYTES = 43  # log_format.py's _BINDING: "<2s20sQIBQ"
@@ -234,9 +244,13 @@ cdef void _put(unsigned char *at, unsigned long long value, int size) noexcept n
 
 
 def _bind_xxh3():
-    """The xxhash module's XXH3_64bits_withSeed, if found and agreeing with the module."""
-    global _xxh3
+    """The first of `_XXH3_NAMES` the xxhash module's extension has that agrees with the
+    module, if any (its first call, here with the GIL, also makes the dispatcher's choice:
+    no thread races it later)."""
+    global _xxh3, _xxh3_name
     cdef bytes path
+    cdef bytes name
+    cdef _xxh3_fn found
     try:  # a python-xxhash laid out otherwise: the Python path hashes instead
         import xxhash._xxhash as _xxhash_ext
 
@@ -246,15 +260,18 @@ def _bind_xxh3():
     cdef void *handle = dlopen(path, RTLD_NOW)
     if handle == NULL:
         return
-    found = <_xxh3_fn> dlsym(handle, b"XXH3_64bits_withSeed")
-    if found == NULL:
-        return
     cdef bytes probe = bytes(range(256)) * 300  # short and long inputs, several seeds
     cdef const unsigned char *data = probe
-    for size, seed in ((0, 0), (5, 7), (200, 0), (4096, 2**63 + 5), (65536, 3), (76800, 1)):
-        if found(data, size, seed) != xxhash.xxh3_64_intdigest(probe[:size], seed=seed):
+    for name in _XXH3_NAMES:
+        found = <_xxh3_fn> dlsym(handle, name)
+        if found == NULL:
+            continue
+        for size, seed in ((0, 0), (5, 7), (200, 0), (4096, 2**63 + 5), (65536, 3), (76800, 1)):
+            if found(data, size, seed) != xxhash.xxh3_64_intdigest(probe[:size], seed=seed):
+                break
+        else:
+            _xxh3, _xxh3_name = found, name.decode()
             return
-    _xxh3 = found
 
 
 _bind_xxh3()
@@ -263,6 +280,11 @@ _bind_xxh3()
 def has_checksums():
     """Whether `bound_checksums` can run (the xxhash module's xxh3 was found and agrees)."""
     return _xxh3 != NULL
+
+
+def checksum_function():
+    """The name of the xxhash extension's function `bound_checksums` calls, or None."""
+    return _xxh3_name
 
 
 def bound_checksums(

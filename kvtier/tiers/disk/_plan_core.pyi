@@ -92,3 +92,11 @@ def placed_columns(
     np.ndarray[Any, np.dtype[np.uint64]],
     np.ndarray[Any, np.dtype[np.int64]],
 ]: ...
+def call_columns(
+    keys: list[OffloadKey], buffers: list[Any], page: int, entry_bytes: int
+) -> tuple[
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+    np.ndarray[Any, np.dtype[np.int64]],
+]: ...

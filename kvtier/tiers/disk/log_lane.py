@@ -37,6 +37,7 @@ from kvtier.tiers.disk.jobs import (
     settle_by_loop,
     take_group,
 )
+from kvtier.tiers.disk.log_calls import call_columns
 from kvtier.tiers.disk.log_files import LogFiles
 from kvtier.tiers.disk.log_format import (
     PAGE,
@@ -58,10 +59,8 @@ from kvtier.tiers.disk.log_group import (
     encoded,
     fit_run,
     let_writers_in,
-    page_aligned,
     payload_views,
     placed,
-    run_bytes,
     with_checksums,
     write_front,
 )
@@ -331,9 +330,8 @@ class LogLane:
         keys, slots = job.keys, job.slots
         stored, codecs, raw = encoded(self.codec, job.buffers)
         count = len(keys)
-        lengths = np.fromiter((buffer.nbytes for buffer in stored), np.int64, count)
-        key_lens = np.fromiter(map(len, keys), np.int64, count)
-        direct = page_aligned(stored)
+        columns = call_columns(keys, stored)  # (a run's bytes and directness: two look-ups)
+        lengths, key_lens = columns.lengths, columns.key_lens
         done = 0
         while done < count:
             part = self._current(pending)
@@ -341,8 +339,9 @@ class LogLane:
             if part is not None:
                 fit = fit_run(part, key_lens[done:], lengths[done:], self.region_bytes)
                 if fit is None:  # whole pages and not, mixed: this record alone
+                    direct = columns.direct(done, done + 1)
                     self._append(
-                        pending, keys[done], slots[done], codecs[done], stored[done], direct[done]
+                        pending, keys[done], slots[done], codecs[done], stored[done], direct
                     )
                     done += 1
                     continue
@@ -350,12 +349,12 @@ class LogLane:
                 self._open_region(pending)  # (its reclaiming may fill the region it opened)
                 continue
             taken, at = fit
-            run = slice(done, done + taken)
-            runs = (keys[run], slots[run], self.next_seq, at, lengths[run], codecs[run])
-            add_run(part, *runs, stored[run], all(direct[run]))
+            stop = done + taken
+            runs = (keys[done:stop], slots[done:stop], self.next_seq, at, lengths[done:stop])
+            add_run(part, *runs, codecs[done:stop], stored[done:stop], columns.direct(done, stop))
             self.next_seq += taken
-            self.appended_bytes += run_bytes(key_lens[run], lengths[run])
-            done += taken
+            self.appended_bytes += columns.run_bytes(done, stop)
+            done = stop
         return int(lengths.sum()) if raw is None else raw
 
     def _append(
