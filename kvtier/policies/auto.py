@@ -70,7 +70,7 @@ every other decision (admission, eviction order) is the serving policy's.
 
 Cost per access: every candidate's (the live one's and three shadows'), plus a dict
 pop and insert per hit. A request's keys are interned once (`kvtier.policies.shadow_calls`:
-one dict look-up per key) and the ids go to LRU's, ARC's and S3-FIFO's shadows, each
+one look-up per key) and the ids go to LRU's, ARC's and S3-FIFO's shadows, each
 keeping its nodes in int arrays by id with no dict of its own, in one call per request
 with no Python call per key when compiled, and to lct serving (the same table: no dict of
 its own to probe); lct's shadow takes the keys, its calls one by one. Compiled, on the
