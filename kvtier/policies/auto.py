@@ -70,13 +70,13 @@ every other decision (admission, eviction order) is the serving policy's.
 
 Cost per access: every candidate's (the live one's and three shadows'), plus a dict
 pop and insert per hit. A request's keys are interned once (`kvtier.policies.shadow_calls`:
-one dict look-up per key) and the ids go to LRU's, ARC's and S3-FIFO's shadows, each
+one look-up per key) and the ids go to LRU's, ARC's and S3-FIFO's shadows, each
 keeping its nodes in int arrays by id with no dict of its own, in one call per request
 with no Python call per key when compiled, and to lct serving (the same table: no dict of
 its own to probe); lct's shadow takes the keys, its calls one by one. Compiled, on the
-shipped trace, auto costs about 2.0 x ARC at 1 and 10 % (3.5 / 3.5 x before the shared
+shipped trace, auto costs 1.5 to 1.7 x ARC at 1 and 10 % (3.5 / 3.5 x before the shared
 look-up; 8.3 / 5.5 x before the batch calls; issue 34's target is 2 x, and lct alone costs
-1.1 to 1.5 x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round" to "ninth round", has
+1.1 to 1.5 x ARC; docs/BENCHMARKS.md, "Policy cost, fifth round" to "fifteenth round", has
 each part). Memory:
 per candidate, its own per-key state at full capacity (lct remembers `MEMORY` capacities
 of keys), measured in docs/BENCHMARKS.md.

@@ -2,7 +2,7 @@
 
 A shadow of LRU, ARC or S3-FIFO runs on the ids of one `KeyIds` table
 (`kvtier.policies._key_ids`, `takeover.shadow_on_ids`): a request's keys are interned once
-(one dict look-up per key) and every such shadow takes the ids, keeping each id's node in
+(one look-up per key) and every such shadow takes the ids, keeping each id's node in
 an int array instead of a dict of its own; lct's shadow takes the keys. Before, every shadow
 looked each key up in dicts of its own, and those probes of large dicts (cache misses) were
 30-40 % of `auto`'s time (docs/BENCHMARKS.md, "Policy cost, fifth round"). lct serving runs
