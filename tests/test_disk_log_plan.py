@@ -267,3 +267,47 @@ def test_the_compiled_placed_is_the_numpy_one(seed: int) -> None:
         for make in (log_group.placed, log_group.placed_arrays):
             with pytest.raises(TypeError):
                 make(parts)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batch_of_distinct_slots_and_keys_plans_as_the_numpy_plan(seed: int) -> None:
+    """The compiled plan's usual batch (no slot and no key twice: planned without its
+    per-record dicts) and the batches next to it, one slot twice, one key twice, a forget of
+    a key a block of the batch writes: the same plans and states as the numpy path, over
+    keys held at the open (sorted hashes) and keys written since (the dict)."""
+    rng = random.Random(seed)
+    pool = [bytes([1 + i % 250, i // 250]) * 4 for i in range(600)]
+    fast, pure = opened(pool, random.Random(seed), True), opened(pool, random.Random(seed), False)
+    seq = 1000
+    for step in range(40):
+        size = rng.choice((2, 20, SLOTS))
+        slots = rng.sample(range(SLOTS), size)
+        keys = rng.sample(pool, size)
+        codecs = [0] * size
+        twice = step % 4
+        if twice == 1:  # one slot twice
+            slots[rng.randrange(1, size)] = slots[0]
+        elif twice == 2:  # one key twice, in two slots
+            keys[rng.randrange(1, size)] = keys[0]
+        elif twice == 3:  # a forget of a key a block writes again
+            at = rng.randrange(1, size)
+            keys[at], codecs[at] = keys[0], TOMBSTONE
+        placed = Placed(
+            keys=[OffloadKey(key) for key in keys],
+            slot=np.array(slots, np.int64),
+            region=np.array([rng.randrange(REGIONS) for _ in keys], np.int64),
+            offset=np.array([rng.randrange(1 << 20) for _ in keys], np.int64),
+            length=np.array([0 if c == TOMBSTONE else rng.randint(1, 300) for c in codecs]),
+            codec=np.array(codecs, np.int64),
+            seq=np.arange(seq, seq + size, dtype=np.uint64),
+            checksum=np.arange(size, dtype=np.uint64),
+            moved_from=np.full(size, NO_REGION, np.int64),
+        )
+        seq += size
+        plans = fast.plan(placed), pure.plan(placed)
+        assert_same_plan(*plans)
+        fast.commit(plans[0])
+        pure.commit(plans[1])
+        assert state(fast) == state(pure), step
+        for key in keys:
+            assert fast.find(OffloadKey(key)) == pure.find(OffloadKey(key))

@@ -13,7 +13,11 @@ names confirmed against the slot's row; then the sorted key hashes, every candid
 equal hash confirmed in order), the last record per slot, the slots that lose a key, and a
 block whose key a later block of the batch writes again dropped. The numpy path makes some
 forty array calls a batch and a few C-level passes over the keys (a plan of 512 records:
-~290 us); this pass ~160 us (the key rows, dicts and result arrays it still makes).
+~290 us); this pass ~160 us (the key rows, dicts and result arrays it still makes). The usual
+batch, no slot and no key twice (both sorted and checked, `_distinct`), skips the dicts of
+each slot's last record and each key's newest and the result arrays' gathers: a plan of
+1,024 records 2.77 -> 1.28 M instructions (docs/BENCHMARKS.md, "The write row's CPU per
+block, fourth round").
 
 `pack_entries` writes a part's header entries and keys (log_format.py's `pack_group_into`;
 `pack_group` the reference) straight into the head thread's buffer: one loop over the part's
@@ -113,14 +117,19 @@ def plan_new(
     rows_np = np.zeros((count, width), dtype=np.uint8)
     lengths_np = np.empty(count, dtype=np.int64)
     others_np = np.full(count, -1, dtype=np.int64)
+    slots_np = np.empty(count, dtype=np.int64)
+    block_hashes_np = np.empty(count, dtype=np.int64)
     cdef uint8_t[:, ::1] rows = rows_np
     cdef int64_t[::1] lengths = lengths_np
     cdef int64_t[::1] others = others_np
+    cdef int64_t[::1] slots = slots_np
+    cdef int64_t[::1] block_hashes = block_hashes_np
     cdef list picked = [None] * count
     cdef Py_ssize_t n_blocks = 0
     for i in range(count):
         key = keys[which[i]]
         picked[i] = key
+        slots[i] = slot_of[which[i]]
         key_bytes = key if type(key) is bytes else bytes(key)
         length = len(key_bytes)
         if length > width:
@@ -129,6 +138,7 @@ def plan_new(
         memcpy(&rows[i, 0], <const char *> key_bytes, length)
         if codec_of[which[i]] == tombstone:
             continue
+        block_hashes[n_blocks] = hash(key)  # the dict look-up below reuses it (cached)
         n_blocks += 1
         row = &rows[i, 0]
         found = written.get(key, -1)
@@ -152,41 +162,60 @@ def plan_new(
                     break
                 lo += 1
         others[i] = found
-    # a slot written twice in the batch: its last record wins (the batch is short: a dict)
-    cdef dict last_of = {}
-    for i in range(count):
-        last_of[slot_of[which[i]]] = i
-    last_np = np.fromiter(last_of.values(), np.int64, len(last_of))
-    last_np.sort()
-    # a key written again later in the batch (into another slot) leaves this one
-    cdef dict newest = {}
-    for i in range(count):
-        if codec_of[which[i]] != tombstone:
-            newest[picked[i]] = i
-    cdef int64_t[::1] last = last_np
-    n_last = last.shape[0]
-    keep_np = np.ones(n_last, dtype=np.bool_)
-    cdef uint8_t[::1] keep = keep_np.view(np.uint8)
-    n_keep = n_last
-    if len(newest) < n_blocks:  # rare: a key twice in the batch
-        for j in range(n_last):
-            i = last[j]
-            if codec_of[which[i]] != tombstone and newest[picked[i]] > i:
-                keep[j] = 0
-                n_keep -= 1
-    clear_np = np.concatenate([others_np[others_np >= 0], slot_np[which_np[last_np]]])
-    if n_keep < n_last:
-        last_np = last_np[keep_np]
+    cdef int64_t[::1] last = None
+    cdef uint8_t[::1] keep
+    # the usual batch has no slot and no key twice: every record the last of its slot and
+    # its key's newest, the batch's own columns (no per-record dict); equal key hashes
+    # only send it to the dict below, which compares the keys
+    cdef bint slots_once = _distinct(slots_np)
+    cdef bint keys_once = n_blocks < 2 or _distinct(block_hashes_np[:n_blocks])
+    if slots_once and keys_once:
+        n_last = count
+        chosen_np = which_np.copy()
+        target_np = slots_np
+        clear_np = np.concatenate([others_np[others_np >= 0], slots_np])
+        lengths_last = lengths_np
+        rows_last = rows_np
+    else:
+        if slots_once:
+            last_np = np.arange(count, dtype=np.int64)
+        else:  # a slot written twice in the batch: its last record wins (a dict)
+            last_of = {}
+            for i in range(count):
+                last_of[slots[i]] = i
+            last_np = np.fromiter(last_of.values(), np.int64, len(last_of))
+            last_np.sort()
+        clear_np = np.concatenate([others_np[others_np >= 0], slots_np[last_np]])
         last = last_np
-        n_last = n_keep
-    chosen_np = which_np[last_np]
-    target_np = slot_np[chosen_np]
-    lengths_last = lengths_np[last_np]
+        n_last = last.shape[0]
+        if not keys_once:  # maybe a key twice among the blocks: the dict compares them
+            # a key written again later in the batch (into another slot) leaves this one
+            newest = {}
+            for i in range(count):
+                if codec_of[which[i]] != tombstone:
+                    newest[picked[i]] = i
+            if len(newest) < n_blocks:  # rare: a key twice in the batch
+                keep_np = np.ones(n_last, dtype=np.bool_)
+                keep = keep_np.view(np.uint8)
+                n_keep = n_last
+                for j in range(n_last):
+                    i = last[j]
+                    if codec_of[which[i]] != tombstone and newest[picked[i]] > i:
+                        keep[j] = 0
+                        n_keep -= 1
+                if n_keep < n_last:
+                    last_np = last_np[keep_np]
+                    last = last_np
+                    n_last = n_keep
+        chosen_np = which_np[last_np]
+        target_np = slot_np[chosen_np]
+        lengths_last = lengths_np[last_np]
+        rows_last = rows_np[last_np]
     cdef dict new_written = {}
     cdef Py_ssize_t held = 0
     cdef int64_t[::1] target = target_np
     for j in range(n_last):
-        i = last[j]
+        i = j if last is None else last[j]
         if codec_of[which[i]] != tombstone:
             new_written[picked[i]] = target[j]
             held += 1
@@ -194,12 +223,25 @@ def plan_new(
         chosen_np,
         target_np,
         _sorted_distinct(clear_np),
-        rows_np[last_np],
+        rows_last,
         lengths_last,
         header_bytes + ((lengths_last + 7) & ~7),
         held,
         new_written,
     )
+
+
+cdef bint _distinct(values):
+    """Whether a batch's int64 `values` (slots, or its blocks' key hashes) are all distinct:
+    sorted, then no two neighbours equal. What spares `plan_new` its per-record dicts (the
+    last record of each slot, the newest of each key) on the usual batch, where no slot or
+    key comes twice; equal key hashes only send it to the dict, which compares the keys."""
+    cdef int64_t[::1] ordered = np.sort(values)
+    cdef Py_ssize_t i
+    for i in range(1, ordered.shape[0]):
+        if ordered[i] == ordered[i - 1]:
+            return False
+    return True
 
 
 cdef object _sorted_distinct(values):
