@@ -10,8 +10,6 @@ from array import array
 
 import pytest
 
-from kvtier.compiled import extension_suffix
-from kvtier.policies import _key_ids
 from kvtier.policies._key_ids import KeyIds
 
 
@@ -119,31 +117,3 @@ def test_a_key_found_is_the_equal_one_not_one_of_the_same_hash() -> None:
     for key in keys[::3]:
         user.forget(key)
     check(table, user, set(keys[::3]))
-
-
-def test_a_table_sized_at_once_grows_only_past_its_first_ids() -> None:
-    """`KeyIds(ids)` makes room for `ids` keys at once: its users get arrays of that size
-    when they register and no other until the key past them, when the table doubles (each
-    growth a copy of every array); compiled, its slots hold as many keys with no doubling
-    either. The keys stay found across the growth, from a size not a power of two."""
-    table = KeyIds(3_000)
-    sizes: list[int] = []
-    user = Counter(table)
-    user_resize = user.resize_ids
-
-    def resize_ids(refs: array[int], capacity: int, released: list[int]) -> None:
-        sizes.append(capacity)
-        user_resize(refs, capacity, released)
-
-    user.resize_ids = resize_ids  # type: ignore[method-assign]
-    compiled = _key_ids.__file__.endswith(extension_suffix())
-    assert table.capacity == 3_000 and table.slots == (8_192 if compiled else 0)
-    keys = [Key(v, v * 7919) for v in range(3_001)]
-    ids = table.intern(keys[:3_000])
-    assert ids == list(range(3_000)) and sizes == [] and table.slots == (8_192 if compiled else 0)
-    for key, ident in zip(keys, ids, strict=False):
-        user.hold(key, ident)
-    assert table.intern(keys[3_000:]) == [3_000] and sizes == [6_000]
-    user.hold(keys[3_000], 3_000)
-    check(table, user, set())
-    assert KeyIds().capacity == KeyIds(5).capacity == 64  # never fewer than `INITIAL_IDS`

@@ -469,21 +469,3 @@ def test_the_nodes_keep_their_histories_and_blocks_through_every_growth() -> Non
     assert {key: block.block_id for key, block in policy.items()} == {
         key: i for i, key in enumerate(keys[:1000])
     }
-
-
-@pytest.mark.parametrize(("capacity", "first"), [(2, 64), (100, 1_600), (20_000, 1 << 18)])
-def test_lct_makes_its_first_nodes_for_the_keys_its_shortest_horizon_spans(
-    capacity: int, first: int
-) -> None:
-    """No node before the first key; then as many as the shortest horizon's accesses (16
-    capacities, at least 64, at most `FIRST_NODES`), doubled only past them: doubling from
-    64 copied every array on the way (docs/BENCHMARKS.md, "Policy cost, sixteenth
-    round")."""
-    policy = LCTCachePolicy(capacity)
-    core = policy._core
-    assert core.nodes == 0
-    policy.on_store_miss([key_from_int(i) for i in range(first)])
-    assert core.nodes == first
-    policy.on_store_miss([key_from_int(first)])
-    assert core.nodes == 2 * first
-    assert _lct_core.FIRST_NODES == 1 << 18

@@ -27,7 +27,6 @@ from kvtier.policies import (
     S3FIFOCachePolicy,
 )
 from kvtier.policies._key_ids import KeyIds, grown_ids
-from kvtier.policies.shadow_calls import FIRST_IDS, first_ids
 from kvtier.policies.takeover import store_in_shadow
 
 ON_IDS: dict[str, type[ARCCachePolicy] | type[LRUCachePolicy] | type[S3FIFOCachePolicy]] = {
@@ -314,17 +313,3 @@ def test_auto_keeps_its_shadows_on_ids_across_switches() -> None:
     drive(200)
     check_counts(table, [policy.shadow("arc"), policy.shadow("lru")])
     assert policy.shadow("lct") is lct and isinstance(policy.shadow("arc"), ARCCachePolicy)
-
-
-def test_auto_sizes_its_table_for_what_lct_remembers() -> None:
-    """auto's table of keys and every shadow's array by id get room at once for the keys
-    lct's shortest horizon spans (16 capacities of accesses, at most `FIRST_IDS`): doubling
-    from 64 ids copied each of them a dozen times (docs/BENCHMARKS.md, "Policy cost,
-    sixteenth round")."""
-    assert first_ids(100) == 1_600 and first_ids(1 << 30) == FIRST_IDS == 1 << 18
-    policy = AutoCachePolicy(100)
-    table = policy._shadows.table
-    assert table.capacity == 1_600
-    lru = policy.shadow("lru")
-    assert isinstance(lru, LRUCachePolicy) and lru._ids is not None
-    assert lru._ids.nodes >= 100 and table.capacity == 1_600

@@ -58,9 +58,8 @@ else:
         from kvtier.policies import _cython_shim as cython
 
 INITIAL_IDS = 64
-"""The fewest ids the arrays have room for at first (`KeyIds(ids)` may ask for more)."""
 INITIAL_SLOTS = 128
-"""The compiled table's fewest first slots (a power of two; doubled past half full)."""
+"""The compiled table's first slots (a power of two; doubled past half full)."""
 HASH_BITS = cython.declare(cython.longlong, 0x7FFFFFFF)
 """The bits of a key's hash its slot keeps (the slots are at most 2**31)."""
 ID_BITS = cython.declare(cython.longlong, 0xFFFFFFFF)
@@ -100,7 +99,6 @@ class KeyIds:
     _released: list[int]
     _capacity: cython.Py_ssize_t
     _users: list[Any]
-    _first: cython.Py_ssize_t  # the ids the arrays have room for at first
     # Compiled, instead of `_ids` (module doc): the slots, (hash bits << 32) | (id + 1) each
     # (0: empty), their count - 1 (a power of two less one), the keys they hold; and the
     # empty slot where the last `_find` that missed stopped.
@@ -110,19 +108,11 @@ class KeyIds:
     _count: cython.Py_ssize_t
     _hole: cython.Py_ssize_t
 
-    def __init__(self, ids: int = INITIAL_IDS) -> None:
-        """`ids`: how many ids to make room for at once (at least `INITIAL_IDS`), the keys
-        its users are expected to remember: the table doubles from there, each growth a
-        copy of every array (`_grow`, `_grow_slots`; docs/BENCHMARKS.md, "Policy cost,
-        sixteenth round")."""
-        self._first = max(INITIAL_IDS, ids)
-        slots: cython.Py_ssize_t = INITIAL_SLOTS
-        while cython.compiled and slots < 2 * self._first:  # as many keys with no doubling
-            slots *= 2
+    def __init__(self) -> None:
         self._ids = {}
-        self._slots_array = array("q", [0]) * slots
+        self._slots_array = array("q", [0]) * INITIAL_SLOTS
         self._slots = self._slots_array
-        self._mask = slots - 1
+        self._mask = INITIAL_SLOTS - 1
         self._count = 0
         self._hole = -1
         self._keys = []
@@ -139,13 +129,6 @@ class KeyIds:
     def capacity(self) -> int:
         """How many ids the arrays have room for."""
         return self._capacity
-
-    @property
-    def slots(self) -> int:
-        """Compiled, how many slots the table of keys has (0 as plain Python: a dict)."""
-        if cython.compiled:
-            return self._mask + 1
-        return 0
 
     def __len__(self) -> int:
         """The keys interned now."""
@@ -347,7 +330,7 @@ class KeyIds:
     def _grow(self) -> cython.int:
         """Double the room (a new count array, handed to every user)."""
         old: cython.Py_ssize_t = self._capacity
-        new: cython.Py_ssize_t = 2 * old if old else self._first
+        new: cython.Py_ssize_t = max(INITIAL_IDS, 2 * old)
         self._refs_array = grown_ids(self._refs_array, new, 0)
         self._refs = self._refs_array
         # each list extended once: appends one by one reallocated (copied) them every

@@ -77,8 +77,6 @@ BINS_PER_OCTAVE = 4
 NEVER = -(1 << 62)
 """The time of an access that did not happen (a key seen fewer than three times)."""
 MAX_STATES = 35
-FIRST_NODES = 1 << 18
-"""The most nodes made at the first one (`_grow`): a larger core doubles from there."""
 """States of a key for four candidate horizons, the most there are."""
 
 # The lists a node can be on (`_where`): the class queues 0 to 3, the ghosts, none.
@@ -443,11 +441,6 @@ class LCTState:
         return [(self._keys[node], self._blocks[node]) for node in self._resident_nodes()]
 
     @property
-    def nodes(self) -> int:
-        """How many nodes the arrays have room for (none before the first key)."""
-        return self._allocated
-
-    @property
     def horizon(self) -> int:
         """The index of the candidate the classes are counted over now."""
         return self._horizon
@@ -471,17 +464,12 @@ class LCTState:
 
     @cython.cfunc
     def _grow(self) -> cython.int:
-        """Double the nodes, the new ones free (past `_used`, handed out in order, so not
-        set here). Each array grows in place (none is viewed while it is resized: compiled,
-        nothing checks), a large one by remapping its pages instead of copying them, and
-        only its new items are written (`_extend_zeroed`). The first nodes are as many as
-        the shortest horizon's accesses (`FIRST_NODES`): the keys a horizon spans, which
-        lct remembers at least that long; doubling from 64 copied every array ten times or
-        more on the way (docs/BENCHMARKS.md, "Policy cost, sixteenth round")."""
+        """Double the nodes (64 at first), the new ones free (past `_used`, handed out in
+        order, so not set here). Each array grows in place (none is viewed while it is
+        resized: compiled, nothing checks), a large one by remapping its pages instead of
+        copying them, and only its new items are written (`_extend_zeroed`)."""
         old: cython.int = self._allocated
-        new: cython.int = 2 * old
-        if old == 0:
-            new = max(64, min(self._horizons[0] if self._nhorizons else 0, FIRST_NODES))
+        new: cython.int = max(64, 2 * old)
         ints = _ints([])
         longs = _longs([])
         self._prev = self._next = self._where = self._state = self._idents = ints

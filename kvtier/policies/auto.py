@@ -250,7 +250,7 @@ class AutoCachePolicy(AutoView, CachePolicy):
         """The index in `candidates` of the policy serving now."""
         self._serving = self._policies[0]
         self._others = [i for i in range(len(self.candidates)) if i != 0]
-        self._shadows = ShadowCalls(capacity)
+        self._shadows = ShadowCalls()
         """The calls to the shadows (LRU's, ARC's, S3-FIFO's on one table of key ids)."""
         self._shadows.route(self._policies, 0, self._others)
         self._hits = [0] * len(self.candidates)

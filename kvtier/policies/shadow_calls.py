@@ -18,30 +18,14 @@ from kvtier.blocks import BlockStatus
 from kvtier.keys import OffloadKey
 from kvtier.policies._key_ids import KeyIds
 from kvtier.policies.base import CachePolicy
-from kvtier.policies.lct import HORIZONS
 from kvtier.policies.takeover import live_on_ids, shadow_on_ids, store_moved
-
-FIRST_IDS = 1 << 18
-"""The most ids the table makes room for at once (`first_ids`): a larger one doubles."""
-
-
-def first_ids(capacity: int) -> int:
-    """The ids `auto`'s table of keys makes room for at first, for a tier of `capacity`
-    blocks: as many as lct's shortest horizon spans (`HORIZONS[0]` capacities of accesses:
-    the keys it remembers at least that long, most of the table's once it has seen them),
-    at most `FIRST_IDS`. Doubling from 64 ids copied the counts, the key list and every
-    shadow's array of nodes by id a dozen times on the way (docs/BENCHMARKS.md, "Policy
-    cost, sixteenth round")."""
-    return min(int(HORIZONS[0] * capacity), FIRST_IDS)
 
 
 class ShadowCalls:
     """The calls `auto` makes to its shadows, per request (`access`, `store`)."""
 
-    def __init__(self, capacity: int = 0) -> None:
-        """`capacity`: the tier's, in blocks; the table gets room for as many keys as lct
-        remembers at least (`first_ids`)."""
-        self.table = KeyIds(first_ids(capacity))
+    def __init__(self) -> None:
+        self.table = KeyIds()
         """The keys the shadows on ids (and lct serving) remember, each with its id."""
         self.live_on_ids = False
         self.keyed: list[tuple[CachePolicy, int, Callable[..., int]]] = []
