@@ -14,8 +14,9 @@ import pytest
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk import log_group
 from kvtier.tiers.disk.jobs import WriteJob
+from kvtier.tiers.disk.log_calls import call_columns_arrays
 from kvtier.tiers.disk.log_format import PAGE, REGION_HEADER_BYTES, record_bytes
-from kvtier.tiers.disk.log_group import Flight, Part, Pending, add, add_run, fit_run, run_bytes
+from kvtier.tiers.disk.log_group import Flight, Part, Pending, add, add_run, fit_run
 from kvtier.tiers.disk.log_index import NO_REGION
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,7 +89,9 @@ def test_a_run_is_placed_as_records_one_by_one(kind: str) -> None:
                 expected.offset,
             )
             assert part.moved_from == [NO_REGION] * len(part.keys)
-            assert run_bytes(key_lens[:taken], lengths[:taken]) == sum(
+            payloads = [np.zeros(length, np.uint8) for _, length in run[:taken]]
+            columns = call_columns_arrays([key for key, _ in run[:taken]], payloads)
+            assert columns.run_bytes(0, taken) == sum(
                 record_bytes(len(key), length) for key, length in run[:taken]
             )
 

@@ -347,17 +347,6 @@ def add_run(
     part.direct = part.direct and direct
 
 
-def run_bytes(
-    key_lens: np.ndarray[Any, np.dtype[np.int64]], lengths: np.ndarray[Any, np.dtype[np.int64]]
-) -> int:
-    """`record_bytes` summed over a run of records."""
-    return int(
-        key_lens.size * RECORD_HEADER_BYTES
-        + ((key_lens + 7) & ~7).sum()
-        + ((lengths + 7) & ~7).sum()
-    )
-
-
 def payload_views(part: Part, span: int) -> tuple[list[Any], list[int]]:
     """A part's payloads as the buffers of its write (the caller's memory, not copied),
     with zeros in the gaps and up to `span`, and each buffer's bytes. The payloads are
