@@ -263,10 +263,17 @@ def raw_device(
 
 
 async def measure(
-    directory: Path, block: int, call_bytes: int, calls: int, events: bool = False
+    directory: Path,
+    block: int,
+    call_bytes: int,
+    calls: int,
+    events: bool = False,
+    pause: float = 0.0,
 ) -> dict[str, float]:
     """Print one block size's timeline (see the module's docstring); its figures (ms: the
-    call's median, the raw one-call write's and the device row pattern's, with fdatasync)."""
+    call's median, the raw one-call write's and the device row pattern's, with fdatasync);
+    `pause` seconds between any two timed writes (the host of a virtual disk writes back
+    behind them: without a pause, what one writes slows the next)."""
     count = call_bytes // block
     pool = aligned_buffer(count * block).reshape(count, block)
     pool[:] = np.random.default_rng(0).integers(0, 256, (count, block), dtype=np.uint8)
@@ -299,8 +306,11 @@ async def measure(
             rec.on = False
             if any(failure is not None for failure in failures):
                 raise SystemExit(f"log_timeline: a write failed: {failures[:3]}")
+            await asyncio.sleep(pause)
             raws.append(raw_one_call(fd, source))
+            await asyncio.sleep(pause)
             devices.append(raw_device(fd, source, threads))
+            await asyncio.sleep(pause)
             if number:
                 timed.append((t0, t1, rec.events))
         region_bytes, num_regions = store.region_bytes, store.num_regions
@@ -360,13 +370,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--call-bytes", default="64MiB")
     parser.add_argument("--calls", type=int, default=12, help="the first is a warm-up")
     parser.add_argument("--events", action="store_true", help="print the median call's events")
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="between timed writes")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="kvtier-log-timeline-", dir=args.dir))
     try:
         for size in args.block_sizes.split(","):
             asyncio.run(
                 measure(
-                    root, parse_size(size), parse_size(args.call_bytes), args.calls, args.events
+                    root,
+                    parse_size(size),
+                    parse_size(args.call_bytes),
+                    args.calls,
+                    args.events,
+                    args.pause_ms / 1e3,
                 )
             )
     finally:
