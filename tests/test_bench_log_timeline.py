@@ -77,3 +77,21 @@ def test_log_device_probe_reports_every_figure(
     assert list(tmp_path.iterdir()) == []  # its file removed
     with pytest.raises(SystemExit, match="multiple of 4 MiB"):
         log_device_probe.main(["--dir", str(tmp_path), "--stream-bytes", "6MiB"])
+
+
+def test_log_timeline_in_bench_times_the_bench_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtier.tiers.disk.log_store import LogStore
+
+    write = LogStore.write
+    log_timeline.main(
+        ["--dir", str(tmp_path), "--block-sizes", "64KiB", "--call-bytes", "1MiB",
+         "--calls", "3", "--in-bench"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "64 KiB blocks, the bench's `cpu -> disk (log layout)` row:" in out
+    assert out.count("its store calls") == 1 and out.count("payload write (1)") == 1
+    assert "device busy (writes, fdatasync)" in out
+    assert LogStore.write is write
+    assert list(tmp_path.iterdir()) == []

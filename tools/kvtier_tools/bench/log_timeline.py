@@ -2,7 +2,8 @@
 waits (issue 33 item 7).
 
     PYTHONPATH=tools python -m kvtier_tools.bench.log_timeline --dir DIR \
-        [--block-sizes 64KiB,256KiB] [--call-bytes 64MiB] [--calls 12]
+        [--block-sizes 64KiB,256KiB] [--call-bytes 64MiB] [--calls 12] [--events] \
+        [--pause-ms MS] [--in-bench]
 
 The bench's `cpu -> disk (log layout)` configuration (`kvtier bench --pairs disk`): a
 `LogStore` exactly one call large (fsync on, O_DIRECT where the filesystem takes it), one
@@ -18,6 +19,10 @@ call's writes and fdatasyncs) and its idle gaps, and the critical path after the
 byte; beside them the raw one-call write (one O_DIRECT `pwritev` of the call's bytes +
 `fdatasync`) and the device row's pattern (1 MiB O_DIRECT writes at queue depth 16 +
 `fdatasync`), timed in the same rounds.
+
+With `--in-bench`, the calls timed are those of the bench's own row instead
+(`datapath.measure_disk`, layout "log", `--calls` - 1 repeats after its warm-up: the store's
+calls alternate with the bench's raw baseline, and the bench's figures are printed first).
 
 Wrapping costs ~1-2 us an event (a few hundred events a call): the store's figures here are a
 little slower than the bench's.
@@ -321,9 +326,71 @@ async def measure(
         raw.unlink(missing_ok=True)
         await store.aclose()
         shutil.rmtree(path, ignore_errors=True)
-    out = summarize(timed)
     regions = f", {num_regions} regions of {region_bytes / (1 << 20):g} MiB"
     print(f"\n{block >> 10} KiB blocks, {count} a call of {call_bytes >> 20} MiB{regions}:")
+    out = report(timed, events)
+    raw_w, raw_s = (statistics.median(v) for v in zip(*raws, strict=True))
+    dev_w, dev_s = (statistics.median(v) for v in zip(*devices, strict=True))
+    print(
+        f"  raw one call: written {raw_w:.2f} ms, synced {raw_s:.2f} "
+        f"({call_bytes / raw_s / 1e6:.2f} GB/s); device row's pattern (1 MiB at qd16): "
+        f"written {dev_w:.2f}, synced {dev_s:.2f} ({call_bytes / dev_s / 1e6:.2f} GB/s); "
+        f"the store {call_bytes / out['call_ms'] / 1e6:.2f} GB/s"
+    )
+    first = next((row[0] for row in out["table"] if row[2:5] == ("payload write", row[3], 1)), 0.0)
+    return {
+        "call": out["call_ms"],
+        "idle": out["idle_ms"],
+        "tail": out["tail_ms"],
+        "first_write": first,
+        "raw": raw_s,
+        "device": dev_s,
+    }
+
+
+async def measure_in_bench(
+    directory: Path, block: int, call_bytes: int, calls: int, events: bool = False
+) -> dict[str, Any]:
+    """The timeline of the bench's own `cpu -> disk (log layout)` row (`datapath.measure_disk`
+    with `layout="log"`, `calls - 1` repeats: its warm-up call, then the timed ones, each
+    paired with its raw one-call write), printed with the bench's figures; the summary."""
+    from kvtier_tools.bench import datapath
+
+    rec = Recorder()
+    undo = install(rec)
+    seen: list[tuple[float, float, list[Event]]] = []
+    original = LogStore.write
+
+    async def write(store: LogStore, keys: Any, slots: Any, buffers: Any) -> Any:
+        rec.events = []
+        rec.on = True
+        began = time.perf_counter()
+        try:
+            return await original(store, keys, slots, buffers)
+        finally:
+            rec.on = False
+            seen.append((began, time.perf_counter(), rec.events))
+
+    LogStore.write = write  # type: ignore[method-assign, assignment]
+    try:
+        rows, _ = await datapath.measure_disk(
+            block, call_bytes, calls - 1, directory, np.random.default_rng(0), layout="log"
+        )
+    finally:
+        LogStore.write = original  # type: ignore[method-assign]
+        undo()
+    row = next(row for row in rows if row.pair == "cpu -> disk")
+    print(f"\n{block >> 10} KiB blocks, the bench's `cpu -> disk (log layout)` row:")
+    store_ms = ", ".join(f"{seconds * 1e3:.1f}" for seconds in row.kvtier_s)
+    raw_ms = ", ".join(f"{seconds * 1e3:.1f}" for seconds in row.baseline_s)
+    print(f"  its store calls {store_ms} ms; its raw one-call writes {raw_ms} ms")
+    return report(seen[1:calls], events)
+
+
+def report(timed: list[tuple[float, float, list[Event]]], events: bool) -> dict[str, Any]:
+    """Print the timeline of `timed` calls (`summarize`; with `events`, the median call's
+    events); the summary."""
+    out = summarize(timed)
     print(f"  {'ms from the call: start':>24} {'end':>7}  {'MiB':>6}  event (n-th), thread")
     for start, end, what, thread, n, nbytes, seen in out["table"]:
         mib = f"{nbytes / (1 << 20):6.2f}" if nbytes else " " * 6
@@ -344,23 +411,7 @@ async def measure(
         for what, thread, start, end, nbytes in sorted(middle, key=lambda e: e[2]):
             mib = f" {nbytes / (1 << 20):.2f}" if nbytes else ""
             print(f"    {(start - t0) * 1e3:6.2f}-{(end - t0) * 1e3:6.2f} {what}, {thread}{mib}")
-    raw_w, raw_s = (statistics.median(v) for v in zip(*raws, strict=True))
-    dev_w, dev_s = (statistics.median(v) for v in zip(*devices, strict=True))
-    print(
-        f"  raw one call: written {raw_w:.2f} ms, synced {raw_s:.2f} "
-        f"({call_bytes / raw_s / 1e6:.2f} GB/s); device row's pattern (1 MiB at qd16): "
-        f"written {dev_w:.2f}, synced {dev_s:.2f} ({call_bytes / dev_s / 1e6:.2f} GB/s); "
-        f"the store {call_bytes / out['call_ms'] / 1e6:.2f} GB/s"
-    )
-    first = next((row[0] for row in out["table"] if row[2:5] == ("payload write", row[3], 1)), 0.0)
-    return {
-        "call": out["call_ms"],
-        "idle": out["idle_ms"],
-        "tail": out["tail_ms"],
-        "first_write": first,
-        "raw": raw_s,
-        "device": dev_s,
-    }
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -371,10 +422,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=12, help="the first is a warm-up")
     parser.add_argument("--events", action="store_true", help="print the median call's events")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="between timed writes")
+    parser.add_argument(
+        "--in-bench", action="store_true", help="the bench's own row (its calls and baseline)"
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="kvtier-log-timeline-", dir=args.dir))
     try:
         for size in args.block_sizes.split(","):
+            if args.in_bench:
+                call_bytes = parse_size(args.call_bytes)
+                asyncio.run(
+                    measure_in_bench(root, parse_size(size), call_bytes, args.calls, args.events)
+                )
+                continue
             asyncio.run(
                 measure(
                     root,
