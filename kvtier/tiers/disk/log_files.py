@@ -148,6 +148,13 @@ class LogFiles:
         self._uses_lock = threading.Lock()
         self._uses = 0
         """Uses of the descriptors in flight (under `_uses_lock`)."""
+        self._done_lock = threading.Lock()
+        self.writes_done = 0
+        """Writes (a write thread's batch, a head thread's header pages) returned so far, each
+        numbered in the order it returned (`_done`; under `_done_lock`)."""
+        self.synced_through = 0
+        """`writes_done` when the last successful fdatasync began: every write numbered up to
+        it had returned before that sync, which made it durable (`sync`)."""
         self._lost: str | None = None
         try:
             self._lock_fd = _open(root / LOCK_FILE, readonly, os.open)
@@ -210,7 +217,8 @@ class LogFiles:
         `whole_pages`), else buffered (the kernel's one copy). `buffers` are contiguous
         buffers of any kind (`sizes`: their bytes, when the caller knows them: a part's
         payloads are the caller's arrays, not wrapped in a view each). The caller waits on
-        every future returned (each raises its piece's OSError) before it syncs."""
+        every future returned (each raises its piece's OSError, else gives the write's
+        number, `writes_done`) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
         ops: list[WriteOp] = []
@@ -219,16 +227,24 @@ class LogFiles:
             at += nbytes
         return [self._writers.submit(self._write_batch, batch) for batch in spread(ops)]
 
-    def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> None:
+    def write_here(self, region: int, start: int, buffers: list[memoryview], direct: bool) -> int:
         """Write `buffers` back to back at `start` of `region` on the calling thread (as
         `write_parts` would, part by part): for a part's header pages, written by the head
         thread that packed them, so that they never wait in the write threads' queue
-        behind the payloads (a 3.7 MB group's header write went last, 2 ms after them)."""
+        behind the payloads (a 3.7 MB group's header write went last, 2 ms after them).
+        Returns the write's number (`writes_done`)."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
         at = self.base(region) + start
         for piece in pieces(buffers, 1):
             nbytes = sum(view.nbytes for view in piece)
             at += self._write(fd, piece, at, nbytes)
+        return self._done()
+
+    def _done(self) -> int:
+        """Number a write that has returned (`writes_done`)."""
+        with self._done_lock:
+            self.writes_done += 1
+            return self.writes_done
 
     def _write(self, fd: int, buffers: list[memoryview], at: int, nbytes: int) -> int:
         self._enter()
@@ -239,7 +255,8 @@ class LogFiles:
 
     def _write_batch(self, parts: list[WriteOp]) -> int:
         """On a write thread: write `parts` in order, each to its end (`ops.run_batch`); the
-        bytes written, or the first part's OSError once every part was tried."""
+        batch's number (`writes_done`), or the first part's OSError once every part was
+        tried."""
         self._enter()
         try:
             run_batch(self.io, parts)
@@ -248,7 +265,7 @@ class LogFiles:
         for op in parts:
             if op.error is not None:
                 raise op.error
-        return sum(op.nbytes for op in parts)
+        return self._done()
 
     def _enter(self) -> None:
         """Count a use of the descriptors as in flight; OSError(ESTALE) once lost."""
@@ -353,10 +370,14 @@ class LogFiles:
         return usable
 
     def sync(self) -> None:
-        """fdatasync the regions file."""
+        """fdatasync the regions file: every write returned before it began is durable once
+        it returns (`synced_through`)."""
         self._enter()
         try:
+            with self._done_lock:
+                through = self.writes_done
             self.io.fsync(self.fd)
+            self.synced_through = max(self.synced_through, through)
         finally:
             self._leave()
 

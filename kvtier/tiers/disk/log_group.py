@@ -138,6 +138,9 @@ class Pending:
     """Parts already written (the rest, at most one, still takes records)."""
     flushed: int = 0
     """New records (not moves) of the group already durable and indexed."""
+    written: int = 0
+    """The highest number (`LogFiles.writes_done`) of the writes waited for: a sync begun
+    after that write returned made all of them durable (`LogFiles.synced_through`)."""
 
     def wait(self) -> None:
         """Wait for every write of the group started so far; raise the first one's OSError
@@ -145,7 +148,7 @@ class Pending:
         first: BaseException | None = None
         for future in self.writes:
             try:
-                future.result()
+                self.written = max(self.written, future.result())
             except BaseException as error:
                 first = first or error
         self.writes.clear()
@@ -384,12 +387,12 @@ def copy_payloads(part: Part, image: np.ndarray[Any, np.dtype[np.uint8]]) -> mem
     return image.data
 
 
-def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> None:
+def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> int:
     """On one of the lane's head threads, once `part` takes no more records and its payloads'
     writes are started: the bound checksums of its new records (xxh3 releases the GIL over
     the payloads: this runs beside the lane thread, which places the next part), then its
-    header pages (after the region's first page when it opens the region) written; raises
-    the write's OSError."""
+    header pages (after the region's first page when it opens the region) written; the
+    write's number (`LogFiles.writes_done`), or the write's OSError."""
     checksums = part.checksum
     fresh = checksums.count(None)
     if fresh == len(checksums):  # every record new (no move): the part's columns as they are
@@ -428,7 +431,7 @@ def write_front(files: LogFiles, namespace: bytes, part: Part, span: int) -> Non
     if part.keys:  # the header pages packed in place (no copy of them)
         pack_group_into(front, len(first), namespace, part.epoch, part.keys, fields, span)
     start = 0 if part.opens else part.start
-    files.write_here(part.region, start, [front.data], True)
+    return files.write_here(part.region, start, [front.data], True)
 
 
 _fronts = threading.local()

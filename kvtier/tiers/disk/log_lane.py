@@ -292,7 +292,7 @@ class LogLane:
             if error is None and self._poisoned is None:
                 good.append(flight)
         try:
-            if good and self.fsync:
+            if good and self.fsync and self._unsynced(good):
                 self.files.sync()
                 self.syncs += 1
                 good[0].syncs += 1
@@ -312,6 +312,13 @@ class LogLane:
                 self._poisoned = error
         if good:
             self.on_flush(self.opened)
+
+    def _unsynced(self, flights: list[Flight]) -> bool:
+        """Whether a write of `flights` returned after the last fdatasync began (else that
+        sync made them durable: a group whose last parts were written before an early
+        flush's sync began needs none of its own, docs/BENCHMARKS.md, "Item 7: the write
+        call's timeline")."""
+        return any(flight.pending.written > self.files.synced_through for flight in flights)
 
     def _disabled(self, why: str) -> OSError:
         return OSError(errno.ESTALE, f"the disk tier at {self.files.root} is disabled: {why}")
