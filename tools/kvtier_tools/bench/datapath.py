@@ -57,7 +57,8 @@ steady state) pair it per repeat: each repeat times the device's write pattern
 O_DIRECT, a preallocated file in the same directory, written once in the warm-up) right
 before or after the store's call (the order alternating), and `of device` is the median over
 repeats of (kvtier GB/s / device GB/s of the same repeat), as `ratio` is for the raw
-baseline: the device's drift between the device row and the store's row stays out of it.
+baseline: the device's drift, and the device row's own sequence (its writes back to back,
+before the disk rows), stay out of it.
 The other disk rows (reads, serving-sized writes) divide by the device row: kvtier's GB/s over
 its write or read GB/s at the same block size, a ratio of medians (`of_device_row` in the
 JSON, for every disk row, the old figure beside the paired one).
@@ -1707,8 +1708,8 @@ def _device_lines(device: Sequence[DeviceRow], paired: bool) -> list[Any]:
             "write pattern on the same bytes, timed right before or after kvtier's call, "
             "alternating; both sides warmed up past their first pass over their files); "
             f"for the other disk rows, {row_line} (issue 33's targets: 70 %). of device row "
-            f"= {row_line}, for every disk row (the device row runs before the disk rows: "
-            "the device drifts in between)."
+            f"= {row_line}, for every disk row (the device row runs alone before the disk "
+            "rows, its writes back to back: the device may run at another rate there)."
         )
     )
     return lines
