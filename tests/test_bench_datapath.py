@@ -258,6 +258,13 @@ def test_bench_prints_a_row_per_pair_and_block_size(tmp_path: Path) -> None:
     assert "batches per fsync" in stdout.lower()
     assert "median of 1 repeat;" in stdout
     assert "of device" in stdout and "Device: the raw disk alone" in stdout
+    assert "of device row" in stdout  # the old figure beside the paired one
+    explained = " ".join(stdout.split())
+    assert "the median over repeats of kvtier GB/s / the device's write GB/s in the same " in (
+        explained
+    )
+    assert "timed right before or after kvtier's call, alternating" in explained
+    assert "warmed up past their first pass over their files" in explained
     for size in ("4KiB", "8KiB"):
         cells = ([cell.strip() for cell in line.split("│")][1:3] for line in lines)
         assert ["device", size] in cells, size
@@ -335,11 +342,26 @@ def test_bench_json_is_json_only_with_every_field(tmp_path: Path) -> None:
     for row in rows:
         if row["pair"] not in ("cpu -> disk", "disk -> cpu"):
             assert row["device_gbps"] is None and row["of_device"] is None, row
+            assert row["of_device_row"] is None and row["of_device_method"] is None, row
             continue
         dev = devices[row["block_size"]]
         want = dev["write_gbps"] if row["pair"] == "cpu -> disk" else dev["read_gbps"]
         assert row["device_gbps"] == want, row
-        assert row["of_device"] == pytest.approx(row["kvtier_gbps"] / want)
+        assert row["of_device_row"] == pytest.approx(row["kvtier_gbps"] / want)
+        if row["pair"] == "cpu -> disk" and row["case"] not in ("serial", "concurrent"):
+            # the one-batch writes: the device's write timed beside each call, paired
+            assert row["of_device_method"] == "paired", row
+            assert len(row["device_s"]) == len(row["kvtier_s"]) == 1
+            paired = row["device_s"][0] / row["kvtier_s"][0]
+            assert row["of_device"] == row["of_device_paired"] == pytest.approx(paired)
+            assert row["device_paired_gbps"] == pytest.approx(
+                row["nbytes"] / row["device_s"][0] / 1e9
+            )
+            assert row["warmup_calls"] >= 1 and row["first_pass_bytes"] >= 0
+        else:
+            assert row["of_device_method"] == "device row", row
+            assert row["device_s"] == [] and row["of_device_paired"] is None
+            assert row["of_device"] == row["of_device_row"]
     env = document["environment"]
     assert env["directory"].startswith(str(tmp_path)) and env["filesystem"]
     assert set(env["disk_direct_io"]) == {"4KiB", "8KiB"}
@@ -428,8 +450,11 @@ async def test_the_steady_state_log_row_writes_each_call_over_the_oldest(
         ("disk -> cpu", "log layout, 3 calls stored"),
     }
     assert all(row.verified for row in rows)
-    # 2 fill writes, the warm-up, 2 timed, the check's: batches 1, 2, 0, 1, 2, then 0
-    assert written == [(4, 12), (8, 12), (0, 12), (4, 12), (8, 12), (0, 12)]
+    # 2 fill writes, the warm-ups, 2 timed, the check's: batches 1, 2, 0, 1, 2, ... then 0
+    warmups = rows[0].warmup_calls
+    assert warmups >= 1
+    assert written[:-1] == [(4 * ((i + 1) % 3), 12) for i in range(2 + warmups + 2)]
+    assert written[-1] == (0, 12)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -601,3 +626,152 @@ def test_help_shows_examples_and_exit_status() -> None:
     code, stdout, _ = bench("--help")
     assert code == 0
     assert "kvtier bench --quick" in stdout and "Exit status" in stdout
+
+
+def test_the_paired_share_of_the_device_is_taken_per_repeat() -> None:
+    """`of_device` of a row with the device timed beside it: the median over repeats of the
+    device's seconds over kvtier's in the same repeat, not a ratio of the two medians; the
+    device row's figure stays beside it as `of_device_row`."""
+    row = datapath.Row(
+        "cpu -> disk",
+        "log layout",
+        4096,
+        10,
+        10**9,
+        (1.0, 2.0, 4.0),
+        (1.0, 1.0, 1.0),
+        "b",
+        True,
+        device_gbps=2.0,
+        device_s=(1.0, 0.5, 4.0),
+    )
+    # per repeat: 1.0, 0.25, 1.0 -> 1.0; the medians' ratio would be 1.0 / 2.0
+    assert row.of_device_paired == pytest.approx(1.0)
+    assert row.of_device == row.of_device_paired
+    assert row.device_paired_gbps == pytest.approx(1.0)  # 10**9 B in the median 1.0 s
+    assert row.of_device_row == pytest.approx(0.25)  # kvtier 0.5 GB/s over the row's 2.0
+    data = row.to_dict()
+    assert data["device_s"] == [1.0, 0.5, 4.0] and data["of_device_method"] == "paired"
+    assert data["of_device_row"] == pytest.approx(0.25)
+    unpaired = datapath.Row(
+        "disk -> cpu", "", 4096, 10, 10**9, (2.0,), (1.0,), "b", True, device_gbps=1.0
+    )
+    assert unpaired.of_device_paired is None and unpaired.device_paired_gbps is None
+    assert unpaired.of_device == unpaired.of_device_row == pytest.approx(0.5)
+    assert unpaired.to_dict()["of_device_method"] == "device row"
+
+
+async def test_the_device_is_timed_right_beside_each_call_on_alternating_sides() -> None:
+    order: list[str] = []
+
+    async def kvtier() -> float:
+        order.append("k")
+        return 1.0
+
+    def baseline() -> float:
+        order.append("b")
+        return 2.0
+
+    def write() -> float:
+        order.append("d")
+        return 3.0
+
+    times = await datapath._paired_with_device(kvtier, baseline, write, 4)
+    assert times == ((1.0,) * 4, (2.0,) * 4, (3.0,) * 4)
+    assert "".join(order) == "kbd" + "bkd" + "dkb" + "bkd" + "dkb"
+
+
+def _reports_holes(directory: Path) -> bool:
+    """Whether `directory`'s filesystem reports a sparse file's hole (`SEEK_HOLE` at 0)."""
+    if not hasattr(os, "SEEK_HOLE"):
+        return False
+    path = directory / "probe.bin"
+    with open(path, "wb") as file:
+        file.truncate(1 << 20)
+        hole = os.lseek(file.fileno(), 0, os.SEEK_HOLE)
+    path.unlink()
+    return hole == 0
+
+
+def test_never_written_bytes_counts_holes(tmp_path: Path) -> None:
+    """A sparse file's holes are never-written bytes; written ones are not."""
+    path = tmp_path / "sub" / "sparse.bin"
+    path.parent.mkdir()
+    if not _reports_holes(tmp_path):
+        pytest.skip("this filesystem does not report holes (SEEK_HOLE)")
+    with open(path, "wb") as file:
+        file.truncate(1 << 20)
+    assert device.never_written_bytes(tmp_path) == 1 << 20
+    with open(path, "r+b") as file:
+        file.seek(256 << 10)
+        file.write(b"x" * (64 << 10))
+        file.flush()
+        os.fsync(file.fileno())
+    assert device.never_written_bytes(tmp_path) == (1 << 20) - (64 << 10)
+
+
+async def test_the_store_is_warmed_up_until_a_call_writes_little_new_space(
+    tmp_path: Path,
+) -> None:
+    """Warm-up calls go on while a call writes at least `threshold` bytes never written
+    before (here a 1 MiB sparse file filled 256 KiB a call, then rewritten), and stop at the
+    limit otherwise."""
+    if not _reports_holes(tmp_path):
+        pytest.skip("this filesystem does not report holes (SEEK_HOLE)")
+    path = tmp_path / "data.bin"
+    with open(path, "wb") as file:
+        file.truncate(1 << 20)
+    calls = [0]
+
+    async def write() -> None:
+        with open(path, "r+b") as file:
+            file.seek((calls[0] % 4) * (256 << 10))
+            file.write(b"y" * (256 << 10))
+            file.flush()
+            os.fsync(file.fileno())
+        calls[0] += 1
+
+    # four calls fill the file, the fifth is the first to write nothing new
+    assert await datapath._warm_up_store(write, tmp_path, 16, 4096) == 5
+    assert device.never_written_bytes(tmp_path) == 0
+    calls[0] = 0
+    with open(path, "wb") as file:
+        file.truncate(1 << 20)
+    assert await datapath._warm_up_store(write, tmp_path, 2, 4096) == 2  # the limit
+
+
+@pytest.mark.slow
+async def test_the_one_batch_log_rows_time_no_first_pass_over_a_region(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log store a call large has more regions than a call fills: its first calls write
+    never-written (preallocated) space. The row warms the store up past them, so its timed
+    calls (and every call after the warm-up) write only space written before, as the raw
+    baseline's and the device's timed writes do; the row reports the warm-up."""
+    from kvtier.tiers.disk.log_store import LogStore
+
+    if not _reports_holes(tmp_path):
+        pytest.skip("this filesystem does not report holes (SEEK_HOLE)")
+    new_space: list[int] = []
+    real = LogStore.write
+
+    async def recording(self: LogStore, keys: object, slots: list[int], buffers: object) -> object:
+        before = device.never_written_bytes(self.directory)
+        result = await real(self, keys, slots, buffers)  # type: ignore[arg-type]
+        new_space.append(before - device.never_written_bytes(self.directory))
+        return result
+
+    monkeypatch.setattr(LogStore, "write", recording)
+    rows, _ = await datapath.measure_disk(
+        64 << 10, 4 << 20, 2, tmp_path, np.random.default_rng(0), layout="log"
+    )
+    if new_space[0] == 0:  # e.g. tmpfs: preallocated pages read as data
+        pytest.skip("this filesystem does not report preallocated space as unwritten")
+    write_row = next(row for row in rows if row.pair == "cpu -> disk")
+    warmups = write_row.warmup_calls
+    assert new_space[1] > 0  # one warm-up call would leave the first timed call a first pass
+    assert warmups >= 3
+    assert new_space[warmups - 1 :] == [0] * (len(new_space) - warmups + 1)
+    assert write_row.first_pass_bytes == 0
+    assert len(write_row.device_s) == 2 and all(row.verified for row in rows)
+    assert list(tmp_path.iterdir()) == []

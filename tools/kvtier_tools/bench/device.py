@@ -16,6 +16,15 @@ a random order, `DEVICE_QUEUE_DEPTH` in flight (fio's `rw=randread bs=<block> io
 Where the filesystem refuses O_DIRECT (tmpfs; or a block size that is not a whole number of
 4 KiB pages for the reads) the row runs buffered: writes still end in fdatasync, reads come
 from the page cache; `DeviceRow.direct_write` / `direct_read` say so.
+
+The row runs once per block size, before the disk rows; the device's rate drifts with load
+(on a VM, with what the host's cache holds), so the one-batch disk write rows also time
+this row's write pattern beside each of their store calls (`SequentialWriter`, on the same
+bytes, in the same directory, O_DIRECT + one fdatasync as here; see
+`kvtier_tools.bench.datapath`), and their `of device` pairs each call with the device's write
+of the same repeat. Both sides write only extents already written once: the device's warm-up
+writes its whole preallocated file, the store's warm-up runs until a call writes under 1 % of
+its bytes to space of the store's files never written before (`never_written_bytes`).
 """
 
 from __future__ import annotations
@@ -166,6 +175,90 @@ def _in_flight(
         future.result()
 
 
+class SequentialWriter:
+    """The device row's write pattern over `source`, into a preallocated file at `path`:
+    `DEVICE_WRITE_CHUNK` parts front to back, `queue_depth` in flight (threads taking the next
+    part in order), then one `os.fdatasync`. O_DIRECT where the filesystem takes it
+    (`direct`). Use as a context manager: the file is opened and preallocated on entry, closed
+    on exit (not removed: the caller reads or unlinks it)."""
+
+    def __init__(
+        self, path: Path, source: npt.NDArray[np.uint8], queue_depth: int = DEVICE_QUEUE_DEPTH
+    ) -> None:
+        self.path = path
+        self.source = source
+        self.total = len(source)
+        self.chunk = min(DEVICE_WRITE_CHUNK, self.total)
+        self.queue_depth = queue_depth
+        self.direct = False
+        self.executor = ThreadPoolExecutor(queue_depth, thread_name_prefix="kvtier-bench-device")
+        self._fd = -1
+
+    def __enter__(self) -> SequentialWriter:
+        try:
+            self.direct, self._fd = _open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, True)
+            PLAIN_IO.allocate(self._fd, self.total)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.executor.shutdown(wait=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _write_part(self, _lane: int, i: int) -> None:
+        start = i * self.chunk
+        part = self.source[start : min(start + self.chunk, self.total)]
+        pwritev_all(self._fd, [part.data], start)
+
+    def write(self) -> float:
+        """Seconds to write the whole file once, fdatasync included."""
+        begin = time.perf_counter()
+        _in_flight(self.executor, -(-self.total // self.chunk), self.queue_depth, self._write_part)
+        PLAIN_IO.fsync(self._fd)
+        return time.perf_counter() - begin
+
+
+def never_written_bytes(directory: Path) -> int:
+    """Bytes of the regular files under `directory` that were never written: holes and
+    preallocated (unwritten) extents, as `SEEK_HOLE` / `SEEK_DATA` report them (0 where the
+    filesystem or platform cannot say). A first write there converts an extent, which a
+    rewrite does not; the bench warms a store up until its calls no longer lower this."""
+    seek_hole: int | None = getattr(os, "SEEK_HOLE", None)
+    seek_data: int | None = getattr(os, "SEEK_DATA", None)
+    if seek_hole is None or seek_data is None:
+        return 0
+    total = 0
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            offset = 0
+            while offset < size:
+                try:
+                    hole = os.lseek(fd, offset, seek_hole)
+                except OSError:  # not supported here: count the file as written
+                    break
+                if hole >= size:
+                    break
+                try:
+                    data = os.lseek(fd, hole, seek_data)
+                except OSError as error:  # ENXIO: no data after the hole
+                    if error.errno != errno.ENXIO:
+                        raise
+                    data = size
+                total += data - hole
+                offset = data
+        finally:
+            os.close(fd)
+    return total
+
+
 def measure_device(
     block_size: int,
     nbytes: int,
@@ -178,50 +271,40 @@ def measure_device(
     sequentially (+ fdatasync), then read at random one block at a time, each `repeats`
     times after one warm-up; the file is removed afterwards."""
     total = device_bytes(nbytes, block_size)
-    chunk = min(DEVICE_WRITE_CHUNK, total)  # both whole pages
-    writes = -(-total // chunk)
     count = total // block_size
     path = directory / f"device-{block_size}.bin"
-    direct_write, fd = _open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, True)
-    executor = ThreadPoolExecutor(queue_depth, thread_name_prefix="kvtier-bench-device")
     try:
-        PLAIN_IO.allocate(fd, total)
         with page_aligned(total) as source, page_aligned(block_size * queue_depth) as sink:
             source[:] = rng.integers(0, 256, size=total, dtype=np.uint8)
             landings = list(sink.reshape(queue_depth, block_size))  # one per lane
+            with SequentialWriter(path, source, queue_depth) as writer:
+                write_s = _timed(writer.write, repeats)
+                direct_read, read_fd = _open(path, os.O_RDONLY, block_size % PAGE == 0)
+                try:
+                    order = rng.permutation(count)
 
-            def write_part(_lane: int, i: int) -> None:
-                start = i * chunk
-                pwritev_all(fd, [source[start : min(start + chunk, total)].data], start)
+                    def read_block(lane: int, i: int) -> None:
+                        preadv_all(read_fd, [landings[lane].data], int(order[i]) * block_size)
 
-            def write() -> float:
-                begin = time.perf_counter()
-                _in_flight(executor, writes, queue_depth, write_part)
-                PLAIN_IO.fsync(fd)
-                return time.perf_counter() - begin
+                    def read() -> float:
+                        begin = time.perf_counter()
+                        _in_flight(writer.executor, count, queue_depth, read_block)
+                        return time.perf_counter() - begin
 
-            write_s = _timed(write, repeats)
-            direct_read, read_fd = _open(path, os.O_RDONLY, block_size % PAGE == 0)
-            try:
-                order = rng.permutation(count)
-
-                def read_block(lane: int, i: int) -> None:
-                    preadv_all(read_fd, [landings[lane].data], int(order[i]) * block_size)
-
-                def read() -> float:
-                    begin = time.perf_counter()
-                    _in_flight(executor, count, queue_depth, read_block)
-                    return time.perf_counter() - begin
-
-                read_s = _timed(read, repeats)
-            finally:
-                os.close(read_fd)
+                    read_s = _timed(read, repeats)
+                finally:
+                    os.close(read_fd)
     finally:
-        executor.shutdown(wait=True)
-        os.close(fd)
         path.unlink(missing_ok=True)
     return DeviceRow(
-        block_size, total, chunk, queue_depth, write_s, read_s, direct_write, direct_read
+        block_size,
+        total,
+        writer.chunk,
+        queue_depth,
+        write_s,
+        read_s,
+        writer.direct,
+        direct_read,
     )
 
 

@@ -21,8 +21,9 @@ byte; beside them the raw one-call write (one O_DIRECT `pwritev` of the call's b
 `fdatasync`), timed in the same rounds.
 
 With `--in-bench`, the calls timed are those of the bench's own row instead
-(`datapath.measure_disk`, layout "log", `--calls` - 1 repeats after its warm-up: the store's
-calls alternate with the bench's raw baseline, and the bench's figures are printed first).
+(`datapath.measure_disk`, layout "log", `--calls` - 1 repeats after its warm-up calls: the
+store's calls sit between the bench's raw baseline and its device pattern, and the bench's
+figures are printed first).
 
 Wrapping costs ~1-2 us an event (a few hundred events a call): the store's figures here are a
 little slower than the bench's.
@@ -352,8 +353,9 @@ async def measure_in_bench(
     directory: Path, block: int, call_bytes: int, calls: int, events: bool = False
 ) -> dict[str, Any]:
     """The timeline of the bench's own `cpu -> disk (log layout)` row (`datapath.measure_disk`
-    with `layout="log"`, `calls - 1` repeats: its warm-up call, then the timed ones, each
-    paired with its raw one-call write), printed with the bench's figures; the summary."""
+    with `layout="log"`, `calls - 1` repeats: its warm-up calls, then the timed ones, each
+    beside its raw one-call write and the device pattern), printed with the bench's figures;
+    the summary."""
     from kvtier_tools.bench import datapath
 
     rec = Recorder()
@@ -384,7 +386,8 @@ async def measure_in_bench(
     store_ms = ", ".join(f"{seconds * 1e3:.1f}" for seconds in row.kvtier_s)
     raw_ms = ", ".join(f"{seconds * 1e3:.1f}" for seconds in row.baseline_s)
     print(f"  its store calls {store_ms} ms; its raw one-call writes {raw_ms} ms")
-    return report(seen[1:calls], events)
+    first = row.warmup_calls  # the store's calls before the timed ones
+    return report(seen[first : first + calls - 1], events)
 
 
 def report(timed: list[tuple[float, float, list[Event]]], events: bool) -> dict[str, Any]:
