@@ -5,43 +5,16 @@ skipped with the script's reason where Redis cannot be installed."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "redis.sh"
-
-
-def _free(port: int) -> bool:
-    """Whether nothing listens on, or holds, 127.0.0.1:`port` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count: int, *, cluster_bus: bool = False) -> int:
-    """The first of `count` consecutive free ports on loopback, chosen at random below
-    Linux's ephemeral range (32768 on), so an outgoing connection cannot take one between
-    this choice and the server's bind. `cluster_bus`: Redis Cluster's bus ports (each port +
-    10000) are free too, and stay below that range."""
-    rng = random.SystemRandom()
-    for _ in range(1000):
-        base = rng.randrange(10_000, 22_000 - count)
-        wanted = [base + i for i in range(count)]
-        if cluster_bus:
-            wanted += [port + 10_000 for port in wanted]
-        if all(_free(port) for port in wanted):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1 in 1000 tries")
 
 
 # Ports chosen free when this run starts (five in a row: standalone, TLS, and the cluster's

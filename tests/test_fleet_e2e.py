@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from ports import free_ports
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
@@ -60,12 +60,6 @@ SLICE = 60
 """Requests of the trace routed (a quiescent point every 20)."""
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def environment() -> dict[str, str]:
     paths = [str(ROOT), str(ROOT / "tools"), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -81,15 +75,15 @@ def read_json_line(stream: IO[str], what: str) -> dict[str, Any]:
 class NodeProcess:
     """One node: its process, its ports (kept across restarts) and its disk directory."""
 
-    def __init__(self, name: str, tmp_path: Path) -> None:
+    def __init__(self, name: str, tmp_path: Path, ports: tuple[int, int]) -> None:
         self.name = name
         self.spec = {
             "block_size": 4096,
             "cpu": 16,
             "disk": 64,
             "disk_dir": str(tmp_path / name),
-            "pub_port": free_port(),
-            "replay_port": free_port(),
+            "pub_port": ports[0],
+            "replay_port": ports[1],
             "replay_batches": REPLAY_BATCHES[name],
         }
         self.process: subprocess.Popen[str] | None = None
@@ -215,7 +209,11 @@ class DaemonLines:
 def fleet(
     tmp_path: Path,
 ) -> Iterator[tuple[dict[str, NodeProcess], subprocess.Popen[str], str, DaemonLines]]:
-    nodes = {name: NodeProcess(name, tmp_path) for name in NODES}
+    base = free_ports(2 * len(NODES))  # (distinct, and outside the ephemeral range)
+    nodes = {
+        name: NodeProcess(name, tmp_path, (base + 2 * i, base + 2 * i + 1))
+        for i, name in enumerate(NODES)
+    }
     daemon: subprocess.Popen[str] | None = None
     try:
         for node in nodes.values():

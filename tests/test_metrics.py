@@ -37,6 +37,7 @@ except ImportError:
 
 import numpy as np
 from hierarchy_helpers import BLOCK, blocks_of, chain_config, key
+from ports import free_port
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_sharedfs_tier import chain as sharedfs_chain
@@ -213,12 +214,6 @@ def test_bad_metrics_arguments_are_clear_errors(tmp_path: Path) -> None:
     Counter("kvtier_tier_hits", "not kvtier's", registry=taken)
     with pytest.raises(InvalidValueError, match="already has metrics of kvtier's names"):
         Hierarchy.from_config(config, metrics=taken)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:

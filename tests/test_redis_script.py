@@ -4,17 +4,10 @@ process), with the exit status scripts test: 0 when it answers, 1 when not."""
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
+from ports import free_port
 from redis_helpers import PORT, Server
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (the kernel's pick, released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_status_of_a_running_server_is_one_line_with_its_pid(server: Server) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import KvtierOffloadingSpec
@@ -50,13 +50,6 @@ def make_spec(extra: dict[str, Any]) -> KvtierOffloadingSpec:
         extra, block_bytes=BLOCK, engine_id=f"kvtier-visible-{uuid.uuid4().hex[:12]}"
     )
     return KvtierOffloadingSpec(config)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_a_clean_close_leaves_no_region_file(tmp_path: Path) -> None:
