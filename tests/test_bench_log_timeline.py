@@ -62,6 +62,69 @@ def test_idle_gaps_are_the_spans_without_a_write_or_sync() -> None:
     assert summary["tail_ms"] == pytest.approx(4.0)  # the last payload byte at 4 ms
 
 
+def test_log_timeline_store_bytes_fills_the_store_and_writes_over_it_in_turn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--store-bytes`: a store of that size, filled whole before the timed calls, each call
+    writing over the next call's worth of its slots (the replay's lone calls)."""
+    from kvtier.tiers.disk.log_store import LogStore
+
+    calls: list[list[int]] = []
+    write = LogStore.write
+
+    async def recorded(
+        store: LogStore, keys: list[object], slots: list[int], rows: object
+    ) -> object:
+        calls.append(list(slots))
+        return await write(store, keys, slots, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LogStore, "write", recorded)
+    log_timeline.main(
+        ["--dir", str(tmp_path), "--block-sizes", "64KiB", "--call-bytes", "1MiB",
+         "--store-bytes", "4MiB", "--calls", "3"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "64 KiB blocks, 16 a call of 1 MiB" in out and "a store of 64 blocks" in out
+    fill, timed = calls[:3], calls[3:]
+    assert [slots[0] for slots in fill] == [0, 16, 32] and all(len(s) == 16 for s in calls)
+    assert [slots[0] for slots in timed] == [48, 0, 16]  # the oldest slots next, in turn
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probes_regions_pattern_writes_each_part_and_header_at_its_place(
+    tmp_path: Path,
+) -> None:
+    """The device probe's `regions` pattern writes each part's pieces and then its header
+    where a store would: every byte of the stream once, in parts at distinct slots."""
+    import numpy as np
+
+    from kvtier_tools.bench.log_device_probe import HEAD, PIECE, Probe
+
+    probe = Probe(tmp_path / "probe.bin", 3 * PIECE)  # two parts: two pieces, then one
+    try:
+        probe.source[:] = np.arange(probe.source.size, dtype=np.uint64).view(np.uint8)[
+            : probe.source.size
+        ]
+        probe.small[:] = 9
+        assert probe.regions() > 0
+        data = np.fromfile(tmp_path / "probe.bin", dtype=np.uint8)
+        headed = [
+            slot
+            for slot in range(probe.parts + 4)
+            if (data[slot * probe.slot : slot * probe.slot + probe.small.size] == 9).all()
+        ]
+        assert len(headed) == probe.parts == 2
+        written = [data[s * probe.slot + HEAD : (s + 1) * probe.slot] for s in headed]
+        stream = bytes(probe.source)
+        found = sorted(stream.find(bytes(part[:4096])) for part in written)
+        assert found == [0, 2 * PIECE]  # each part's first page is where its bytes begin
+        whole = {stream.find(bytes(part[:4096])): part for part in written}
+        assert bytes(whole[0]) == stream[: 2 * PIECE]
+        assert bytes(whole[2 * PIECE][:PIECE]) == stream[2 * PIECE :]
+    finally:
+        probe.close()
+
+
 def test_log_device_probe_reports_every_figure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,7 +135,7 @@ def test_log_device_probe_reports_every_figure(
     assert "fdatasync issued at 4 ms returned at" in out
     for where in ("below", "inside", "above"):
         assert f"an 8 KiB write {where} the stream" in out
-    for name in ("one call", "1 MiB x 16", "4 MiB x 4"):
+    for name in ("one call", "1 MiB x 16", "4 MiB x 4", "regions"):
         assert f"  {name:10}: " in out
     assert list(tmp_path.iterdir()) == []  # its file removed
     with pytest.raises(SystemExit, match="multiple of 4 MiB"):

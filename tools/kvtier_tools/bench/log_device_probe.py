@@ -21,13 +21,19 @@ then per round (medians printed, ms from the stream's start):
   header pages, written after its payloads at a lower offset, are such writes.
 - **patterns**: the same bytes as one `pwritev`, 1 MiB pieces at queue depth 16 (the
   `kvtier bench` device row's) and 4 MiB pieces at queue depth 4 (the store's), each with
-  its `fdatasync`.
+  its `fdatasync`; and **as the store places them** (`regions`): parts of two pieces at
+  shuffled places of a file of region-sized slots (8 MiB and a header's 16 KiB each, four
+  more slots than parts), each part's pieces on the four write threads and then its 8 KiB
+  header at the part's start from one of two more threads (the head threads), one
+  `fdatasync`. When that runs as fast as one call, the store's gap to the device is not
+  the device's answer to its pattern.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -44,6 +50,7 @@ from kvtier.tiers.disk.log_group import aligned_buffer
 PIECE = 4 << 20
 THREADS = 4
 SMALL = 8 << 10
+HEAD = 16 << 10  # a region slot's header room in the `regions` pattern
 
 
 class Probe:
@@ -56,18 +63,25 @@ class Probe:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
         except OSError:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        size = self.gap + stream + self.gap
+        self.parts = -(-stream // (2 * PIECE))
+        self.slot = 2 * PIECE + HEAD
+        size = max(self.gap + stream + self.gap, (self.parts + 4) * self.slot)
         os.posix_fallocate(self.fd, 0, size)
         self.source = aligned_buffer(stream)
         self.source[:] = 7
         self.small = aligned_buffer(SMALL)
         self.pool = ThreadPoolExecutor(16)
+        self.writers = ThreadPoolExecutor(THREADS)
+        self.heads = ThreadPoolExecutor(2)
+        self.places = random.Random(0)
         everything = aligned_buffer(size)
         pwritev_all(self.fd, [everything.data], 0)  # written once: no unwritten extents
         os.fdatasync(self.fd)
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.writers.shutdown()
+        self.heads.shutdown()
         os.close(self.fd)
 
     def start_stream(self, piece: int = PIECE, threads: int = THREADS) -> list[Future[float]]:
@@ -120,6 +134,25 @@ class Probe:
         os.fdatasync(self.fd)
         return (time.perf_counter() - began) * 1e3
 
+    def regions(self) -> float:
+        """ms to write the stream as the store places it (see the module's docstring)."""
+        slots = self.places.sample(range(self.parts + 4), self.parts)
+        began = time.perf_counter()
+        writes: list[Future[Any]] = []
+        for part, slot in enumerate(slots):
+            base = slot * self.slot
+            for k in range(2):
+                start = (2 * part + k) * PIECE
+                if start < self.stream:
+                    view = self.source[start : min(start + PIECE, self.stream)].data
+                    at = base + HEAD + k * PIECE
+                    writes.append(self.writers.submit(pwritev_all, self.fd, [view], at))
+            writes.append(self.heads.submit(pwritev_all, self.fd, [self.small.data], base))
+        for future in writes:
+            future.result()
+        os.fdatasync(self.fd)
+        return (time.perf_counter() - began) * 1e3
+
 
 def _medians(rounds: list[tuple[float, ...]]) -> list[float]:
     return [statistics.median(column) for column in zip(*rounds, strict=True)]
@@ -137,6 +170,7 @@ def run(directory: Path, stream: int, rounds: int) -> dict[str, Any]:
             "one call": lambda: (probe.pattern(stream, 1),),
             "1 MiB x 16": lambda: (probe.pattern(1 << 20, 16),),
             "4 MiB x 4": lambda: (probe.pattern(PIECE, THREADS),),
+            "regions": lambda: (probe.regions(),),
         }
         for run_once in runs.values():  # a warm-up each
             run_once()
@@ -161,7 +195,7 @@ def run(directory: Path, stream: int, rounds: int) -> dict[str, Any]:
             f"  an 8 KiB write {where} the stream, issued at 1 ms: returned at {wrote:.2f} ms "
             f"(the stream's last write at {ended:.2f})"
         )
-    for name in ("one call", "1 MiB x 16", "4 MiB x 4"):
+    for name in ("one call", "1 MiB x 16", "4 MiB x 4", "regions"):
         (ms,) = out[name]
         print(f"  {name:10}: {ms:6.2f} ms with fdatasync, {stream / ms / 1e6:.2f} GB/s")
     return out

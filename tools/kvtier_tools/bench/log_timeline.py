@@ -275,12 +275,17 @@ async def measure(
     calls: int,
     events: bool = False,
     pause: float = 0.0,
+    store_bytes: int = 0,
 ) -> dict[str, float]:
     """Print one block size's timeline (see the module's docstring); its figures (ms: the
     call's median, the raw one-call write's and the device row pattern's, with fdatasync);
     `pause` seconds between any two timed writes (the host of a virtual disk writes back
-    behind them: without a pause, what one writes slows the next)."""
+    behind them: without a pause, what one writes slows the next). `store_bytes`: a store
+    of that many bytes (default: one call), filled whole before the timed calls, each call
+    writing over the next `call_bytes` of its slots in turn (the replay's disk tier: lone
+    calls of a few MB into a full store, its oldest blocks evicted)."""
     count = call_bytes // block
+    capacity = max(count, store_bytes // block)
     pool = aligned_buffer(count * block).reshape(count, block)
     pool[:] = np.random.default_rng(0).integers(0, 256, (count, block), dtype=np.uint8)
     order = np.random.default_rng(1).permutation(count)
@@ -288,7 +293,10 @@ async def measure(
     source = aligned_buffer(count * block)
     source[:] = pool.reshape(-1)
     path = directory / f"timeline-{block}"
-    store = await LogStore.open_async(path, block_size=block, num_blocks=count, fsync=True)
+    store = await LogStore.open_async(path, block_size=block, num_blocks=capacity, fsync=True)
+    for begin in range(0, capacity - count, count):  # filled (untimed): a full tier
+        fill = [key_from_int((1 << 63) + begin + i) for i in range(count)]
+        await store.write(fill, list(range(begin, begin + count)), rows)
     raw = directory / f"raw-{block}.bin"
     try:
         fd = os.open(raw, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
@@ -304,10 +312,12 @@ async def measure(
     try:
         for number in range(calls):
             keys = [key_from_int(number * count + i) for i in range(count)]
+            begin = (capacity - count + number * count) % capacity
+            slots = [(begin + i) % capacity for i in range(count)]
             rec.events = []
             rec.on = True
             t0 = time.perf_counter()
-            failures = await store.write(keys, list(range(count)), rows)
+            failures = await store.write(keys, slots, rows)
             t1 = time.perf_counter()
             rec.on = False
             if any(failure is not None for failure in failures):
@@ -328,7 +338,9 @@ async def measure(
         await store.aclose()
         shutil.rmtree(path, ignore_errors=True)
     regions = f", {num_regions} regions of {region_bytes / (1 << 20):g} MiB"
-    print(f"\n{block >> 10} KiB blocks, {count} a call of {call_bytes >> 20} MiB{regions}:")
+    held = f", a store of {capacity} blocks" if capacity > count else ""
+    mib = f"{call_bytes / (1 << 20):g} MiB"
+    print(f"\n{block >> 10} KiB blocks, {count} a call of {mib}{regions}{held}:")
     out = report(timed, events)
     raw_w, raw_s = (statistics.median(v) for v in zip(*raws, strict=True))
     dev_w, dev_s = (statistics.median(v) for v in zip(*devices, strict=True))
@@ -426,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--events", action="store_true", help="print the median call's events")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="between timed writes")
     parser.add_argument(
+        "--store-bytes", default=None, help="the store's size (default: one call), filled first"
+    )
+    parser.add_argument(
         "--in-bench", action="store_true", help="the bench's own row (its calls and baseline)"
     )
     args = parser.parse_args(argv)
@@ -446,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     args.calls,
                     args.events,
                     args.pause_ms / 1e3,
+                    parse_size(args.store_bytes) if args.store_bytes else 0,
                 )
             )
     finally:
