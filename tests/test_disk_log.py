@@ -830,6 +830,42 @@ async def test_a_group_that_writes_every_slot_over_moves_nothing(tmp_path: Path)
         await store.aclose()
 
 
+async def test_a_groups_first_part_is_cut_for_every_write_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's first part is written as pieces of FIRST_PIECE_BYTES at least (every write
+    thread starts: a lone call of a few MiB is not one `pwritev`), its later parts as pieces
+    of WRITE_PIECE_BYTES; every block reads back."""
+    from kvtier.tiers.disk import log_files
+    from kvtier.tiers.disk.log_files import WRITE_PIECE_BYTES, WRITE_THREADS
+    from kvtier.tiers.disk.log_lane import FIRST_PIECE_BYTES
+
+    parts: list[list[Any]] = []  # each part's payload pieces, as written
+    spread = log_files.spread
+
+    def recorded(ops: list[Any], threads: int = WRITE_THREADS) -> list[list[Any]]:
+        parts.append(ops)
+        return spread(ops, threads)
+
+    monkeypatch.setattr(log_files, "spread", recorded)
+    block = 16 << 10
+    store = open_log(tmp_path, num_blocks=4096, block_size=block, region_bytes=16 << 20)
+    try:
+        for call, count in enumerate((448, 1536)):  # 7 MiB: one part; 24 MiB: several
+            ids = list(range(call * 4096, call * 4096 + count))
+            parts.clear()
+            await write_ok(store, ids, [i % 4096 for i in ids])
+            sizes = [sum(op.nbytes for op in ops) for ops in parts]
+            assert sum(sizes) == count * block
+            assert (len(parts) == 1) == (count == 448)
+            assert len(parts[0]) == min(WRITE_THREADS, sizes[0] // FIRST_PIECE_BYTES) > 1
+            for ops, nbytes in zip(parts[1:], sizes[1:], strict=True):
+                assert len(ops) == max(1, min(WRITE_THREADS, nbytes // WRITE_PIECE_BYTES))
+            await assert_intact(store, ids, [i % 4096 for i in ids])
+    finally:
+        await store.aclose()
+
+
 @pytest.mark.parametrize("fault", [False, True])
 async def test_groups_in_flight_keep_every_stored_block_across_a_crash(
     tmp_path: Path, fault: bool

@@ -172,6 +172,20 @@ def test_pieces_hold_every_byte_once_in_order_in_whole_pages() -> None:
                 assert max(got) - min(got) <= len(cut) * PAGE
 
 
+def test_pieces_of_a_smaller_least_size_start_more_threads() -> None:
+    """`piece_bytes` (a group's first part): pieces of at least that much, up to `threads`;
+    every byte once, in order."""
+    data = aligned_buffer(7 * (1 << 20))
+    data[:] = np.frombuffer(random.Random(5).randbytes(data.nbytes), dtype=np.uint8)
+    rows = [data[at : at + 16 * PAGE].data for at in range(0, data.nbytes, 16 * PAGE)]
+    assert len(pieces_sized(rows, WRITE_THREADS)) == 1  # 7 MiB: one WRITE_PIECE_BYTES piece
+    for least, count in ((1 << 20, min(WRITE_THREADS, 7)), (2 << 20, 3), (8 << 20, 1)):
+        cut = pieces_sized(rows, WRITE_THREADS, None, least)
+        assert len(cut) == count
+        assert b"".join(bytes(v) for piece, _ in cut for v in piece) == data.tobytes()
+        assert sum(nbytes for _, nbytes in cut) == data.nbytes
+
+
 def test_write_parts_makes_one_pwritev_a_piece(tmp_path: Path) -> None:
     """A part of two pieces' bytes in rows of 16 pages is two system calls, whatever its
     rows (1 MiB writes made one a MiB: 9 here, each a GIL hand-off and more CPU)."""

@@ -77,6 +77,12 @@ MAX_IN_FLIGHT = 4
 HEAD_THREADS = 2
 """Threads computing parts' checksums and writing their header pages (`write_front`)."""
 
+FIRST_PIECE_BYTES = 1 << 20
+"""The least a piece of a group's first part holds (`write_parts`; later parts' pieces hold
+WRITE_PIECE_BYTES): a lone call of a few MiB, the replay's demotions, starts every write
+thread at once rather than one, 4-5 % less wall a call (docs/BENCHMARKS.md, "Item 7 on the
+lent H200 machine, both sides paired")."""
+
 RESERVE_REGIONS = 1
 """Clean regions kept for reclaiming: moving a region's live records needs somewhere to go."""
 
@@ -423,7 +429,8 @@ class LogLane:
             buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
             sizes = [span]
         if span:
-            writes = files.write_parts(part.region, payloads_at, buffers, direct, sizes)
+            first = FIRST_PIECE_BYTES if pending.closed == 1 else 0
+            writes = files.write_parts(part.region, payloads_at, buffers, direct, sizes, first)
             pending.writes.extend(writes)
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
         let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
