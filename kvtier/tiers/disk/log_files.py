@@ -205,7 +205,7 @@ class LogFiles:
         buffers: list[Any],
         direct: bool,
         sizes: list[int] | None = None,
-        piece_bytes: int = 0,
+        piece_bytes: int = WRITE_PIECE_BYTES,
     ) -> list[Future[int]]:
         """Start writing `buffers` back to back at `start` of `region` (whole pages in all);
         the writes run on the WRITE_THREADS write threads, so a device keeps several in
@@ -218,7 +218,7 @@ class LogFiles:
         `whole_pages`), else buffered (the kernel's one copy). `buffers` are contiguous
         buffers of any kind (`sizes`: their bytes, when the caller knows them: a part's
         payloads are the caller's arrays, not wrapped in a view each; `piece_bytes`: the least
-        a piece holds, when not WRITE_PIECE_BYTES: a group's first part). The caller waits on
+        a piece holds, less for a group's first part). The caller waits on
         every future returned (each raises its piece's OSError, else gives the write's
         number, `writes_done`) before it syncs."""
         fd = self.direct_fd if direct and self.direct_fd is not None else self.fd
@@ -500,11 +500,11 @@ def pieces_sized(
     buffers: list[Any],
     threads: int = WRITE_THREADS,
     sizes: list[int] | None = None,
-    piece_bytes: int = 0,
+    piece_bytes: int = WRITE_PIECE_BYTES,
 ) -> list[tuple[list[Any], int]]:
     """`pieces` with each piece's bytes; `sizes`: each buffer's bytes, when known (else
-    taken from flat views of them); `piece_bytes`: the least a piece holds (0:
-    WRITE_PIECE_BYTES). A buffer cut where a piece ends is cut as a flat view of
+    taken from flat views of them); `piece_bytes`: the least a piece holds when
+    the buffers hold that much. A buffer cut where a piece ends is cut as a flat view of
     its bytes; the others are passed on as they are (any contiguous buffer: a view each
     cost ~0.3-1.3 us a block on the lane thread, docs/BENCHMARKS.md, "The write row's CPU
     per block")."""
@@ -512,7 +512,7 @@ def pieces_sized(
         sizes = [memoryview(buffer).nbytes for buffer in buffers]
     ends = list(accumulate(sizes))
     total = ends[-1] if ends else 0
-    count = max(1, min(threads, total // (piece_bytes or WRITE_PIECE_BYTES)))
+    count = max(1, min(threads, total // piece_bytes))
     each = -(-total // count)
     share = -(-each // PAGE) * PAGE
     out: list[tuple[list[Any], int]] = []

@@ -38,7 +38,7 @@ from kvtier.tiers.disk.jobs import (
     take_group,
 )
 from kvtier.tiers.disk.log_calls import call_columns
-from kvtier.tiers.disk.log_files import LogFiles
+from kvtier.tiers.disk.log_files import WRITE_PIECE_BYTES, LogFiles
 from kvtier.tiers.disk.log_format import (
     PAGE,
     REGION_HEADER_BYTES,
@@ -429,8 +429,8 @@ class LogLane:
             buffers, direct = [copy_payloads(part, self._spares.take(pending, span))], True
             sizes = [span]
         if span:
-            first = FIRST_PIECE_BYTES if pending.closed == 1 else 0
-            writes = files.write_parts(part.region, payloads_at, buffers, direct, sizes, first)
+            least = FIRST_PIECE_BYTES if pending.closed == 1 else WRITE_PIECE_BYTES
+            writes = files.write_parts(part.region, payloads_at, buffers, direct, sizes, least)
             pending.writes.extend(writes)
         pending.writes.append(self._heads.submit(write_front, files, self.namespace, part, span))
         let_writers_in(pending.closed)  # (the device starts a group's writes sooner)
