@@ -45,6 +45,7 @@ from pydantic_core import ErrorDetails
 from kvtier.config_events import EventsConfig
 from kvtier.config_fields import (
     CHAIN_SCOPE,
+    DEFAULT_SWITCH_INTERVAL_MS,
     MAX_TIER_BLOCKS,
     MAX_TIER_BYTES,
     ChainScope,
@@ -59,6 +60,7 @@ from kvtier.config_fields import (
     readable_size,
     show_value,
     size_in_bytes,
+    switch_interval_or_keep,
     toml_key,
 )
 from kvtier.errors import ConfigError
@@ -178,6 +180,12 @@ class HierarchyConfig(FrozenModel):
     chain; false: that tier is disabled (logged at open and by every `stats()` snapshot, at
     most once a minute; listed in `stats().disabled_tiers`) and the hierarchy starts
     without it."""
+    switch_interval_ms: float | Literal["keep"] = DEFAULT_SWITCH_INTERVAL_MS
+    """The interpreter's thread switch interval (`sys.setswitchinterval`), in ms, while the
+    chain is open: at most how long a tier's thread waits for the GIL while a thread of the
+    process runs Python (0.01 to 100; only ever lowered, put back at close:
+    `kvtier.chain.switch_interval`). "keep": the interpreter's own (5 ms unless the process
+    set another)."""
     tiers: tuple[_Tier, ...]
     """Each tier's config, in the order of the `[[tiers]]` tables."""
     events: EventsConfig = EventsConfig()
@@ -241,6 +249,11 @@ class HierarchyConfig(FrozenModel):
             )
         return size
 
+    @field_validator("switch_interval_ms", mode="before")
+    @classmethod
+    def _check_switch_interval(cls, value: object) -> object:
+        return switch_interval_or_keep(value)
+
     @field_validator("tiers", mode="before")
     @classmethod
     def _check_tier_count(cls, value: object) -> object:
@@ -274,6 +287,8 @@ class HierarchyConfig(FrozenModel):
             header += f", model_id {json.dumps(self.model_id)}"
         if self.tenant:
             header += f", tenant {json.dumps(self.tenant)}"
+        interval = self.switch_interval_ms
+        header += f", switch_interval {'keep' if interval == 'keep' else f'{interval:g} ms'}"
         width = max(len(tier.name) for tier in self.tiers)
         media_width = max(4, *(len(tier.medium) for tier in self.tiers))
         defaults = BaseTierConfig.model_fields

@@ -236,6 +236,34 @@ def config_error(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, message)
 
 
+MIN_SWITCH_INTERVAL_MS = 0.01
+MAX_SWITCH_INTERVAL_MS = 100.0
+"""The range of `switch_interval_ms`."""
+DEFAULT_SWITCH_INTERVAL_MS = 0.25
+"""`switch_interval_ms` left out: vLLM's CPU engine loaded a 2,048-token prefix from kvtier's
+cpu tier in 17-18 ms against 59-72 at the interpreter's 5 ms, from its disk tier after a
+restart in 30-38 ms against 132-165 (docs/BENCHMARKS.md, "The disk tier beside a busy
+Python thread")."""
+
+
+def switch_interval_or_keep(value: object) -> float | Literal["keep"]:
+    """`switch_interval_ms`: a number of ms in range (as a float), or "keep"; else a
+    ConfigError's detail naming the key."""
+    if value == "keep":
+        return "keep"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise config_error(
+            "switch_interval_ms",
+            f'expected a number of ms like 0.25, or "keep", got {show_value(value)}',
+        )
+    if not MIN_SWITCH_INTERVAL_MS <= value <= MAX_SWITCH_INTERVAL_MS:
+        raise config_error(
+            "switch_interval_ms",
+            f"expected {MIN_SWITCH_INTERVAL_MS} to {MAX_SWITCH_INTERVAL_MS} ms, got {value}",
+        )
+    return float(value)
+
+
 def true_false_or_auto(value: object) -> bool | Literal["auto"]:
     """`value` if it is true, false or "auto"; else a validation error."""
     if isinstance(value, bool):

@@ -8,7 +8,9 @@ rest), then builds the chain's bookkeeping, staging arena, transfer engine and s
 over them (`Chain`). A tier that cannot be opened stops the open when the config is strict,
 else it is left out (listed in `Chain.disabled`). A failed open closes what it opened, so a
 disk store's lock is free for the next try. `close_chain` settles the jobs in flight and
-closes every storage, also when one of them fails to close.
+closes every storage, also when one of them fails to close. A config's
+`switch_interval_ms` is held from the end of `open_chain` to the end of `close_chain`
+(`switch_interval.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.chain import switch_interval
 from kvtier.chain.runtime import Chain, ChangeSignal
 from kvtier.chain.stats import TierInfo
 from kvtier.config import BaseTierConfig, HierarchyConfig
@@ -91,7 +94,11 @@ async def open_chain(config: HierarchyConfig, options: ChainOptions) -> Chain:
             staging=staging,
             tensor_tiers=tensor,
         )
-        return Chain(manager, engine, opened.storages, opened.info, opened.disabled, signal)
+        chain = Chain(manager, engine, opened.storages, opened.info, opened.disabled, signal)
+        interval = config.switch_interval_ms
+        if interval != "keep":  # (the process's: held while the chain is open)
+            chain.release_switch_interval = switch_interval.acquire(interval / 1e3)
+        return chain
     except BaseException:
         if manager is not None:
             manager.shutdown()
@@ -114,6 +121,7 @@ async def close_chain(chain: Chain, deadline: float) -> None:
         finally:
             chain.manager.shutdown()
             chain.state = "closed"
+            chain.release_switch_interval()
 
 
 def _check_some_opened(opened: _Opened) -> None:

@@ -77,6 +77,10 @@ class ChangeSignal:
         return True
 
 
+def _nothing() -> None:
+    """A release with nothing to release."""
+
+
 class Chain:
     """An open chain of tiers: bookkeeping, storages, transfer engine and supervisor, in
     one event loop. Built by `assembly.open_chain`, closed by `assembly.close_chain`."""
@@ -112,6 +116,8 @@ class Chain:
         self._staged: dict[int, asyncio.Future[None]] = {}  # job id -> sources released
         self._reads: set[asyncio.Task[MoveResult]] = set()  # reads outliving their get
         self._refill: asyncio.Handle | None = None  # `plan_refills` on the loop's next turn
+        self.release_switch_interval: Callable[[], None] = _nothing
+        """Ends the chain's hold on the switch interval (`switch_interval.acquire`), at close."""
 
     @property
     def staging(self) -> StagingArena | None:
