@@ -31,9 +31,10 @@ blocks of 32 tokens, as a GPU's would be.
    and loaded (vLLM's counters: from its own prefix cache, from kvtier's cpu tier, from disk),
    requests/s and kvtier's disk hits.
 
-`--parts prefix` or `--parts turns` runs one of the two (the default runs both: about 5
-minutes on 2 cores). Where it ran and the load average (before and after) are printed with
-the figures.
+`--switch-interval-ms` sets kvtier's `switch_interval_ms` (`keep`: Python's own 5 ms; left
+out: kvtier's default). `--parts prefix` or `--parts turns` runs one of the two (the default
+runs both: about 5 minutes on 2 cores). Where it ran and the load average (before and after)
+are printed with the figures.
 
 Timings are of this machine at the time of the run (other load included); the ratios are the
 point. tests/engine/ asserts the same rule and the loads.
@@ -153,7 +154,7 @@ def start_engine(model: Path, way: str, disk: Path | None, args: dict[str, Any])
             kv_connector_extra_config={
                 "spec_name": "KvtierOffloadingSpec",
                 "spec_module_path": "kvtier.integrations.vllm",
-                "kvtier_config": {"tiers": tiers},
+                "kvtier_config": {"tiers": tiers, **_switch_interval(args)},
             },
         )
     return LLM(
@@ -170,6 +171,22 @@ def start_engine(model: Path, way: str, disk: Path | None, args: dict[str, Any])
         seed=0,
         kv_transfer_config=transfer,
     )
+
+
+def _switch_interval(args: dict[str, Any]) -> dict[str, float | str]:
+    """The kvtier config's `switch_interval_ms`, where `--switch-interval-ms` gives one."""
+    value = args.get("switch_interval_ms")
+    return {} if value is None else {"switch_interval_ms": value}
+
+
+def _switch_interval_option(text: str) -> float | str:
+    """`--switch-interval-ms`: "keep" or a number (the config checks its range)."""
+    if text == "keep":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'a number of ms or "keep", got {text!r}') from None
 
 
 def serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
@@ -487,6 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--turn-cpu-blocks", type=int, default=96, help="multi-turn: kvtier cpu tier (96)"
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=_switch_interval_option,
+        help="kvtier's switch_interval_ms: ms, or \"keep\" (the interpreter's 5 ms); default: "
+        "left out (kvtier's default)",
+    )
     parser.add_argument("--out", type=Path, help="keep the model, logs and results here")
     parser.add_argument("--life", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -513,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device_blocks": args.device_blocks,
         "cpu_blocks": args.cpu_blocks,
         "disk_blocks": args.disk_blocks,
+        "switch_interval_ms": args.switch_interval_ms,
     }
     texts, report, same = [], {"machine": where}, True
     if args.parts in ("all", "prefix"):
