@@ -7,8 +7,10 @@ thread of the embedding process runs Python (an engine's scheduler, a model runn
 preparation), a thread that wants the GIL gets it when that thread blocks, or once it has
 waited the interpreter's switch interval (`sys.setswitchinterval`, 5 ms by default). A disk
 write call needs the GIL back some ten times: beside a thread that runs Python throughout,
-a lone 7 MiB write took 44 ms instead of 4.9, a 16-block read 21 ms instead of 1; at 0.5 ms,
-8.5 and 2.3 (docs/BENCHMARKS.md, "The disk tier beside a busy Python thread").
+a lone 7 MiB write took 49 ms instead of 5.1, a 16-block read 22 ms instead of 1.0; at 0.25
+ms, 8.3 and 2.4 (docs/BENCHMARKS.md, "The disk tier beside a busy Python thread"). Under vLLM
+(its engine thread beside kvtier's) a 2,048-token prefix loaded from kvtier's disk tier in
+30-38 ms against 132-165.
 
 The interval is the process's: `acquire` lowers it for as long as any chain that asked is
 open (never raises it: a lower interval the process set itself is kept), and the last
