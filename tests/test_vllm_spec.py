@@ -249,6 +249,20 @@ def test_the_readmes_three_configs_start_kvtier_in_vllm(
     ]
 
 
+@pytest.mark.parametrize(("given", "held"), [({}, 0.25), ({"switch_interval_ms": "keep"}, "keep")])
+def test_under_vllm_the_chain_holds_kvtiers_switch_interval_unless_kept(
+    given: dict[str, Any], held: float | str
+) -> None:
+    """vLLM's engine thread runs Python beside kvtier's threads: the chain vLLM opens takes
+    kvtier's default `switch_interval_ms` (a config may say "keep"), shipped configs too."""
+    from kvtier.integrations.vllm import chain_config_for_vllm
+
+    tiers = [{"name": "disk", "medium": "disk", "capacity": 16, "path": "/tmp/x"}]
+    assert chain_config_for_vllm({"tiers": tiers, **given}, 8192).switch_interval_ms == held
+    shipped = Path(__file__).resolve().parent.parent / "configs" / "vllm-disk.toml"
+    assert chain_config_for_vllm(shipped, 8192).switch_interval_ms == 0.25
+
+
 def test_under_vllm_a_configured_model_id_narrows_the_derived_namespace() -> None:
     """Two models under one configured `model_id` (a base model and its fine-tune) keep
     separate namespaces: the configured id is added, it does not replace the derived one."""
