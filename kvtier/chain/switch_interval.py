@@ -20,6 +20,7 @@ meanwhile (then that value stays). Thread-safe; every chain's lease is released 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -29,7 +30,7 @@ log = logging.getLogger("kvtier.chain")
 
 _lock = threading.Lock()
 _leases: dict[int, float] = {}  # lease number -> seconds asked for
-_numbers = iter(range(1, sys.maxsize))
+_numbers = itertools.count(1)
 _before: float | None = None  # the interval found when the first lease was taken
 _set: float | None = None  # the interval as read back after kvtier last set it
 _outside = False  # changed outside kvtier while leases were held

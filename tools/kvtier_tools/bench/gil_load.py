@@ -86,7 +86,6 @@ class Busy:
         self.load = load
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gil-load", daemon=True)
-        self.spins = 0
 
     def __enter__(self) -> Busy:
         if self.load is not None:
@@ -107,7 +106,6 @@ class Busy:
             while time.perf_counter() < until:
                 for i in range(200):  # pure Python: the GIL held throughout
                     total += i * i
-                self.spins += 1
                 if self._stop.is_set():
                     return
             if idle_s:
