@@ -66,9 +66,9 @@ def test_keep_is_taken_and_described() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("0.5ms", 'expected a number of ms like 0.25, or "keep", got'),
-        ("Keep", 'expected a number of ms like 0.25, or "keep", got'),
-        (True, 'expected a number of ms like 0.25, or "keep", got'),
+        ("0.5ms", 'expected a number of ms like 0.25, or "keep", got "0.5ms"'),
+        ("Keep", 'expected a number of ms like 0.25, or "keep", got "Keep"'),
+        (True, 'expected a number of ms like 0.25, or "keep", got true'),
         (0, "expected 0.01 to 100.0 ms, got 0"),
         (0.001, "expected 0.01 to 100.0 ms, got 0.001"),
         (1000, "expected 0.01 to 100.0 ms, got 1000"),
@@ -79,8 +79,7 @@ def test_a_bad_value_is_one_line_naming_the_key(value: object, message: str) -> 
     with pytest.raises(ConfigError) as caught:
         parse_config(config(switch_interval_ms=value))
     text = str(caught.value)
-    assert "\n" not in text and text.startswith("switch_interval_ms: "), text
-    assert message in text
+    assert text == f"switch_interval_ms: {message}", text  # the value shown once
 
 
 def test_a_lease_lowers_it_and_its_release_puts_it_back() -> None:
