@@ -6,6 +6,7 @@ region. Blocks go GPU -> host -> disk and come back bit for bit."""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,52 @@ def test_under_vllm_the_chain_holds_kvtiers_switch_interval_unless_kept(
     assert chain_config_for_vllm({"tiers": tiers, **given}, 8192).switch_interval_ms == held
     shipped = Path(__file__).resolve().parent.parent / "configs" / "vllm-disk.toml"
     assert chain_config_for_vllm(shipped, 8192).switch_interval_ms == 0.25
+
+
+@pytest.mark.parametrize(
+    ("given", "held"),
+    [({}, 0.25e-3), ({"switch_interval_ms": 0.5}, 0.5e-3), ({"switch_interval_ms": "keep"}, None)],
+)
+def test_kvtiers_worker_holds_the_switch_interval_with_no_tier_below(
+    given: dict[str, Any], held: float | None
+) -> None:
+    """A cpu-only config opens no chain, but kvtier's worker copies on threads beside the
+    engine's Python (vLLM's CPU engine): the worker holds the config's interval from
+    `get_worker` to `shutdown`, "keep" none, and the interpreter's is back after."""
+    from kvtier.chain import switch_interval
+
+    before = sys.getswitchinterval()
+    spec = make_spec({"tiers": [{"name": "host", "medium": "cpu", "capacity": 4}], **given})
+    manager = spec.get_manager()
+    assert not manager.secondary_tiers  # no chain: nothing else holds it
+    assert switch_interval.held() is None
+    worker = spec.get_worker(paged_caches(seed=1)[0])
+    try:
+        assert switch_interval.held() == held
+        assert sys.getswitchinterval() == pytest.approx(held or before)
+    finally:
+        worker.shutdown()
+        manager.shutdown()
+    assert switch_interval.held() is None
+    assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize(
+    ("top", "line"),
+    [
+        (
+            {"switch_interval_ms": "0.5ms"},
+            'switch_interval_ms: expected a number of ms like 0.25, or "keep", got "0.5ms"',
+        ),
+        ({"switch_intervall_ms": 0.5}, "switch_intervall_ms: unknown key"),
+    ],
+)
+def test_a_cpu_only_config_is_validated_whole(top: dict[str, Any], line: str) -> None:
+    """With no tier below the host tier no chain validates the config: the spec does, so
+    a bad or misspelt top-level key is refused, not ignored."""
+    with pytest.raises(ConfigError) as caught:
+        make_spec({"tiers": [{"name": "host", "medium": "cpu", "capacity": 4}], **top})
+    assert line in str(caught.value)
 
 
 def test_under_vllm_a_configured_model_id_narrows_the_derived_namespace() -> None:

@@ -14,7 +14,9 @@ and the disk tier keeps its blocks across a restart.
 
 The GPU <-> host copies are vLLM's `CPUOffloadingWorker` where vLLM has one (CUDA, ROCm,
 XPU); on a platform it does not support (a CPU-only engine, tests) they are kvtier's
-`PagedKVHandler` over the same region (`worker.py`).
+`PagedKVHandler` over the same region (`worker.py`), whose copy thread runs beside the
+engine's Python: that worker holds the config's `switch_interval_ms` while it is open, a
+config with no tier below the host tier included (no chain is opened for it).
 
 The keys vLLM sets from this config (`cpu_bytes_to_use`, `eviction_policy`,
 `cache_policy_module_path`, `secondary_tiers`) are refused when also given by hand, so the
@@ -28,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvtier.config import parse_size
+from kvtier.config import parse_config, parse_size
 from kvtier.errors import ConfigError, InvalidValueError
 from kvtier.integrations.engine_config import ConfigSource
 from kvtier.integrations.vllm.config import read_config_data
@@ -63,12 +65,22 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+class SpecSettings(NamedTuple):
+    """What `KvtierOffloadingSpec` takes from its kvtier config."""
+
+    extra: dict[str, Any]
+    """The `kv_connector_extra_config` entries vLLM's tiering spec is given."""
+    switch_interval_ms: float | Literal["keep"]
+    """Held by kvtier's worker while it copies (see `KvtierOffloadingWorker`)."""
+
+
 def vllm_settings(
     config: Any, kvtier_config: ConfigSource, metrics_port: int | None = None
-) -> dict[str, Any]:
-    """The `kv_connector_extra_config` entries that make vLLM's tiering spec run the chain
-    of `kvtier_config` (`config`: vLLM's OffloadingConfig, for the chunk size); the chain's
-    metrics served on `metrics_port` where given."""
+) -> SpecSettings:
+    """What makes vLLM's tiering spec run the chain of `kvtier_config` (`config`: vLLM's
+    OffloadingConfig, for the chunk size); the chain's metrics served on `metrics_port`
+    where given. The whole config is validated here (the host tier and the top-level keys
+    too, which only this spec reads): a ConfigError names the source and every problem."""
     data, source = read_config_data(kvtier_config)
     tiers = data.get("tiers")
     if not isinstance(tiers, list) or not tiers or not isinstance(tiers[0], Mapping):
@@ -106,6 +118,7 @@ def vllm_settings(
             raise InvalidValueError(f"less than one chunk of {chunk} bytes ({capacity!r})")
     except InvalidValueError as error:
         raise ConfigError([f"tier {name!r}: capacity: {error}"], source=source) from None
+    whole = parse_config({**data, "block_size": chunk}, source=source)
     settings: dict[str, Any] = {
         "cpu_bytes_to_use": host_bytes,
         "eviction_policy": POLICY_CLASSES[policy],
@@ -123,13 +136,16 @@ def vllm_settings(
         if metrics_port is not None:
             tier["metrics_port"] = metrics_port
         settings["secondary_tiers"] = [tier]
-    return settings
+    return SpecSettings(settings, whole.switch_interval_ms)
 
 
 class KvtierOffloadingSpec(TieringOffloadingSpec):
     """vLLM's tiering spec, configured whole by one kvtier config (`kvtier_config` in
     `kv_connector_extra_config`: a TOML path or a dict; None: the embedded default's cpu and
     disk tiers)."""
+
+    switch_interval_ms: float | Literal["keep"]
+    """The config's `switch_interval_ms`, held by kvtier's worker where it runs."""
 
     def __init__(self, config: Any) -> None:
         join_vllm_logging()
@@ -146,7 +162,9 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
                 source="kv_connector_extra_config",
             )
         port = metrics_port(extra.pop("kvtier_metrics_port", None))
-        extra.update(vllm_settings(config, extra.get("kvtier_config"), port))
+        settings = vllm_settings(config, extra.get("kvtier_config"), port)
+        extra.update(settings.extra)
+        self.switch_interval_ms = settings.switch_interval_ms
         super().__init__(dataclasses.replace(config, extra_config=extra))
         # vLLM unlinks its shared region only in the cleanup of the process that created
         # it, which an interrupted `vllm serve` often never reaches: see `visible`.
@@ -181,5 +199,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
         if worker is None:
             from kvtier.integrations.vllm.worker import KvtierOffloadingWorker
 
-            worker = self._worker = KvtierOffloadingWorker.for_spec(self, kv_caches)
+            worker = self._worker = KvtierOffloadingWorker.for_spec(
+                self, kv_caches, self.switch_interval_ms
+            )
         return worker

@@ -7,17 +7,25 @@ region (the host tier every process maps).
 row c of the region holds, for each worker, a cell of every canonical tensor's
 `blocks_per_chunk` pages one after the other, which is also kvtier's `host_layout`, so the
 bytes a store leaves in the region are the ones vLLM's worker would have left.
+
+Its copies run on threads beside the engine's own Python (the scheduler, the model runner),
+so the worker holds the kvtier config's `switch_interval_ms` from its creation to its
+`shutdown` (`kvtier.chain.switch_interval`): at the interpreter's 5 ms, vLLM's CPU engine
+answered a multi-turn workload from a cpu-only kvtier config at a TTFT p50 of 25 ms, at the
+default 0.25 ms in 12 (`engine_ttft --parts turns`). A config with tiers below the host tier
+opens a chain that holds it too; the lowest lease holds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from vllm.v1.kv_offload.base import OffloadingWorker
 from vllm.v1.kv_offload.base import TransferResult as VllmTransferResult
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
+from kvtier.chain import switch_interval
 from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes
 from kvtier.errors import SpecError
 from kvtier.integrations.vllm._compat import forget_unlinked_region
@@ -83,17 +91,29 @@ class KvtierOffloadingWorker(OffloadingWorker):
         blocks_per_chunk: int,
         host: torch.Tensor,
         region: SharedOffloadRegion | None = None,
+        switch_interval_ms: float | Literal["keep"] = "keep",
     ) -> None:
-        """`caches`: the engine's caches as kvtier's (`kvtier_caches` of vLLM's)."""
+        """`caches`: the engine's caches as kvtier's (`kvtier_caches` of vLLM's);
+        `switch_interval_ms` held until `shutdown` ("keep": the process's own)."""
         self._region = region
         # store (GPU -> host), load, expedited load: the views of the region live only here.
         self._handlers = [
             PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=direction)
             for direction in (True, False, False)
         ]
+        self._release_switch_interval = (
+            None
+            if switch_interval_ms == "keep"
+            else switch_interval.acquire(switch_interval_ms / 1e3)
+        )
 
     @classmethod
-    def for_spec(cls, spec: Any, kv_caches: Any) -> KvtierOffloadingWorker:
+    def for_spec(
+        cls,
+        spec: Any,
+        kv_caches: Any,
+        switch_interval_ms: float | Literal["keep"] = "keep",
+    ) -> KvtierOffloadingWorker:
         """The worker of a tiering spec: this rank's cells of the spec's shared region."""
         config = spec.config
         if config.canonical_layout:
@@ -124,7 +144,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 stride=(spec.kv_bytes_per_chunk, 1),
                 storage_offset=rank * spec.cpu_page_size_per_worker,
             ).view(torch.uint8)
-            return cls(caches, spec.blocks_per_chunk, host, region)
+            return cls(caches, spec.blocks_per_chunk, host, region, switch_interval_ms)
         except BaseException:
             region.cleanup()
             raise
@@ -152,11 +172,15 @@ class KvtierOffloadingWorker(OffloadingWorker):
 
     def shutdown(self) -> None:
         """Finish every copy in flight, then give the region back (the handlers' views of it
-        are dropped first, so vLLM can unmap it)."""
-        for handler in self._handlers:
-            handler.shutdown()
-        self._handlers = []
-        if self._region is not None:
-            forget_unlinked_region(self._region)
-            self._region.cleanup()
-            self._region = None
+        are dropped first, so vLLM can unmap it) and the switch interval."""
+        try:
+            for handler in self._handlers:
+                handler.shutdown()
+            self._handlers = []
+            if self._region is not None:
+                forget_unlinked_region(self._region)
+                self._region.cleanup()
+                self._region = None
+        finally:
+            if self._release_switch_interval is not None:
+                self._release_switch_interval()
