@@ -184,8 +184,8 @@ class HierarchyConfig(FrozenModel):
     """The interpreter's thread switch interval (`sys.setswitchinterval`), in ms, while the
     chain is open: at most how long a tier's thread waits for the GIL while a thread of the
     process runs Python (0.01 to 100; only ever lowered, put back at close:
-    `kvtier.chain.switch_interval`). "keep": the interpreter's own (5 ms unless the process
-    set another)."""
+    `kvtier.chain.switch_interval`; kvtier's vLLM worker holds it too). "keep": the
+    interpreter's own (5 ms unless the process set another)."""
     tiers: tuple[_Tier, ...]
     """Each tier's config, in the order of the `[[tiers]]` tables."""
     events: EventsConfig = EventsConfig()
