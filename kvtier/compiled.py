@@ -67,6 +67,7 @@ CORE_MODULES: tuple[str, ...] = (
     "kvtier.manager.tier",
     "kvtier.tiers.disk._io_core",
     "kvtier.tiers.disk._plan_core",
+    "kvtier.embed._copy_core",
 )
 """The modules compiled: the hot paths of LRU, ARC (`_arc_core`: its lists and steps, in
 Cython's pure Python mode), lct (`_lct_core`: its per-access state, likewise), S3-FIFO

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier.embed import paged_kv as paged_kv_module
 from kvtier.embed.paged_kv import PagedKVHandler, chunk_bytes, host_layout, paged_kv_handlers
 from kvtier.errors import SpecError
 from kvtier.specs.base import CPULoadStoreSpec, GPULoadStoreSpec
@@ -23,6 +24,16 @@ from kvtier.specs.canonical import (
 )
 
 NUM_BLOCKS = 12
+
+COPIES = pytest.mark.parametrize("copies", ["c", "numpy"])
+"""A CPU job's copies: the compiled spans (`_copy_core`, when built) or numpy's."""
+
+
+def use_copies(copies: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if copies == "numpy":
+        monkeypatch.setattr(paged_kv_module, "_copy_core", None)
+    elif paged_kv_module._copy_core is None:
+        pytest.skip("the compiled core is not built (scripts/build-core)")
 
 
 def engine_caches(device: str = "cpu") -> tuple[dict[str, torch.Tensor], list[list[str]]]:
@@ -149,9 +160,69 @@ def round_trip(device: str, per_chunk: int) -> None:
     load.shutdown()
 
 
+@COPIES
 @pytest.mark.parametrize("per_chunk", [1, 2, 4])
-def test_blocks_round_trip_bit_for_bit_through_the_host_pool(per_chunk: int) -> None:
+def test_blocks_round_trip_bit_for_bit_through_the_host_pool(
+    per_chunk: int, copies: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_copies(copies, monkeypatch)
     round_trip("cpu", per_chunk)
+
+
+def pool_after_jobs(copies: str, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, bytes]:
+    """A store of 40 scattered GPU blocks into 21 scattered chunks (two to a chunk, a ref
+    narrower than its page), then a load of them into zeroed caches: the pool's and the
+    caches' bytes afterwards, every byte, untouched ones included."""
+    use_copies(copies, monkeypatch)
+    generator = torch.Generator().manual_seed(5)
+    blocks = 64
+    layers = {
+        "attn.0": torch.randn(blocks, 2, 4, 8, generator=generator).to(torch.float16),
+        "kv.1": torch.randn(2, blocks, 4, 8, generator=generator).to(torch.bfloat16),
+    }
+    caches = canonicalize_kv_caches(layers, [["attn.0"], ["kv.1"]], blocks, {"kv.1": 40})
+    pool = torch.zeros(48, chunk_bytes(caches, 2), dtype=torch.uint8)
+    (_, _, store), (_, _, load) = paged_kv_handlers(caches, pool, 2)
+    rng = np.random.default_rng(11)
+    rows = rng.choice(blocks, 40, replace=False).tolist()
+    chunks = rng.choice(48, 21, replace=False).tolist()
+    gpu = GPULoadStoreSpec(rows, group_sizes=[20, 20], block_indices=[1, 0])
+    host = CPULoadStoreSpec(chunks)
+    try:
+        assert store.transfer_async(1, (gpu, host))
+        store.wait([1])
+        assert store.get_finished() == [(1, True)]
+        for tensor in caches.tensors:
+            tensor.pages.zero_()
+        assert load.transfer_async(2, (host, gpu))
+        load.wait([2])
+        assert load.get_finished() == [(2, True)]
+    finally:
+        store.shutdown()
+        load.shutdown()
+    engine = b"".join(t.pages.numpy().tobytes() for t in caches.tensors)
+    return pool.numpy().tobytes(), engine
+
+
+def test_the_compiled_copies_move_exactly_the_bytes_numpys_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a byte more or less: the pages' padding and the rows no job names stay zero."""
+    with monkeypatch.context() as patch:
+        pool_numpy, engine_numpy = pool_after_jobs("numpy", patch)
+    pool_c, engine_c = pool_after_jobs("c", monkeypatch)
+    assert pool_c == pool_numpy
+    assert engine_c == engine_numpy
+    assert pool_c.count(0) < len(pool_c)  # something was copied
+
+
+def test_copy_spans_refuses_lists_of_different_lengths() -> None:
+    core = paged_kv_module._copy_core
+    if core is None:
+        pytest.skip("the compiled core is not built (scripts/build-core)")
+    one, two = np.zeros(1, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    with pytest.raises(ValueError, match="as many sources and sizes as targets"):
+        core.copy_spans(one, two, one)
 
 
 @pytest.mark.gpu
@@ -213,13 +284,17 @@ def test_a_malformed_job_is_a_spec_error_and_starts_nothing(spec: Any, message: 
     store.shutdown()
 
 
-def test_a_copy_that_fails_is_reported_failed_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+@COPIES
+def test_a_copy_that_fails_is_reported_failed_not_raised(
+    copies: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_copies(copies, monkeypatch)
     store = handler()
 
     def broken(copies: Any) -> None:
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(store, "_copy_cpu", broken)
+    monkeypatch.setattr(store, "_copy_cpu" if copies == "numpy" else "_copy_spans", broken)
     gpu = GPULoadStoreSpec([0], group_sizes=[1, 0], block_indices=[0, 0])
     assert store.transfer_async(7, (gpu, CPULoadStoreSpec([0])))
     store.wait([7])
