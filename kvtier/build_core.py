@@ -2,8 +2,8 @@
 
     python -m kvtier.build_core [--if-needed]
 
-Writes the extensions (of each `.py`, and of `_blocks_core.pyx` and
-`tiers/disk/_io_core.pyx`; compiled in parallel on every CPU) and a
+Writes the extensions (of each `.py`, and of `_blocks_core.pyx`, `tiers/disk/_io_core.pyx`,
+`tiers/disk/_plan_core.pyx` and `embed/_copy_core.pyx`; compiled in parallel on every CPU) and a
 manifest (each source's SHA-256, this interpreter's extension suffix) into
 `kvtier/_compiled/`, replacing an older build only once the new one is complete. Needs
 Cython and setuptools (kvtier's `test` and `core` extras) and a C compiler; when any is

@@ -30,6 +30,9 @@ records and a write call's columns, a part's header entries and a group's record
 index takes them, which `kvtier.tiers.disk.log_index`, `log_commit`, `log_group`,
 `log_calls` and `log_format` run when it is selected (the same results as their numpy paths;
 `tests/test_disk_log_plan.py`, `tests/test_disk_log_calls.py`).
+And `kvtier/embed/_copy_core.pyx`, a CPU paged-KV job's row copies in one call without the
+GIL, which `kvtier.embed.paged_kv` runs when it is selected (the same bytes as its numpy
+path; `tests/test_paged_kv.py`).
 (mypyc was measured too and left: it enforces annotations at run time, so `simulate`'s int
 keys, `InvalidValueError`s on bad arguments and interpreted subclasses of the policies broke.)
 
@@ -80,7 +83,9 @@ without the GIL (`_io_core.pyx`; when it is not selected, `kvtier.tiers.disk.ops
 them one Python call at a time); and a log store's index look-ups for a batch of new records
 and stores, its lane's placing of a run, a part's header entries and a group's records in
 compiled loops (`_plan_core.pyx`; when it is not selected, `kvtier.tiers.disk.log_index`,
-`log_commit`, `log_group` and `log_format` use numpy)."""
+`log_commit`, `log_group` and `log_format` use numpy); and a CPU paged-KV job's row copies
+without the GIL (`embed/_copy_core.pyx`; when it is not selected, `kvtier.embed.paged_kv`
+copies with numpy)."""
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_DIR = PACKAGE_DIR / "_compiled"

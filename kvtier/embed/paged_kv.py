@@ -17,9 +17,11 @@ partly used. The host spec lists, group after group, the chunks those GPU blocks
 **Asynchrony.** On CUDA each job is queued on the handler's stream (after the engine's
 current stream, so a store reads finished KV) as one `copy_(non_blocking=True)` per (block,
 ref) from or to pinned host memory, with an event per job; `transfer_async` never waits for
-the copy. On CPU (tests, CPU engines) each job is a vectorized gather/scatter in one worker
-thread, so jobs end in order and the caller's thread never copies. A job whose copy raises is
-reported failed; it never raises into the caller.
+the copy. On CPU (tests, CPU engines) each job runs in one worker thread, so jobs end in
+order and the caller's thread never copies: its rows as memcpy spans (computed by the caller,
+from rows `_plan` checked) copied in one call without the GIL (`_copy_core.pyx`, with the
+compiled core), else numpy's gathers and scatters. A job whose copy raises is reported
+failed; it never raises into the caller.
 """
 
 from __future__ import annotations
