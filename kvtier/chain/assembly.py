@@ -95,9 +95,8 @@ async def open_chain(config: HierarchyConfig, options: ChainOptions) -> Chain:
             tensor_tiers=tensor,
         )
         chain = Chain(manager, engine, opened.storages, opened.info, opened.disabled, signal)
-        interval = config.switch_interval_ms
-        if interval != "keep":  # (the process's: held while the chain is open)
-            chain.release_switch_interval = switch_interval.acquire(interval / 1e3)
+        # (the process's interval: held while the chain is open)
+        chain.release_switch_interval = switch_interval.hold(config.switch_interval_ms)
         return chain
     except BaseException:
         if manager is not None:

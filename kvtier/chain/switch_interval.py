@@ -25,6 +25,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from typing import Literal
 
 log = logging.getLogger("kvtier.chain")
 
@@ -58,6 +59,18 @@ def acquire(seconds: float) -> Callable[[], None]:
             _apply()
 
     return release
+
+
+def hold(interval_ms: float | Literal["keep"]) -> Callable[[], None]:
+    """`acquire` for a config's `switch_interval_ms` (ms); "keep" holds nothing (its release
+    does nothing)."""
+    if interval_ms == "keep":
+        return _nothing
+    return acquire(interval_ms / 1e3)
+
+
+def _nothing() -> None:
+    """The release of a "keep": nothing was held."""
 
 
 def held() -> float | None:

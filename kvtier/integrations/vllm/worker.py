@@ -101,11 +101,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
             PagedKVHandler(caches, host, blocks_per_chunk, gpu_to_host=direction)
             for direction in (True, False, False)
         ]
-        self._release_switch_interval = (
-            None
-            if switch_interval_ms == "keep"
-            else switch_interval.acquire(switch_interval_ms / 1e3)
-        )
+        self._release_switch_interval = switch_interval.hold(switch_interval_ms)
 
     @classmethod
     def for_spec(
@@ -182,5 +178,4 @@ class KvtierOffloadingWorker(OffloadingWorker):
                 self._region.cleanup()
                 self._region = None
         finally:
-            if self._release_switch_interval is not None:
-                self._release_switch_interval()
+            self._release_switch_interval()
