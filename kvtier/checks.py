@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvtier.arrays import has_duplicates
 from kvtier.config import MAX_TIER_BYTES, physical_memory
 from kvtier.errors import InvalidValueError, KeyFormatError
 from kvtier.hints import ReuseHint, check_reuse, check_ttl
@@ -190,7 +191,7 @@ def check_rows(
         raise InvalidValueError(
             f"{what}: row {bad} is not one of the {blocks.shape[0]} rows of the tensor"
         )
-    if len(np.unique(row_ids)) != count:
+    if has_duplicates(row_ids):
         raise InvalidValueError(f"{what}: a row is given twice")
     return row_ids.astype(np.int64)
 

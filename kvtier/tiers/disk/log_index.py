@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.arrays import sorted_unique
 from kvtier.keys import OffloadKey
 from kvtier.tiers.disk.log_commit import _compiled_apply, apply_new
 from kvtier.tiers.disk.log_format import RECORD_HEADER_BYTES, TOMBSTONE, Record, record_bytes
@@ -240,7 +241,7 @@ class LogIndex:
         _, last_rev = np.unique(slots[::-1], return_index=True)
         last = np.sort(which.size - 1 - last_rev)  # positions in `which`
         target = slots[last]
-        clear = np.unique(np.concatenate([others[others >= 0], target]))
+        clear = sorted_unique(np.concatenate([others[others >= 0], target]))
         # a key written again later in the batch (into another slot) leaves this one
         if len(set(block_keys)) < len(block_keys):  # rare: a key twice in the batch
             keep = ~written_again(rows, lengths, blocks, last)
@@ -548,7 +549,7 @@ class LogIndex:
         same = np.flatnonzero(self._hashes[1:] == self._hashes[:-1])
         dropped = 0
         seen: dict[bytes, int] = {}
-        for at in np.unique(np.concatenate([same, same + 1])).tolist():
+        for at in sorted_unique(np.concatenate([same, same + 1])).tolist():
             slot = int(self._hashed_slots[at])
             key = self._key(slot)
             older = seen.get(key)
