@@ -46,6 +46,8 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
+from kvtier.arrays import has_duplicates, sorted_unique
+
 cdef uint64_t _LENGTH_MIX = 0x9E3779B97F4A7C15ULL
 cdef uint64_t _WORD_MIX = 0xFF51AFD7ED558CCDULL
 
@@ -167,8 +169,8 @@ def plan_new(
     # the usual batch has no slot and no key twice: every record the last of its slot and
     # its key's newest, the batch's own columns (no per-record dict); equal key hashes
     # only send it to the dict below, which compares the keys
-    cdef bint slots_once = _distinct(slots_np)
-    cdef bint keys_once = n_blocks < 2 or _distinct(block_hashes_np[:n_blocks])
+    cdef bint slots_once = not has_duplicates(slots_np)
+    cdef bint keys_once = not has_duplicates(block_hashes_np[:n_blocks])
     if slots_once and keys_once:
         n_last = count
         chosen_np = which_np.copy()
@@ -222,41 +224,13 @@ def plan_new(
     return (
         chosen_np,
         target_np,
-        _sorted_distinct(clear_np),
+        sorted_unique(clear_np),
         rows_last,
         lengths_last,
         header_bytes + ((lengths_last + 7) & ~7),
         held,
         new_written,
     )
-
-
-cdef bint _distinct(values):
-    """Whether a batch's int64 `values` (slots, or its blocks' key hashes) are all distinct:
-    sorted, then no two neighbours equal. What spares `plan_new` its per-record dicts (the
-    last record of each slot, the newest of each key) on the usual batch, where no slot or
-    key comes twice; equal key hashes only send it to the dict, which compares the keys."""
-    cdef int64_t[::1] ordered = np.sort(values)
-    cdef Py_ssize_t i
-    for i in range(1, ordered.shape[0]):
-        if ordered[i] == ordered[i - 1]:
-            return False
-    return True
-
-
-cdef object _sorted_distinct(values):
-    """`np.unique(values)` of a batch's int64 slots, sorted then masked: numpy's `unique`
-    hashes first (~30 us for a few hundred values on a quiet core, ~100 us on the loaded
-    2-core VM, against ~4 us here), a fixed cost on every group's plan (docs/BENCHMARKS.md,
-    "The replay's pair, a lone call's CPU")."""
-    ordered = np.sort(values)
-    cdef Py_ssize_t count = ordered.shape[0]
-    if count < 2:
-        return ordered
-    keep = np.empty(count, dtype=np.bool_)
-    keep[0] = True
-    np.not_equal(ordered[1:count], ordered[0 : count - 1], out=keep[1:count])
-    return ordered[keep]
 
 
 def fit_run(
